@@ -1,0 +1,150 @@
+// The `ropejit` command: info, compile, demo.
+#include <CLI/CLI.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <mutex>
+#include <thread>
+
+#include "autotune/cli.hpp"
+#include "autotune/policy.hpp"
+#include "autotune/presets.hpp"
+#include "jit/engine.hpp"
+#include "jit/names.hpp"
+#include "jit/nvrtc.hpp"
+#include "jit/render.hpp"
+
+namespace ropejit::cli {
+namespace {
+
+int run_info() {
+  const Info i = info();
+  std::printf("ropejit %s\n", i.version.c_str());
+  std::printf("nvrtc        %d.%d\n", i.nvrtc_major, i.nvrtc_minor);
+  if (i.driver_version)
+    std::printf("driver       CUDA %d.%d\n", i.driver_version / 1000, (i.driver_version % 1000) / 10);
+  else
+    std::printf("driver       none: %s\n", i.driver_status.c_str());
+  for (const std::string& d : i.devices) std::printf("gpu          %s\n", d.c_str());
+  std::printf("cache dir    %s (%s)\n", i.cache_dir.empty() ? "-" : i.cache_dir.c_str(),
+              i.cache_status.c_str());
+  std::printf("cache files  %zu\n", i.cache_entries);
+  return 0;
+}
+
+struct CompileOptions {
+  std::vector<std::string> archs{"sm_90"};
+  std::vector<std::string> presets_;
+  std::vector<std::string> keys;
+  std::string dtype = "bf16";
+  unsigned jobs = 0;
+};
+
+int run_compile(const CompileOptions& o) {
+  std::vector<Spec> specs;
+  const DType dtype = detail::parse_name<DType>(o.dtype, "--dtype");
+  for (const std::string& name : o.presets_)
+    for (const Spec& s : autotune::preset_specs(autotune::find_preset(name), dtype)) specs.push_back(s);
+  for (const std::string& key : o.keys) specs.push_back(parse_key(key));
+  if (specs.empty()) detail::invalid("compile needs --preset NAME or --key KEY");
+  for (const std::string& arch : o.archs) detail::parse_arch(arch, "--arch");
+
+  struct Job {
+    const Spec* spec;
+    const std::string* arch;
+  };
+  std::vector<Job> jobs;
+  for (const std::string& arch : o.archs)
+    for (const Spec& s : specs) jobs.push_back({&s, &arch});
+  const auto before = detail::Engine::instance().stats();
+  const auto t0 = std::chrono::steady_clock::now();
+  std::mutex print;
+  size_t next = 0, failures = 0;
+  auto worker = [&] {
+    while (true) {
+      Job job;
+      {
+        std::lock_guard<std::mutex> lock(print);
+        if (next == jobs.size()) return;
+        job = jobs[next++];
+      }
+      const auto start = std::chrono::steady_clock::now();
+      std::string line;
+      try {
+        const std::vector<std::string> files = precompile(*job.spec, *job.arch);
+        const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+        line = detail::concat(*job.arch, "  ", job.spec->key(), "  ", ms, " ms  ",
+                              files.empty() || files[0].empty() ? "(memory only)" : files[0]);
+      } catch (const Error& e) {
+        line = detail::concat(*job.arch, "  ", job.spec->key(), "  FAILED: ", e.what());
+        std::lock_guard<std::mutex> lock(print);
+        ++failures;
+      }
+      std::lock_guard<std::mutex> lock(print);
+      std::puts(line.c_str());
+    }
+  };
+  const unsigned n = o.jobs ? o.jobs : std::max(1u, std::thread::hardware_concurrency());
+  std::vector<std::thread> threads;
+  for (unsigned i = 0; i < n; ++i) threads.emplace_back(worker);
+  for (std::thread& t : threads) t.join();
+  const auto after = detail::Engine::instance().stats();
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("%zu kernels for %zu arch(es) in %.2f s: %zu compiled, %zu from the disk cache, %zu failed\n",
+              jobs.size(), o.archs.size(), s, after.nvrtc_compiles - before.nvrtc_compiles,
+              after.disk_hits - before.disk_hits, failures);
+  return failures ? 1 : 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"ropejit: Rotary Position Embedding kernels generated at run time"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", std::string(kVersion));
+
+  app.add_subcommand("info", "Library, NVRTC and driver versions, GPUs, kernel cache");
+
+  CompileOptions co;
+  CLI::App* compile = app.add_subcommand("compile", "Precompile keys into the disk cache (no GPU needed)");
+  compile->add_option("--arch", co.archs, "Target architectures, e.g. sm_90 (repeatable)")
+      ->delimiter(',');
+  compile->add_option("--preset", co.presets_, "Model preset (repeatable)")->delimiter(',');
+  compile->add_option("--key", co.keys, "Explicit kernel key (repeatable)");
+  compile->add_option("--dtype", co.dtype, "q/k dtype for presets: f32, f16, bf16");
+  compile->add_option("-j,--jobs", co.jobs, "Compiler threads (default: all cores)");
+
+  std::string source_key;
+  CLI::App* source = app.add_subcommand("source", "Print the CUDA source rendered for a key");
+  source->add_option("key", source_key, "Kernel key")->required();
+
+  DemoOptions demo;
+  CLI::App* demo_cmd = app.add_subcommand("demo", "JIT, run and check against float64, print times");
+  demo_cmd->add_option("--preset", demo.preset, "Model preset");
+  demo_cmd->add_option("--tokens", demo.tokens, "Tokens (batch 1)");
+  demo_cmd->add_option("--dtype", demo.dtype, "q/k dtype: f32, f16, bf16");
+
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (app.got_subcommand("info")) return run_info();
+    if (app.got_subcommand(compile)) return run_compile(co);
+    if (app.got_subcommand(source)) {
+      const Spec spec = parse_key(source_key);
+      detail::CallShape shape;
+      shape.q_heads = 1;
+      std::fputs(detail::render(spec, autotune::heuristic_config(spec, shape, {}).kernel).source.c_str(),
+                 stdout);
+      return 0;
+    }
+    if (app.got_subcommand(demo_cmd)) return run_demo(demo);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 2;
+  }
+  return 0;
+}
+
+}  // namespace ropejit::cli
+
+int main(int argc, char** argv) { return ropejit::cli::main(argc, argv); }

@@ -1,0 +1,64 @@
+// The public C++ entry points over the engine.
+#include <cstdlib>
+
+#include "driver.hpp"
+#include "engine.hpp"
+#include "errors.hpp"
+#include "nvrtc.hpp"
+#include "policy.hpp"
+
+namespace ropejit {
+
+void apply(const Spec& spec, const Args& args) { detail::Engine::instance().apply(spec, args); }
+
+std::vector<std::string> precompile(const Spec& spec, const std::string& arch) {
+  const Spec c = spec.canonical();
+  const int cc = detail::parse_arch(arch, "arch");
+  // The heuristic's kernel variant depends on the spec and alignment only; precompile the
+  // fully aligned case, which is what contiguous and packed-QKV tensors give.
+  detail::CallShape shape;
+  shape.tokens = 1;
+  shape.q_heads = 1;
+  detail::DeviceInfo device;
+  device.cc = cc;
+  const detail::KernelVariant v = autotune::heuristic_config(c, shape, device).kernel;
+  std::string path;
+  detail::Engine::instance().image(c, v, detail::target_for(cc), &path);
+  return {path};
+}
+
+Info info() {
+  Info out;
+  out.version = kVersion;
+  const detail::NvrtcVersion nv = detail::nvrtc_version();
+  out.nvrtc_major = nv.major;
+  out.nvrtc_minor = nv.minor;
+  detail::DiskCache& disk = detail::Engine::instance().disk();
+  out.cache_dir = disk.dir();
+  out.cache_status = disk.status();
+  out.cache_entries = disk.count_entries();
+  std::string why;
+  const detail::Driver* d = detail::try_driver(&why);
+  if (!d) {
+    out.driver_status = why;
+    return out;
+  }
+  out.driver_status = "ok";
+  d->DriverGetVersion(&out.driver_version);
+  int count = 0;
+  d->DeviceGetCount(&count);
+  for (int i = 0; i < count; ++i) {
+    CUdevice dev = 0;
+    char name[256] = {};
+    int major = 0, minor = 0, sms = 0;
+    d->DeviceGet(&dev, i);
+    d->DeviceGetName(name, sizeof name, dev);
+    d->DeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev);
+    d->DeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev);
+    d->DeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev);
+    out.devices.push_back(detail::concat(name, " (sm_", major, minor, ", ", sms, " SMs)"));
+  }
+  return out;
+}
+
+}  // namespace ropejit

@@ -1,0 +1,135 @@
+// C ABI over the C++ API: converts structs, catches every exception, keeps the message in a
+// thread-local buffer.
+#include "ropejit/ropejit.h"
+
+#include <cstring>
+#include <exception>
+#include <string>
+
+#include "ropejit/ropejit.hpp"
+
+namespace {
+
+thread_local std::string last_error;
+
+ropejit::Spec to_spec(const ropejit_spec& s) {
+  ropejit::Spec o;
+  o.layout = ropejit::Layout(s.layout);
+  o.dtype = ropejit::DType(s.dtype);
+  o.head_dim = s.head_dim;
+  o.rotary_dim = s.rotary_dim;
+  o.style = ropejit::Style(s.style);
+  o.positions = ropejit::Positions(s.positions);
+  o.index_type = ropejit::IndexType(s.index_type);
+  o.freqs = ropejit::Freqs(s.freqs);
+  o.table_dtype = ropejit::DType(s.table_dtype);
+  o.table_width = ropejit::TableWidth(s.table_width);
+  o.direction = ropejit::Direction(s.direction);
+  o.in_place = s.in_place != 0;
+  o.fusion = ropejit::Fusion(s.fusion);
+  return o;
+}
+
+ropejit::Tensor to_tensor(const ropejit_tensor& t) {
+  return {t.data, t.heads, t.stride_batch, t.stride_seq, t.stride_head};
+}
+
+ropejit::Args to_args(const ropejit_args& a) {
+  ropejit::Args o;
+  o.batch = a.batch;
+  o.seq_len = a.seq_len;
+  o.q = to_tensor(a.q);
+  o.k = to_tensor(a.k);
+  o.q_out = to_tensor(a.q_out);
+  o.k_out = to_tensor(a.k_out);
+  o.position_offset = a.position_offset;
+  o.seq_offsets = a.seq_offsets;
+  o.position_ids = a.position_ids;
+  o.cu_seqlens = a.cu_seqlens;
+  o.cos = a.cos;
+  o.sin = a.sin;
+  o.table_stride = a.table_stride;
+  o.table_rows = a.table_rows;
+  o.base = a.base;
+  o.stream = a.stream;
+  return o;
+}
+
+template <class Fn>
+ropejit_status guarded(Fn&& fn) {
+  try {
+    fn();
+    last_error.clear();
+    return ROPEJIT_OK;
+  } catch (const ropejit::Error& e) {
+    last_error = e.what();
+    return static_cast<ropejit_status>(e.code());
+  } catch (const std::exception& e) {
+    last_error = std::string("ropejit: internal error: ") + e.what();
+  } catch (...) {
+    last_error = "ropejit: internal error: unknown exception";
+  }
+  return ROPEJIT_ERROR_INTERNAL;
+}
+
+ropejit_status null_argument(const char* name) {
+  last_error = std::string("ropejit: ") + name + " is null";
+  return ROPEJIT_ERROR_INVALID_ARGUMENT;
+}
+
+}  // namespace
+
+extern "C" {
+
+void ropejit_spec_init(ropejit_spec* spec) {
+  if (!spec) return;
+  const ropejit::Spec d;
+  *spec = ropejit_spec{int32_t(d.layout), int32_t(d.dtype), d.head_dim, d.rotary_dim,
+                       int32_t(d.style), int32_t(d.positions), int32_t(d.index_type),
+                       int32_t(d.freqs), int32_t(d.table_dtype), int32_t(d.table_width),
+                       int32_t(d.direction), d.in_place ? 1 : 0, int32_t(d.fusion)};
+}
+
+void ropejit_args_init(ropejit_args* args) {
+  if (!args) return;
+  std::memset(args, 0, sizeof *args);
+  args->batch = 1;
+  args->base = ropejit::Args().base;
+}
+
+ropejit_tensor ropejit_contiguous(int32_t layout, void* data, int64_t batch, int64_t seq,
+                                  int64_t heads, int64_t head_dim) {
+  const ropejit::Tensor t =
+      ropejit::contiguous(ropejit::Layout(layout), data, batch, seq, heads, head_dim);
+  return ropejit_tensor{t.data, t.heads, t.stride_batch, t.stride_seq, t.stride_head};
+}
+
+ropejit_status ropejit_apply(const ropejit_spec* spec, const ropejit_args* args) {
+  if (!spec) return null_argument("spec");
+  if (!args) return null_argument("args");
+  return guarded([&] { ropejit::apply(to_spec(*spec), to_args(*args)); });
+}
+
+ropejit_status ropejit_key(const ropejit_spec* spec, char* buf, size_t size) {
+  if (!spec) return null_argument("spec");
+  if (!buf) return null_argument("buf");
+  return guarded([&] {
+    const std::string key = to_spec(*spec).key();
+    if (key.size() + 1 > size)
+      throw ropejit::Error(ropejit::ErrorCode::invalid_argument,
+                           "ropejit: size (" + std::to_string(size) + ") is too small for key " + key);
+    std::memcpy(buf, key.c_str(), key.size() + 1);
+  });
+}
+
+ropejit_status ropejit_precompile(const ropejit_spec* spec, const char* arch) {
+  if (!spec) return null_argument("spec");
+  if (!arch) return null_argument("arch");
+  return guarded([&] { ropejit::precompile(to_spec(*spec), arch); });
+}
+
+const char* ropejit_last_error(void) { return last_error.c_str(); }
+
+const char* ropejit_version(void) { return ropejit::kVersion; }
+
+}  // extern "C"

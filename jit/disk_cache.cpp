@@ -1,0 +1,257 @@
+// Disk cache: directory policy, entry format v1, atomic publication.
+//
+// Entry format v1 (little-endian):
+//   0  char[8]  magic "RJKERNEL"
+//   8  u32      format version (kCacheFormatVersion)
+//   12 u32      flags (bit 0: image is PTX)
+//   16 u32      key length K
+//   20 u32      reserved, 0
+//   24 u64      image length N
+//   32 u64      XXH3-64 of the K key bytes followed by the N image bytes
+//   40 key, then image
+#include "disk_cache.hpp"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "embedded.hpp"
+#include "errors.hpp"
+#include "xxhash.h"
+
+namespace ropejit::detail {
+namespace {
+
+constexpr char kMagic[8] = {'R', 'J', 'K', 'E', 'R', 'N', 'E', 'L'};
+constexpr size_t kHeaderBytes = 40;
+constexpr const char* kSuffix = ".rjk";
+
+void put_u32(std::string& s, uint32_t v) {
+  for (int i = 0; i < 4; ++i) s.push_back(char((v >> (8 * i)) & 0xff));
+}
+void put_u64(std::string& s, uint64_t v) {
+  for (int i = 0; i < 8; ++i) s.push_back(char((v >> (8 * i)) & 0xff));
+}
+uint64_t get_le(const std::string& s, size_t at, int bytes) {
+  uint64_t v = 0;
+  for (int i = bytes - 1; i >= 0; --i) v = (v << 8) | uint8_t(s[at + size_t(i)]);
+  return v;
+}
+
+uint64_t checksum(const std::string& key, const char* image, size_t n) {
+  XXH3_state_t state;
+  XXH3_64bits_reset(&state);
+  XXH3_64bits_update(&state, key.data(), key.size());
+  XXH3_64bits_update(&state, image, n);
+  return XXH3_64bits_digest(&state);
+}
+
+// mkdir -p with mode 0700 for every directory it creates.
+bool make_dirs(const std::string& dir, std::string* why) {
+  std::string partial;
+  std::stringstream ss(dir);
+  std::string part;
+  if (!dir.empty() && dir[0] == '/') partial = "/";
+  while (std::getline(ss, part, '/')) {
+    if (part.empty()) continue;
+    partial += part;
+    if (mkdir(partial.c_str(), 0700) != 0 && errno != EEXIST) {
+      *why = concat("cannot create ", partial, ": ", std::strerror(errno));
+      return false;
+    }
+    partial += '/';
+  }
+  struct stat st{};
+  if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    *why = concat(dir, " is not a directory");
+    return false;
+  }
+  return true;
+}
+
+bool write_all(int fd, const std::string& bytes) {
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    done += size_t(n);
+  }
+  return true;
+}
+
+}  // namespace
+
+std::string encode_entry(const CacheEntry& e) {
+  std::string s(kMagic, sizeof kMagic);
+  put_u32(s, kCacheFormatVersion);
+  put_u32(s, e.is_ptx ? 1u : 0u);
+  put_u32(s, uint32_t(e.key.size()));
+  put_u32(s, 0);
+  put_u64(s, e.image.size());
+  put_u64(s, checksum(e.key, e.image.data(), e.image.size()));
+  s += e.key;
+  s += e.image;
+  return s;
+}
+
+bool decode_entry(const std::string& b, CacheEntry* out, std::string* why) {
+  if (b.size() < kHeaderBytes || std::memcmp(b.data(), kMagic, sizeof kMagic) != 0) {
+    *why = "not a ropejit cache entry";
+    return false;
+  }
+  const uint64_t version = get_le(b, 8, 4), flags = get_le(b, 12, 4);
+  const uint64_t key_len = get_le(b, 16, 4), image_len = get_le(b, 24, 8);
+  if (version != kCacheFormatVersion) {
+    *why = concat("format version ", version, " (this library reads ", kCacheFormatVersion, ")");
+    return false;
+  }
+  if (flags > 1 || key_len > 4096 || image_len != b.size() - kHeaderBytes - key_len ||
+      b.size() < kHeaderBytes + key_len) {
+    *why = "truncated or inconsistent header";
+    return false;
+  }
+  const std::string key = b.substr(kHeaderBytes, key_len);
+  if (checksum(key, b.data() + kHeaderBytes + key_len, image_len) != get_le(b, 32, 8)) {
+    *why = "checksum mismatch";
+    return false;
+  }
+  out->is_ptx = flags == 1;
+  out->key = key;
+  out->image = b.substr(kHeaderBytes + key_len);
+  return true;
+}
+
+std::string content_hash(const std::string& source, const std::vector<std::string>& options,
+                         const std::string& target, int nvrtc_major, int nvrtc_minor) {
+  XXH3_state_t state;
+  XXH3_128bits_reset(&state);
+  auto feed = [&](const std::string& s) {
+    const uint64_t n = s.size();
+    XXH3_128bits_update(&state, &n, sizeof n);  // length-prefixed: no ambiguous joins
+    XXH3_128bits_update(&state, s.data(), s.size());
+  };
+  feed(concat("ropejit-entry-v", kCacheFormatVersion, " nvrtc ", nvrtc_major, ".", nvrtc_minor));
+  feed(target);
+  for (const std::string& o : options) feed(o);
+  for (const EmbeddedFile& f : embedded_headers()) {
+    feed(f.name);
+    feed(f.text);
+  }
+  feed(source);
+  const XXH128_hash_t h = XXH3_128bits_digest(&state);
+  char hex[33];
+  std::snprintf(hex, sizeof hex, "%016llx%016llx", static_cast<unsigned long long>(h.high64),
+                static_cast<unsigned long long>(h.low64));
+  return hex;
+}
+
+std::string DiskCache::default_dir() {
+  if (const char* d = std::getenv("ROPEJIT_CACHE_DIR")) {
+    const std::string s = d;
+    return s == "off" ? std::string() : s;
+  }
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && x[0]) return std::string(x) + "/ropejit";
+  if (const char* h = std::getenv("HOME"); h && h[0]) return std::string(h) + "/.cache/ropejit";
+  return {};
+}
+
+DiskCache::DiskCache(std::string dir) : dir_(std::move(dir)) {
+  if (dir_.empty()) {
+    disabled_reason_ = "disabled (ROPEJIT_CACHE_DIR=off or no home directory)";
+    return;
+  }
+  std::string why;
+  if (!make_dirs(dir_, &why)) {
+    disabled_reason_ = why;
+  } else if (access(dir_.c_str(), W_OK | X_OK) != 0) {
+    disabled_reason_ = concat(dir_, " is not writable");
+  } else {
+    enabled_ = true;
+    return;
+  }
+  warn_once("cache-dir", concat("kernel cache directory unusable (", disabled_reason_,
+                                "); caching compiled kernels in memory only"));
+}
+
+std::string DiskCache::status() const {
+  if (enabled()) return "ok";
+  return disabled_reason_.empty() ? "disabled after a failed write" : disabled_reason_;
+}
+
+std::string DiskCache::path_for(const std::string& hash) const { return dir_ + "/" + hash + kSuffix; }
+
+bool DiskCache::load(const std::string& hash, const std::string& key, CacheEntry* out) const {
+  if (dir_.empty()) return false;
+  std::ifstream in(path_for(hash), std::ios::binary);
+  if (!in) return false;  // a plain miss
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  std::string why;
+  CacheEntry e;
+  bool ok = decode_entry(ss.str(), &e, &why);
+  if (ok && e.key != key) {
+    why = "made for " + e.key;
+    ok = false;
+  }
+  if (!ok) {
+    warn_once("cache-entry-" + hash, concat("ignoring cache entry ", path_for(hash), " (", why,
+                                            "); recompiling ", key));
+    return false;
+  }
+  *out = std::move(e);
+  return true;
+}
+
+std::string DiskCache::store(const std::string& hash, const CacheEntry& entry) {
+  if (!enabled()) return {};
+  const std::string path = path_for(hash);
+  // Unique temp name per process and thread; rename() publishes the whole file at once, so
+  // readers in other processes see either no entry or a complete one.
+  std::random_device rd;
+  const std::string tmp = concat(dir_, "/.", hash, ".", getpid(), ".",
+                                 std::hash<std::thread::id>()(std::this_thread::get_id()), ".",
+                                 rd(), ".tmp");
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  bool ok = fd >= 0;
+  const int open_errno = errno;
+  if (ok) {
+    ok = write_all(fd, encode_entry(entry)) && ::fsync(fd) == 0;
+    ok = (::close(fd) == 0) && ok;
+    ok = ok && std::rename(tmp.c_str(), path.c_str()) == 0;
+    if (!ok) ::unlink(tmp.c_str());
+  }
+  if (!ok) {
+    enabled_ = false;
+    warn_once("cache-write", concat("cannot write to kernel cache ", dir_, " (",
+                                    std::strerror(fd >= 0 ? errno : open_errno),
+                                    "); caching compiled kernels in memory only"));
+    return {};
+  }
+  return path;
+}
+
+size_t DiskCache::count_entries() const {
+  if (dir_.empty()) return 0;
+  DIR* d = opendir(dir_.c_str());
+  if (!d) return 0;
+  size_t n = 0;
+  const size_t suffix = std::strlen(kSuffix);
+  while (const dirent* e = readdir(d)) {
+    const size_t len = std::strlen(e->d_name);
+    if (e->d_name[0] != '.' && len > suffix && std::strcmp(e->d_name + len - suffix, kSuffix) == 0) ++n;
+  }
+  closedir(d);
+  return n;
+}
+
+}  // namespace ropejit::detail

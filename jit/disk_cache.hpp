@@ -1,0 +1,57 @@
+// Content-addressed disk cache of compiled kernels. Entries are versioned, checksummed and
+// published atomically (temp file, fsync, rename); any defect reads as a miss.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ropejit::detail {
+
+inline constexpr uint32_t kCacheFormatVersion = 1;
+
+struct CacheEntry {
+  std::string key;    // the kernel's key + variant, for diagnostics and foreign-entry checks
+  std::string image;  // cubin or PTX
+  bool is_ptx = false;
+};
+
+// Serialized entry bytes (header + key + image); exposed for the golden-file test.
+std::string encode_entry(const CacheEntry& entry);
+// Parses entry bytes into `out`; false with `why` set on any defect.
+bool decode_entry(const std::string& bytes, CacheEntry* out, std::string* why);
+
+// Stable hex hash of everything that determines a compiled image.
+std::string content_hash(const std::string& source, const std::vector<std::string>& options,
+                         const std::string& target, int nvrtc_major, int nvrtc_minor);
+
+class DiskCache {
+ public:
+  // ROPEJIT_CACHE_DIR, else $XDG_CACHE_HOME/ropejit, else ~/.cache/ropejit. ROPEJIT_CACHE_DIR
+  // set to "off" (or empty) disables the disk cache.
+  static std::string default_dir();
+
+  // Creates `dir` (mode 0700) if needed; an unusable directory leaves the cache disabled with
+  // one warning.
+  explicit DiskCache(std::string dir);
+
+  bool enabled() const { return enabled_.load(); }
+  const std::string& dir() const { return dir_; }
+  std::string status() const;
+  std::string path_for(const std::string& hash) const;
+
+  // True and `out` filled when the entry for `hash` is present, intact and made for `key`.
+  bool load(const std::string& hash, const std::string& key, CacheEntry* out) const;
+  // Publishes an entry; returns its path, or "" when the directory is not writable (the
+  // cache then turns itself off with one warning).
+  std::string store(const std::string& hash, const CacheEntry& entry);
+  size_t count_entries() const;
+
+ private:
+  std::string dir_;
+  std::string disabled_reason_;  // set only by the constructor
+  std::atomic<bool> enabled_{false};
+};
+
+}  // namespace ropejit::detail

@@ -1,0 +1,225 @@
+// Engine: image cache (memory -> disk -> NVRTC), per-context modules, and the launch path.
+// A cached apply() is: validate, one shared-locked hash lookup, one cuLaunchKernel.
+#include "engine.hpp"
+
+#include <functional>
+
+#include "driver.hpp"
+#include "errors.hpp"
+#include "nvrtc.hpp"
+#include "policy.hpp"
+#include "render.hpp"
+
+namespace ropejit::detail {
+
+struct Engine::ImageSlot {
+  std::once_flag once;
+  CacheEntry entry;
+  std::string path;
+};
+
+struct Engine::FunctionSlot {
+  std::once_flag once;
+  LoadedFunction loaded;
+};
+
+namespace {
+
+// Makes the primary context of the device owning `ptr` current for the scope of one call,
+// when the calling thread has no current context.
+class ContextScope {
+ public:
+  ContextScope(const Driver& d, CUcontext* ctx, const void* ptr) : d_(d) {
+    check(d.CtxGetCurrent(ctx), "cuCtxGetCurrent");
+    if (*ctx) return;
+    int ordinal = 0;
+    if (d.PointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                              reinterpret_cast<CUdeviceptr>(ptr)) != CUDA_SUCCESS)
+      invalid("args.q.data (", ptr, ") is not device memory and no CUDA context is current");
+    CUdevice dev = 0;
+    check(d.DeviceGet(&dev, ordinal), "cuDeviceGet");
+    check(d.DevicePrimaryCtxRetain(ctx, dev), "cuDevicePrimaryCtxRetain");
+    check(d.CtxPushCurrent(*ctx), "cuCtxPushCurrent");
+    pushed_ = true;
+  }
+  ~ContextScope() {
+    CUcontext ignored = nullptr;
+    if (pushed_) d_.CtxPopCurrent(&ignored);
+  }
+  ContextScope(const ContextScope&) = delete;
+  ContextScope& operator=(const ContextScope&) = delete;
+
+ private:
+  const Driver& d_;
+  bool pushed_ = false;
+};
+
+}  // namespace
+
+size_t Engine::FunctionKeyHash::operator()(const FunctionKey& k) const {
+  const Spec& s = k.spec;
+  uint64_t h = std::hash<const void*>()(k.ctx);
+  auto mix = [&h](uint64_t v) { h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); };
+  mix(uint64_t(s.layout) | uint64_t(s.dtype) << 4 | uint64_t(s.style) << 8 |
+      uint64_t(s.positions) << 12 | uint64_t(s.index_type) << 16 | uint64_t(s.freqs) << 20 |
+      uint64_t(s.table_dtype) << 24 | uint64_t(s.table_width) << 28 |
+      uint64_t(s.direction) << 32 | uint64_t(s.in_place) << 36 | uint64_t(s.fusion) << 40);
+  mix(uint64_t(uint32_t(s.head_dim)) << 32 | uint32_t(s.rotary_dim));
+  mix(uint64_t(uint32_t(k.variant.vec)) << 40 | uint64_t(uint32_t(k.variant.heads_per_thread)) << 20 |
+      uint32_t(k.variant.max_threads));
+  return size_t(h);
+}
+
+Engine& Engine::instance() {
+  static Engine engine;
+  return engine;
+}
+
+Engine::Engine() : disk_(DiskCache::default_dir()) {}
+
+EngineStats Engine::stats() const {
+  std::lock_guard<std::mutex> lock(stats_mutex_);
+  return stats_;
+}
+
+void Engine::clear_memory_cache() {
+  std::lock_guard<std::mutex> lock(images_mutex_);
+  images_.clear();
+}
+
+const CacheEntry& Engine::image(const Spec& c, const KernelVariant& variant,
+                                const std::string& target, std::string* path) {
+  const std::string ident = c.key() + "__" + variant.name() + "@" + target;
+  std::shared_ptr<ImageSlot> slot;
+  bool fresh = false;
+  {
+    std::lock_guard<std::mutex> lock(images_mutex_);
+    std::shared_ptr<ImageSlot>& s = images_[ident];
+    if (!s) {
+      s = std::make_shared<ImageSlot>();
+      fresh = true;
+    }
+    slot = s;
+  }
+  // Only the first caller for `ident` compiles; others wait here without any global lock.
+  std::call_once(slot->once, [&] {
+    const RenderedKernel r = render(c, variant);
+    const NvrtcVersion nv = nvrtc_version();
+    const std::string hash = content_hash(r.source, compile_options(target), target, nv.major, nv.minor);
+    if (disk_.load(hash, ident, &slot->entry)) {
+      slot->path = disk_.path_for(hash);
+      std::lock_guard<std::mutex> lock(stats_mutex_);
+      ++stats_.disk_hits;
+      return;
+    }
+    CompileResult cr = compile(r.source, r.entry + ".cu", r.key, target);
+    slot->entry = CacheEntry{ident, std::move(cr.image), cr.is_ptx};
+    slot->path = disk_.store(hash, slot->entry);
+    std::lock_guard<std::mutex> lock(stats_mutex_);
+    ++stats_.nvrtc_compiles;
+  });
+  if (!fresh) {
+    std::lock_guard<std::mutex> lock(stats_mutex_);
+    ++stats_.memory_hits;
+  }
+  if (path) *path = slot->path;
+  return slot->entry;
+}
+
+DeviceInfo Engine::device_info(CUcontext ctx) {
+  {
+    std::shared_lock<std::shared_mutex> lock(devices_mutex_);
+    const auto it = devices_.find(ctx);
+    if (it != devices_.end()) return it->second;
+  }
+  const Driver& d = driver();
+  CUdevice dev = 0;
+  check(d.CtxGetDevice(&dev), "cuCtxGetDevice");
+  auto attr = [&](CUdevice_attribute a) {
+    int v = 0;
+    check(d.DeviceGetAttribute(&v, a, dev), "cuDeviceGetAttribute");
+    return v;
+  };
+  DeviceInfo info;
+  info.ordinal = int(dev);
+  info.cc = 10 * attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR) +
+            attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
+  info.sm_count = attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
+  info.max_threads_per_sm = attr(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR);
+  char name[256] = {};
+  check(d.DeviceGetName(name, sizeof name, dev), "cuDeviceGetName");
+  info.name = name;
+  std::unique_lock<std::shared_mutex> lock(devices_mutex_);
+  devices_[ctx] = info;
+  return info;
+}
+
+Engine::LoadedFunction Engine::function(CUcontext ctx, const Spec& c, const KernelVariant& variant,
+                                        CUstream stream) {
+  const FunctionKey key{ctx, c, variant};
+  std::shared_ptr<FunctionSlot> slot;
+  {
+    std::shared_lock<std::shared_mutex> lock(functions_mutex_);
+    const auto it = functions_.find(key);
+    if (it != functions_.end()) slot = it->second;
+  }
+  if (!slot) {
+    std::unique_lock<std::shared_mutex> lock(functions_mutex_);
+    std::shared_ptr<FunctionSlot>& s = functions_[key];
+    if (!s) s = std::make_shared<FunctionSlot>();
+    slot = s;
+  }
+  std::call_once(slot->once, [&] {
+    const Driver& d = driver();
+    CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
+    check(d.StreamIsCapturing(stream, &capture), "cuStreamIsCapturing");
+    if (capture != CU_STREAM_CAPTURE_STATUS_NONE)
+      invalid("first call of ", c.key(), " (", variant.name(),
+              ") happens during CUDA graph capture; loading a module there could break the "
+              "capture: call it once before capturing (or precompile with `ropejit compile`)");
+    const DeviceInfo dev = device_info(ctx);
+    const CacheEntry& e = image(c, variant, target_for(dev.cc));
+    CUmodule module = nullptr;
+    check(d.ModuleLoadData(&module, e.image.data()), "cuModuleLoadData");
+    const std::string entry = entry_name(c.key(), variant);
+    check(d.ModuleGetFunction(&slot->loaded.fn, module, entry.c_str()), "cuModuleGetFunction");
+    check(d.FuncGetAttribute(&slot->loaded.max_threads, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
+                             slot->loaded.fn),
+          "cuFuncGetAttribute");
+    std::lock_guard<std::mutex> lock(stats_mutex_);
+    ++stats_.module_loads;
+  });
+  return slot->loaded;
+}
+
+void Engine::apply(const Spec& spec, const Args& args) {
+  const Spec c = spec.canonical();
+  const CallShape shape = check_call(c, args);
+  if (shape.tokens == 0) return;
+  launch(c, args, shape, nullptr);
+}
+
+void Engine::launch(const Spec& c, const Args& args, const CallShape& shape,
+                    const LaunchConfig* requested) {
+  const Driver& d = driver();
+  CUcontext ctx = nullptr;
+  const ContextScope scope(d, &ctx, args.q.data);
+  const DeviceInfo dev = device_info(ctx);
+  const LaunchConfig cfg = requested ? *requested : autotune::select_config(c, shape, dev);
+  if (const std::string why = illegal_reason(c, shape, cfg, dev); !why.empty())
+    invalid("launch configuration ", cfg.name(), " is not legal for ", c.key(), ": ", why);
+  CUstream stream = static_cast<CUstream>(args.stream);
+  const LoadedFunction f = function(ctx, c, cfg.kernel, stream);
+  const unsigned bx = unsigned(chunks(c, cfg.kernel.vec));
+  const unsigned threads = bx * unsigned(cfg.rows) * unsigned(cfg.tokens_per_block);
+  if (int(threads) > f.max_threads)
+    fail(ErrorCode::internal, c.key(), ": ", threads, " threads exceed the kernel's limit of ",
+         f.max_threads);
+  ropejit_dev::RopeParams params = make_params(c, args, shape);
+  void* kernel_args[] = {&params};
+  check(d.LaunchKernel(f.fn, unsigned(grid_blocks(shape, cfg, dev)), 1, 1, bx, unsigned(cfg.rows),
+                       unsigned(cfg.tokens_per_block), 0, stream, kernel_args, nullptr),
+        "cuLaunchKernel");
+}
+
+}  // namespace ropejit::detail

@@ -1,0 +1,87 @@
+// The JIT engine: compiled images (memory -> disk -> NVRTC), modules per CUDA context, and
+// the launch path. One process-wide instance; every method is thread-safe.
+#pragma once
+
+#include <cuda.h>
+
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <unordered_map>
+
+#include "call.hpp"
+#include "disk_cache.hpp"
+#include "launch_config.hpp"
+
+namespace ropejit::detail {
+
+// Where an image came from, for `ropejit info`, tests and benchmarks.
+struct EngineStats {
+  size_t nvrtc_compiles = 0;
+  size_t disk_hits = 0;
+  size_t memory_hits = 0;
+  size_t module_loads = 0;
+};
+
+class Engine {
+ public:
+  static Engine& instance();
+
+  // The public apply(): validate, pick a configuration, launch.
+  void apply(const Spec& spec, const Args& args);
+
+  // Launches a checked call with `cfg`, or with the policy's choice when `cfg` is null (the
+  // tuner and benchmarks pass explicit configurations; illegal ones throw).
+  void launch(const Spec& canonical, const Args& args, const CallShape& shape,
+              const LaunchConfig* cfg);
+
+  // Compiled image for a target ("sm_90" / "compute_90"), from memory, disk or NVRTC. Needs
+  // no GPU. Returns the entry and sets `path` to its disk-cache file ("" when memory-only).
+  const CacheEntry& image(const Spec& canonical, const KernelVariant& variant,
+                          const std::string& target, std::string* path = nullptr);
+
+  // Facts about the GPU owning the current (or given) context.
+  DeviceInfo device_info(CUcontext ctx);
+
+  DiskCache& disk() { return disk_; }
+  EngineStats stats() const;
+  // Drops in-memory images and modules' lookup entries (tests of the disk path).
+  void clear_memory_cache();
+
+ private:
+  Engine();
+
+  struct ImageSlot;
+  struct FunctionSlot;
+  struct FunctionKey {
+    CUcontext ctx;
+    Spec spec;
+    KernelVariant variant;
+    bool operator==(const FunctionKey& o) const {
+      return ctx == o.ctx && spec == o.spec && variant == o.variant;
+    }
+  };
+  struct FunctionKeyHash {
+    size_t operator()(const FunctionKey& k) const;
+  };
+
+  struct LoadedFunction {
+    CUfunction fn = nullptr;
+    int max_threads = 0;
+  };
+  LoadedFunction function(CUcontext ctx, const Spec& canonical, const KernelVariant& variant,
+                          CUstream stream);
+
+  DiskCache disk_;
+  mutable std::mutex images_mutex_;
+  std::unordered_map<std::string, std::shared_ptr<ImageSlot>> images_;
+  mutable std::shared_mutex functions_mutex_;
+  std::unordered_map<FunctionKey, std::shared_ptr<FunctionSlot>, FunctionKeyHash> functions_;
+  std::shared_mutex devices_mutex_;
+  std::unordered_map<CUcontext, DeviceInfo> devices_;
+  mutable std::mutex stats_mutex_;
+  EngineStats stats_;
+};
+
+}  // namespace ropejit::detail

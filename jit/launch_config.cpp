@@ -1,0 +1,76 @@
+// Legality rules for launch configurations (shared by the heuristic, the tuner and launch).
+#include "launch_config.hpp"
+
+#include <algorithm>
+
+#include "errors.hpp"
+
+namespace ropejit::detail {
+
+std::string KernelVariant::name() const {
+  return concat('v', vec, 'h', heads_per_thread, 't', max_threads);
+}
+
+std::string LaunchConfig::name() const {
+  return concat(kernel.name(), "_r", rows, "_z", tokens_per_block, "_g", blocks_per_sm);
+}
+
+int32_t element_bytes(DType t) { return t == DType::f32 ? 4 : 2; }
+
+int32_t max_vec(const Spec& c, int32_t align_bytes) {
+  const int32_t elem = element_bytes(c.dtype);
+  const int32_t pairs = c.rotary_dim / 2;
+  const int32_t tail = c.head_dim - c.rotary_dim;
+  for (int32_t vec = 16 / elem; vec >= 1; vec /= 2) {
+    if (vec * elem > align_bytes) continue;
+    const bool style_ok = c.style == Style::neox ? pairs % vec == 0 : (vec >= 2 && c.rotary_dim % vec == 0);
+    const bool tail_ok = c.in_place || tail % vec == 0;
+    if (style_ok && tail_ok) return vec;
+  }
+  return 0;
+}
+
+int32_t chunks(const Spec& c, int32_t vec) {
+  const int32_t per_chunk = c.style == Style::neox ? vec : vec / 2;  // pairs per chunk
+  const int32_t rot = (c.rotary_dim / 2) / per_chunk;
+  const int32_t tail = c.in_place ? 0 : (c.head_dim - c.rotary_dim) / vec;
+  return rot + tail;
+}
+
+std::string illegal_reason(const Spec& c, const CallShape& shape, const LaunchConfig& cfg,
+                           const DeviceInfo& device) {
+  const KernelVariant& k = cfg.kernel;
+  const int32_t elem = element_bytes(c.dtype);
+  if (k.vec < 1 || (k.vec & (k.vec - 1)) || k.vec * elem > 16)
+    return concat("vec ", k.vec, " is not a power of two of at most 16 bytes");
+  if (k.vec * elem > shape.align_bytes)
+    return concat("vec ", k.vec, " needs ", k.vec * elem, "-byte alignment, the call has ",
+                  shape.align_bytes);
+  if (c.style == Style::neox ? (c.rotary_dim / 2) % k.vec != 0
+                             : (k.vec < 2 || c.rotary_dim % k.vec != 0))
+    return concat("vec ", k.vec, " does not divide the rotary pairs");
+  if (!c.in_place && (c.head_dim - c.rotary_dim) % k.vec != 0)
+    return concat("vec ", k.vec, " does not divide the pass-through tail");
+  if (k.heads_per_thread < 1 || k.heads_per_thread > 8) return "heads_per_thread must be 1..8";
+  if (k.max_threads < 32 || k.max_threads > 1024 || k.max_threads % 32)
+    return "max_threads must be a multiple of 32 in [32, 1024]";
+  if (cfg.rows < 1 || cfg.tokens_per_block < 1 || cfg.tokens_per_block > 64)
+    return "rows and tokens_per_block must be positive (tokens_per_block <= 64)";
+  const int64_t threads = int64_t(chunks(c, k.vec)) * cfg.rows * cfg.tokens_per_block;
+  if (threads > k.max_threads)
+    return concat(threads, " threads per block exceed the variant's ", k.max_threads);
+  const int32_t heads = shape.q_heads + shape.k_heads;
+  if (cfg.rows > std::max(heads, 1)) return concat("rows ", cfg.rows, " exceed the ", heads, " heads");
+  if (cfg.blocks_per_sm < 0 || cfg.blocks_per_sm > 32) return "blocks_per_sm must be 0..32";
+  if (threads * std::max(cfg.blocks_per_sm, 1) > device.max_threads_per_sm && cfg.blocks_per_sm > 0)
+    return "persistent blocks do not fit on one SM";
+  return {};
+}
+
+int64_t grid_blocks(const CallShape& shape, const LaunchConfig& cfg, const DeviceInfo& device) {
+  const int64_t groups = (shape.tokens + cfg.tokens_per_block - 1) / cfg.tokens_per_block;
+  if (cfg.blocks_per_sm == 0) return groups;
+  return std::min<int64_t>(groups, int64_t(device.sm_count) * cfg.blocks_per_sm);
+}
+
+}  // namespace ropejit::detail

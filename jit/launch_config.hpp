@@ -1,0 +1,71 @@
+// Launch configurations: the compile-time kernel variant plus the run-time block/grid shape,
+// and the rules that make a configuration legal for a spec and a call.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "ropejit/ropejit.hpp"
+
+namespace ropejit::detail {
+
+// Constants baked into a compiled kernel (part of its name and its cache entry).
+struct KernelVariant {
+  int32_t vec = 1;               // elements per vector access (2..16 bytes)
+  int32_t heads_per_thread = 1;  // heads loaded before the first store
+  int32_t max_threads = 256;     // __launch_bounds__
+
+  std::string name() const;  // "v8h2t256"
+  friend bool operator==(const KernelVariant& a, const KernelVariant& b) {
+    return a.vec == b.vec && a.heads_per_thread == b.heads_per_thread &&
+           a.max_threads == b.max_threads;
+  }
+};
+
+struct LaunchConfig {
+  KernelVariant kernel;
+  int32_t rows = 1;              // blockDim.y: head rows
+  int32_t tokens_per_block = 1;  // blockDim.z
+  int32_t blocks_per_sm = 0;     // 0: one block per token group; >0: persistent grid
+
+  std::string name() const;  // "v8h2t256_r4_z2_g0"
+  friend bool operator==(const LaunchConfig& a, const LaunchConfig& b) {
+    return a.kernel == b.kernel && a.rows == b.rows && a.tokens_per_block == b.tokens_per_block &&
+           a.blocks_per_sm == b.blocks_per_sm;
+  }
+};
+
+// What about a call decides its launch: sizes and the alignment its pointers/strides allow.
+struct CallShape {
+  int64_t tokens = 0;
+  int32_t q_heads = 0;
+  int32_t k_heads = 0;
+  int32_t align_bytes = 16;  // largest power of two (<= 16) dividing every pointer and stride
+};
+
+// The facts about a GPU that launch decisions use.
+struct DeviceInfo {
+  int ordinal = 0;
+  int cc = 0;  // 90 for sm_90
+  int sm_count = 1;
+  int max_threads_per_sm = 2048;
+  std::string name;
+};
+
+int32_t element_bytes(DType t);
+
+// Largest vector width (elements) legal for a canonical spec when pointers and strides are
+// aligned to `align_bytes`; 0 when none is (gptj needs whole pairs).
+int32_t max_vec(const Spec& canonical, int32_t align_bytes);
+
+// blockDim.x for a canonical spec and vector width.
+int32_t chunks(const Spec& canonical, int32_t vec);
+
+// Empty when `cfg` is legal for this spec, call and device, else the reason.
+std::string illegal_reason(const Spec& canonical, const CallShape& shape, const LaunchConfig& cfg,
+                           const DeviceInfo& device);
+
+// Grid size (blocks) for a legal configuration.
+int64_t grid_blocks(const CallShape& shape, const LaunchConfig& cfg, const DeviceInfo& device);
+
+}  // namespace ropejit::detail

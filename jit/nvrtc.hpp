@@ -1,0 +1,36 @@
+// NVRTC: rendered source (+ embedded headers) -> cubin for one sm_XY, or PTX for GPUs newer
+// than this NVRTC knows.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace ropejit::detail {
+
+struct CompileResult {
+  std::string image;    // cubin, or NUL-terminated PTX when `is_ptx`
+  bool is_ptx = false;
+  std::string log;      // NVRTC's log (warnings), may be empty
+};
+
+struct NvrtcVersion {
+  int major = 0, minor = 0;
+};
+NvrtcVersion nvrtc_version();
+
+// "sm_90" -> 90; throws Error naming `what` for anything else.
+int parse_arch(const std::string& arch, const char* what);
+
+// What this NVRTC emits for a device of compute capability `cc` (e.g. 90): "sm_90", or
+// "compute_XY" (PTX for the driver to finish) when `cc` is newer than NVRTC supports.
+std::string target_for(int cc);
+
+// The NVRTC options used for `target` (part of every cache entry's content hash).
+std::vector<std::string> compile_options(const std::string& target);
+
+// Compiles `source` (named `name` in diagnostics) with the embedded headers. Throws
+// Error(compile) carrying `key`, the full log and the options on failure.
+CompileResult compile(const std::string& source, const std::string& name, const std::string& key,
+                      const std::string& target);
+
+}  // namespace ropejit::detail

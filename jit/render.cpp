@@ -1,0 +1,70 @@
+// Binds a spec and a kernel variant into templates/rope_entry.cu.in.
+#include "render.hpp"
+
+#include <map>
+
+#include "embedded.hpp"
+#include "errors.hpp"
+
+namespace ropejit::detail {
+namespace {
+
+std::string substitute(const std::string& text, const std::map<std::string, std::string>& vars) {
+  std::string out;
+  size_t pos = 0;
+  while (true) {
+    const size_t open = text.find("{{", pos);
+    if (open == std::string::npos) break;
+    const size_t close = text.find("}}", open);
+    if (close == std::string::npos) fail(ErrorCode::internal, "unterminated {{ in entry template");
+    const std::string name = text.substr(open + 2, close - open - 2);
+    const auto it = vars.find(name);
+    if (it == vars.end()) fail(ErrorCode::internal, "entry template variable {{", name, "}} is unbound");
+    out.append(text, pos, open - pos);
+    out += it->second;
+    pos = close + 2;
+  }
+  out.append(text, pos, std::string::npos);
+  return out;
+}
+
+const char* flag(bool b) { return b ? "true" : "false"; }
+
+}  // namespace
+
+std::string entry_name(const std::string& key, const KernelVariant& variant) {
+  std::string out = key;
+  for (char& ch : out)
+    if (ch == '-') ch = 'Z';
+  return out + "__" + variant.name();
+}
+
+RenderedKernel render(const Spec& c, const KernelVariant& v) {
+  RenderedKernel r;
+  r.key = c.key();
+  r.entry = entry_name(r.key, v);
+  const std::map<std::string, std::string> vars = {
+      {"key", r.key},
+      {"variant", v.name()},
+      {"entry", r.entry},
+      {"dtype", std::to_string(int(c.dtype))},
+      {"head_dim", std::to_string(c.head_dim)},
+      {"rotary_dim", std::to_string(c.rotary_dim)},
+      {"neox", flag(c.style == Style::neox)},
+      {"packed", flag(c.layout == Layout::thd)},
+      {"pos_mode", std::to_string(int(c.positions))},
+      {"idx64", flag(c.index_type == IndexType::i64)},
+      {"computed", flag(c.freqs == Freqs::computed)},
+      {"table_dtype", std::to_string(int(c.table_dtype))},
+      {"table_full", flag(c.table_width == TableWidth::full)},
+      {"backward", flag(c.direction == Direction::backward)},
+      {"in_place", flag(c.in_place)},
+      {"vec", std::to_string(v.vec)},
+      {"heads_per_thread", std::to_string(v.heads_per_thread)},
+      {"max_threads", std::to_string(v.max_threads)},
+  };
+  r.source = substitute(embedded_file("rope_entry.cu.in"), vars);
+  return r;
+}
+
+}  // namespace ropejit::detail

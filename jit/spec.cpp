@@ -1,0 +1,175 @@
+// Spec validation, canonical form and the one canonical key string per specialization.
+#include <sstream>
+#include <vector>
+
+#include "names.hpp"
+
+namespace ropejit {
+
+const char* to_string(Layout v) { return detail::name_of(v); }
+const char* to_string(DType v) { return detail::name_of(v); }
+const char* to_string(Style v) { return detail::name_of(v); }
+const char* to_string(Positions v) { return detail::name_of(v); }
+const char* to_string(IndexType v) { return detail::name_of(v); }
+const char* to_string(Freqs v) { return detail::name_of(v); }
+const char* to_string(TableWidth v) { return detail::name_of(v); }
+const char* to_string(Direction v) { return detail::name_of(v); }
+const char* to_string(Fusion v) { return detail::name_of(v); }
+
+namespace {
+
+constexpr int32_t kMaxHeadDim = 512;
+
+template <class E>
+void check_enum(E v, const char* field) {
+  if (!detail::is_valid(v)) detail::invalid("spec.", field, " (", static_cast<int32_t>(v), ") is not a known value");
+}
+
+}  // namespace
+
+void Spec::validate() const {
+  check_enum(layout, "layout");
+  check_enum(dtype, "dtype");
+  check_enum(style, "style");
+  check_enum(positions, "positions");
+  check_enum(index_type, "index_type");
+  check_enum(freqs, "freqs");
+  check_enum(table_dtype, "table_dtype");
+  check_enum(table_width, "table_width");
+  check_enum(direction, "direction");
+  check_enum(fusion, "fusion");
+  if (head_dim <= 0 || head_dim % 2 != 0 || head_dim > kMaxHeadDim)
+    detail::invalid("spec.head_dim (", head_dim, ") must be even and in [2, ", kMaxHeadDim, "]");
+  const int32_t rot = rotary_dim == 0 ? head_dim : rotary_dim;
+  if (rot < 0 || rot % 2 != 0 || rot > head_dim)
+    detail::invalid("spec.rotary_dim (", rotary_dim, ") must be even and <= head_dim (", head_dim,
+                    "); 0 means head_dim");
+}
+
+Spec Spec::canonical() const {
+  validate();
+  Spec c = *this;
+  if (c.rotary_dim == 0) c.rotary_dim = c.head_dim;
+  if (c.positions == Positions::offset) c.index_type = IndexType::i64;
+  if (c.freqs == Freqs::computed) {
+    c.table_dtype = DType::f32;
+    c.table_width = TableWidth::half;
+  }
+  return c;
+}
+
+bool operator==(const Spec& a, const Spec& b) {
+  return a.layout == b.layout && a.dtype == b.dtype && a.head_dim == b.head_dim &&
+         a.rotary_dim == b.rotary_dim && a.style == b.style && a.positions == b.positions &&
+         a.index_type == b.index_type && a.freqs == b.freqs && a.table_dtype == b.table_dtype &&
+         a.table_width == b.table_width && a.direction == b.direction &&
+         a.in_place == b.in_place && a.fusion == b.fusion;
+}
+
+// Field order is part of the persisted format (cache entries and tuning files name keys):
+// rope_<layout>_<dtype>_d<D>_r<R>_<style>_pos-<mode>[-<idx>]_<freqs>[-<tdtype>-<width>]
+//      _<fusion>_<direction>_<ip|oop>
+std::string Spec::key() const {
+  const Spec c = canonical();
+  std::ostringstream os;
+  os << "rope_" << to_string(c.layout) << '_' << to_string(c.dtype) << "_d" << c.head_dim << "_r"
+     << c.rotary_dim << '_' << to_string(c.style) << "_pos-" << to_string(c.positions);
+  if (c.positions != Positions::offset) os << '-' << to_string(c.index_type);
+  os << '_' << to_string(c.freqs);
+  if (c.freqs == Freqs::table) os << '-' << to_string(c.table_dtype) << '-' << to_string(c.table_width);
+  os << '_' << to_string(c.fusion) << '_' << to_string(c.direction) << '_'
+     << (c.in_place ? "ip" : "oop");
+  return os.str();
+}
+
+namespace {
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out(1);
+  for (char ch : s) {
+    if (ch == sep) out.emplace_back(); else out.back() += ch;
+  }
+  return out;
+}
+
+int32_t parse_dim(const std::string& field, char prefix, const std::string& key) {
+  if (field.size() < 2 || field[0] != prefix || field.size() > 5)
+    detail::invalid("key '", key, "': expected ", prefix, "<number>, got '", field, "'");
+  int32_t v = 0;
+  for (size_t i = 1; i < field.size(); ++i) {
+    if (field[i] < '0' || field[i] > '9')
+      detail::invalid("key '", key, "': expected ", prefix, "<number>, got '", field, "'");
+    v = v * 10 + (field[i] - '0');
+  }
+  return v;
+}
+
+}  // namespace
+
+Spec parse_key(const std::string& key) {
+  const std::vector<std::string> f = split(key, '_');
+  if (f.size() != 11 || f[0] != "rope")
+    detail::invalid("key '", key, "' is not a ropejit key (rope_<layout>_<dtype>_d.._r.._...)");
+  Spec s;
+  s.layout = detail::parse_name<Layout>(f[1], "key layout");
+  s.dtype = detail::parse_name<DType>(f[2], "key dtype");
+  s.head_dim = parse_dim(f[3], 'd', key);
+  s.rotary_dim = parse_dim(f[4], 'r', key);
+  s.style = detail::parse_name<Style>(f[5], "key style");
+  const std::vector<std::string> pos = split(f[6], '-');
+  if (pos.size() < 2 || pos[0] != "pos") detail::invalid("key '", key, "': bad positions field '", f[6], "'");
+  s.positions = detail::parse_name<Positions>(pos[1], "key positions");
+  if (s.positions != Positions::offset) {
+    if (pos.size() != 3) detail::invalid("key '", key, "': positions field needs an index type");
+    s.index_type = detail::parse_name<IndexType>(pos[2], "key index type");
+  } else if (pos.size() != 2) {
+    detail::invalid("key '", key, "': bad positions field '", f[6], "'");
+  }
+  const std::vector<std::string> fr = split(f[7], '-');
+  s.freqs = detail::parse_name<Freqs>(fr[0], "key freqs");
+  if (s.freqs == Freqs::table) {
+    if (fr.size() != 3) detail::invalid("key '", key, "': table field needs dtype and width");
+    s.table_dtype = detail::parse_name<DType>(fr[1], "key table dtype");
+    s.table_width = detail::parse_name<TableWidth>(fr[2], "key table width");
+  } else if (fr.size() != 1) {
+    detail::invalid("key '", key, "': bad freqs field '", f[7], "'");
+  }
+  s.fusion = detail::parse_name<Fusion>(f[8], "key fusion");
+  s.direction = detail::parse_name<Direction>(f[9], "key direction");
+  if (f[10] != "ip" && f[10] != "oop") detail::invalid("key '", key, "': last field must be ip or oop");
+  s.in_place = f[10] == "ip";
+  if (s.key() != key) detail::invalid("key '", key, "' is not canonical (expected '", s.key(), "')");
+  return s;
+}
+
+Tensor contiguous(Layout layout, void* data, int64_t batch, int64_t seq, int64_t heads,
+                  int64_t head_dim) {
+  Tensor t;
+  t.data = data;
+  t.heads = heads;
+  switch (layout) {
+    case Layout::bshd:
+      t.stride_head = head_dim;
+      t.stride_seq = heads * head_dim;
+      t.stride_batch = seq * heads * head_dim;
+      break;
+    case Layout::sbhd:
+      t.stride_head = head_dim;
+      t.stride_batch = heads * head_dim;
+      t.stride_seq = batch * heads * head_dim;
+      break;
+    case Layout::bhsd:
+      t.stride_seq = head_dim;
+      t.stride_head = seq * head_dim;
+      t.stride_batch = heads * seq * head_dim;
+      break;
+    case Layout::thd:
+      t.stride_head = head_dim;
+      t.stride_seq = heads * head_dim;
+      t.stride_batch = 0;
+      break;
+  }
+  return t;
+}
+
+}  // namespace ropejit

@@ -1,0 +1,221 @@
+// The RoPE kernel body. A generated entry point binds a Cfg (dtype, dims, style, position
+// mode, frequency source, launch constants) and calls RopeKernel<Cfg>::run.
+//
+// Thread mapping, block = (kChunks, rows, tokens):
+//   x: one chunk of the head vector: kVec elements (gptj) or kVec pairs (neox, two vectors
+//      R/2 apart); chunks past the rotary part copy the pass-through tail (out of place).
+//   y: a row of heads; each thread handles heads y, y + rows, ... kHeadsPerThread at a time,
+//      loading all of them before the first store so several 16-byte loads are in flight.
+//   z: tokens; the grid strides over tokens, so a small grid can be persistent.
+// A thread fetches (or computes) cos/sin for its chunk once per token and reuses them for
+// every q and k head it handles.
+#pragma once
+#include "rope_freqs.cuh"
+#include "rope_params.cuh"
+#include "rope_types.cuh"
+
+namespace ropejit_dev {
+
+enum : int { kPosOffset = 0, kPosSeqOffsets = 1, kPosIds = 2 };
+
+template <bool kIdx64>
+__device__ __forceinline__ long long load_index(const void* base, long long i) {
+  if (kIdx64) return __ldg(static_cast<const long long*>(base) + i);
+  return __ldg(static_cast<const int*>(base) + i);
+}
+
+// Where one token lives: sequence b, index s inside it, and whether it belongs to any
+// sequence (thd tokens outside cu_seqlens[0]..cu_seqlens[batch] pass through unchanged).
+struct TokenPlace {
+  long long b;
+  long long s;
+  bool valid;
+};
+
+// Base pointers and strides of the operand that owns head h (q heads first, then k).
+struct HeadView {
+  const char* in;
+  char* out;
+  long long in_token;  // element offset of this token's head 0
+  long long out_token;
+  long long in_head;   // element stride between heads
+  long long out_head;
+  int head;            // head index inside its own operand
+};
+
+template <class Cfg>
+struct RopeKernel {
+  typedef typename Elem<Cfg::kDType>::Raw Raw;
+  typedef Pack<Cfg::kDType, Cfg::kVec> Vec;
+
+  static constexpr int kPairs = Cfg::kRotaryDim / 2;
+  static constexpr int kPairsPerChunk = Cfg::kNeox ? Cfg::kVec : Cfg::kVec / 2;
+  static constexpr int kRotChunks = kPairs / kPairsPerChunk;
+  static constexpr int kTailChunks =
+      Cfg::kInPlace ? 0 : (Cfg::kHeadDim - Cfg::kRotaryDim) / Cfg::kVec;
+  static constexpr int kChunks = kRotChunks + kTailChunks;
+  static constexpr int kHpt = Cfg::kHeadsPerThread;
+
+  static_assert(Cfg::kRotaryDim % 2 == 0 && Cfg::kRotaryDim <= Cfg::kHeadDim, "rotary_dim");
+  static_assert(kPairsPerChunk >= 1 && kPairs % kPairsPerChunk == 0, "vector width vs R");
+  static_assert((Cfg::kHeadDim - Cfg::kRotaryDim) % Cfg::kVec == 0, "vector width vs tail");
+
+  static __device__ __forceinline__ TokenPlace locate(const RopeParams& p, long long t) {
+    TokenPlace tp;
+    if (Cfg::kPacked) {
+      tp.b = 0;
+      tp.s = t;
+      tp.valid = true;
+      if (Cfg::kPosMode == kPosIds) return tp;  // ids give positions; sequences not needed
+      const int* cu = p.cu_seqlens;
+      long long lo = 0, hi = p.batch;  // invariant: cu[lo] <= t < cu[hi]
+      if (t < __ldg(cu) || t >= __ldg(cu + hi)) {
+        tp.valid = false;
+        return tp;
+      }
+      while (hi - lo > 1) {
+        const long long mid = (lo + hi) >> 1;
+        if (__ldg(cu + mid) <= t) lo = mid; else hi = mid;
+      }
+      tp.b = lo;
+      tp.s = t - __ldg(cu + lo);
+    } else {
+      // The host guarantees tokens < 2^31, so 32-bit division is exact here.
+      const unsigned b = unsigned(t) / unsigned(p.seq_len);
+      tp.b = b;
+      tp.s = t - (long long)b * p.seq_len;
+      tp.valid = true;
+    }
+    return tp;
+  }
+
+  static __device__ __forceinline__ long long position(const RopeParams& p, const TokenPlace& tp,
+                                                      long long t) {
+    if (Cfg::kPosMode == kPosIds) return load_index<Cfg::kIdx64>(p.positions, t);
+    const long long offset = Cfg::kPosMode == kPosSeqOffsets
+                                 ? load_index<Cfg::kIdx64>(p.positions, tp.b)
+                                 : p.pos_offset;
+    return tp.s + offset;
+  }
+
+  // Element offset of a token's head 0 in one operand.
+  static __device__ __forceinline__ long long token_offset(const TokenPlace& tp, long long t,
+                                                           long long sb, long long ss) {
+    return Cfg::kPacked ? t * ss : tp.b * sb + tp.s * ss;
+  }
+
+  static __device__ __forceinline__ HeadView head_view(const RopeParams& p, const TokenPlace& tp,
+                                                      long long t, int h) {
+    const bool is_k = h >= p.q.heads;
+    const HeadOperand& o = is_k ? p.k : p.q;
+    HeadView v;
+    v.in = static_cast<const char*>(o.in);
+    v.out = static_cast<char*>(o.out);
+    v.in_token = token_offset(tp, t, o.stride_batch, o.stride_seq);
+    v.out_token = token_offset(tp, t, o.out_stride_batch, o.out_stride_seq);
+    v.in_head = o.stride_head;
+    v.out_head = o.out_stride_head;
+    v.head = is_k ? h - p.q.heads : h;
+    return v;
+  }
+
+  // cos/sin of this chunk's pairs at `pos`; NaN for a table position outside the table, so
+  // a bad position id poisons its token instead of reading out of bounds.
+  static __device__ __forceinline__ void angles(const RopeParams& p, int chunk, long long pos,
+                                                const double* turns, float* cs, float* sn) {
+    if (Cfg::kComputed) {
+#pragma unroll
+      for (int j = 0; j < kPairsPerChunk; ++j) sincos_turns(double(pos) * turns[j], &sn[j], &cs[j]);
+    } else {
+      const bool inside = pos >= 0 && pos < p.table_rows;
+      const long long row = (inside ? pos : 0) * p.table_stride;
+#pragma unroll
+      for (int j = 0; j < kPairsPerChunk; ++j) {
+        const int pair = chunk * kPairsPerChunk + j;
+        // Full-width tables repeat each frequency: neox as [f, f], gptj as f0 f0 f1 f1 ...
+        const int col = (Cfg::kTableFull && !Cfg::kNeox) ? 2 * pair : pair;
+        cs[j] = inside ? table_load<Cfg::kTableDType>(p.cos, row + col) : __int_as_float(0x7fc00000);
+        sn[j] = inside ? table_load<Cfg::kTableDType>(p.sin, row + col) : __int_as_float(0x7fc00000);
+      }
+    }
+    if (Cfg::kBackward) {
+#pragma unroll
+      for (int j = 0; j < kPairsPerChunk; ++j) sn[j] = -sn[j];
+    }
+  }
+
+  static __device__ __forceinline__ void rotate(Vec& lo, Vec& hi, const float* cs, const float* sn) {
+    if (Cfg::kNeox) {
+#pragma unroll
+      for (int j = 0; j < Cfg::kVec; ++j) {
+        const float a = lo.get(j), b = hi.get(j);
+        lo.set(j, fmaf(a, cs[j], -b * sn[j]));
+        hi.set(j, fmaf(b, cs[j], a * sn[j]));
+      }
+    } else {
+#pragma unroll
+      for (int m = 0; m < Cfg::kVec / 2; ++m) {
+        const float a = lo.get(2 * m), b = lo.get(2 * m + 1);
+        lo.set(2 * m, fmaf(a, cs[m], -b * sn[m]));
+        lo.set(2 * m + 1, fmaf(b, cs[m], a * sn[m]));
+      }
+    }
+  }
+
+  static __device__ void run(const RopeParams& p) {
+    const int chunk = threadIdx.x;
+    const bool rot_chunk = chunk < kRotChunks;
+    const bool two_vectors = Cfg::kNeox && rot_chunk;
+    // Element offset of this chunk's first vector inside a head (the neox partner sits
+    // kPairs further); tail chunks start after the rotary part.
+    const int col = rot_chunk ? chunk * Cfg::kVec : Cfg::kRotaryDim + (chunk - kRotChunks) * Cfg::kVec;
+    const int total_heads = p.q.heads + p.k.heads;
+    const int rows = blockDim.y;
+
+    double turns[Cfg::kComputed ? kPairsPerChunk : 1];
+    if (Cfg::kComputed) {
+#pragma unroll
+      for (int j = 0; j < kPairsPerChunk; ++j)
+        turns[j] = turns_per_position<Cfg::kRotaryDim>(
+            (rot_chunk ? chunk : 0) * kPairsPerChunk + j, p.log2_base);
+    }
+
+    for (long long t = (long long)blockIdx.x * blockDim.z + threadIdx.z; t < p.tokens;
+         t += (long long)gridDim.x * blockDim.z) {
+      const TokenPlace tp = locate(p, t);
+      if (Cfg::kInPlace && !(tp.valid && rot_chunk)) continue;  // nothing to change
+      const bool turn = tp.valid && rot_chunk;
+      float cs[kPairsPerChunk], sn[kPairsPerChunk];
+      if (turn) angles(p, chunk, position(p, tp, t), turns, cs, sn);
+
+      for (int h0 = threadIdx.y; h0 < total_heads; h0 += rows * kHpt) {
+        Vec lo[kHpt], hi[kHpt];
+        HeadView hv[kHpt];
+#pragma unroll
+        for (int j = 0; j < kHpt; ++j) {
+          const int h = h0 + j * rows;
+          if (h < total_heads) {
+            hv[j] = head_view(p, tp, t, h);
+            const Raw* src = reinterpret_cast<const Raw*>(hv[j].in) + hv[j].in_token +
+                             hv[j].head * hv[j].in_head + col;
+            lo[j].load(src);
+            if (two_vectors) hi[j].load(src + kPairs);
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < kHpt; ++j) {
+          const int h = h0 + j * rows;
+          if (h < total_heads) {
+            if (turn) rotate(lo[j], hi[j], cs, sn);
+            Raw* dst = reinterpret_cast<Raw*>(hv[j].out) + hv[j].out_token +
+                       hv[j].head * hv[j].out_head + col;
+            lo[j].store(dst);
+            if (two_vectors) hi[j].store(dst + kPairs);
+          }
+        }
+      }
+    }
+  }
+};
+
+}  // namespace ropejit_dev

@@ -1,0 +1,76 @@
+// Element storage types and 2..16-byte vector access for the generated kernels.
+// NVRTC finds no headers by default, so fp16/bf16 conversions are written in PTX here
+// instead of pulling in cuda_fp16.h / cuda_bf16.h.
+#pragma once
+
+namespace ropejit_dev {
+
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef long long i64;
+typedef unsigned long long u64;
+
+enum : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
+
+template <int kDType> struct Elem;
+
+template <> struct Elem<kF32> {
+  typedef float Raw;
+  static __device__ __forceinline__ float load(Raw r) { return r; }
+  static __device__ __forceinline__ Raw store(float f) { return f; }
+};
+
+template <> struct Elem<kF16> {
+  typedef u16 Raw;
+  static __device__ __forceinline__ float load(Raw r) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(r));
+    return f;
+  }
+  static __device__ __forceinline__ Raw store(float f) {
+    Raw r;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r) : "f"(f));
+    return r;
+  }
+};
+
+template <> struct Elem<kBF16> {
+  typedef u16 Raw;
+  static __device__ __forceinline__ float load(Raw r) { return __uint_as_float(u32(r) << 16); }
+  static __device__ __forceinline__ Raw store(float f) {
+#if __CUDA_ARCH__ >= 800
+    Raw r;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(f));
+    return r;
+#else
+    // Round to nearest even by integer arithmetic; NaN stays a quiet NaN.
+    u32 u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return u16(0x7fc0u | (u >> 16 & 0x8000u));
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return u16(u >> 16);
+#endif
+  }
+};
+
+// The machine word that moves kBytes at once; kBytes is 2, 4, 8 or 16.
+template <int kBytes> struct Word;
+template <> struct Word<2> { typedef u16 type; };
+template <> struct Word<4> { typedef u32 type; };
+template <> struct Word<8> { typedef uint2 type; };
+template <> struct Word<16> { typedef uint4 type; };
+
+// N elements of one dtype viewed as one aligned machine word, so a load or store is a
+// single LDG/STG of sizeof(Raw) * N bytes.
+template <int kDType, int N> union Pack {
+  typedef typename Elem<kDType>::Raw Raw;
+  typedef typename Word<int(sizeof(Raw)) * N>::type W;
+  W w;
+  Raw v[N];
+
+  __device__ __forceinline__ void load(const void* p) { w = *static_cast<const W*>(p); }
+  __device__ __forceinline__ void store(void* p) const { *static_cast<W*>(p) = w; }
+  __device__ __forceinline__ float get(int i) const { return Elem<kDType>::load(v[i]); }
+  __device__ __forceinline__ void set(int i, float f) { v[i] = Elem<kDType>::store(f); }
+};
+
+}  // namespace ropejit_dev
