@@ -43,6 +43,7 @@ int32_t check_operand(const char* name, const Tensor& t, bool dense, int64_t bat
     invalid(name, ".heads (", t.heads, ") must be ", heads);
   std::vector<Dim> dims = {{t.stride_seq, seq, "stride_seq"}, {t.stride_head, heads, "stride_head"}};
   if (dense) dims.push_back({t.stride_batch, batch, "stride_batch"});
+  if (seq == 0) return 16;  // no elements: nothing is read or written
   int64_t max_offset = c.head_dim;
   for (const Dim& d : dims) {
     if (d.stride < 0) invalid(name, ".", d.name, " (", d.stride, ") must be >= 0");

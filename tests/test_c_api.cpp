@@ -1,0 +1,72 @@
+// The C ABI: defaults, keys, status codes and the thread-local last error.
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <string>
+#include <thread>
+
+#include "ropejit/ropejit.h"
+#include "ropejit/ropejit.hpp"
+
+TEST_CASE("C defaults match the C++ defaults and produce the same key") {
+  ropejit_spec s;
+  ropejit_spec_init(&s);
+  char key[128];
+  REQUIRE(ropejit_key(&s, key, sizeof key) == ROPEJIT_OK);
+  CHECK(std::string(key) == ropejit::Spec{}.key());
+  CHECK(std::string(ropejit_last_error()).empty());
+  s.layout = ROPEJIT_LAYOUT_THD;
+  s.style = ROPEJIT_GPTJ;
+  s.positions = ROPEJIT_POS_IDS;
+  s.index_type = ROPEJIT_I32;
+  s.freqs = ROPEJIT_FREQS_COMPUTED;
+  s.in_place = 0;
+  REQUIRE(ropejit_key(&s, key, sizeof key) == ROPEJIT_OK);
+  CHECK(std::string(key) == "rope_thd_bf16_d128_r128_gptj_pos-ids-i32_comp_qk_fwd_oop");
+  CHECK(std::string(ropejit_version()) == ropejit::kVersion);
+}
+
+TEST_CASE("C errors: status code plus a message naming the argument") {
+  ropejit_spec s;
+  ropejit_spec_init(&s);
+  char small[8];
+  CHECK(ropejit_key(&s, small, sizeof small) == ROPEJIT_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(ropejit_last_error()).find("size (8) is too small") != std::string::npos);
+  s.head_dim = 7;
+  char key[128];
+  CHECK(ropejit_key(&s, key, sizeof key) == ROPEJIT_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(ropejit_last_error()) == "ropejit: spec.head_dim (7) must be even and in [2, 512]");
+  CHECK(ropejit_apply(nullptr, nullptr) == ROPEJIT_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(ropejit_last_error()) == "ropejit: spec is null");
+
+  ropejit_spec_init(&s);
+  ropejit_args a;
+  ropejit_args_init(&a);
+  a.seq_len = 3;
+  CHECK(ropejit_apply(&s, &a) == ROPEJIT_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(ropejit_last_error()) == "ropejit: args.q.heads (0) must be >= 1");
+  CHECK(ropejit_precompile(&s, "volta") == ROPEJIT_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(ropejit_last_error()) == "ropejit: arch ('volta') must look like sm_90");
+}
+
+TEST_CASE("the last error is per thread") {
+  ropejit_spec s;
+  ropejit_spec_init(&s);
+  s.rotary_dim = 3;
+  char key[128];
+  CHECK(ropejit_key(&s, key, sizeof key) == ROPEJIT_ERROR_INVALID_ARGUMENT);
+  std::string other = "unset";
+  std::thread([&] { other = ropejit_last_error(); }).join();
+  CHECK(other.empty());
+  CHECK(std::string(ropejit_last_error()).find("spec.rotary_dim (3)") != std::string::npos);
+}
+
+TEST_CASE("C contiguous strides") {
+  int x = 0;
+  const ropejit_tensor t = ropejit_contiguous(ROPEJIT_LAYOUT_BHSD, &x, 2, 5, 3, 64);
+  CHECK(t.data == &x);
+  CHECK(t.heads == 3);
+  CHECK(t.stride_seq == 64);
+  CHECK(t.stride_head == 320);
+  CHECK(t.stride_batch == 960);
+}

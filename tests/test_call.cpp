@@ -1,0 +1,169 @@
+// Argument checking: each bad input gets an error naming the argument and its value, and is
+// rejected before any GPU work (these run without a driver, so reaching the GPU would throw
+// no_driver instead of invalid_argument).
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <string>
+
+#include "jit/call.hpp"
+#include "ropejit/ropejit.hpp"
+
+using namespace ropejit;
+
+namespace {
+
+void* fake(uintptr_t at) { return reinterpret_cast<void*>(at); }
+
+Args valid_args(const Spec& s) {
+  Args a;
+  a.batch = 2;
+  a.seq_len = 7;
+  a.q = contiguous(s.layout, fake(0x100000), 2, 7, 4, s.head_dim);
+  a.k = contiguous(s.layout, fake(0x200000), 2, 7, 1, s.head_dim);
+  if (!s.in_place) {
+    a.q_out = contiguous(s.layout, fake(0x300000), 2, 7, 4, s.head_dim);
+    a.k_out = contiguous(s.layout, fake(0x400000), 2, 7, 1, s.head_dim);
+  }
+  a.cos = fake(0x500000);
+  a.sin = fake(0x600000);
+  a.table_rows = 4096;
+  return a;
+}
+
+std::string rejection(const Spec& s, const Args& a) {
+  try {
+    apply(s, a);
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::invalid_argument) return std::string("WRONG CODE: ") + e.what();
+    return e.what();
+  }
+  return "accepted";
+}
+
+}  // namespace
+
+TEST_CASE("valid calls pass checking and report their shape") {
+  Spec s;
+  const detail::CallShape shape = detail::check_call(s.canonical(), valid_args(s));
+  CHECK(shape.tokens == 14);
+  CHECK(shape.q_heads == 4);
+  CHECK(shape.k_heads == 1);
+  CHECK(shape.align_bytes == 16);
+  Args a = valid_args(s);
+  a.q.data = fake(0x100002);  // one bf16 element off 16-byte alignment
+  CHECK(detail::check_call(s.canonical(), a).align_bytes == 2);
+  a.seq_len = 0;  // empty calls are valid no-ops
+  a.q = contiguous(s.layout, fake(0x100000), 2, 0, 4, 128);
+  a.k = contiguous(s.layout, fake(0x200000), 2, 0, 1, 128);
+  CHECK(detail::check_call(s.canonical(), a).tokens == 0);
+  CHECK_NOTHROW(apply(s, a));  // nothing to do, so no GPU needed
+}
+
+TEST_CASE("bad pointers, sizes and strides are named") {
+  Spec s;
+  Args a = valid_args(s);
+  a.q.data = nullptr;
+  CHECK(rejection(s, a) == "ropejit: args.q.data is null");
+  a = valid_args(s);
+  a.q.data = fake(0x100001);
+  CHECK(rejection(s, a).find("args.q.data (0x100001) is not aligned to its 2-byte elements") != std::string::npos);
+  a = valid_args(s);
+  a.q.stride_head = 64;  // heads of 128 elements 64 apart overlap
+  CHECK(rejection(s, a) == "ropejit: args.q.stride_head (64) makes rows overlap (needs >= 128)");
+  a = valid_args(s);
+  a.q.stride_seq = -512;
+  CHECK(rejection(s, a) == "ropejit: args.q.stride_seq (-512) must be >= 0");
+  a = valid_args(s);
+  a.q.heads = 0;
+  CHECK(rejection(s, a) == "ropejit: args.q.heads (0) must be >= 1");
+  a = valid_args(s);
+  a.k.data = nullptr;
+  CHECK(rejection(s, a) == "ropejit: args.k.heads (1) is set but args.k.data is null");
+  a = valid_args(s);
+  a.batch = 0;
+  CHECK(rejection(s, a) == "ropejit: args.batch (0) must be >= 1");
+  a = valid_args(s);
+  a.seq_len = -1;
+  CHECK(rejection(s, a) == "ropejit: args.seq_len (-1) must be >= 0");
+  a = valid_args(s);
+  a.batch = int64_t(1) << 20;
+  a.seq_len = int64_t(1) << 20;
+  CHECK(rejection(s, a) == "ropejit: token count (1099511627776) exceeds 2147483647; split the call");
+  a.batch = int64_t(1) << 40;
+  a.seq_len = int64_t(1) << 30;
+  CHECK(rejection(s, a).find("overflows") != std::string::npos);
+  a = valid_args(s);
+  a.q.stride_batch = int64_t(1) << 62;
+  a.batch = 2;
+  CHECK(rejection(s, a).find("overflows") != std::string::npos);
+}
+
+TEST_CASE("out-of-place outputs are required and checked") {
+  Spec s;
+  s.in_place = false;
+  Args a = valid_args(s);
+  a.q_out.data = nullptr;
+  CHECK(rejection(s, a) == "ropejit: args.q_out.data is null");
+  a = valid_args(s);
+  a.k_out.heads = 2;
+  CHECK(rejection(s, a) == "ropejit: args.k_out.heads (2) must be 1");
+}
+
+TEST_CASE("positions and tables") {
+  Spec s;
+  Args a = valid_args(s);
+  a.position_offset = 4090;  // positions 4090..4096 but the table has 4096 rows
+  CHECK(rejection(s, a) ==
+        "ropejit: positions up to 4096 (position_offset 4090 + seq_len 7 - 1) are beyond the table (table_rows 4096)");
+  a.position_offset = -1;
+  CHECK(rejection(s, a) == "ropejit: args.position_offset (-1) must be >= 0");
+  a = valid_args(s);
+  a.cos = nullptr;
+  CHECK(rejection(s, a) == "ropejit: args.cos is null but freqs is tab");
+  a = valid_args(s);
+  a.sin = fake(0x600002);
+  CHECK(rejection(s, a).find("args.sin (0x600002) is not aligned to its 4-byte elements") != std::string::npos);
+  a = valid_args(s);
+  a.table_rows = 0;
+  CHECK(rejection(s, a) == "ropejit: args.table_rows (0) must be >= 1");
+  a = valid_args(s);
+  a.table_stride = 32;
+  CHECK(rejection(s, a) == "ropejit: args.table_stride (32) is smaller than the row width (64)");
+
+  Spec ids = s;
+  ids.positions = Positions::ids;
+  a = valid_args(ids);
+  CHECK(rejection(ids, a) == "ropejit: args.position_ids is null but positions is ids");
+  a.position_ids = fake(0x700004);  // int64 ids need 8-byte alignment
+  CHECK(rejection(ids, a).find("args.position_ids (0x700004) is not aligned to its 8-byte elements") != std::string::npos);
+
+  Spec seqoff = s;
+  seqoff.positions = Positions::seq_offsets;
+  a = valid_args(seqoff);
+  CHECK(rejection(seqoff, a) == "ropejit: args.seq_offsets is null but positions is seqoff");
+
+  Spec thd = s;
+  thd.layout = Layout::thd;
+  a = valid_args(thd);
+  a.batch = 3;
+  a.seq_len = 14;
+  a.q = contiguous(Layout::thd, fake(0x100000), 0, 14, 4, 128);
+  a.k = contiguous(Layout::thd, fake(0x200000), 0, 14, 1, 128);
+  CHECK(rejection(thd, a) == "ropejit: args.cu_seqlens is null but layout thd needs it");
+
+  Spec comp = s;
+  comp.freqs = Freqs::computed;
+  a = valid_args(comp);
+  a.base = 1.0;
+  CHECK(rejection(comp, a) == "ropejit: args.base (1) must be a finite number > 1");
+}
+
+TEST_CASE("gptj needs pair-aligned operands") {
+  Spec s;
+  s.style = Style::gptj;
+  Args a = valid_args(s);
+  a.q.data = fake(0x100002);
+  CHECK(rejection(s, a).find("gptj needs q/k pointers and strides aligned to a pair of elements (4 bytes)") !=
+        std::string::npos);
+}

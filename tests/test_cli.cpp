@@ -1,0 +1,86 @@
+// The ropejit command, run as a user would.
+#include <doctest/doctest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "jit/driver.hpp"
+
+namespace {
+
+struct Run {
+  int status;
+  std::string output;
+};
+
+Run run(const std::string& args) {
+  const std::string cmd = std::string(ROPEJIT_CLI_PATH) + " " + args + " 2>&1";
+  Run r{-1, {}};
+  FILE* p = popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
+  const int status = pclose(p);
+  r.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+bool has(const Run& r, const char* text) { return r.output.find(text) != std::string::npos; }
+
+}  // namespace
+
+TEST_CASE("ropejit info") {
+  const Run r = run("info");
+  CHECK(r.status == 0);
+  CHECK(has(r, "ropejit 0.1.0"));
+  CHECK(has(r, "nvrtc        13."));
+  CHECK(has(r, "cache dir    "));
+}
+
+TEST_CASE("ropejit compile --preset for two archs, then again from the disk cache") {
+  Run r = run("compile --arch sm_80,sm_90 --preset phi-2 -j 2");
+  INFO(r.output);
+  CHECK(r.status == 0);
+  CHECK(has(r, "rope_bshd_bf16_d80_r32_neox_pos-offset_tab-f32-half_qk_fwd_ip"));
+  CHECK(has(r, "64 kernels for 2 arch(es)"));
+  CHECK(has(r, ", 0 failed"));
+  r = run("compile --arch sm_80,sm_90 --preset phi-2 -j 2");
+  CHECK(r.status == 0);
+  CHECK(has(r, "0 compiled, 64 from the disk cache"));
+}
+
+TEST_CASE("ropejit compile errors") {
+  Run r = run("compile --preset llama4");
+  CHECK(r.status == 2);
+  CHECK(has(r, "--preset ('llama4') is not a known preset: llama3-8b, qwen2.5-7b, gpt-neox-20b, phi-2"));
+  r = run("compile --arch hopper --preset phi-2");
+  CHECK(r.status == 2);
+  CHECK(has(r, "--arch ('hopper') must look like sm_90"));
+  r = run("compile --key rope_bshd_bf16_d7_r7");
+  CHECK(r.status == 2);
+  CHECK(has(r, "is not a ropejit key"));
+  r = run("compile");
+  CHECK(r.status == 2);
+  CHECK(has(r, "compile needs --preset NAME or --key KEY"));
+  r = run("bogus");
+  CHECK(r.status != 0);
+}
+
+TEST_CASE("ropejit source prints the rendered kernel") {
+  const Run r = run("source rope_bshd_f16_d64_r32_gptj_pos-offset_comp_qk_fwd_oop");
+  CHECK(r.status == 0);
+  CHECK(has(r, "#include \"rope_kernel.cuh\""));
+  CHECK(has(r, "kRotaryDim = 32;"));
+}
+
+TEST_CASE("ropejit demo without a GPU compiles and says the GPU part was skipped") {
+  std::string why;
+  if (ropejit::detail::try_driver(&why)) return;  // the GPU suite runs the real demo
+  const Run r = run("demo --preset phi-2 --tokens 64");
+  INFO(r.output);
+  CHECK(r.status == 0);
+  CHECK(has(r, "compiled for sm_90"));
+  CHECK(has(r, "GPU part SKIPPED: the CUDA driver (libcuda.so.1) could not be loaded"));
+}

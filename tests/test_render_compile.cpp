@@ -1,0 +1,197 @@
+// Rendering and NVRTC compilation (no GPU needed): a covering array of the key matrix in
+// which every pair of axis values appears, compiled for sm_80 and sm_90.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "jit/engine.hpp"
+#include "jit/nvrtc.hpp"
+#include "jit/render.hpp"
+#include "autotune/policy.hpp"
+
+using namespace ropejit;
+using detail::KernelVariant;
+
+namespace {
+
+struct DimPair {
+  int32_t head_dim, rotary_dim;
+};
+
+// Axis values of the key. Table dtype and width form one axis with computed frequencies.
+const std::vector<DimPair> kDims = {{64, 64},  {64, 32},  {80, 80},  {80, 32},  {96, 96},
+                                    {96, 24},  {128, 128}, {128, 64}, {256, 256}, {256, 20},
+                                    {512, 512}, {112, 112}};
+struct FreqChoice {
+  Freqs freqs;
+  DType dtype;
+  TableWidth width;
+};
+const std::vector<FreqChoice> kFreqs = {
+    {Freqs::computed, DType::f32, TableWidth::half}, {Freqs::table, DType::f32, TableWidth::half},
+    {Freqs::table, DType::f32, TableWidth::full},    {Freqs::table, DType::f16, TableWidth::half},
+    {Freqs::table, DType::bf16, TableWidth::full},   {Freqs::table, DType::bf16, TableWidth::half}};
+struct PosChoice {
+  Positions positions;
+  IndexType index;
+};
+const std::vector<PosChoice> kPositions = {{Positions::offset, IndexType::i64},
+                                           {Positions::seq_offsets, IndexType::i32},
+                                           {Positions::seq_offsets, IndexType::i64},
+                                           {Positions::ids, IndexType::i32},
+                                           {Positions::ids, IndexType::i64}};
+const std::vector<int> kSizes = {4, 3, int(kDims.size()), 2, int(kPositions.size()), int(kFreqs.size()), 2, 2};
+
+Spec spec_of(const std::vector<int>& v) {
+  Spec s;
+  s.layout = Layout(v[0]);
+  s.dtype = DType(v[1]);
+  s.head_dim = kDims[size_t(v[2])].head_dim;
+  s.rotary_dim = kDims[size_t(v[2])].rotary_dim;
+  s.style = Style(v[3]);
+  s.positions = kPositions[size_t(v[4])].positions;
+  s.index_type = kPositions[size_t(v[4])].index;
+  s.freqs = kFreqs[size_t(v[5])].freqs;
+  s.table_dtype = kFreqs[size_t(v[5])].dtype;
+  s.table_width = kFreqs[size_t(v[5])].width;
+  s.direction = Direction(v[6]);
+  s.in_place = v[7] == 0;
+  return s.canonical();
+}
+
+// Greedy all-pairs covering array: each new row takes, from a deterministic pool of
+// candidates, the one covering the most uncovered value pairs.
+std::vector<std::vector<int>> covering_array() {
+  const size_t n = kSizes.size();
+  std::set<std::vector<int>> uncovered;
+  for (size_t a = 0; a < n; ++a)
+    for (size_t b = a + 1; b < n; ++b)
+      for (int x = 0; x < kSizes[a]; ++x)
+        for (int y = 0; y < kSizes[b]; ++y) uncovered.insert({int(a), x, int(b), y});
+  std::vector<std::vector<int>> rows;
+  uint64_t state = 12345;
+  auto next = [&state] {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return uint32_t(state >> 33);
+  };
+  while (!uncovered.empty()) {
+    std::vector<int> best;
+    size_t best_gain = 0;
+    for (int trial = 0; trial < 60; ++trial) {
+      std::vector<int> row(n);
+      const std::vector<int>& seed = *std::next(uncovered.begin(), next() % uncovered.size());
+      for (size_t i = 0; i < n; ++i) row[i] = int(next() % uint32_t(kSizes[i]));
+      row[size_t(seed[0])] = seed[1];
+      row[size_t(seed[2])] = seed[3];
+      size_t gain = 0;
+      for (size_t a = 0; a < n; ++a)
+        for (size_t b = a + 1; b < n; ++b) gain += uncovered.count({int(a), row[a], int(b), row[b]});
+      if (gain > best_gain) {
+        best_gain = gain;
+        best = row;
+      }
+    }
+    for (size_t a = 0; a < n; ++a)
+      for (size_t b = a + 1; b < n; ++b) uncovered.erase({int(a), best[a], int(b), best[b]});
+    rows.push_back(best);
+  }
+  return rows;
+}
+
+}  // namespace
+
+TEST_CASE("rendering binds every axis and nothing else") {
+  Spec s;
+  s.layout = Layout::thd;
+  s.dtype = DType::f16;
+  s.head_dim = 80;
+  s.rotary_dim = 32;
+  s.style = Style::gptj;
+  s.positions = Positions::ids;
+  s.index_type = IndexType::i32;
+  s.freqs = Freqs::computed;
+  s.direction = Direction::backward;
+  s.in_place = false;
+  const KernelVariant v{4, 2, 256};
+  const detail::RenderedKernel r = detail::render(s.canonical(), v);
+  CHECK(r.key == "rope_thd_f16_d80_r32_gptj_pos-ids-i32_comp_qk_bwd_oop");
+  CHECK(r.entry == "rope_thd_f16_d80_r32_gptj_posZidsZi32_comp_qk_bwd_oop__v4h2t256");
+  for (const char* line :
+       {"kDType = 1;", "kHeadDim = 80;", "kRotaryDim = 32;", "kNeox = false;", "kPacked = true;",
+        "kPosMode = 2;", "kIdx64 = false;", "kComputed = true;", "kBackward = true;",
+        "kInPlace = false;", "kVec = 4;", "kHeadsPerThread = 2;", "__launch_bounds__(256)"})
+    CHECK_MESSAGE(r.source.find(line) != std::string::npos, line);
+  CHECK(r.source.find("{{") == std::string::npos);
+  // Deterministic: the same inputs render byte-identical source (cache keys depend on it).
+  CHECK(detail::render(s.canonical(), v).source == r.source);
+}
+
+TEST_CASE("an NVRTC failure carries the key, the options and the full log") {
+  Spec s;
+  const KernelVariant bad{3, 1, 256};  // 3 elements do not divide the 64 neox pairs
+  const detail::RenderedKernel r = detail::render(s.canonical(), bad);
+  try {
+    detail::compile(r.source, r.entry + ".cu", r.key, "sm_90");
+    FAIL("compiled an impossible variant");
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    CHECK(e.code() == ErrorCode::compile);
+    CHECK(what.find(r.key) != std::string::npos);
+    CHECK(what.find("--gpu-architecture=sm_90") != std::string::npos);
+    CHECK(what.find("static assertion failed") != std::string::npos);
+  }
+}
+
+TEST_CASE("arch parsing and targets") {
+  CHECK(detail::parse_arch("sm_90", "arch") == 90);
+  CHECK_THROWS_WITH_AS(detail::parse_arch("hopper", "--arch"),
+                       "ropejit: --arch ('hopper') must look like sm_90", Error);
+  CHECK(detail::target_for(80) == "sm_80");
+  CHECK(detail::target_for(90) == "sm_90");
+  CHECK(detail::target_for(990).rfind("compute_", 0) == 0);  // newer than NVRTC: PTX
+}
+
+TEST_CASE("covering array of the key matrix compiles for sm_80 and sm_90") {
+  const std::vector<std::vector<int>> rows = covering_array();
+  MESSAGE(rows.size(), " keys cover every pair of axis values");
+  std::vector<std::pair<Spec, KernelVariant>> jobs;
+  for (const std::vector<int>& row : rows) {
+    const Spec s = spec_of(row);
+    detail::CallShape shape;
+    shape.q_heads = 3;
+    shape.k_heads = 1;
+    const KernelVariant v = autotune::heuristic_config(s, shape, {}).kernel;
+    jobs.emplace_back(s, v);
+    // The narrowest legal vector too: the path for misaligned views.
+    KernelVariant narrow = v;
+    narrow.vec = s.style == Style::gptj ? 2 : 1;
+    narrow.heads_per_thread = 1 + int32_t(jobs.size() % 4);
+    if (!(narrow == v)) jobs.emplace_back(s, narrow);
+  }
+  std::atomic<size_t> next{0}, failures{0};
+  std::vector<std::string> errors(jobs.size() * 2);
+  auto worker = [&] {
+    for (size_t i; (i = next++) < jobs.size() * 2;) {
+      const auto& [spec, variant] = jobs[i / 2];
+      const std::string target = i % 2 ? "sm_90" : "sm_80";
+      try {
+        const detail::CacheEntry& e = detail::Engine::instance().image(spec, variant, target);
+        if (e.image.size() < 1000) errors[i] = "suspiciously small cubin";
+      } catch (const Error& err) {
+        errors[i] = err.what();
+      }
+      if (!errors[i].empty()) ++failures;
+    }
+  };
+  std::vector<std::thread> threads;
+  for (unsigned t = 0; t < std::max(2u, std::thread::hardware_concurrency()); ++t) threads.emplace_back(worker);
+  for (std::thread& t : threads) t.join();
+  for (size_t i = 0; i < errors.size(); ++i)
+    CHECK_MESSAGE(errors[i].empty(), jobs[i / 2].first.key(), " ", jobs[i / 2].second.name(), ": ", errors[i]);
+  CHECK(failures == 0);
+}
