@@ -43,6 +43,7 @@ int run_demo(const DemoOptions& o) {
     return 0;
   }
 
+  detail::use_primary_context(0);
   autotune::Sizes sizes;
   sizes.batch = 1;
   sizes.seq_len = o.tokens;

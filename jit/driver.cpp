@@ -11,25 +11,13 @@
 namespace ropejit::detail {
 namespace {
 
-using GetProcAddress = CUresult (*)(const char*, void**, int, cuuint64_t,
-                                    CUdriverProcAddressQueryResult*);
-
 struct Loaded {
   Driver driver{};
   std::string error;  // empty when usable
 };
 
-template <class Fn>
-bool resolve(GetProcAddress get, const char* name, Fn& fn, std::string* error) {
-  void* p = nullptr;
-  CUdriverProcAddressQueryResult status{};
-  if (get(name, &p, CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT, &status) != CUDA_SUCCESS || !p) {
-    *error = concat("the CUDA driver has no entry point ", name, " (driver too old?)");
-    return false;
-  }
-  fn = reinterpret_cast<Fn>(p);
-  return true;
-}
+#define ROPEJIT_STRINGIFY(x) #x
+#define ROPEJIT_ABI_NAME(x) ROPEJIT_STRINGIFY(x)  // expands cuda.h's versioning macros first
 
 Loaded load() {
   Loaded out;
@@ -40,32 +28,16 @@ Loaded load() {
                        "); GPU calls need an NVIDIA GPU and driver");
     return out;
   }
-  auto get = reinterpret_cast<GetProcAddress>(dlsym(lib, "cuGetProcAddress_v2"));
-  if (!get) {
-    out.error = "the CUDA driver is too old: cuGetProcAddress_v2 is missing (need CUDA 12+)";
-    return out;
-  }
   Driver& d = out.driver;
   std::string& e = out.error;
-#define ROPEJIT_RESOLVE(name) \
-  if (!resolve(get, "cu" #name, d.name, &e)) return out;
-  ROPEJIT_RESOLVE(Init) ROPEJIT_RESOLVE(DriverGetVersion) ROPEJIT_RESOLVE(GetErrorString)
-  ROPEJIT_RESOLVE(DeviceGetCount) ROPEJIT_RESOLVE(DeviceGet) ROPEJIT_RESOLVE(DeviceGetName)
-  ROPEJIT_RESOLVE(DeviceGetAttribute) ROPEJIT_RESOLVE(DevicePrimaryCtxRetain)
-  ROPEJIT_RESOLVE(CtxGetCurrent) ROPEJIT_RESOLVE(CtxSetCurrent) ROPEJIT_RESOLVE(CtxGetDevice)
-  ROPEJIT_RESOLVE(CtxPushCurrent) ROPEJIT_RESOLVE(CtxPopCurrent)
-  ROPEJIT_RESOLVE(PointerGetAttribute) ROPEJIT_RESOLVE(ModuleLoadData)
-  ROPEJIT_RESOLVE(ModuleGetFunction) ROPEJIT_RESOLVE(FuncGetAttribute)
-  ROPEJIT_RESOLVE(OccupancyMaxActiveBlocksPerMultiprocessor) ROPEJIT_RESOLVE(LaunchKernel)
-  ROPEJIT_RESOLVE(StreamIsCapturing) ROPEJIT_RESOLVE(MemAlloc) ROPEJIT_RESOLVE(MemFree)
-  ROPEJIT_RESOLVE(MemcpyHtoD) ROPEJIT_RESOLVE(MemcpyDtoH) ROPEJIT_RESOLVE(MemcpyDtoDAsync)
-  ROPEJIT_RESOLVE(MemsetD8) ROPEJIT_RESOLVE(MemsetD8Async) ROPEJIT_RESOLVE(StreamCreate) ROPEJIT_RESOLVE(StreamDestroy)
-  ROPEJIT_RESOLVE(StreamSynchronize) ROPEJIT_RESOLVE(StreamBeginCapture)
-  ROPEJIT_RESOLVE(StreamEndCapture) ROPEJIT_RESOLVE(GraphInstantiateWithFlags)
-  ROPEJIT_RESOLVE(GraphLaunch) ROPEJIT_RESOLVE(GraphExecDestroy) ROPEJIT_RESOLVE(GraphDestroy)
-  ROPEJIT_RESOLVE(EventCreate) ROPEJIT_RESOLVE(EventDestroy) ROPEJIT_RESOLVE(EventRecord)
-  ROPEJIT_RESOLVE(EventSynchronize) ROPEJIT_RESOLVE(EventElapsedTime)
-  ROPEJIT_RESOLVE(CtxSynchronize)
+#define ROPEJIT_RESOLVE(name)                                                              \
+  d.name = reinterpret_cast<decltype(d.name)>(dlsym(lib, ROPEJIT_ABI_NAME(cu##name)));   \
+  if (!d.name) {                                                                         \
+    e = concat("the CUDA driver has no entry point ", ROPEJIT_ABI_NAME(cu##name),          \
+               " (driver older than this build's CUDA ", CUDA_VERSION / 1000, ")");     \
+    return out;                                                                          \
+  }
+  ROPEJIT_DRIVER_ENTRY_POINTS(ROPEJIT_RESOLVE)
 #undef ROPEJIT_RESOLVE
   const CUresult r = d.Init(0);
   if (r != CUDA_SUCCESS) {
@@ -99,6 +71,16 @@ const Driver& driver() {
   const Loaded& l = loaded();
   if (!l.error.empty()) fail(ErrorCode::no_driver, l.error);
   return l.driver;
+}
+
+CUcontext use_primary_context(int ordinal) {
+  const Driver& d = driver();
+  CUdevice dev = 0;
+  check(d.DeviceGet(&dev, ordinal), "cuDeviceGet");
+  CUcontext ctx = nullptr;
+  check(d.DevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain");  // kept for the process
+  check(d.CtxSetCurrent(ctx), "cuCtxSetCurrent");
+  return ctx;
 }
 
 void check(CUresult r, const char* what) {

@@ -8,51 +8,26 @@
 
 namespace ropejit::detail {
 
+// Each entry point has exactly the prototype cuda.h declares for this CUDA_VERSION, and is
+// looked up by the ABI name cuda.h maps it to (cuMemAlloc -> cuMemAlloc_v2, ...).
+// cuGetProcAddress is not used on purpose: it returns the newest version of a symbol, whose
+// signature can differ from the header's (CUDA 13: cuCtxSynchronize -> _v2(CUcontext)).
+#define ROPEJIT_DRIVER_ENTRY_POINTS(X)                                                   \
+  X(Init) X(DriverGetVersion) X(GetErrorString) X(DeviceGetCount) X(DeviceGet) \
+  X(DeviceGetName) X(DeviceGetAttribute) X(DevicePrimaryCtxRetain) X(CtxGetCurrent) \
+  X(CtxSetCurrent) X(CtxGetDevice) X(CtxPushCurrent) X(CtxPopCurrent) \
+  X(PointerGetAttribute) X(ModuleLoadData) X(ModuleGetFunction) X(FuncGetAttribute) \
+  X(OccupancyMaxActiveBlocksPerMultiprocessor) X(LaunchKernel) X(StreamIsCapturing) \
+  X(MemAlloc) X(MemFree) X(MemcpyHtoD) X(MemcpyDtoH) X(MemcpyDtoDAsync) X(MemsetD8) \
+  X(MemsetD8Async) X(StreamCreate) X(StreamDestroy) X(StreamSynchronize) \
+  X(StreamBeginCapture) X(StreamEndCapture) X(GraphInstantiateWithFlags) X(GraphLaunch) \
+  X(GraphExecDestroy) X(GraphDestroy) X(EventCreate) X(EventDestroy) X(EventRecord) \
+  X(EventSynchronize) X(EventElapsedTime) X(CtxSynchronize)
+
 struct Driver {
-  CUresult (*Init)(unsigned int);
-  CUresult (*DriverGetVersion)(int*);
-  CUresult (*GetErrorString)(CUresult, const char**);
-  CUresult (*DeviceGetCount)(int*);
-  CUresult (*DeviceGet)(CUdevice*, int);
-  CUresult (*DeviceGetName)(char*, int, CUdevice);
-  CUresult (*DeviceGetAttribute)(int*, CUdevice_attribute, CUdevice);
-  CUresult (*DevicePrimaryCtxRetain)(CUcontext*, CUdevice);
-  CUresult (*CtxGetCurrent)(CUcontext*);
-  CUresult (*CtxSetCurrent)(CUcontext);
-  CUresult (*CtxGetDevice)(CUdevice*);
-  CUresult (*CtxPushCurrent)(CUcontext);
-  CUresult (*CtxPopCurrent)(CUcontext*);
-  CUresult (*PointerGetAttribute)(void*, CUpointer_attribute, CUdeviceptr);
-  CUresult (*ModuleLoadData)(CUmodule*, const void*);
-  CUresult (*ModuleGetFunction)(CUfunction*, CUmodule, const char*);
-  CUresult (*FuncGetAttribute)(int*, CUfunction_attribute, CUfunction);
-  CUresult (*OccupancyMaxActiveBlocksPerMultiprocessor)(int*, CUfunction, int, size_t);
-  CUresult (*LaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
-                             unsigned, unsigned, CUstream, void**, void**);
-  CUresult (*StreamIsCapturing)(CUstream, CUstreamCaptureStatus*);
-  // Used by tests, the demo and benchmarks (which own their buffers), not by apply().
-  CUresult (*MemAlloc)(CUdeviceptr*, size_t);
-  CUresult (*MemFree)(CUdeviceptr);
-  CUresult (*MemcpyHtoD)(CUdeviceptr, const void*, size_t);
-  CUresult (*MemcpyDtoH)(void*, CUdeviceptr, size_t);
-  CUresult (*MemcpyDtoDAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
-  CUresult (*MemsetD8)(CUdeviceptr, unsigned char, size_t);
-  CUresult (*MemsetD8Async)(CUdeviceptr, unsigned char, size_t, CUstream);
-  CUresult (*StreamCreate)(CUstream*, unsigned int);
-  CUresult (*StreamDestroy)(CUstream);
-  CUresult (*StreamSynchronize)(CUstream);
-  CUresult (*StreamBeginCapture)(CUstream, CUstreamCaptureMode);
-  CUresult (*StreamEndCapture)(CUstream, CUgraph*);
-  CUresult (*GraphInstantiateWithFlags)(CUgraphExec*, CUgraph, unsigned long long);
-  CUresult (*GraphLaunch)(CUgraphExec, CUstream);
-  CUresult (*GraphExecDestroy)(CUgraphExec);
-  CUresult (*GraphDestroy)(CUgraph);
-  CUresult (*EventCreate)(CUevent*, unsigned int);
-  CUresult (*EventDestroy)(CUevent);
-  CUresult (*EventRecord)(CUevent, CUstream);
-  CUresult (*EventSynchronize)(CUevent);
-  CUresult (*EventElapsedTime)(float*, CUevent, CUevent);
-  CUresult (*CtxSynchronize)();
+#define ROPEJIT_DECLARE(name) decltype(&cu##name) name;
+  ROPEJIT_DRIVER_ENTRY_POINTS(ROPEJIT_DECLARE)
+#undef ROPEJIT_DECLARE
 };
 
 // The loaded driver, initialized (cuInit) once. Throws Error(no_driver) with one clear
@@ -61,6 +36,10 @@ const Driver& driver();
 
 // Same as driver() but reports the problem instead of throwing (for `ropejit info`).
 const Driver* try_driver(std::string* why);
+
+// Makes the primary context of device `ordinal` current on the calling thread (tools, tests
+// and benchmarks that own their buffers; apply() itself uses whatever context is current).
+CUcontext use_primary_context(int ordinal = 0);
 
 // Throws Error(driver) naming `what` when `r` is not CUDA_SUCCESS.
 void check(CUresult r, const char* what);

@@ -5,17 +5,6 @@
 
 namespace ropejit::testing {
 
-inline CUcontext use_primary_context() {
-  const detail::Driver& d = detail::driver();
-  static CUcontext ctx = [&] {
-    CUdevice dev = 0;
-    detail::check(d.DeviceGet(&dev, 0), "cuDeviceGet");
-    CUcontext c = nullptr;
-    detail::check(d.DevicePrimaryCtxRetain(&c, dev), "cuDevicePrimaryCtxRetain");
-    return c;
-  }();
-  detail::check(d.CtxSetCurrent(ctx), "cuCtxSetCurrent");
-  return ctx;
-}
+inline CUcontext use_primary_context() { return detail::use_primary_context(0); }
 
 }  // namespace ropejit::testing

@@ -1,0 +1,258 @@
+// ropejit benchmarks (Google Benchmark). Device time from CUDA events (manual time) with L2
+// flushed before every repetition; every row carries the bytes moved, GB/s, and the median
+// of a device-to-device copy of the same bytes timed in the same run (copy_us, pct_copy).
+// Correctness is checked against float64 before anything is timed.
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "autotune/timing.hpp"
+#include "autotune/workload.hpp"
+#include "jit/driver.hpp"
+#include "jit/engine.hpp"
+#include "jit/nvrtc.hpp"
+#include "jit/render.hpp"
+
+using namespace ropejit;
+
+namespace {
+
+CUstream g_stream = nullptr;
+CUdeviceptr g_copy_src = 0, g_copy_dst = 0;
+size_t g_copy_bytes = 0;
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// Median device time of copying `bytes` (half read, half written) on the stream.
+double copy_median_us(int64_t bytes) {
+  const detail::Driver& d = detail::driver();
+  const size_t half = size_t(bytes / 2);
+  if (half > g_copy_bytes) {
+    if (g_copy_src) d.MemFree(g_copy_src), d.MemFree(g_copy_dst);
+    detail::check(d.MemAlloc(&g_copy_src, half), "cuMemAlloc");
+    detail::check(d.MemAlloc(&g_copy_dst, half), "cuMemAlloc");
+    g_copy_bytes = half;
+  }
+  autotune::Timer timer(g_stream);
+  return timer.time([&] { d.MemcpyDtoDAsync(g_copy_dst, g_copy_src, half, g_stream); }, 3, 30).median_us;
+}
+
+struct Case {
+  std::string name;
+  Spec spec;
+  autotune::Sizes sizes;
+};
+
+void run_case(benchmark::State& state, const Case& c) {
+  autotune::Workload w(c.spec, c.sizes);
+  w.upload();
+  const Args args = w.args(g_stream);
+  apply(c.spec, args);
+  const autotune::CheckReport r = w.check();
+  if (!r.ok) {
+    state.SkipWithError(("float64 check failed: " + r.first_failure).c_str());
+    return;
+  }
+  autotune::Timer timer(g_stream);
+  std::vector<double> samples;
+  for (auto _ : state) {
+    const autotune::Timing t = timer.time([&] { apply(c.spec, args); }, 0, 1);
+    state.SetIterationTime(t.median_us * 1e-6);
+    samples.push_back(t.median_us);
+  }
+  const int64_t bytes = w.bytes_moved();
+  const double rope_us = median(samples), copy_us = copy_median_us(bytes);
+  state.SetBytesProcessed(int64_t(state.iterations()) * bytes);
+  state.counters["bytes"] = double(bytes);
+  state.counters["median_us"] = rope_us;
+  state.counters["copy_us"] = copy_us;
+  state.counters["pct_copy"] = 100.0 * copy_us / rope_us;
+  state.SetLabel(w.spec().key());
+}
+
+// Decode sizes under graph replay: 20 calls captured once, replayed, time per call (the
+// launch gaps of eager launches excluded, as PRODUCT.md's decode table measures).
+void run_graph(benchmark::State& state, const Case& c) {
+  const detail::Driver& d = detail::driver();
+  autotune::Workload w(c.spec, c.sizes);
+  w.upload();
+  const Args args = w.args(g_stream);
+  apply(c.spec, args);
+  detail::check(d.StreamSynchronize(g_stream), "warm-up");
+  constexpr int kCalls = 20;
+  CUgraph graph = nullptr;
+  CUgraphExec exec = nullptr;
+  detail::check(d.StreamBeginCapture(g_stream, CU_STREAM_CAPTURE_MODE_GLOBAL), "capture");
+  for (int i = 0; i < kCalls; ++i) apply(c.spec, args);
+  detail::check(d.StreamEndCapture(g_stream, &graph), "capture");
+  detail::check(d.GraphInstantiateWithFlags(&exec, graph, 0), "instantiate");
+  autotune::Timer timer(g_stream, 0);
+  std::vector<double> samples;
+  for (auto _ : state) {
+    const double us = timer.time([&] { d.GraphLaunch(exec, g_stream); }, 1, 1).median_us / kCalls;
+    state.SetIterationTime(us * 1e-6);
+    samples.push_back(us);
+  }
+  d.GraphExecDestroy(exec);
+  d.GraphDestroy(graph);
+  state.counters["us_per_call"] = median(samples);
+  state.SetBytesProcessed(int64_t(state.iterations()) * w.bytes_moved());
+  state.SetLabel(w.spec().key());
+}
+
+Case make(const std::string& name, DType dtype, int32_t d, int32_t r, int64_t tokens, int32_t hq,
+          int32_t hk, Style style = Style::neox, bool in_place = true, Freqs freqs = Freqs::table,
+          Layout layout = Layout::bshd) {
+  Case c;
+  c.name = name;
+  c.spec.dtype = dtype;
+  c.spec.head_dim = d;
+  c.spec.rotary_dim = r;
+  c.spec.style = style;
+  c.spec.in_place = in_place;
+  c.spec.freqs = freqs;
+  c.spec.layout = layout;
+  c.spec.positions = Positions::ids;
+  c.sizes.batch = 1;
+  c.sizes.seq_len = tokens;
+  c.sizes.q_heads = hq;
+  c.sizes.k_heads = hk;
+  c.sizes.max_position = 8191;
+  if (layout == Layout::thd) {
+    c.sizes.seq_lens.clear();
+    int64_t left = tokens, n = 1;
+    while (left > 0) {  // uneven sequence lengths
+      const int64_t len = std::min(left, 97 * n * n % 1500 + 1);
+      c.sizes.seq_lens.push_back(len);
+      left -= len;
+      ++n;
+    }
+  }
+  return c;
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> v;
+  for (int64_t t : {1, 16, 64, 256, 4096, 32768})
+    v.push_back(make("llama_bf16_t" + std::to_string(t), DType::bf16, 128, 128, t, 32, 8));
+  for (int32_t d : {64, 80, 96, 256}) v.push_back(make("d" + std::to_string(d), DType::bf16, d, d, 4096, 32, 8));
+  v.push_back(make("kv1", DType::bf16, 128, 128, 4096, 32, 1));
+  v.push_back(make("fp32", DType::f32, 128, 128, 8192, 32, 8));
+  v.push_back(make("fp16", DType::f16, 128, 128, 4096, 64, 0));
+  v.push_back(make("gptj", DType::bf16, 128, 128, 4096, 32, 8, Style::gptj));
+  v.push_back(make("oop", DType::bf16, 128, 128, 4096, 32, 8, Style::neox, false));
+  v.push_back(make("computed", DType::bf16, 128, 128, 4096, 32, 8, Style::neox, true, Freqs::computed));
+  v.push_back(make("thd_uneven", DType::bf16, 128, 128, 8192, 32, 8, Style::neox, true, Freqs::table, Layout::thd));
+  v.push_back(make("partial_neox20b", DType::bf16, 96, 24, 4096, 64, 64));
+  v.push_back(make("prefill_8x4096", DType::bf16, 128, 128, 32768, 32, 8));
+  return v;
+}
+
+// Host cost of a cached apply() next to a bare cuLaunchKernel of an empty kernel.
+void host_overhead(benchmark::State& state, bool bare) {
+  const detail::Driver& d = detail::driver();
+  static CUfunction empty = [] {
+    const detail::CompileResult cr = detail::compile(
+        "extern \"C\" __global__ void ropejit_empty(const __grid_constant__ ropejit_dev::RopeParams p) {}\n",
+        "empty.cu", "empty", detail::target_for(detail::Engine::instance().device_info(nullptr).cc));
+    CUmodule m = nullptr;
+    CUfunction f = nullptr;
+    detail::check(detail::driver().ModuleLoadData(&m, cr.image.data()), "load");
+    detail::check(detail::driver().ModuleGetFunction(&f, m, "ropejit_empty"), "function");
+    return f;
+  }();
+  Case c = make("decode64", DType::bf16, 128, 128, 64, 32, 8);
+  autotune::Workload w(c.spec, c.sizes);
+  w.upload();
+  const Args args = w.args(g_stream);
+  apply(c.spec, args);
+  ropejit_dev::RopeParams params{};
+  void* kargs[] = {&params};
+  int64_t n = 0;
+  for (auto _ : state) {
+    if (bare) d.LaunchKernel(empty, 64, 1, 1, 8, 20, 1, 0, g_stream, kargs, nullptr);
+    else apply(c.spec, args);
+    if (++n % 512 == 0) d.StreamSynchronize(g_stream);  // keep the launch queue from filling
+  }
+  d.StreamSynchronize(g_stream);
+}
+
+// JIT costs: NVRTC start-up, a cold compile, a disk-cache hit, an in-memory hit.
+void jit_costs(benchmark::State& state) {
+  detail::Engine& e = detail::Engine::instance();
+  const std::string target = detail::target_for(e.device_info(nullptr).cc);
+  int32_t dim = 2;
+  double cold = 0, disk = 0, memory = 0;
+  const auto t_first = std::chrono::steady_clock::now();
+  detail::compile("extern \"C\" __global__ void k() {}\n", "warm.cu", "warm", target);
+  const double startup =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_first).count();
+  int64_t n = 0;
+  for (auto _ : state) {
+    Spec s;
+    s.head_dim = 2 * (++dim + 40);  // a key nobody compiled yet
+    s.rotary_dim = s.head_dim;
+    s = s.canonical();
+    const detail::KernelVariant v{8, 2, 256};
+    auto ms = [](auto t0) {
+      return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    };
+    auto t0 = std::chrono::steady_clock::now();
+    e.image(s, v, target);
+    cold += ms(t0);
+    e.clear_memory_cache();
+    t0 = std::chrono::steady_clock::now();
+    e.image(s, v, target);
+    disk += ms(t0);
+    t0 = std::chrono::steady_clock::now();
+    e.image(s, v, target);
+    memory += ms(t0);
+    ++n;
+  }
+  state.counters["nvrtc_startup_ms"] = startup;
+  state.counters["cold_compile_ms"] = cold / double(n);
+  state.counters["disk_hit_ms"] = disk / double(n);
+  state.counters["memory_hit_ms"] = memory / double(n);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string why;
+  if (!detail::try_driver(&why)) {
+    std::printf("ropejit benchmarks: no usable GPU (%s); nothing to measure.\n", why.c_str());
+    return 0;
+  }
+  detail::use_primary_context(0);
+  detail::check(detail::driver().StreamCreate(&g_stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+  const Info info = ropejit::info();
+  benchmark::AddCustomContext("gpu", info.devices.empty() ? "?" : info.devices[0]);
+  benchmark::AddCustomContext("driver", std::to_string(info.driver_version));
+  benchmark::AddCustomContext("nvrtc", std::to_string(info.nvrtc_major) + "." + std::to_string(info.nvrtc_minor));
+  benchmark::AddCustomContext("ropejit", info.version);
+
+  benchmark::RegisterBenchmark("jit", jit_costs)->Iterations(5)->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("host/bare_launch", host_overhead, true)->Unit(benchmark::kMicrosecond);
+  benchmark::RegisterBenchmark("host/apply_cached", host_overhead, false)->Unit(benchmark::kMicrosecond);
+  static const std::vector<Case> all = cases();
+  for (const Case& c : all)
+    benchmark::RegisterBenchmark(("rope/" + c.name).c_str(), run_case, c)
+        ->UseManualTime()->Iterations(50)->Unit(benchmark::kMicrosecond);
+  for (int64_t t : {1, 64, 256}) {
+    static std::vector<Case> graphs;
+    graphs.push_back(make("graph_t" + std::to_string(t), DType::bf16, 128, 128, t, 32, 8));
+    benchmark::RegisterBenchmark(("graph/decode_t" + std::to_string(t)).c_str(), run_graph, graphs.back())
+        ->UseManualTime()->Iterations(200)->Unit(benchmark::kMicrosecond);
+  }
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
