@@ -10,7 +10,7 @@ detail::LaunchConfig heuristic_config(const Spec& c, const detail::CallShape& sh
   (void)device;
   detail::LaunchConfig cfg;
   cfg.kernel.vec = detail::max_vec(c, shape.align_bytes);
-  cfg.kernel.heads_per_thread = 2;
+  cfg.kernel.heads_per_thread = 4;
   const int32_t x = detail::chunks(c, cfg.kernel.vec);
   int32_t max_threads = 256;
   while (max_threads < x) max_threads *= 2;

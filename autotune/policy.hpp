@@ -5,7 +5,7 @@
 
 namespace ropejit::autotune {
 
-// The built-in heuristic: widest legal vectors, two heads per thread, 256-thread blocks.
+// The built-in heuristic: widest legal vectors, four heads per thread, 256-thread blocks.
 // Its kernel variant depends only on the spec and alignment, never on sizes, so changing
 // shapes never compiles anything new.
 detail::LaunchConfig heuristic_config(const Spec& canonical, const detail::CallShape& shape,

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "autotune/policy.hpp"
 #include "autotune/timing.hpp"
 #include "autotune/workload.hpp"
 #include "jit/driver.hpp"
@@ -200,7 +201,9 @@ void jit_costs(benchmark::State& state) {
     s.head_dim = 2 * (++dim + 40);  // a key nobody compiled yet
     s.rotary_dim = s.head_dim;
     s = s.canonical();
-    const detail::KernelVariant v{8, 2, 256};
+    detail::CallShape shape;
+    shape.q_heads = 1;
+    const detail::KernelVariant v = autotune::heuristic_config(s, shape, {}).kernel;
     auto ms = [](auto t0) {
       return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     };

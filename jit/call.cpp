@@ -3,11 +3,10 @@
 #include "call.hpp"
 
 #include <algorithm>
+#include <array>
 #include <climits>
 #include <cmath>
 #include <cstdint>
-#include <utility>
-#include <vector>
 
 #include "errors.hpp"
 
@@ -41,8 +40,9 @@ int32_t check_operand(const char* name, const Tensor& t, bool dense, int64_t bat
     invalid(name, ".data (", t.data, ") is not aligned to its ", elem, "-byte elements");
   if (t.heads != heads)
     invalid(name, ".heads (", t.heads, ") must be ", heads);
-  std::vector<Dim> dims = {{t.stride_seq, seq, "stride_seq"}, {t.stride_head, heads, "stride_head"}};
-  if (dense) dims.push_back({t.stride_batch, batch, "stride_batch"});
+  // Fixed-size arrays: this runs on every call, which must not allocate.
+  std::array<Dim, 3> dims = {Dim{t.stride_seq, seq, "stride_seq"}, Dim{t.stride_head, heads, "stride_head"},
+                             Dim{t.stride_batch, dense ? batch : 1, "stride_batch"}};
   if (seq == 0) return 16;  // no elements: nothing is read or written
   int64_t max_offset = c.head_dim;
   for (const Dim& d : dims) {
@@ -58,12 +58,11 @@ int32_t check_operand(const char* name, const Tensor& t, bool dense, int64_t bat
   if (written) {
     // Rows of head_dim elements must not overlap: sorted by stride, each stride must step
     // over everything spanned by the smaller ones.
-    std::vector<Dim> live;
-    for (const Dim& d : dims)
-      if (d.count > 1) live.push_back(d);
+    std::array<Dim, 3> live = dims;
     std::sort(live.begin(), live.end(), [](const Dim& a, const Dim& b) { return a.stride < b.stride; });
     int64_t extent = c.head_dim;
     for (const Dim& d : live) {
+      if (d.count <= 1) continue;
       if (d.stride < extent)
         invalid(name, ".", d.name, " (", d.stride, ") makes rows overlap (needs >= ", extent, ")");
       extent = d.stride * (d.count - 1) + extent;
@@ -194,6 +193,11 @@ ropejit_dev::RopeParams make_params(const Spec& c, const Args& a, const CallShap
   const int64_t width = c.table_width == TableWidth::half ? c.rotary_dim / 2 : c.rotary_dim;
   p.table_stride = a.table_stride == 0 ? width : a.table_stride;
   p.table_rows = a.table_rows;
+  if (c.freqs == Freqs::table) {
+    const uint64_t bits = reinterpret_cast<uintptr_t>(a.cos) | reinterpret_cast<uintptr_t>(a.sin) |
+                          uint64_t(p.table_stride * element_bytes(c.table_dtype));
+    p.table_align = low_alignment(bits);
+  }
   p.log2_base = c.freqs == Freqs::computed ? std::log2(a.base) : 0.0;
   return p;
 }

@@ -126,7 +126,7 @@ const CacheEntry& Engine::image(const Spec& c, const KernelVariant& variant,
   return slot->entry;
 }
 
-DeviceInfo Engine::device_info(CUcontext ctx) {
+const DeviceInfo& Engine::device_info(CUcontext ctx) {
   {
     std::shared_lock<std::shared_mutex> lock(devices_mutex_);
     const auto it = devices_.find(ctx);
@@ -150,24 +150,23 @@ DeviceInfo Engine::device_info(CUcontext ctx) {
   check(d.DeviceGetName(name, sizeof name, dev), "cuDeviceGetName");
   info.name = name;
   std::unique_lock<std::shared_mutex> lock(devices_mutex_);
-  devices_[ctx] = info;
-  return info;
+  return devices_.emplace(ctx, std::move(info)).first->second;  // nodes never move or die
 }
 
-Engine::LoadedFunction Engine::function(CUcontext ctx, const Spec& c, const KernelVariant& variant,
+const Engine::LoadedFunction& Engine::function(CUcontext ctx, const Spec& c, const KernelVariant& variant,
                                         CUstream stream) {
   const FunctionKey key{ctx, c, variant};
-  std::shared_ptr<FunctionSlot> slot;
+  FunctionSlot* slot = nullptr;  // slots are never erased, so the pointer outlives the lock
   {
     std::shared_lock<std::shared_mutex> lock(functions_mutex_);
     const auto it = functions_.find(key);
-    if (it != functions_.end()) slot = it->second;
+    if (it != functions_.end()) slot = it->second.get();
   }
   if (!slot) {
     std::unique_lock<std::shared_mutex> lock(functions_mutex_);
-    std::shared_ptr<FunctionSlot>& s = functions_[key];
-    if (!s) s = std::make_shared<FunctionSlot>();
-    slot = s;
+    std::unique_ptr<FunctionSlot>& s = functions_[key];
+    if (!s) s = std::make_unique<FunctionSlot>();
+    slot = s.get();
   }
   std::call_once(slot->once, [&] {
     const Driver& d = driver();
@@ -177,8 +176,7 @@ Engine::LoadedFunction Engine::function(CUcontext ctx, const Spec& c, const Kern
       invalid("first call of ", c.key(), " (", variant.name(),
               ") happens during CUDA graph capture; loading a module there could break the "
               "capture: call it once before capturing (or precompile with `ropejit compile`)");
-    const DeviceInfo dev = device_info(ctx);
-    const CacheEntry& e = image(c, variant, target_for(dev.cc));
+    const CacheEntry& e = image(c, variant, target_for(device_info(ctx).cc));
     CUmodule module = nullptr;
     check(d.ModuleLoadData(&module, e.image.data()), "cuModuleLoadData");
     const std::string entry = entry_name(c.key(), variant);
@@ -204,12 +202,12 @@ void Engine::launch(const Spec& c, const Args& args, const CallShape& shape,
   const Driver& d = driver();
   CUcontext ctx = nullptr;
   const ContextScope scope(d, &ctx, args.q.data);
-  const DeviceInfo dev = device_info(ctx);
+  const DeviceInfo& dev = device_info(ctx);
   const LaunchConfig cfg = requested ? *requested : autotune::select_config(c, shape, dev);
   if (const std::string why = illegal_reason(c, shape, cfg, dev); !why.empty())
     invalid("launch configuration ", cfg.name(), " is not legal for ", c.key(), ": ", why);
   CUstream stream = static_cast<CUstream>(args.stream);
-  const LoadedFunction f = function(ctx, c, cfg.kernel, stream);
+  const LoadedFunction& f = function(ctx, c, cfg.kernel, stream);
   const unsigned bx = unsigned(chunks(c, cfg.kernel.vec));
   const unsigned threads = bx * unsigned(cfg.rows) * unsigned(cfg.tokens_per_block);
   if (int(threads) > f.max_threads)

@@ -41,8 +41,8 @@ class Engine {
   const CacheEntry& image(const Spec& canonical, const KernelVariant& variant,
                           const std::string& target, std::string* path = nullptr);
 
-  // Facts about the GPU owning the current (or given) context.
-  DeviceInfo device_info(CUcontext ctx);
+  // Facts about the GPU owning `ctx`, which must be current (cached per context).
+  const DeviceInfo& device_info(CUcontext ctx);
 
   DiskCache& disk() { return disk_; }
   EngineStats stats() const;
@@ -70,14 +70,14 @@ class Engine {
     CUfunction fn = nullptr;
     int max_threads = 0;
   };
-  LoadedFunction function(CUcontext ctx, const Spec& canonical, const KernelVariant& variant,
+  const LoadedFunction& function(CUcontext ctx, const Spec& canonical, const KernelVariant& variant,
                           CUstream stream);
 
   DiskCache disk_;
   mutable std::mutex images_mutex_;
   std::unordered_map<std::string, std::shared_ptr<ImageSlot>> images_;
   mutable std::shared_mutex functions_mutex_;
-  std::unordered_map<FunctionKey, std::shared_ptr<FunctionSlot>, FunctionKeyHash> functions_;
+  std::unordered_map<FunctionKey, std::unique_ptr<FunctionSlot>, FunctionKeyHash> functions_;
   std::shared_mutex devices_mutex_;
   std::unordered_map<CUcontext, DeviceInfo> devices_;
   mutable std::mutex stats_mutex_;

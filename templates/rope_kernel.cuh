@@ -32,17 +32,14 @@ struct TokenPlace {
   bool valid;
 };
 
-// Base pointers and strides of the operand that owns head h (q heads first, then k).
-struct HeadView {
+// One token of one operand (q or k): where its head 0 lives in the input and the output,
+// and the byte strides between heads.
+struct TokenRows {
   const char* in;
   char* out;
-  long long in_token;  // element offset of this token's head 0
-  long long out_token;
-  long long in_head;   // element stride between heads
+  long long in_head;   // bytes between heads
   long long out_head;
-  int head;            // head index inside its own operand
 };
-
 template <class Cfg>
 struct RopeKernel {
   typedef typename Elem<Cfg::kDType>::Raw Raw;
@@ -98,25 +95,17 @@ struct RopeKernel {
     return tp.s + offset;
   }
 
-  // Element offset of a token's head 0 in one operand.
-  static __device__ __forceinline__ long long token_offset(const TokenPlace& tp, long long t,
-                                                           long long sb, long long ss) {
-    return Cfg::kPacked ? t * ss : tp.b * sb + tp.s * ss;
-  }
-
-  static __device__ __forceinline__ HeadView head_view(const RopeParams& p, const TokenPlace& tp,
-                                                      long long t, int h) {
-    const bool is_k = h >= p.q.heads;
-    const HeadOperand& o = is_k ? p.k : p.q;
-    HeadView v;
-    v.in = static_cast<const char*>(o.in);
-    v.out = static_cast<char*>(o.out);
-    v.in_token = token_offset(tp, t, o.stride_batch, o.stride_seq);
-    v.out_token = token_offset(tp, t, o.out_stride_batch, o.out_stride_seq);
-    v.in_head = o.stride_head;
-    v.out_head = o.out_stride_head;
-    v.head = is_k ? h - p.q.heads : h;
-    return v;
+  static __device__ __forceinline__ TokenRows rows_of(const HeadOperand& o, const TokenPlace& tp,
+                                                     long long t) {
+    const long long in_off = Cfg::kPacked ? t * o.stride_seq : tp.b * o.stride_batch + tp.s * o.stride_seq;
+    const long long out_off =
+        Cfg::kPacked ? t * o.out_stride_seq : tp.b * o.out_stride_batch + tp.s * o.out_stride_seq;
+    TokenRows r;
+    r.in = static_cast<const char*>(o.in) + in_off * (long long)sizeof(Raw);
+    r.out = static_cast<char*>(o.out) + out_off * (long long)sizeof(Raw);
+    r.in_head = o.stride_head * (long long)sizeof(Raw);
+    r.out_head = o.out_stride_head * (long long)sizeof(Raw);
+    return r;
   }
 
   // cos/sin of this chunk's pairs at `pos`; NaN for a table position outside the table, so
@@ -129,13 +118,37 @@ struct RopeKernel {
     } else {
       const bool inside = pos >= 0 && pos < p.table_rows;
       const long long row = (inside ? pos : 0) * p.table_stride;
+      const int first = chunk * kPairsPerChunk;
+      // Full-width tables repeat each frequency: neox as [f, f], gptj as f0 f0 f1 f1 ...
+      const bool strided = Cfg::kTableFull && !Cfg::kNeox;
+      typedef typename Elem<Cfg::kTableDType>::Raw TRaw;
+      constexpr int kPerLoad = (16 / int(sizeof(TRaw))) < kPairsPerChunk ? 16 / int(sizeof(TRaw))
+                                                                         : kPairsPerChunk;
+      if (!strided && p.table_align >= kPerLoad * int(sizeof(TRaw))) {
+        const TRaw* c = static_cast<const TRaw*>(p.cos) + row + first;
+        const TRaw* s = static_cast<const TRaw*>(p.sin) + row + first;
 #pragma unroll
-      for (int j = 0; j < kPairsPerChunk; ++j) {
-        const int pair = chunk * kPairsPerChunk + j;
-        // Full-width tables repeat each frequency: neox as [f, f], gptj as f0 f0 f1 f1 ...
-        const int col = (Cfg::kTableFull && !Cfg::kNeox) ? 2 * pair : pair;
-        cs[j] = inside ? table_load<Cfg::kTableDType>(p.cos, row + col) : __int_as_float(0x7fc00000);
-        sn[j] = inside ? table_load<Cfg::kTableDType>(p.sin, row + col) : __int_as_float(0x7fc00000);
+        for (int j = 0; j < kPairsPerChunk; j += kPerLoad) {
+          Pack<Cfg::kTableDType, kPerLoad> pc, ps;
+          pc.load_ro(c + j);
+          ps.load_ro(s + j);
+#pragma unroll
+          for (int m = 0; m < kPerLoad; ++m) {
+            cs[j + m] = pc.get(m);
+            sn[j + m] = ps.get(m);
+          }
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < kPairsPerChunk; ++j) {
+          const int col = strided ? 2 * (first + j) : first + j;
+          cs[j] = table_load<Cfg::kTableDType>(p.cos, row + col);
+          sn[j] = table_load<Cfg::kTableDType>(p.sin, row + col);
+        }
+      }
+      if (!inside) {
+#pragma unroll
+        for (int j = 0; j < kPairsPerChunk; ++j) cs[j] = sn[j] = __int_as_float(0x7fc00000);
       }
     }
     if (Cfg::kBackward) {
@@ -166,10 +179,13 @@ struct RopeKernel {
     const int chunk = threadIdx.x;
     const bool rot_chunk = chunk < kRotChunks;
     const bool two_vectors = Cfg::kNeox && rot_chunk;
-    // Element offset of this chunk's first vector inside a head (the neox partner sits
-    // kPairs further); tail chunks start after the rotary part.
-    const int col = rot_chunk ? chunk * Cfg::kVec : Cfg::kRotaryDim + (chunk - kRotChunks) * Cfg::kVec;
-    const int total_heads = p.q.heads + p.k.heads;
+    // Byte offset of this chunk's first vector inside a head (the neox partner sits kPairs
+    // elements further); tail chunks start after the rotary part.
+    const int col = int(sizeof(Raw)) *
+                    (rot_chunk ? chunk * Cfg::kVec : Cfg::kRotaryDim + (chunk - kRotChunks) * Cfg::kVec);
+    constexpr int kPartner = kPairs * int(sizeof(Raw));
+    const int q_heads = p.q.heads;
+    const int total_heads = q_heads + p.k.heads;
     const int rows = blockDim.y;
 
     double turns[Cfg::kComputed ? kPairsPerChunk : 1];
@@ -187,30 +203,32 @@ struct RopeKernel {
       const bool turn = tp.valid && rot_chunk;
       float cs[kPairsPerChunk], sn[kPairsPerChunk];
       if (turn) angles(p, chunk, position(p, tp, t), turns, cs, sn);
+      const TokenRows qr = rows_of(p.q, tp, t);
+      const TokenRows kr = rows_of(p.k, tp, t);
 
       for (int h0 = threadIdx.y; h0 < total_heads; h0 += rows * kHpt) {
+        // All loads of this batch of heads are issued before the first store, so up to
+        // 2 * kHpt 16-byte loads per thread are in flight.
         Vec lo[kHpt], hi[kHpt];
-        HeadView hv[kHpt];
 #pragma unroll
         for (int j = 0; j < kHpt; ++j) {
           const int h = h0 + j * rows;
           if (h < total_heads) {
-            hv[j] = head_view(p, tp, t, h);
-            const Raw* src = reinterpret_cast<const Raw*>(hv[j].in) + hv[j].in_token +
-                             hv[j].head * hv[j].in_head + col;
+            const bool is_k = h >= q_heads;
+            const char* src = (is_k ? kr.in + (h - q_heads) * kr.in_head : qr.in + h * qr.in_head) + col;
             lo[j].load(src);
-            if (two_vectors) hi[j].load(src + kPairs);
+            if (two_vectors) hi[j].load(src + kPartner);
           }
         }
 #pragma unroll
         for (int j = 0; j < kHpt; ++j) {
           const int h = h0 + j * rows;
           if (h < total_heads) {
+            const bool is_k = h >= q_heads;
+            char* dst = (is_k ? kr.out + (h - q_heads) * kr.out_head : qr.out + h * qr.out_head) + col;
             if (turn) rotate(lo[j], hi[j], cs, sn);
-            Raw* dst = reinterpret_cast<Raw*>(hv[j].out) + hv[j].out_token +
-                       hv[j].head * hv[j].out_head + col;
             lo[j].store(dst);
-            if (two_vectors) hi[j].store(dst + kPairs);
+            if (two_vectors) hi[j].store(dst + kPartner);
           }
         }
       }

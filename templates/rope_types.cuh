@@ -68,6 +68,8 @@ template <int kDType, int N> union Pack {
   Raw v[N];
 
   __device__ __forceinline__ void load(const void* p) { w = *static_cast<const W*>(p); }
+  // Read-only data (tables): through the non-coherent texture path.
+  __device__ __forceinline__ void load_ro(const void* p) { w = __ldg(static_cast<const W*>(p)); }
   __device__ __forceinline__ void store(void* p) const { *static_cast<W*>(p) = w; }
   __device__ __forceinline__ float get(int i) const { return Elem<kDType>::load(v[i]); }
   __device__ __forceinline__ void set(int i, float f) { v[i] = Elem<kDType>::store(f); }
