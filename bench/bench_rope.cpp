@@ -161,6 +161,7 @@ void host_overhead(benchmark::State& state, bool bare) {
   const detail::Driver& d = detail::driver();
   static CUfunction empty = [] {
     const detail::CompileResult cr = detail::compile(
+        "#include \"rope_params.cuh\"\n"
         "extern \"C\" __global__ void ropejit_empty(const __grid_constant__ ropejit_dev::RopeParams p) {}\n",
         "empty.cu", "empty", detail::target_for(detail::Engine::instance().device_info(nullptr).cc));
     CUmodule m = nullptr;

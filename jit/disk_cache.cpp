@@ -12,18 +12,15 @@
 #include "disk_cache.hpp"
 
 #include <dirent.h>
-#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <random>
 #include <sstream>
-#include <thread>
 
+#include "atomic_file.hpp"
 #include "embedded.hpp"
 #include "errors.hpp"
 #include "xxhash.h"
@@ -53,40 +50,6 @@ uint64_t checksum(const std::string& key, const char* image, size_t n) {
   XXH3_64bits_update(&state, key.data(), key.size());
   XXH3_64bits_update(&state, image, n);
   return XXH3_64bits_digest(&state);
-}
-
-// mkdir -p with mode 0700 for every directory it creates.
-bool make_dirs(const std::string& dir, std::string* why) {
-  std::string partial;
-  std::stringstream ss(dir);
-  std::string part;
-  if (!dir.empty() && dir[0] == '/') partial = "/";
-  while (std::getline(ss, part, '/')) {
-    if (part.empty()) continue;
-    partial += part;
-    if (mkdir(partial.c_str(), 0700) != 0 && errno != EEXIST) {
-      *why = concat("cannot create ", partial, ": ", std::strerror(errno));
-      return false;
-    }
-    partial += '/';
-  }
-  struct stat st{};
-  if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-    *why = concat(dir, " is not a directory");
-    return false;
-  }
-  return true;
-}
-
-bool write_all(int fd, const std::string& bytes) {
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    done += size_t(n);
-  }
-  return true;
 }
 
 }  // namespace
@@ -171,7 +134,7 @@ DiskCache::DiskCache(std::string dir) : dir_(std::move(dir)) {
     return;
   }
   std::string why;
-  if (!make_dirs(dir_, &why)) {
+  if (!make_private_dirs(dir_, &why)) {
     disabled_reason_ = why;
   } else if (access(dir_.c_str(), W_OK | X_OK) != 0) {
     disabled_reason_ = concat(dir_, " is not writable");
@@ -215,25 +178,10 @@ bool DiskCache::load(const std::string& hash, const std::string& key, CacheEntry
 std::string DiskCache::store(const std::string& hash, const CacheEntry& entry) {
   if (!enabled()) return {};
   const std::string path = path_for(hash);
-  // Unique temp name per process and thread; rename() publishes the whole file at once, so
-  // readers in other processes see either no entry or a complete one.
-  std::random_device rd;
-  const std::string tmp = concat(dir_, "/.", hash, ".", getpid(), ".",
-                                 std::hash<std::thread::id>()(std::this_thread::get_id()), ".",
-                                 rd(), ".tmp");
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  bool ok = fd >= 0;
-  const int open_errno = errno;
-  if (ok) {
-    ok = write_all(fd, encode_entry(entry)) && ::fsync(fd) == 0;
-    ok = (::close(fd) == 0) && ok;
-    ok = ok && std::rename(tmp.c_str(), path.c_str()) == 0;
-    if (!ok) ::unlink(tmp.c_str());
-  }
-  if (!ok) {
+  std::string why;
+  if (!write_file_atomically(path, encode_entry(entry), &why)) {
     enabled_ = false;
-    warn_once("cache-write", concat("cannot write to kernel cache ", dir_, " (",
-                                    std::strerror(fd >= 0 ? errno : open_errno),
+    warn_once("cache-write", concat("cannot write to kernel cache ", dir_, " (", why,
                                     "); caching compiled kernels in memory only"));
     return {};
   }

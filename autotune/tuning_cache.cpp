@@ -1,0 +1,432 @@
+// Tuning cache: strict JSON (schema 1) reading, validation against the launch rules, merging
+// and atomic publication of the tuning file.
+#include "tuning_cache.hpp"
+
+#include "atomic_file.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <sstream>
+#include <tuple>
+
+#include "atomic_file.hpp"
+#include "disk_cache.hpp"
+#include "errors.hpp"
+
+namespace ropejit::autotune {
+namespace {
+
+using nlohmann::json;
+using detail::concat;
+
+constexpr int64_t kMaxBucket = int64_t(1) << 31;
+constexpr int32_t kMaxHeads = 65536;
+
+const char* const kTopFields[] = {"schema", "fingerprint", "entries"};
+const char* const kFingerprintFields[] = {"gpu", "cc", "sm_count", "driver", "nvrtc", "library"};
+const char* const kEntryFields[] = {"key",    "bucket",    "q_heads", "k_heads",
+                                    "config", "median_us", "gbps",    "default_us"};
+const char* const kConfigFields[] = {"vec",  "heads_per_thread", "max_threads",
+                                     "rows", "tokens_per_block", "blocks_per_sm"};
+
+bool is_pow2(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
+
+auto slot_of(const TuningEntry& e) { return std::tie(e.key, e.bucket, e.q_heads, e.k_heads); }
+
+const char* type_of(const json& v) {
+  if (v.is_number_integer()) return "integer";
+  return v.type_name();
+}
+
+// Strict access to one JSON object: every field listed must be present, nothing else may be.
+// The first problem is kept in `why` and names the field with its dotted path.
+class Fields {
+ public:
+  template <size_t N>
+  Fields(const json& obj, std::string prefix, const char* const (&names)[N], std::string* why)
+      : obj_(obj), prefix_(std::move(prefix)), why_(why) {
+    if (!obj.is_object()) {
+      fail(concat(prefix_.empty() ? "entry" : prefix_.substr(0, prefix_.size() - 1),
+                  " must be an object, got ", type_of(obj)));
+      return;
+    }
+    for (const auto& item : obj.items()) {
+      if (std::find_if(names, names + N, [&](const char* n) { return item.key() == n; }) ==
+          names + N) {
+        fail(concat("unknown field '", prefix_, item.key(), "'"));
+        return;
+      }
+    }
+    for (const char* n : names) {
+      if (!obj.contains(n)) {
+        fail(concat("missing field '", prefix_, n, "'"));
+        return;
+      }
+    }
+  }
+
+  bool ok() const { return why_->empty(); }
+
+  void integer(const char* name, int64_t lo, int64_t hi, int64_t* out) {
+    if (!ok()) return;
+    const json& v = obj_.at(name);
+    if (!v.is_number_integer()) return wrong_type(name, "an integer", v);
+    // Unsigned values above INT64_MAX would wrap when read as int64_t.
+    if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(hi))
+      return fail(concat("field '", prefix_, name, "' (", v.dump(), ") is out of range"));
+    const int64_t x = v.get<int64_t>();
+    if (x < lo || x > hi)
+      return fail(concat("field '", prefix_, name, "' (", x, ") is out of range"));
+    *out = x;
+  }
+
+  void int32(const char* name, int32_t* out) {
+    int64_t x = 0;
+    integer(name, std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max(), &x);
+    if (ok()) *out = int32_t(x);
+  }
+
+  void number(const char* name, double* out) {
+    if (!ok()) return;
+    const json& v = obj_.at(name);
+    if (!v.is_number()) return wrong_type(name, "a number", v);
+    *out = v.get<double>();
+  }
+
+  void string(const char* name, std::string* out) {
+    if (!ok()) return;
+    const json& v = obj_.at(name);
+    if (!v.is_string()) return wrong_type(name, "a string", v);
+    *out = v.get<std::string>();
+  }
+
+ private:
+  void fail(std::string why) {
+    if (ok()) *why_ = std::move(why);
+  }
+  void wrong_type(const char* name, const char* want, const json& v) {
+    fail(concat("field '", prefix_, name, "' must be ", want, ", got ", type_of(v)));
+  }
+
+  const json& obj_;
+  std::string prefix_;
+  std::string* why_;
+};
+
+bool read_fingerprint(const json& j, Fingerprint* f, std::string* why) {
+  Fields fp(j, "fingerprint.", kFingerprintFields, why);
+  fp.string("gpu", &f->gpu_name);
+  fp.int32("cc", &f->cc);
+  fp.int32("sm_count", &f->sm_count);
+  fp.int32("driver", &f->driver_version);
+  fp.string("nvrtc", &f->nvrtc);
+  fp.string("library", &f->library);
+  return fp.ok();
+}
+
+bool read_entry(const json& j, TuningEntry* e, std::string* why) {
+  Fields entry(j, "", kEntryFields, why);
+  entry.string("key", &e->key);
+  entry.integer("bucket", std::numeric_limits<int64_t>::min(),
+                std::numeric_limits<int64_t>::max(), &e->bucket);
+  entry.int32("q_heads", &e->q_heads);
+  entry.int32("k_heads", &e->k_heads);
+  entry.number("median_us", &e->median_us);
+  entry.number("gbps", &e->gbps);
+  entry.number("default_us", &e->default_us);
+  if (!entry.ok()) return false;
+  Fields config(j.at("config"), "config.", kConfigFields, why);
+  detail::LaunchConfig& c = e->config;
+  config.int32("vec", &c.kernel.vec);
+  config.int32("heads_per_thread", &c.kernel.heads_per_thread);
+  config.int32("max_threads", &c.kernel.max_threads);
+  config.int32("rows", &c.rows);
+  config.int32("tokens_per_block", &c.tokens_per_block);
+  config.int32("blocks_per_sm", &c.blocks_per_sm);
+  return config.ok() && (*why = invalid_entry_reason(*e)).empty();
+}
+
+std::string describe(const Fingerprint& f) {
+  return concat(f.gpu_name.empty() ? "an unnamed GPU" : f.gpu_name, " (sm_", f.cc, ", ",
+                f.sm_count, " SMs)");
+}
+
+enum class FileState { missing, ok, rejected, other_gpu };
+
+struct FileContents {
+  FileState state = FileState::missing;
+  std::string why;  // rejected / other_gpu
+  Fingerprint fingerprint;
+  std::vector<TuningEntry> entries;
+  std::vector<std::pair<size_t, std::string>> entry_problems;  // index, why
+};
+
+FileContents read_tuning_file(const std::string& path, const Fingerprint& here) {
+  FileContents out;
+  if (path.empty()) return out;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0 && errno == ENOENT) return out;  // never tuned: not worth a warning
+  out.state = FileState::rejected;
+  if (fd < 0) {
+    out.why = concat("cannot open: ", std::strerror(errno));
+    return out;
+  }
+  std::string text;
+  char buf[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) out.why = concat("cannot read: ", std::strerror(errno));
+    if (n <= 0) break;
+    text.append(buf, size_t(n));
+  }
+  ::close(fd);
+  if (!out.why.empty()) return out;
+
+  json doc;
+  try {
+    doc = json::parse(text);
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for 1e999
+    const std::string what = e.what();
+    const size_t bracket = what.find("] ");  // drop nlohmann's "[json.exception...] " tag
+    out.why = concat("invalid JSON: ", what.substr(bracket == std::string::npos ? 0 : bracket + 2));
+    return out;
+  }
+  if (!doc.is_object()) {
+    out.why = concat("expected a JSON object, got ", type_of(doc));
+    return out;
+  }
+  // The schema is checked before anything else so that a newer file reports its version, not
+  // the fields this library does not know.
+  if (!doc.contains("schema")) {
+    out.why = "no schema version";
+    return out;
+  }
+  const json& schema = doc.at("schema");
+  if (!schema.is_number_integer() || schema.get<int64_t>() != kTuningSchemaVersion) {
+    out.why = concat("schema version ", schema.dump(), " (this library reads ",
+                     kTuningSchemaVersion, ")");
+    return out;
+  }
+  Fields top(doc, "", kTopFields, &out.why);
+  if (!top.ok() || !read_fingerprint(doc.at("fingerprint"), &out.fingerprint, &out.why)) return out;
+  if (!doc.at("entries").is_array()) {
+    out.why = concat("field 'entries' must be an array, got ", type_of(doc.at("entries")));
+    return out;
+  }
+  if (!out.fingerprint.same_gpu(here)) {
+    out.state = FileState::other_gpu;
+    out.why = concat("tuned on ", describe(out.fingerprint), ", this GPU is ", describe(here));
+    return out;
+  }
+  out.state = FileState::ok;
+  const json& entries = doc.at("entries");
+  for (size_t i = 0; i < entries.size(); ++i) {
+    TuningEntry e;
+    std::string why;
+    if (read_entry(entries[i], &e, &why))
+      out.entries.push_back(std::move(e));
+    else
+      out.entry_problems.emplace_back(i, why);
+  }
+  return out;
+}
+
+}  // namespace
+
+bool Fingerprint::same_gpu(const Fingerprint& o) const {
+  return gpu_name == o.gpu_name && cc == o.cc && sm_count == o.sm_count;
+}
+
+bool operator==(const Fingerprint& a, const Fingerprint& b) {
+  return a.same_gpu(b) && a.driver_version == b.driver_version && a.nvrtc == b.nvrtc &&
+         a.library == b.library;
+}
+
+bool operator==(const TuningEntry& a, const TuningEntry& b) {
+  return slot_of(a) == slot_of(b) && a.config == b.config && a.median_us == b.median_us &&
+         a.gbps == b.gbps && a.default_us == b.default_us;
+}
+
+int64_t token_bucket(int64_t tokens) {
+  int64_t b = 1;
+  while (b < tokens && b < (int64_t(1) << 62)) b <<= 1;
+  return b;
+}
+
+std::string invalid_entry_reason(const TuningEntry& e) {
+  Spec spec;
+  try {
+    spec = parse_key(e.key).canonical();
+  } catch (const Error& err) {
+    const std::string what = err.what();
+    const std::string tag = "ropejit: ";  // the warning that quotes this already says ropejit
+    return concat("key: ", what.compare(0, tag.size(), tag) == 0 ? what.substr(tag.size()) : what);
+  }
+  if (!is_pow2(e.bucket) || e.bucket > kMaxBucket)
+    return concat("bucket (", e.bucket, ") must be a power of two in 1..2^31");
+  if (e.q_heads < 1 || e.q_heads > kMaxHeads)
+    return concat("q_heads (", e.q_heads, ") must be in 1..", kMaxHeads);
+  if (e.k_heads < 0 || e.k_heads > kMaxHeads)
+    return concat("k_heads (", e.k_heads, ") must be in 0..", kMaxHeads);
+  const detail::LaunchConfig& c = e.config;
+  const int32_t vec = c.kernel.vec;
+  if (!is_pow2(vec) || vec > 8) return concat("config.vec (", vec, ") must be 1, 2, 4 or 8");
+  if (vec * detail::element_bytes(spec.dtype) > 16)
+    return concat("config.vec (", vec, ") exceeds 16 bytes of ", to_string(spec.dtype));
+  if (vec > detail::max_vec(spec, 16))
+    return concat("config.vec (", vec, ") is wider than ", e.key, " allows (",
+                  detail::max_vec(spec, 16), ")");
+  if (c.kernel.heads_per_thread < 1 || c.kernel.heads_per_thread > 8)
+    return concat("config.heads_per_thread (", c.kernel.heads_per_thread, ") must be in 1..8");
+  if (c.kernel.max_threads < 32 || c.kernel.max_threads > 1024 || c.kernel.max_threads % 32)
+    return concat("config.max_threads (", c.kernel.max_threads,
+                  ") must be a multiple of 32 in 32..1024");
+  if (c.rows < 1 || c.rows > 1024) return concat("config.rows (", c.rows, ") must be in 1..1024");
+  if (c.tokens_per_block < 1 || c.tokens_per_block > 64)
+    return concat("config.tokens_per_block (", c.tokens_per_block, ") must be in 1..64");
+  if (c.blocks_per_sm < 0 || c.blocks_per_sm > 32)
+    return concat("config.blocks_per_sm (", c.blocks_per_sm, ") must be in 0..32");
+  const int64_t threads = int64_t(c.rows) * c.tokens_per_block * detail::chunks(spec, vec);
+  if (threads > c.kernel.max_threads)
+    return concat("config: ", threads, " threads per block exceed max_threads (",
+                  c.kernel.max_threads, ")");
+  // The same rule launch applies, for the call this entry stands for.
+  detail::CallShape shape;
+  shape.tokens = e.bucket;
+  shape.q_heads = e.q_heads;
+  shape.k_heads = e.k_heads;
+  shape.align_bytes = 16;
+  detail::DeviceInfo device;
+  device.max_threads_per_sm = 2048;
+  if (const std::string why = detail::illegal_reason(spec, shape, c, device); !why.empty())
+    return concat("config: ", why);
+  const std::pair<const char*, double> times[] = {
+      {"median_us", e.median_us}, {"gbps", e.gbps}, {"default_us", e.default_us}};
+  for (const auto& [name, v] : times)
+    if (!std::isfinite(v) || v < 0) return concat(name, " (", v, ") must be finite and >= 0");
+  return {};
+}
+
+TuningCache TuningCache::load(const std::string& path, const Fingerprint& here) {
+  TuningCache cache;
+  cache.fingerprint_ = here;
+  FileContents file = read_tuning_file(path, here);
+  auto warn = [&](const std::string& message) {
+    cache.warnings_.push_back(message);
+    detail::warn_once("tuning:" + message, message);
+  };
+  switch (file.state) {
+    case FileState::missing:
+      break;
+    case FileState::rejected:
+    case FileState::other_gpu:
+      warn(concat("ignoring tuning file ", path, " (", file.why, ")"));
+      break;
+    case FileState::ok:
+      cache.fingerprint_ = file.fingerprint;
+      for (const auto& [index, why] : file.entry_problems)
+        warn(concat("ignoring entry ", index, " of tuning file ", path, " (", why, ")"));
+      for (const TuningEntry& e : file.entries) cache.put(e);
+      break;
+  }
+  return cache;
+}
+
+void TuningCache::put(const TuningEntry& e) {
+  // Checked here too, so that save() never writes what load() would reject.
+  if (const std::string why = invalid_entry_reason(e); !why.empty())
+    detail::invalid("tuning entry for ", e.key, " is invalid: ", why);
+  const auto it = std::lower_bound(entries_.begin(), entries_.end(), e,
+                                   [](const TuningEntry& a, const TuningEntry& b) {
+                                     return slot_of(a) < slot_of(b);
+                                   });
+  if (it != entries_.end() && slot_of(*it) == slot_of(e))
+    *it = e;
+  else
+    entries_.insert(it, e);
+}
+
+const TuningEntry* TuningCache::find(const std::string& key, int64_t bucket, int32_t q_heads,
+                                     int32_t k_heads) const {
+  const auto slot = std::tie(key, bucket, q_heads, k_heads);
+  const auto it = std::lower_bound(
+      entries_.begin(), entries_.end(), slot,
+      [](const TuningEntry& a, const decltype(slot)& b) { return slot_of(a) < b; });
+  return it != entries_.end() && slot_of(*it) == slot ? &*it : nullptr;
+}
+
+json TuningCache::to_json() const {
+  json fp = json::object();
+  fp["gpu"] = fingerprint_.gpu_name;
+  fp["cc"] = fingerprint_.cc;
+  fp["sm_count"] = fingerprint_.sm_count;
+  fp["driver"] = fingerprint_.driver_version;
+  fp["nvrtc"] = fingerprint_.nvrtc;
+  fp["library"] = fingerprint_.library;
+  json entries = json::array();
+  for (const TuningEntry& e : entries_) {
+    json config = json::object();
+    config["vec"] = e.config.kernel.vec;
+    config["heads_per_thread"] = e.config.kernel.heads_per_thread;
+    config["max_threads"] = e.config.kernel.max_threads;
+    config["rows"] = e.config.rows;
+    config["tokens_per_block"] = e.config.tokens_per_block;
+    config["blocks_per_sm"] = e.config.blocks_per_sm;
+    json j = json::object();
+    j["key"] = e.key;
+    j["bucket"] = e.bucket;
+    j["q_heads"] = e.q_heads;
+    j["k_heads"] = e.k_heads;
+    j["config"] = std::move(config);
+    j["median_us"] = e.median_us;
+    j["gbps"] = e.gbps;
+    j["default_us"] = e.default_us;
+    entries.push_back(std::move(j));
+  }
+  json doc = json::object();
+  doc["schema"] = kTuningSchemaVersion;
+  doc["fingerprint"] = std::move(fp);
+  doc["entries"] = std::move(entries);
+  return doc;
+}
+
+void TuningCache::save(const std::string& path) const {
+  if (path.empty()) detail::invalid("cannot write tuning file: the path is empty");
+  TuningCache merged = *this;
+  const FileContents old = read_tuning_file(path, fingerprint_);
+  if (old.state == FileState::ok) {
+    for (const TuningEntry& e : old.entries)
+      if (!merged.find(e.key, e.bucket, e.q_heads, e.k_heads)) merged.put(e);
+  } else if (old.state == FileState::rejected) {
+    const std::string message = concat("replacing unusable tuning file ", path, " (", old.why, ")");
+    detail::warn_once("tuning:" + message, message);
+  }
+
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  std::string why;
+  if (!detail::make_private_dirs(dir, &why) ||
+      !detail::write_file_atomically(path, merged.to_json().dump(2) + "\n", &why))
+    detail::invalid("cannot write tuning file ", path, ": ", why);
+}
+
+std::string default_tuning_path() {
+  if (const char* f = std::getenv("ROPEJIT_TUNING_FILE")) {
+    const std::string s = f;
+    return s == "off" ? std::string() : s;
+  }
+  const std::string dir = detail::DiskCache::default_dir();
+  return dir.empty() ? std::string() : dir + "/tuning.json";
+}
+
+}  // namespace ropejit::autotune

@@ -1,0 +1,136 @@
+"""PNG plots of ropejit benchmark results: GB/s against tokens for the rope/llama_bf16_t<N>
+rows of ropejit_bench's Google Benchmark JSON, next to the copy of the same bytes timed in
+the same run; and, given compare_torch.py's JSON, µs per case for ropejit, torch.compile,
+torch eager and the copy.
+
+    python3 bench/plot.py bench.json [--compare compare.json] --outdir bench/plots
+"""
+
+import argparse
+import json
+import os
+import re
+import statistics
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: benchmark hosts have no display
+import matplotlib.pyplot as plt  # noqa: E402  (must follow the backend choice)
+
+LLAMA_ROW = re.compile(r"^rope/llama_bf16_t(\d+)(?:/|$)")
+COUNTERS = ("bytes", "median_us", "copy_us", "pct_copy")
+# compare_torch.py's JSON fields, in the order and colours of the bars.
+COMPARE_SERIES = (
+    ("ropejit_us", "ropejit", "tab:blue"),
+    ("compile_us", "torch.compile", "tab:orange"),
+    ("eager_us", "torch eager", "tab:red"),
+    ("copy_us", "copy (same bytes)", "tab:gray"),
+)
+
+
+def llama_rows(bench):
+    """{tokens: {counter: value}} from the iteration rows that ran. Errored rows carry no
+    counters and aggregate rows (mean/median/stddev of --benchmark_repetitions) would count
+    a repetition twice; repeated iteration rows are reduced to their median."""
+    samples = {}
+    for row in bench.get("benchmarks", []):
+        match = LLAMA_ROW.match(row.get("run_name") or row.get("name", ""))
+        if not match or row.get("run_type", "iteration") != "iteration":
+            continue
+        if row.get("error_occurred"):
+            why = row.get("error_message", "error")
+            print(f"plot: skipping {row['name']}: {why}", file=sys.stderr)
+            continue
+        if not all(isinstance(row.get(c), (int, float)) and row[c] > 0 for c in COUNTERS):
+            print(f"plot: skipping {row['name']}: missing counters", file=sys.stderr)
+            continue
+        samples.setdefault(int(match.group(1)), []).append(row)
+    return {tokens: {c: statistics.median(r[c] for r in rows) for c in COUNTERS}
+            for tokens, rows in sorted(samples.items())}
+
+
+def plot_bandwidth(rows, gpu, path):
+    tokens = list(rows)
+    # bytes / µs / 1e3 = GB/s; bytes count q and k read once and written once.
+    rope = [rows[t]["bytes"] / rows[t]["median_us"] / 1e3 for t in tokens]
+    copy = [rows[t]["bytes"] / rows[t]["copy_us"] / 1e3 for t in tokens]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.plot(tokens, rope, "o-", label="ropejit", color="tab:blue")
+    ax.plot(tokens, copy, "s--", label="device copy, same bytes, same run", color="tab:gray")
+    for t, gbps, copy_gbps in zip(tokens, rope, copy):
+        # Above the point when ropejit is the faster line, below otherwise: off the copy marker.
+        ax.annotate(f"{rows[t]['pct_copy']:.0f}%", (t, gbps), textcoords="offset points",
+                    xytext=(0, 7 if gbps >= copy_gbps else -14), ha="center", fontsize=8)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(tokens, [str(t) for t in tokens])
+    ax.set_xlabel("tokens (batch 1; 32 q + 8 kv heads, d128, bf16)")
+    ax.set_ylabel("GB/s (q+k read and written)")
+    ax.set_ylim(bottom=0)
+    ax.set_title(f"ropejit llama bf16 vs copy{' — ' + gpu if gpu else ''}\n"
+                 "labels: ropejit as % of copy speed", fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_compare(compare, path):
+    cases = compare["cases"]
+    names = [c["case"] for c in cases]
+    width = 0.8 / len(COMPARE_SERIES)
+    fig, ax = plt.subplots(figsize=(max(7, 1.3 * len(cases)), 4.5))
+    for i, (field, label, color) in enumerate(COMPARE_SERIES):
+        offset = (i - (len(COMPARE_SERIES) - 1) / 2) * width
+        # torch.compile can be missing: mark it n/a rather than draw a zero on a log axis.
+        ran = [(j + offset, c[field]) for j, c in enumerate(cases) if c.get(field)]
+        ax.bar([x for x, _ in ran], [y for _, y in ran], width, label=label, color=color)
+        for j, c in enumerate(cases):
+            if not c.get(field):
+                ax.text(j + offset, 0.02, "n/a", transform=ax.get_xaxis_transform(), ha="center",
+                        rotation=90, fontsize=7, color=color)
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(cases)), names, rotation=20, ha="right")
+    ax.set_ylabel("median device time, µs (log)")
+    gpu = compare.get("context", {}).get("gpu")
+    ax.set_title(f"RoPE on q and k{' — ' + gpu if gpu else ''}", fontsize=10)
+    ax.grid(True, axis="y", which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("bench", help="Google Benchmark JSON from ropejit_bench --benchmark_out")
+    parser.add_argument("--compare", help="JSON written by bench/compare_torch.py")
+    parser.add_argument("--outdir", default="bench/plots")
+    args = parser.parse_args()
+    os.makedirs(args.outdir, exist_ok=True)
+
+    with open(args.bench) as f:
+        bench = json.load(f)
+    written = []
+    rows = llama_rows(bench)
+    if rows:
+        path = os.path.join(args.outdir, "llama_bf16_gbps.png")
+        plot_bandwidth(rows, bench.get("context", {}).get("gpu"), path)
+        written.append(path)
+    else:
+        print(f"plot: no usable rope/llama_bf16_t<N> rows in {args.bench}", file=sys.stderr)
+    if args.compare:
+        with open(args.compare) as f:
+            compare = json.load(f)
+        path = os.path.join(args.outdir, "compare_us.png")
+        plot_compare(compare, path)
+        written.append(path)
+    for path in written:
+        print(f"wrote {path}")
+    if not written:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
