@@ -47,7 +47,7 @@ int run_compile(const CompileOptions& o) {
   for (const std::string& name : o.presets_)
     for (const Spec& s : autotune::preset_specs(autotune::find_preset(name), dtype)) specs.push_back(s);
   for (const std::string& key : o.keys) specs.push_back(parse_key(key));
-  if (specs.empty()) detail::invalid("compile needs --preset NAME or --key KEY");
+  if (specs.empty()) detail::invalid("compile needs --preset NAME, --key KEY or --from-tuning FILE");
   for (const std::string& arch : o.archs) detail::parse_arch(arch, "--arch");
 
   struct Job {
@@ -114,6 +114,23 @@ int main(int argc, char** argv) {
   compile->add_option("--key", co.keys, "Explicit kernel key (repeatable)");
   compile->add_option("--dtype", co.dtype, "q/k dtype for presets: f32, f16, bf16");
   compile->add_option("-j,--jobs", co.jobs, "Compiler threads (default: all cores)");
+  std::string from_tuning;
+  compile->add_option("--from-tuning", from_tuning, "Precompile every kernel a tuning file names");
+
+  TuneOptions to;
+  CLI::App* tune = app.add_subcommand("tune", "Time launch configurations on this GPU; write the tuning file");
+  tune->add_option("--preset", to.presets, "Model preset (repeatable)")->delimiter(',');
+  tune->add_option("--heads", to.heads, "Explicit shape: q heads[,k heads]")->delimiter(',');
+  tune->add_option("--head-dim", to.head_dim, "head_dim for --heads");
+  tune->add_option("--rotary-dim", to.rotary_dim, "rotary_dim for --heads (0: head_dim)");
+  tune->add_option("--dtype", to.dtype, "q/k dtype: f32, f16, bf16");
+  tune->add_option("--layout", to.layout, "bshd, sbhd, bhsd, thd");
+  tune->add_option("--style", to.style, "neox, gptj");
+  tune->add_option("--positions", to.positions, "offset, seqoff, ids");
+  tune->add_option("--freqs", to.freqs, "tab, comp");
+  tune->add_option("--tokens", to.tokens, "Token counts to tune (bucketed to powers of two)")->delimiter(',');
+  tune->add_option("--out", to.out, "Tuning file (default: $ROPEJIT_TUNING_FILE or the cache dir)");
+  tune->add_flag("--dry-run", to.dry_run, "List the candidates; needs no GPU");
 
   std::string source_key;
   CLI::App* source = app.add_subcommand("source", "Print the CUDA source rendered for a key");
@@ -128,7 +145,9 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     if (app.got_subcommand("info")) return run_info();
-    if (app.got_subcommand(compile)) return run_compile(co);
+    if (app.got_subcommand(compile))
+      return from_tuning.empty() ? run_compile(co) : run_compile_from_tuning(from_tuning);
+    if (app.got_subcommand(tune)) return run_tune(to);
     if (app.got_subcommand(source)) {
       const Spec spec = parse_key(source_key);
       detail::CallShape shape;

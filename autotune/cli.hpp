@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace ropejit::cli {
 
@@ -16,5 +17,27 @@ struct DemoOptions {
 // prints times and GB/s; without a GPU it compiles and caches, and says the GPU part was
 // skipped. Returns the process exit code.
 int run_demo(const DemoOptions& options);
+
+struct TuneOptions {
+  std::vector<std::string> presets;
+  std::vector<int32_t> heads;  // explicit shape: q heads[, k heads]
+  int32_t head_dim = 128;
+  int32_t rotary_dim = 0;
+  std::string dtype = "bf16";
+  std::string layout = "bshd";
+  std::string style = "neox";
+  std::string positions = "ids";
+  std::string freqs = "tab";
+  std::vector<int64_t> tokens;  // default: 1, 16, 64, 256, 4096
+  std::string out;              // default: the library's tuning file
+  bool dry_run = false;
+};
+
+// Tunes every (key, token bucket) and writes or merges the tuning file; --dry-run lists the
+// candidates without a GPU.
+int run_tune(const TuneOptions& options);
+
+// Precompiles every kernel a tuning file names into the kernel cache (cluster warm start).
+int run_compile_from_tuning(const std::string& file);
 
 }  // namespace ropejit::cli

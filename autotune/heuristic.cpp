@@ -23,9 +23,4 @@ detail::LaunchConfig heuristic_config(const Spec& c, const detail::CallShape& sh
   return cfg;
 }
 
-detail::LaunchConfig select_config(const Spec& c, const detail::CallShape& shape,
-                                   const detail::DeviceInfo& device) {
-  return heuristic_config(c, shape, device);
-}
-
 }  // namespace ropejit::autotune

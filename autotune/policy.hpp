@@ -1,9 +1,21 @@
 // What jit/ asks autotune/: the launch configuration for a spec and call shape on a device.
 #pragma once
 
+#include <string>
+
 #include "launch_config.hpp"
 
 namespace ropejit::autotune {
+
+// How the tuning file is used (ROPEJIT_TUNING=off|use|auto|frozen, default use;
+// ROPEJIT_AUTOTUNE=1 is the same as auto).
+enum class TuningMode {
+  off,       // built-in heuristic only
+  use,       // tuned entry if present, else the heuristic
+  autotune,  // tuned entry if present, else tune now (never during graph capture) and save
+  frozen,    // tuned entry required: a miss is an error (deployments that must not tune)
+};
+TuningMode tuning_mode();
 
 // The built-in heuristic: widest legal vectors, four heads per thread, 256-thread blocks.
 // Its kernel variant depends only on the spec and alignment, never on sizes, so changing
@@ -11,8 +23,13 @@ namespace ropejit::autotune {
 detail::LaunchConfig heuristic_config(const Spec& canonical, const detail::CallShape& shape,
                                       const detail::DeviceInfo& device);
 
-// The configuration the library launches with (today: the heuristic).
+// The configuration a call launches with: tuning file -> heuristic, per tuning_mode().
+// Runs once per (context, key, token bucket, heads, alignment); the engine remembers it.
+// `capturing`: the stream is being captured into a graph, so tuning is not allowed.
 detail::LaunchConfig select_config(const Spec& canonical, const detail::CallShape& shape,
-                                   const detail::DeviceInfo& device);
+                                   const detail::DeviceInfo& device, bool capturing);
+
+// Tunings performed in this process (tests: a second process must reuse, not re-time).
+size_t tunings_performed();
 
 }  // namespace ropejit::autotune

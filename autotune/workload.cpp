@@ -211,7 +211,6 @@ Workload::Workload(const Spec& spec, const Sizes& sizes) : spec_(spec.canonical(
       a.sin = bs.host.data();
     }
   }
-  build_reference();
 }
 
 void Workload::build_reference() {
@@ -343,18 +342,27 @@ Args Workload::args(void* stream) const {
   return a;
 }
 
-CheckReport Workload::check() {
+const std::vector<std::vector<uint8_t>>& Workload::download() {
   const detail::Driver& d = detail::driver();
   detail::check(d.CtxSynchronize(), "kernel execution (cuCtxSynchronize)");
+  downloaded_.resize(output_buffers_.size());
+  for (size_t slot = 0; slot < output_buffers_.size(); ++slot) {
+    const Buffer& b = *buffers_[size_t(output_buffers_[slot])];
+    downloaded_[slot].resize(b.host.size());
+    detail::check(d.MemcpyDtoH(downloaded_[slot].data(), b.device, b.host.size()), "cuMemcpyDtoH");
+  }
+  return downloaded_;
+}
+
+CheckReport Workload::check() {
+  if (expect_.empty()) build_reference();
+  download();
   const int64_t e = element_bytes(spec_.dtype);
   CheckReport r;
   double err2 = 0, ref2 = 0;
-  downloaded_.assign(output_buffers_.size(), {});
   for (size_t slot = 0; slot < output_buffers_.size(); ++slot) {
     const Buffer& b = *buffers_[size_t(output_buffers_[slot])];
-    std::vector<uint8_t>& got = downloaded_[slot];
-    got.resize(b.host.size());
-    detail::check(d.MemcpyDtoH(got.data(), b.device, got.size()), "cuMemcpyDtoH");
+    const std::vector<uint8_t>& got = downloaded_[slot];
     for (size_t i = 0; i < got.size() / size_t(e); ++i) {
       const double tol = tol_[slot][i];
       const uint8_t* g = &got[i * size_t(e)];

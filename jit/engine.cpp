@@ -9,6 +9,7 @@
 #include "nvrtc.hpp"
 #include "policy.hpp"
 #include "render.hpp"
+#include "tuning_cache.hpp"
 
 namespace ropejit::detail {
 
@@ -56,17 +57,34 @@ class ContextScope {
 
 }  // namespace
 
-size_t Engine::FunctionKeyHash::operator()(const FunctionKey& k) const {
-  const Spec& s = k.spec;
-  uint64_t h = std::hash<const void*>()(k.ctx);
-  auto mix = [&h](uint64_t v) { h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); };
-  mix(uint64_t(s.layout) | uint64_t(s.dtype) << 4 | uint64_t(s.style) << 8 |
+namespace {
+
+void mix(uint64_t& h, uint64_t v) { h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); }
+
+uint64_t hash_spec(const void* ctx, const Spec& s) {
+  uint64_t h = std::hash<const void*>()(ctx);
+  mix(h, uint64_t(s.layout) | uint64_t(s.dtype) << 4 | uint64_t(s.style) << 8 |
       uint64_t(s.positions) << 12 | uint64_t(s.index_type) << 16 | uint64_t(s.freqs) << 20 |
       uint64_t(s.table_dtype) << 24 | uint64_t(s.table_width) << 28 |
       uint64_t(s.direction) << 32 | uint64_t(s.in_place) << 36 | uint64_t(s.fusion) << 40);
-  mix(uint64_t(uint32_t(s.head_dim)) << 32 | uint32_t(s.rotary_dim));
-  mix(uint64_t(uint32_t(k.variant.vec)) << 40 | uint64_t(uint32_t(k.variant.heads_per_thread)) << 20 |
-      uint32_t(k.variant.max_threads));
+  mix(h, uint64_t(uint32_t(s.head_dim)) << 32 | uint32_t(s.rotary_dim));
+  return h;
+}
+
+}  // namespace
+
+size_t Engine::FunctionKeyHash::operator()(const FunctionKey& k) const {
+  uint64_t h = hash_spec(k.ctx, k.spec);
+  mix(h, uint64_t(uint32_t(k.variant.vec)) << 40 | uint64_t(uint32_t(k.variant.heads_per_thread)) << 20 |
+             uint32_t(k.variant.max_threads));
+  return size_t(h);
+}
+
+size_t Engine::PlanKeyHash::operator()(const PlanKey& k) const {
+  uint64_t h = hash_spec(k.ctx, k.spec);
+  mix(h, uint64_t(k.bucket));
+  mix(h, uint64_t(uint32_t(k.q_heads)) << 32 | uint32_t(k.k_heads));
+  mix(h, uint64_t(uint32_t(k.align)));
   return size_t(h);
 }
 
@@ -190,6 +208,28 @@ const Engine::LoadedFunction& Engine::function(CUcontext ctx, const Spec& c, con
   return slot->loaded;
 }
 
+const Engine::Plan& Engine::plan(CUcontext ctx, const Spec& c, const CallShape& shape,
+                                 const DeviceInfo& device, CUstream stream) {
+  const PlanKey key{ctx, c, autotune::token_bucket(shape.tokens), shape.q_heads, shape.k_heads,
+                    shape.align_bytes};
+  {
+    std::shared_lock<std::shared_mutex> lock(plans_mutex_);
+    const auto it = plans_.find(key);
+    if (it != plans_.end()) return it->second;
+  }
+  // Decided outside any lock: the policy may read the tuning file, or tune (which launches
+  // through this engine).
+  CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
+  check(driver().StreamIsCapturing(stream, &capture), "cuStreamIsCapturing");
+  const LaunchConfig cfg =
+      autotune::select_config(c, shape, device, capture != CU_STREAM_CAPTURE_STATUS_NONE);
+  if (const std::string why = illegal_reason(c, shape, cfg, device); !why.empty())
+    fail(ErrorCode::internal, "policy chose ", cfg.name(), " for ", c.key(), ": ", why);
+  const Plan p{cfg, &function(ctx, c, cfg.kernel, stream)};
+  std::unique_lock<std::shared_mutex> lock(plans_mutex_);
+  return plans_.emplace(key, p).first->second;  // a racing thread's equal plan may win
+}
+
 void Engine::apply(const Spec& spec, const Args& args) {
   const Spec c = spec.canonical();
   const CallShape shape = check_call(c, args);
@@ -203,11 +243,19 @@ void Engine::launch(const Spec& c, const Args& args, const CallShape& shape,
   CUcontext ctx = nullptr;
   const ContextScope scope(d, &ctx, args.q.data);
   const DeviceInfo& dev = device_info(ctx);
-  const LaunchConfig cfg = requested ? *requested : autotune::select_config(c, shape, dev);
-  if (const std::string why = illegal_reason(c, shape, cfg, dev); !why.empty())
-    invalid("launch configuration ", cfg.name(), " is not legal for ", c.key(), ": ", why);
   CUstream stream = static_cast<CUstream>(args.stream);
-  const LoadedFunction& f = function(ctx, c, cfg.kernel, stream);
+  const Plan* p = nullptr;
+  Plan explicit_plan{};
+  if (requested) {
+    if (const std::string why = illegal_reason(c, shape, *requested, dev); !why.empty())
+      invalid("launch configuration ", requested->name(), " is not legal for ", c.key(), ": ", why);
+    explicit_plan = Plan{*requested, &function(ctx, c, requested->kernel, stream)};
+    p = &explicit_plan;
+  } else {
+    p = &plan(ctx, c, shape, dev, stream);
+  }
+  const LaunchConfig& cfg = p->cfg;
+  const LoadedFunction& f = *p->fn;
   const unsigned bx = unsigned(chunks(c, cfg.kernel.vec));
   const unsigned threads = bx * unsigned(cfg.rows) * unsigned(cfg.tokens_per_block);
   if (int(threads) > f.max_threads)

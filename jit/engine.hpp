@@ -70,6 +70,28 @@ class Engine {
     CUfunction fn = nullptr;
     int max_threads = 0;
   };
+
+  // What a call without an explicit configuration launches: decided once per context, key,
+  // token bucket, head counts and alignment (the policy may read the tuning file or tune).
+  struct PlanKey {
+    CUcontext ctx;
+    Spec spec;
+    int64_t bucket;
+    int32_t q_heads, k_heads, align;
+    bool operator==(const PlanKey& o) const {
+      return ctx == o.ctx && spec == o.spec && bucket == o.bucket && q_heads == o.q_heads &&
+             k_heads == o.k_heads && align == o.align;
+    }
+  };
+  struct PlanKeyHash {
+    size_t operator()(const PlanKey& k) const;
+  };
+  struct Plan {
+    LaunchConfig cfg;
+    const LoadedFunction* fn;
+  };
+  const Plan& plan(CUcontext ctx, const Spec& canonical, const CallShape& shape,
+                   const DeviceInfo& device, CUstream stream);
   const LoadedFunction& function(CUcontext ctx, const Spec& canonical, const KernelVariant& variant,
                           CUstream stream);
 
@@ -78,6 +100,8 @@ class Engine {
   std::unordered_map<std::string, std::shared_ptr<ImageSlot>> images_;
   mutable std::shared_mutex functions_mutex_;
   std::unordered_map<FunctionKey, std::unique_ptr<FunctionSlot>, FunctionKeyHash> functions_;
+  std::shared_mutex plans_mutex_;
+  std::unordered_map<PlanKey, Plan, PlanKeyHash> plans_;
   std::shared_mutex devices_mutex_;
   std::unordered_map<CUcontext, DeviceInfo> devices_;
   mutable std::mutex stats_mutex_;

@@ -63,7 +63,7 @@ TEST_CASE("ropejit compile errors") {
   CHECK(has(r, "is not a ropejit key"));
   r = run("compile");
   CHECK(r.status == 2);
-  CHECK(has(r, "compile needs --preset NAME or --key KEY"));
+  CHECK(has(r, "compile needs --preset NAME, --key KEY or --from-tuning FILE"));
   r = run("bogus");
   CHECK(r.status != 0);
 }

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "autotune/tuning_cache.hpp"
+#include "test_util.hpp"
 #include "jit/disk_cache.hpp"
 
 using namespace ropejit;
@@ -68,21 +69,7 @@ bool contains(const std::string& s, const std::string& part) {
   return s.find(part) != std::string::npos;
 }
 
-// Sets (or unsets, with nullopt) an environment variable for one scope.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, std::optional<std::string> value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    if (value) setenv(name, value->c_str(), 1); else unsetenv(name);
-  }
-  ~ScopedEnv() {
-    if (old_) setenv(name_, old_->c_str(), 1); else unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
+using ropejit::testing::ScopedEnv;
 
 Fingerprint h200() {
   Fingerprint f;

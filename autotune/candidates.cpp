@@ -1,0 +1,47 @@
+// Candidate launch configurations for the tuner.
+#include "candidates.hpp"
+
+#include <algorithm>
+#include <set>
+#include <string>
+
+#include "policy.hpp"
+
+namespace ropejit::autotune {
+
+std::vector<detail::LaunchConfig> candidates(const Spec& c, const detail::CallShape& shape,
+                                             const detail::DeviceInfo& device) {
+  std::vector<detail::LaunchConfig> out;
+  std::set<std::string> seen;
+  auto add = [&](const detail::LaunchConfig& cfg) {
+    if (!detail::illegal_reason(c, shape, cfg, device).empty()) return;
+    if (seen.insert(cfg.name()).second) out.push_back(cfg);
+  };
+  add(heuristic_config(c, shape, device));
+  const int32_t vec = detail::max_vec(c, shape.align_bytes);
+  const int32_t x = detail::chunks(c, vec);
+  const int32_t heads = std::max(shape.q_heads + shape.k_heads, 1);
+  for (int32_t hpt : {1, 2, 4, 8}) {
+    const int32_t full = (heads + hpt - 1) / hpt;  // rows that cover every head in one pass
+    for (int32_t threads : {128, 256, 512}) {
+      for (int32_t rows : {full, (full + 1) / 2, (full + 3) / 4, 1, 2, 4, 8}) {
+        if (rows < 1 || rows > full) continue;
+        detail::LaunchConfig cfg;
+        cfg.kernel.vec = vec;
+        cfg.kernel.heads_per_thread = hpt;
+        cfg.kernel.max_threads = std::max(256, threads);
+        while (cfg.kernel.max_threads < x) cfg.kernel.max_threads *= 2;
+        cfg.rows = rows;
+        cfg.tokens_per_block = std::max(1, std::min(64, threads / (x * rows)));
+        for (int32_t persistent : {0, 4}) {
+          if (persistent && shape.tokens < 4096) continue;  // small grids are one wave anyway
+          cfg.blocks_per_sm = persistent;
+          add(cfg);
+        }
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace ropejit::autotune

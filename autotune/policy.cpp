@@ -1,0 +1,116 @@
+// Launch policy: tuning file first, then the built-in heuristic; optional tune-on-miss.
+#include "policy.hpp"
+
+#include <atomic>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <optional>
+
+#include "errors.hpp"
+#include "tuner.hpp"
+#include "tuning_cache.hpp"
+
+namespace ropejit::autotune {
+namespace {
+
+std::atomic<size_t> g_tunings{0};
+
+// One tuning cache per kind of GPU in this process, read from the tuning file on first use.
+class TuningStore {
+ public:
+  static TuningStore& instance() {
+    static TuningStore store;
+    return store;
+  }
+
+  std::optional<detail::LaunchConfig> find(const detail::DeviceInfo& dev, const std::string& key,
+                                           int64_t bucket, int32_t q, int32_t k) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const TuningEntry* e = cache_for(dev).find(key, bucket, q, k);
+    if (!e) return std::nullopt;
+    return e->config;
+  }
+
+  void add(const detail::DeviceInfo& dev, const TuningEntry& entry, const Fingerprint& here) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    TuningCache& cache = cache_for(dev);
+    cache.put(entry);
+    if (path_.empty()) return;
+    TuningCache one;
+    one.set_fingerprint(here);
+    one.put(entry);
+    try {
+      one.save(path_);  // merges with what other processes wrote meanwhile
+    } catch (const Error& e) {
+      detail::warn_once("tuning-save", std::string(e.what()) + "; keeping tuned entries in memory");
+    }
+  }
+
+  const std::string& path() const { return path_; }
+
+ private:
+  TuningStore() : path_(default_tuning_path()) {}
+
+  TuningCache& cache_for(const detail::DeviceInfo& dev) {
+    const std::string id = detail::concat(dev.name, "/", dev.cc, "/", dev.sm_count);
+    auto it = caches_.find(id);
+    if (it == caches_.end()) {
+      Fingerprint here;
+      here.gpu_name = dev.name;
+      here.cc = dev.cc;
+      here.sm_count = dev.sm_count;
+      it = caches_.emplace(id, path_.empty() ? TuningCache() : TuningCache::load(path_, here)).first;
+    }
+    return it->second;
+  }
+
+  std::mutex mutex_;
+  std::string path_;
+  std::map<std::string, TuningCache> caches_;
+};
+
+}  // namespace
+
+TuningMode tuning_mode() {
+  if (const char* a = std::getenv("ROPEJIT_AUTOTUNE"); a && std::string(a) == "1") return TuningMode::autotune;
+  const char* t = std::getenv("ROPEJIT_TUNING");
+  if (!t || !t[0]) return TuningMode::use;
+  const std::string v = t;
+  if (v == "off") return TuningMode::off;
+  if (v == "use") return TuningMode::use;
+  if (v == "auto") return TuningMode::autotune;
+  if (v == "frozen") return TuningMode::frozen;
+  detail::invalid("ROPEJIT_TUNING ('", v, "') must be one of: off, use, auto, frozen");
+}
+
+size_t tunings_performed() { return g_tunings.load(); }
+
+detail::LaunchConfig select_config(const Spec& c, const detail::CallShape& shape,
+                                   const detail::DeviceInfo& device, bool capturing) {
+  const TuningMode mode = tuning_mode();
+  const detail::LaunchConfig fallback = heuristic_config(c, shape, device);
+  if (mode == TuningMode::off) return fallback;
+  TuningStore& store = TuningStore::instance();
+  const std::string key = c.key();
+  const int64_t bucket = token_bucket(shape.tokens);
+  if (const std::optional<detail::LaunchConfig> tuned =
+          store.find(device, key, bucket, shape.q_heads, shape.k_heads)) {
+    // A tuned entry assumes 16-byte alignment; a less aligned call keeps the heuristic.
+    if (detail::illegal_reason(c, shape, *tuned, device).empty()) return *tuned;
+    return fallback;
+  }
+  if (mode == TuningMode::frozen)
+    detail::invalid("no tuned configuration for ", key, " at ", bucket, " tokens with ", shape.q_heads,
+                    "/", shape.k_heads, " heads in ", store.path().empty() ? "(no tuning file)" : store.path(),
+                    " and ROPEJIT_TUNING=frozen; run `ropejit tune` for this shape");
+  if (mode == TuningMode::autotune && !capturing && shape.align_bytes == 16) {
+    const TuneReport report = tune(c, bucket, shape.q_heads, shape.k_heads);
+    ++g_tunings;
+    store.add(device, report.best, current_fingerprint());
+    return report.best.config;
+  }
+  return fallback;
+}
+
+}  // namespace ropejit::autotune

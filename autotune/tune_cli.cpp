@@ -1,0 +1,160 @@
+// `ropejit tune` and `ropejit compile --from-tuning`.
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "autotune/candidates.hpp"
+#include "autotune/cli.hpp"
+#include "autotune/policy.hpp"
+#include "autotune/presets.hpp"
+#include "autotune/tuner.hpp"
+#include "autotune/tuning_cache.hpp"
+#include "jit/driver.hpp"
+#include "jit/engine.hpp"
+#include "jit/names.hpp"
+#include "jit/nvrtc.hpp"
+
+namespace ropejit::cli {
+namespace {
+
+struct Job {
+  Spec spec;
+  int32_t q_heads, k_heads;
+};
+
+// A preset is tuned for what inference servers call per layer: forward, in place, bshd and
+// thd, implicit positions and position ids, table and computed frequencies.
+std::vector<Job> jobs_for(const TuneOptions& o) {
+  const DType dtype = detail::parse_name<DType>(o.dtype, "--dtype");
+  std::vector<Job> jobs;
+  for (const std::string& name : o.presets) {
+    const autotune::Preset& p = autotune::find_preset(name);
+    for (Layout layout : {Layout::bshd, Layout::thd})
+      for (Positions pos : {Positions::offset, Positions::ids})
+        for (Freqs freqs : {Freqs::table, Freqs::computed}) {
+          Spec s;
+          s.layout = layout;
+          s.dtype = dtype;
+          s.head_dim = p.head_dim;
+          s.rotary_dim = p.rotary_dim;
+          s.positions = pos;
+          s.freqs = freqs;
+          jobs.push_back({s.canonical(), p.q_heads, p.kv_heads});
+        }
+  }
+  if (!o.heads.empty()) {
+    if (o.heads.size() > 2 || o.heads[0] < 1 || (o.heads.size() == 2 && o.heads[1] < 0))
+      detail::invalid("--heads must be Q or Q,K with Q >= 1 and K >= 0");
+    Spec s;
+    s.layout = detail::parse_name<Layout>(o.layout, "--layout");
+    s.dtype = dtype;
+    s.head_dim = o.head_dim;
+    s.rotary_dim = o.rotary_dim;
+    s.style = detail::parse_name<Style>(o.style, "--style");
+    s.positions = detail::parse_name<Positions>(o.positions, "--positions");
+    s.freqs = detail::parse_name<Freqs>(o.freqs, "--freqs");
+    jobs.push_back({s.canonical(), o.heads[0], o.heads.size() == 2 ? o.heads[1] : 0});
+  }
+  if (jobs.empty()) detail::invalid("tune needs --preset NAME or --heads Q,K with the shape options");
+  return jobs;
+}
+
+std::vector<int64_t> buckets_for(const TuneOptions& o) {
+  std::set<int64_t> b;
+  for (int64_t t : o.tokens.empty() ? std::vector<int64_t>{1, 16, 64, 256, 4096} : o.tokens) {
+    if (t < 1 || t > (int64_t(1) << 20)) detail::invalid("--tokens (", t, ") must be in [1, 2^20]");
+    b.insert(autotune::token_bucket(t));
+  }
+  return {b.begin(), b.end()};
+}
+
+}  // namespace
+
+int run_tune(const TuneOptions& o) {
+  const std::vector<Job> jobs = jobs_for(o);
+  const std::vector<int64_t> buckets = buckets_for(o);
+  if (o.dry_run) {
+    detail::DeviceInfo h100;  // a typical sm_90 part; legality rules are per device
+    h100.cc = 90;
+    h100.sm_count = 132;
+    for (const Job& j : jobs)
+      for (int64_t b : buckets) {
+        detail::CallShape shape;
+        shape.tokens = b;
+        shape.q_heads = j.q_heads;
+        shape.k_heads = j.k_heads;
+        const auto cands = autotune::candidates(j.spec, shape, h100);
+        std::printf("%s  bucket %lld  heads %d/%d: %zu candidates\n", j.spec.key().c_str(),
+                    static_cast<long long>(b), j.q_heads, j.k_heads, cands.size());
+        for (const detail::LaunchConfig& c : cands) std::printf("    %s\n", c.name().c_str());
+      }
+    return 0;
+  }
+  detail::use_primary_context(0);
+  const auto t0 = std::chrono::steady_clock::now();
+  autotune::TuningCache cache;
+  cache.set_fingerprint(autotune::current_fingerprint());
+  struct Row {
+    autotune::TuningEntry e;
+    double copy_us;
+  };
+  std::vector<Row> rows;
+  const size_t total = jobs.size() * buckets.size();
+  for (const Job& j : jobs)
+    for (int64_t b : buckets) {
+      const autotune::TuneReport r = autotune::tune(j.spec, b, j.q_heads, j.k_heads);
+      cache.put(r.best);
+      rows.push_back({r.best, r.copy_us});
+      std::printf("[%zu/%zu] %s  bucket %lld: %s %.2f us (default %.2f us), %zu candidates, %d rejected\n",
+                  rows.size(), total, j.spec.key().c_str(), static_cast<long long>(b),
+                  r.best.config.name().c_str(), r.best.median_us, r.best.default_us, r.results.size(),
+                  r.rejected);
+      std::fflush(stdout);
+    }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("\n| key | bucket | heads | best config | us | GB/s | %% of copy | speedup vs default |\n");
+  std::printf("|---|---|---|---|---|---|---|---|\n");
+  for (const Row& r : rows)
+    std::printf("| %s | %lld | %d/%d | %s | %.2f | %.0f | %.0f%% | %.2fx |\n", r.e.key.c_str(),
+                static_cast<long long>(r.e.bucket), r.e.q_heads, r.e.k_heads, r.e.config.name().c_str(),
+                r.e.median_us, r.e.gbps, 100.0 * r.copy_us / r.e.median_us, r.e.default_us / r.e.median_us);
+  const std::string path = o.out.empty() ? autotune::default_tuning_path() : o.out;
+  if (path.empty()) detail::invalid("no tuning file: set --out FILE or ROPEJIT_TUNING_FILE");
+  cache.save(path);
+  std::printf("\ntuned %zu entries in %.1f s; wrote/merged %s\n", rows.size(), seconds, path.c_str());
+  return 0;
+}
+
+int run_compile_from_tuning(const std::string& file) {
+  std::ifstream in(file);
+  if (!in) detail::invalid("--from-tuning (", file, "): cannot read the file");
+  autotune::Fingerprint fp;
+  try {
+    const nlohmann::json j = nlohmann::json::parse(in);
+    const nlohmann::json& f = j.at("fingerprint");
+    fp.gpu_name = f.at("gpu").get<std::string>();
+    fp.cc = f.at("cc").get<int>();
+    fp.sm_count = f.at("sm_count").get<int>();
+  } catch (const nlohmann::json::exception& e) {
+    detail::invalid("--from-tuning (", file, ") is not a tuning file: ", e.what());
+  }
+  // Load with the file's own GPU, so any machine can prepare caches for that GPU.
+  const autotune::TuningCache cache = autotune::TuningCache::load(file, fp);
+  const std::string target = detail::target_for(fp.cc);
+  size_t compiled = 0;
+  for (const autotune::TuningEntry& e : cache.entries()) {
+    std::string path;
+    detail::Engine::instance().image(parse_key(e.key), e.config.kernel, target, &path);
+    std::printf("%s  %s  %s\n", e.key.c_str(), e.config.kernel.name().c_str(),
+                path.empty() ? "(memory only)" : path.c_str());
+    ++compiled;
+  }
+  std::printf("%zu tuned kernels for %s (%s) in %s\n", compiled, fp.gpu_name.c_str(), target.c_str(),
+              detail::Engine::instance().disk().dir().c_str());
+  return 0;
+}
+
+}  // namespace ropejit::cli

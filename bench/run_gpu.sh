@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Everything that needs the GPU host, in one command: build (Release, with libropejit.so),
+# then the GPU test suite and/or the measurements: tune a preset, the Google Benchmark suite
+# (using the fresh tuning file), the same-run torch comparison, and the plots.
+#   bench/run_gpu.sh OUTDIR [tests|bench|all]       (dependencies: tools/fetch-deps.sh .deps)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${1:?usage: bench/run_gpu.sh OUTDIR [tests|bench|all]}
+what=${2:-all}
+mkdir -p "$out"
+build=build-gpu
+export ROPEJIT_CACHE_DIR=${ROPEJIT_CACHE_DIR:-/tmp/ropejit-gpu-cache}
+export LD_LIBRARY_PATH=$PWD/.deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+if ! { cmake -S . -B $build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=$PWD/.deps/usr \
+         -DROPEJIT_BUILD_SHARED=ON && cmake --build $build -j "$(nproc)"; } > /tmp/ropejit-build.log 2>&1; then
+  grep -E "error|Error" /tmp/ropejit-build.log | head -40
+  exit 1
+fi
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$out/gpu.txt"
+
+if [ "$what" = tests ] || [ "$what" = all ]; then
+  (cd $build && ctest -L gpu -V) > "$out/gpu_tests.log" 2>&1
+  grep -E "MESSAGE|tests passed|tests failed|\*\*\*Failed|ERROR" "$out/gpu_tests.log" | cut -c1-240
+fi
+if [ "$what" = bench ] || [ "$what" = all ]; then
+  $build/ropejit tune --preset llama3-8b --out "$out/tuning.json" > "$out/tune.txt" 2>&1
+  tail -n 45 "$out/tune.txt" | cut -c1-200
+  ROPEJIT_TUNING_FILE="$out/tuning.json" $build/bench/ropejit_bench --benchmark_out="$out/bench.json" \
+    --benchmark_out_format=json --benchmark_counters_tabular=true > "$out/bench.txt" 2>&1
+  grep -vE "^(Run on|CPU Caches|  L[123]|Load Average|\*\*\*WARNING)" "$out/bench.txt" | cut -c1-230
+  ROPEJIT_TUNING_FILE="$out/tuning.json" PYTHONUNBUFFERED=1 python3 bench/compare_torch.py \
+    --lib $build/libropejit.so --out /tmp/compare.json > "$out/compare.txt" 2>&1
+  tail -n 20 "$out/compare.txt"
+  python3 bench/plot.py "$out/bench.json" --compare /tmp/compare.json --outdir "$out/plots" 2>&1 | tail -3
+fi

@@ -1,0 +1,143 @@
+// GPU tests of the tuner and the tuning policy.
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+
+#include "autotune/policy.hpp"
+#include "autotune/tuner.hpp"
+#include "autotune/workload.hpp"
+#include "gpu_helpers.hpp"
+#include "test_util.hpp"
+
+using namespace ropejit;
+using ropejit::testing::ScopedEnv;
+
+namespace {
+
+struct Run {
+  int status;
+  std::string output;
+  double seconds;
+};
+
+Run run(const std::string& cmd) {
+  const auto t0 = std::chrono::steady_clock::now();
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  REQUIRE(p != nullptr);
+  Run r{-1, {}, 0};
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
+  const int status = pclose(p);
+  r.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+std::string temp_file(const char* name) {
+  char dir[] = "/tmp/ropejit-tuning-gpu-XXXXXX";
+  REQUIRE(mkdtemp(dir) != nullptr);
+  return std::string(dir) + "/" + name;
+}
+
+}  // namespace
+
+TEST_SUITE("gpu") {
+  TEST_CASE("tuner: every candidate reproduces the default output bit for bit") {
+    testing::use_primary_context();
+    for (const char* key : {"rope_bshd_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_qk_fwd_ip",
+                            "rope_thd_f16_d80_r32_gptj_pos-offset_comp_qk_fwd_oop"}) {
+      const autotune::TuneReport r = autotune::tune(parse_key(key), 64, 32, 8);
+      INFO(key);
+      CHECK(r.rejected == 0);
+      CHECK(r.results.size() >= 10);
+      CHECK(r.best.median_us > 0);
+      CHECK(r.best.median_us <= r.best.default_us);
+      CHECK(r.copy_us > 0);
+      MESSAGE(key, ": ", r.results.size(), " candidates, best ", r.best.config.name(), " ",
+              r.best.median_us, " us, default ", r.best.default_us, " us");
+    }
+  }
+
+  TEST_CASE("a second process uses the tuned entry without re-timing") {
+    const std::string file = temp_file("tuning.json");
+    const std::string env = "ROPEJIT_TUNING_FILE=" + file + " ";
+    const Run tune = run(env + ROPEJIT_CLI_PATH +
+                         " tune --heads 32,8 --positions ids --freqs comp --tokens 64");
+    INFO(tune.output);
+    REQUIRE(tune.status == 0);
+    CHECK(tune.output.find("| rope_bshd_bf16_d128_r128_neox_pos-ids-i64_comp_qk_fwd_ip | 64 | 32/8 |") !=
+          std::string::npos);
+    // Frozen mode turns a missing entry into an error, so a passing demo proves the entry was
+    // found and used, and that nothing was tuned.
+    const Run use = run(env + "ROPEJIT_TUNING=frozen " + ROPEJIT_CLI_PATH + " demo --preset llama3-8b --tokens 64");
+    INFO(use.output);
+    CHECK(use.status == 0);
+    CHECK(use.output.find("check vs float64: PASS") != std::string::npos);
+    const Run miss = run(env + "ROPEJIT_TUNING=frozen " + ROPEJIT_CLI_PATH + " demo --preset llama3-8b --tokens 300");
+    CHECK(miss.status != 0);
+    CHECK(miss.output.find("no tuned configuration for") != std::string::npos);
+  }
+
+  TEST_CASE("autotune on first use, and never during graph capture") {
+    testing::use_primary_context();
+    const detail::Driver& d = detail::driver();
+    const std::string file = temp_file("auto.json");
+    ScopedEnv path("ROPEJIT_TUNING_FILE", file);  // read when the policy first loads its file
+    ScopedEnv autotune("ROPEJIT_AUTOTUNE", "1");
+    Spec s;
+    s.head_dim = 64;
+    s.freqs = Freqs::computed;
+    s.in_place = false;
+    autotune::Sizes z;
+    z.batch = 1;
+    z.seq_len = 40;
+    z.q_heads = 16;
+    z.k_heads = 2;
+    autotune::Workload w(s, z);
+    w.upload();
+    const size_t before = autotune::tunings_performed();
+    apply(s, w.args());
+    CHECK(autotune::tunings_performed() == before + 1);
+    const autotune::CheckReport r = w.check();
+    CHECK_MESSAGE(r.ok, r.first_failure);
+
+    z.seq_len = 200;  // another bucket: a miss, but inside a capture it must not tune
+    autotune::Workload w2(s, z);
+    w2.upload();
+    CUstream stream = nullptr;
+    detail::check(d.StreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+    detail::check(d.StreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL), "capture");
+    apply(s, w2.args(stream));
+    CUgraph graph = nullptr;
+    detail::check(d.StreamEndCapture(stream, &graph), "capture");
+    CHECK(autotune::tunings_performed() == before + 1);
+    CUgraphExec exec = nullptr;
+    detail::check(d.GraphInstantiateWithFlags(&exec, graph, 0), "instantiate");
+    detail::check(d.GraphLaunch(exec, stream), "replay");
+    detail::check(d.StreamSynchronize(stream), "replay");
+    const autotune::CheckReport r2 = w2.check();
+    CHECK_MESSAGE(r2.ok, r2.first_failure);
+    d.GraphExecDestroy(exec);
+    d.GraphDestroy(graph);
+    d.StreamDestroy(stream);
+  }
+
+  TEST_CASE("ropejit tune --preset llama3-8b end to end") {
+    const std::string file = temp_file("llama.json");
+    const Run r = run("ROPEJIT_TUNING_FILE=" + file + " " + ROPEJIT_CLI_PATH + " tune --preset llama3-8b");
+    INFO(r.output);
+    CHECK(r.status == 0);
+    CHECK(r.output.find("| key | bucket | heads | best config |") != std::string::npos);
+    CHECK(r.output.find("tuned 40 entries") != std::string::npos);
+    // Reported, not asserted: timings are benchmarks (the budget is one minute).
+    MESSAGE("ropejit tune --preset llama3-8b took ", r.seconds, " s");
+    const Run again = run("ROPEJIT_CACHE_DIR=" + file + ".cubins " + ROPEJIT_CLI_PATH +
+                          " compile --from-tuning " + file);
+    CHECK(again.status == 0);
+    CHECK(again.output.find("40 tuned kernels for NVIDIA") != std::string::npos);
+  }
+}

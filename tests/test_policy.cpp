@@ -1,0 +1,139 @@
+// Launch policy without a GPU: candidate legality, tuned entries, heuristic fallback, frozen
+// mode, and the mode switch.
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <set>
+#include <string>
+
+#include "autotune/candidates.hpp"
+#include "autotune/policy.hpp"
+#include "autotune/tuning_cache.hpp"
+#include "test_util.hpp"
+
+using namespace ropejit;
+using ropejit::testing::ScopedEnv;
+
+namespace {
+
+detail::DeviceInfo fake_gpu(const char* name) {
+  detail::DeviceInfo d;
+  d.cc = 90;
+  d.sm_count = 7;
+  d.name = name;
+  return d;
+}
+
+detail::CallShape shape_of(int64_t tokens, int32_t q, int32_t k, int32_t align = 16) {
+  detail::CallShape s;
+  s.tokens = tokens;
+  s.q_heads = q;
+  s.k_heads = k;
+  s.align_bytes = align;
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("candidates: legal, unique, heuristic first, pruned to the device") {
+  const detail::DeviceInfo dev = fake_gpu("Candidates GPU");
+  for (const Spec& s : {Spec{}, parse_key("rope_thd_f32_d80_r32_gptj_pos-ids-i32_comp_qk_bwd_oop"),
+                        parse_key("rope_bshd_f16_d512_r512_neox_pos-offset_tab-f32-half_qk_fwd_ip")}) {
+    const Spec c = s.canonical();
+    for (int64_t tokens : {1, 64, 4096}) {
+      const detail::CallShape shape = shape_of(tokens, 32, 8);
+      const std::vector<detail::LaunchConfig> cands = autotune::candidates(c, shape, dev);
+      REQUIRE(!cands.empty());
+      CHECK(cands.front() == autotune::heuristic_config(c, shape, dev));
+      std::set<std::string> names;
+      for (const detail::LaunchConfig& cfg : cands) {
+        CHECK_MESSAGE(detail::illegal_reason(c, shape, cfg, dev).empty(), cfg.name());
+        names.insert(cfg.name());
+      }
+      CHECK(names.size() == cands.size());
+      CHECK(cands.size() >= 10);
+    }
+  }
+  // One head: no candidate may ask for more head rows than there are heads.
+  for (const detail::LaunchConfig& cfg : autotune::candidates(Spec{}.canonical(), shape_of(8, 1, 0), dev))
+    CHECK(cfg.rows == 1);
+}
+
+TEST_CASE("policy: tuned entry, fallback, frozen and off") {
+  const char* file = std::getenv("ROPEJIT_TUNING_FILE");
+  REQUIRE(file != nullptr);  // main_cpu.cpp points it into the test's temp dir
+  const detail::DeviceInfo dev = fake_gpu("Policy Test GPU");
+  const Spec c = Spec{}.canonical();
+  const detail::CallShape shape = shape_of(50, 32, 8);
+  const detail::LaunchConfig heuristic = autotune::heuristic_config(c, shape, dev);
+  const std::vector<detail::LaunchConfig> cands = autotune::candidates(c, shape, dev);
+  REQUIRE(cands.size() > 3);
+  const detail::LaunchConfig tuned = cands[3];
+  REQUIRE_FALSE(tuned == heuristic);
+
+  autotune::TuningCache cache;
+  autotune::Fingerprint fp;
+  fp.gpu_name = dev.name;
+  fp.cc = dev.cc;
+  fp.sm_count = dev.sm_count;
+  cache.set_fingerprint(fp);
+  autotune::TuningEntry e;
+  e.key = c.key();
+  e.bucket = 64;  // 50 tokens fall in the 64 bucket
+  e.q_heads = 32;
+  e.k_heads = 8;
+  e.config = tuned;
+  e.median_us = 2;
+  e.default_us = 3;
+  cache.put(e);
+  cache.save(file);
+
+  {
+    ScopedEnv mode("ROPEJIT_TUNING", std::nullopt);  // default: use
+    CHECK(autotune::tuning_mode() == autotune::TuningMode::use);
+    CHECK(autotune::select_config(c, shape, dev, false) == tuned);
+    CHECK(autotune::select_config(c, shape_of(5000, 32, 8), dev, false) == heuristic);  // other bucket
+    CHECK(autotune::select_config(c, shape_of(50, 32, 4), dev, false) ==
+          autotune::heuristic_config(c, shape_of(50, 32, 4), dev));  // other heads
+    // A less aligned call cannot use 16-byte vectors: the heuristic's narrower variant.
+    const detail::CallShape unaligned = shape_of(50, 32, 8, 4);
+    CHECK(autotune::select_config(c, unaligned, dev, false) == autotune::heuristic_config(c, unaligned, dev));
+  }
+  {
+    ScopedEnv mode("ROPEJIT_TUNING", "frozen");
+    CHECK(autotune::select_config(c, shape, dev, false) == tuned);
+    const std::string expected = "no tuned configuration for " + c.key() + " at 8192 tokens";
+    CHECK_THROWS_WITH_AS(autotune::select_config(c, shape_of(5000, 32, 8), dev, false),
+                         doctest::Contains(expected.c_str()), Error);
+  }
+  {
+    ScopedEnv mode("ROPEJIT_TUNING", "off");
+    CHECK(autotune::select_config(c, shape, dev, false) == heuristic);
+  }
+  {
+    ScopedEnv mode("ROPEJIT_TUNING", "sometimes");
+    CHECK_THROWS_WITH_AS(autotune::tuning_mode(),
+                         "ropejit: ROPEJIT_TUNING ('sometimes') must be one of: off, use, auto, frozen", Error);
+  }
+  {
+    ScopedEnv tune("ROPEJIT_AUTOTUNE", "1");
+    CHECK(autotune::tuning_mode() == autotune::TuningMode::autotune);
+    // Under graph capture nothing is tuned: a miss falls back to the heuristic.
+    CHECK(autotune::select_config(c, shape_of(5000, 32, 8), dev, true) == heuristic);
+    CHECK(autotune::tunings_performed() == 0);
+  }
+}
+
+TEST_CASE("ropejit tune --dry-run lists candidates without a GPU") {
+  const std::string cmd = std::string(ROPEJIT_CLI_PATH) + " tune --preset phi-2 --tokens 64 --dry-run";
+  FILE* p = popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  CHECK(pclose(p) == 0);
+  CHECK(out.find("rope_bshd_bf16_d80_r32_neox_pos-offset_tab-f32-half_qk_fwd_ip  bucket 64  heads 32/32:") !=
+        std::string::npos);
+  CHECK(out.find("    v8h4t256_r") != std::string::npos);
+}
