@@ -28,7 +28,7 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   ROPEJIT_TUNING_FILE="$out/tuning.json" $build/bench/ropejit_bench --benchmark_out="$out/bench.json" \
     --benchmark_out_format=json --benchmark_counters_tabular=true > "$out/bench.txt" 2>&1
   grep -vE "^(Run on|CPU Caches|  L[123]|Load Average|\*\*\*WARNING)" "$out/bench.txt" | cut -c1-230
-  ROPEJIT_TUNING_FILE="$out/tuning.json" PYTHONUNBUFFERED=1 python3 bench/compare_torch.py \
+  ROPEJIT_TUNING_FILE="$out/tuning.json" PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1 python3 bench/compare_torch.py \
     --lib $build/libropejit.so --out /tmp/compare.json > "$out/compare.txt" 2>&1
   tail -n 20 "$out/compare.txt"
   python3 bench/plot.py "$out/bench.json" --compare /tmp/compare.json --outdir "$out/plots" 2>&1 | tail -3

@@ -57,7 +57,7 @@ TEST_SUITE("gpu") {
       CHECK(r.best.median_us > 0);
       CHECK(r.best.median_us <= r.best.default_us);
       CHECK(r.copy_us > 0);
-      MESSAGE(key, ": ", r.results.size(), " candidates, best ", r.best.config.name(), " ",
+      MESSAGE(std::string(key), ": ", r.results.size(), " candidates, best ", r.best.config.name(), " ",
               r.best.median_us, " us, default ", r.best.default_us, " us");
     }
   }
