@@ -175,23 +175,6 @@ struct RopeKernel {
     }
   }
 
-  // Loads heads h0, h0 + rows, ... (kHpt of them): all loads are issued before any use, so up
-  // to 2 * kHpt 16-byte loads per thread are in flight.
-  static __device__ __forceinline__ void load_batch(Vec* lo, Vec* hi, int h0, int rows, int q_heads,
-                                                    int total_heads, const TokenRows& qr,
-                                                    const TokenRows& kr, int col, bool two_vectors) {
-#pragma unroll
-    for (int j = 0; j < kHpt; ++j) {
-      const int h = h0 + j * rows;
-      if (h < total_heads) {
-        const bool is_k = h >= q_heads;
-        const char* src = (is_k ? kr.in + (h - q_heads) * kr.in_head : qr.in + h * qr.in_head) + col;
-        lo[j].load(src);
-        if (two_vectors) hi[j].load(src + kPairs * int(sizeof(Raw)));
-      }
-    }
-  }
-
   static __device__ void run(const RopeParams& p) {
     const int chunk = threadIdx.x;
     const bool rot_chunk = chunk < kRotChunks;
@@ -218,16 +201,25 @@ struct RopeKernel {
       const TokenPlace tp = locate(p, t);
       if (Cfg::kInPlace && !(tp.valid && rot_chunk)) continue;  // nothing to change
       const bool turn = tp.valid && rot_chunk;
-      const TokenRows qr = rows_of(p.q, tp, t);
-      const TokenRows kr = rows_of(p.k, tp, t);
-      // The first batch of q/k loads is issued before the position and table loads, so their
-      // DRAM latencies overlap: decode-sized calls are a chain of latencies, not bandwidth.
-      int h0 = threadIdx.y;
-      Vec lo[kHpt], hi[kHpt];
-      load_batch(lo, hi, h0, rows, q_heads, total_heads, qr, kr, col, two_vectors);
       float cs[kPairsPerChunk], sn[kPairsPerChunk];
       if (turn) angles(p, chunk, position(p, tp, t), turns, cs, sn);
-      while (true) {
+      const TokenRows qr = rows_of(p.q, tp, t);
+      const TokenRows kr = rows_of(p.k, tp, t);
+
+      for (int h0 = threadIdx.y; h0 < total_heads; h0 += rows * kHpt) {
+        // All loads of this batch of heads are issued before the first store, so up to
+        // 2 * kHpt 16-byte loads per thread are in flight.
+        Vec lo[kHpt], hi[kHpt];
+#pragma unroll
+        for (int j = 0; j < kHpt; ++j) {
+          const int h = h0 + j * rows;
+          if (h < total_heads) {
+            const bool is_k = h >= q_heads;
+            const char* src = (is_k ? kr.in + (h - q_heads) * kr.in_head : qr.in + h * qr.in_head) + col;
+            lo[j].load(src);
+            if (two_vectors) hi[j].load(src + kPartner);
+          }
+        }
 #pragma unroll
         for (int j = 0; j < kHpt; ++j) {
           const int h = h0 + j * rows;
@@ -239,9 +231,6 @@ struct RopeKernel {
             if (two_vectors) hi[j].store(dst + kPartner);
           }
         }
-        h0 += rows * kHpt;
-        if (h0 >= total_heads) break;
-        load_batch(lo, hi, h0, rows, q_heads, total_heads, qr, kr, col, two_vectors);
       }
     }
   }
