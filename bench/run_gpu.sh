@@ -24,10 +24,13 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
   $build/ropejit tune --preset llama3-8b --out "$out/tuning.json" > "$out/tune.txt" 2>&1
+  # The benchmark's prefill shape too (the preset stops at 4096 tokens).
+  $build/ropejit tune --heads 32,8 --positions ids --tokens 32768 --out "$out/tuning.json" >> "$out/tune.txt" 2>&1
   tail -n 45 "$out/tune.txt" | cut -c1-200
   ROPEJIT_TUNING_FILE="$out/tuning.json" $build/bench/ropejit_bench --benchmark_out="$out/bench.json" \
     --benchmark_out_format=json --benchmark_counters_tabular=true > "$out/bench.txt" 2>&1
   grep -vE "^(Run on|CPU Caches|  L[123]|Load Average|\*\*\*WARNING)" "$out/bench.txt" | cut -c1-230
+  PYTHONFAULTHANDLER=1 python3 -c "import sys, torch; sys.path.insert(0, 'bench'); import ropejit_ctypes as r; print('ctypes with torch loaded:', r.Rope(lib='$build/libropejit.so').key())"
   ROPEJIT_TUNING_FILE="$out/tuning.json" PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1 python3 bench/compare_torch.py \
     --lib $build/libropejit.so --out /tmp/compare.json > "$out/compare.txt" 2>&1
   tail -n 20 "$out/compare.txt"

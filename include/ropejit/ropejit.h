@@ -6,6 +6,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* Only these functions are exported from libropejit.so; everything else is hidden so that
+ * a host process (e.g. Python with PyTorch loaded) cannot interpose on ropejit's internals. */
+#if defined(__GNUC__)
+#define ROPEJIT_API __attribute__((visibility("default")))
+#else
+#define ROPEJIT_API
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -54,26 +62,26 @@ typedef struct {
 
 /* Fill with the C++ defaults (bshd, bf16, d128, neox, offset positions, f32 half table,
  * forward, in place; base 10000). */
-void ropejit_spec_init(ropejit_spec* spec);
-void ropejit_args_init(ropejit_args* args);
+ROPEJIT_API void ropejit_spec_init(ropejit_spec* spec);
+ROPEJIT_API void ropejit_args_init(ropejit_args* args);
 
 /* Contiguous strides for a layout (thd: `batch` ignored, `seq` = tokens). */
-ropejit_tensor ropejit_contiguous(int32_t layout, void* data, int64_t batch, int64_t seq,
+ROPEJIT_API ropejit_tensor ropejit_contiguous(int32_t layout, void* data, int64_t batch, int64_t seq,
                                   int64_t heads, int64_t head_dim);
 
 /* Applies RoPE; on error nothing is launched and ropejit_last_error() says why. */
-ropejit_status ropejit_apply(const ropejit_spec* spec, const ropejit_args* args);
+ROPEJIT_API ropejit_status ropejit_apply(const ropejit_spec* spec, const ropejit_args* args);
 
 /* Writes the spec's canonical key (NUL-terminated) into buf; fails if it does not fit. */
-ropejit_status ropejit_key(const ropejit_spec* spec, char* buf, size_t size);
+ROPEJIT_API ropejit_status ropejit_key(const ropejit_spec* spec, char* buf, size_t size);
 
 /* Compiles the spec for arch ("sm_90") into the disk cache; works without a GPU. */
-ropejit_status ropejit_precompile(const ropejit_spec* spec, const char* arch);
+ROPEJIT_API ropejit_status ropejit_precompile(const ropejit_spec* spec, const char* arch);
 
 /* The calling thread's last error message ("" after success). */
-const char* ropejit_last_error(void);
+ROPEJIT_API const char* ropejit_last_error(void);
 
-const char* ropejit_version(void);
+ROPEJIT_API const char* ropejit_version(void);
 
 #ifdef __cplusplus
 }
