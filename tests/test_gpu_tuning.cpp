@@ -82,7 +82,7 @@ TEST_SUITE("gpu") {
     CHECK(miss.output.find("no tuned configuration for") != std::string::npos);
   }
 
-  TEST_CASE("autotune on first use, and never during graph capture") {
+  TEST_CASE("autotune on first use and never during graph capture") {
     testing::use_primary_context();
     const detail::Driver& d = detail::driver();
     const std::string file = temp_file("auto.json");
