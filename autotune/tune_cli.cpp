@@ -25,25 +25,15 @@ struct Job {
   int32_t q_heads, k_heads;
 };
 
-// A preset is tuned for what inference servers call per layer: forward, in place, bshd and
-// thd, implicit positions and position ids, table and computed frequencies.
+// A preset is tuned for what inference servers call per layer: its forward, in-place specs
+// (bshd and thd, implicit positions and position ids, table and computed frequencies).
 std::vector<Job> jobs_for(const TuneOptions& o) {
   const DType dtype = detail::parse_name<DType>(o.dtype, "--dtype");
   std::vector<Job> jobs;
   for (const std::string& name : o.presets) {
     const autotune::Preset& p = autotune::find_preset(name);
-    for (Layout layout : {Layout::bshd, Layout::thd})
-      for (Positions pos : {Positions::offset, Positions::ids})
-        for (Freqs freqs : {Freqs::table, Freqs::computed}) {
-          Spec s;
-          s.layout = layout;
-          s.dtype = dtype;
-          s.head_dim = p.head_dim;
-          s.rotary_dim = p.rotary_dim;
-          s.positions = pos;
-          s.freqs = freqs;
-          jobs.push_back({s.canonical(), p.q_heads, p.kv_heads});
-        }
+    for (const Spec& s : autotune::preset_specs(p, dtype))
+      if (s.direction == Direction::forward && s.in_place) jobs.push_back({s, p.q_heads, p.kv_heads});
   }
   if (!o.heads.empty()) {
     if (o.heads.size() > 2 || o.heads[0] < 1 || (o.heads.size() == 2 && o.heads[1] < 0))

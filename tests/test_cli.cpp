@@ -6,25 +6,14 @@
 #include <string>
 
 #include "jit/driver.hpp"
+#include "test_util.hpp"
 
 namespace {
 
-struct Run {
-  int status;
-  std::string output;
-};
+using Run = ropejit::testing::CommandResult;
 
 Run run(const std::string& args) {
-  const std::string cmd = std::string(ROPEJIT_CLI_PATH) + " " + args + " 2>&1";
-  Run r{-1, {}};
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
-  const int status = pclose(p);
-  r.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  return ropejit::testing::run_command(std::string(ROPEJIT_CLI_PATH) + " " + args);
 }
 
 bool has(const Run& r, const char* text) { return r.output.find(text) != std::string::npos; }

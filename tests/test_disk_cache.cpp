@@ -14,28 +14,15 @@
 #include "jit/disk_cache.hpp"
 #include "jit/engine.hpp"
 #include "jit/nvrtc.hpp"
+#include "test_util.hpp"
 
 using namespace ropejit;
 using namespace ropejit::detail;
+using ropejit::testing::read_file;
+using ropejit::testing::temp_dir;
+using ropejit::testing::write_file;
 
 namespace {
-
-std::string temp_dir() {
-  char dir[] = "/tmp/ropejit-cache-test-XXXXXX";
-  REQUIRE(mkdtemp(dir) != nullptr);
-  return dir;
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-void write_file(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
-}
 
 CacheEntry sample_entry() {
   CacheEntry e;

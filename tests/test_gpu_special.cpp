@@ -10,6 +10,7 @@
 
 #include "autotune/workload.hpp"
 #include "gpu_helpers.hpp"
+#include "test_util.hpp"
 #include "jit/engine.hpp"
 
 using namespace ropejit;
@@ -235,15 +236,10 @@ TEST_SUITE("gpu") {
   }
 
   TEST_CASE("ropejit demo runs and passes on the GPU") {
-    FILE* p = popen(ROPEJIT_CLI_PATH " demo --preset llama3-8b --tokens 512 2>&1", "r");
-    REQUIRE(p != nullptr);
-    std::string out;
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-    const int status = pclose(p);
+    const testing::CommandResult r = testing::run_command(ROPEJIT_CLI_PATH " demo --preset llama3-8b --tokens 512");
+    const std::string& out = r.output;
     INFO(out);
-    CHECK(status == 0);
+    CHECK(r.status == 0);
     CHECK(out.find("check vs float64: PASS") != std::string::npos);
     CHECK(out.find("% of copy bandwidth") != std::string::npos);
   }

@@ -17,31 +17,10 @@ using ropejit::testing::ScopedEnv;
 
 namespace {
 
-struct Run {
-  int status;
-  std::string output;
-  double seconds;
-};
+using Run = ropejit::testing::CommandResult;
+using ropejit::testing::run_command;
 
-Run run(const std::string& cmd) {
-  const auto t0 = std::chrono::steady_clock::now();
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  REQUIRE(p != nullptr);
-  Run r{-1, {}, 0};
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
-  const int status = pclose(p);
-  r.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return r;
-}
-
-std::string temp_file(const char* name) {
-  char dir[] = "/tmp/ropejit-tuning-gpu-XXXXXX";
-  REQUIRE(mkdtemp(dir) != nullptr);
-  return std::string(dir) + "/" + name;
-}
+std::string temp_file(const char* name) { return ropejit::testing::temp_dir() + "/" + name; }
 
 }  // namespace
 
@@ -65,7 +44,7 @@ TEST_SUITE("gpu") {
   TEST_CASE("a second process uses the tuned entry without re-timing") {
     const std::string file = temp_file("tuning.json");
     const std::string env = "ROPEJIT_TUNING_FILE=" + file + " ";
-    const Run tune = run(env + ROPEJIT_CLI_PATH +
+    const Run tune = run_command(env + ROPEJIT_CLI_PATH +
                          " tune --heads 32,8 --positions ids --freqs comp --tokens 64");
     INFO(tune.output);
     REQUIRE(tune.status == 0);
@@ -73,11 +52,11 @@ TEST_SUITE("gpu") {
           std::string::npos);
     // Frozen mode turns a missing entry into an error, so a passing demo proves the entry was
     // found and used, and that nothing was tuned.
-    const Run use = run(env + "ROPEJIT_TUNING=frozen " + ROPEJIT_CLI_PATH + " demo --preset llama3-8b --tokens 64");
+    const Run use = run_command(env + "ROPEJIT_TUNING=frozen " + ROPEJIT_CLI_PATH + " demo --preset llama3-8b --tokens 64");
     INFO(use.output);
     CHECK(use.status == 0);
     CHECK(use.output.find("check vs float64: PASS") != std::string::npos);
-    const Run miss = run(env + "ROPEJIT_TUNING=frozen " + ROPEJIT_CLI_PATH + " demo --preset llama3-8b --tokens 300");
+    const Run miss = run_command(env + "ROPEJIT_TUNING=frozen " + ROPEJIT_CLI_PATH + " demo --preset llama3-8b --tokens 300");
     CHECK(miss.status != 0);
     CHECK(miss.output.find("no tuned configuration for") != std::string::npos);
   }
@@ -128,14 +107,14 @@ TEST_SUITE("gpu") {
 
   TEST_CASE("ropejit tune --preset llama3-8b end to end") {
     const std::string file = temp_file("llama.json");
-    const Run r = run("ROPEJIT_TUNING_FILE=" + file + " " + ROPEJIT_CLI_PATH + " tune --preset llama3-8b");
+    const Run r = run_command("ROPEJIT_TUNING_FILE=" + file + " " + ROPEJIT_CLI_PATH + " tune --preset llama3-8b");
     INFO(r.output);
     CHECK(r.status == 0);
     CHECK(r.output.find("| key | bucket | heads | best config |") != std::string::npos);
     CHECK(r.output.find("tuned 40 entries") != std::string::npos);
     // Reported, not asserted: timings are benchmarks (the budget is one minute).
     MESSAGE("ropejit tune --preset llama3-8b took ", r.seconds, " s");
-    const Run again = run("ROPEJIT_CACHE_DIR=" + file + ".cubins " + ROPEJIT_CLI_PATH +
+    const Run again = run_command("ROPEJIT_CACHE_DIR=" + file + ".cubins " + ROPEJIT_CLI_PATH +
                           " compile --from-tuning " + file);
     CHECK(again.status == 0);
     CHECK(again.output.find("40 tuned kernels for NVIDIA") != std::string::npos);

@@ -125,14 +125,10 @@ TEST_CASE("policy: tuned entry, fallback, frozen and off") {
 }
 
 TEST_CASE("ropejit tune --dry-run lists candidates without a GPU") {
-  const std::string cmd = std::string(ROPEJIT_CLI_PATH) + " tune --preset phi-2 --tokens 64 --dry-run";
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  CHECK(pclose(p) == 0);
+  const ropejit::testing::CommandResult r =
+      ropejit::testing::run_command(std::string(ROPEJIT_CLI_PATH) + " tune --preset phi-2 --tokens 64 --dry-run");
+  const std::string& out = r.output;
+  CHECK(r.status == 0);
   CHECK(out.find("rope_bshd_bf16_d80_r32_neox_pos-offset_tab-f32-half_qk_fwd_ip  bucket 64  heads 32/32:") !=
         std::string::npos);
   CHECK(out.find("    v8h4t256_r") != std::string::npos);

@@ -106,17 +106,7 @@ std::vector<std::vector<int>> covering_array() {
 }  // namespace
 
 TEST_CASE("rendering binds every axis and nothing else") {
-  Spec s;
-  s.layout = Layout::thd;
-  s.dtype = DType::f16;
-  s.head_dim = 80;
-  s.rotary_dim = 32;
-  s.style = Style::gptj;
-  s.positions = Positions::ids;
-  s.index_type = IndexType::i32;
-  s.freqs = Freqs::computed;
-  s.direction = Direction::backward;
-  s.in_place = false;
+  const Spec s = parse_key("rope_thd_f16_d80_r32_gptj_pos-ids-i32_comp_qk_bwd_oop");
   const KernelVariant v{4, 2, 256};
   const detail::RenderedKernel r = detail::render(s.canonical(), v);
   CHECK(r.key == "rope_thd_f16_d80_r32_gptj_pos-ids-i32_comp_qk_bwd_oop");

@@ -26,32 +26,9 @@ using nlohmann::json;
 
 namespace {
 
-// A fresh directory, removed when the test binary exits so runs leave nothing in /tmp.
-std::string temp_dir() {
-  struct Cleanup {
-    std::vector<std::string> dirs;
-    ~Cleanup() {
-      for (const std::string& d : dirs)
-        if (std::system(("rm -rf '" + d + "'").c_str()) != 0) std::perror(d.c_str());
-    }
-  };
-  static Cleanup cleanup;
-  char dir[] = "/tmp/ropejit-tuning-test-XXXXXX";
-  REQUIRE(mkdtemp(dir) != nullptr);
-  cleanup.dirs.push_back(dir);
-  return dir;
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-void write_file(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
-}
+using ropejit::testing::read_file;
+using ropejit::testing::temp_dir;
+using ropejit::testing::write_file;
 
 std::vector<std::string> list_dir(const std::string& dir) {
   std::vector<std::string> names;

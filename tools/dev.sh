@@ -4,6 +4,7 @@
 #   tools/dev.sh demo [ARGS...]   build, then `ropejit demo ARGS`
 #   tools/dev.sh test             build, then ctest (GPU tests excluded, visibly, without a GPU)
 #   tools/dev.sh build            build only
+# ROPEJIT_BUILD_DIR picks the build folder (default build), ROPEJIT_CMAKE_ARGS adds -D options.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-build}
@@ -13,8 +14,9 @@ tools/fetch-deps.sh .deps
 generator=()
 if command -v ninja >/dev/null 2>&1; then generator=(-G Ninja); fi
 if [ ! -f "$build/CMakeCache.txt" ]; then
+  # shellcheck disable=SC2086  # ROPEJIT_CMAKE_ARGS holds extra -D options, split on spaces
   cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DCMAKE_PREFIX_PATH="$PWD/.deps/usr" -DROPEJIT_WERROR=ON
+    -DCMAKE_PREFIX_PATH="$PWD/.deps/usr" -DROPEJIT_WERROR=ON ${ROPEJIT_CMAKE_ARGS:-}
 fi
 cmake --build "$build" -j "$(nproc)"
 
