@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -226,6 +227,83 @@ void jit_costs(benchmark::State& state) {
   state.counters["memory_hit_ms"] = memory / double(n);
 }
 
+// The sbhd sweep (seq 256..3968 step 128 x batch {1, 2, 4, 8}, q and k of 64 heads, d128):
+// one pair of device buffers sized for the largest case, filled with a non-zero pattern
+// (correctness of these kernels is covered by the matrix tests and the checked cases above),
+// each case a contiguous sbhd view of its own size at the start of the buffers.
+struct SweepBuffers {
+  CUdeviceptr q = 0, k = 0, cos = 0, sin = 0;
+};
+
+SweepBuffers& sweep_buffers(DType dtype) {
+  static SweepBuffers buffers[3];
+  SweepBuffers& b = buffers[int(dtype)];
+  if (b.q) return b;
+  const detail::Driver& d = detail::driver();
+  const size_t elems = size_t(8) * 3968 * 64 * 128;
+  const size_t bytes = elems * size_t(detail::element_bytes(dtype));
+  detail::check(d.MemAlloc(&b.q, bytes), "cuMemAlloc");
+  detail::check(d.MemAlloc(&b.k, bytes), "cuMemAlloc");
+  // 0x3c00 is 1.0 in fp16, 0x3f000000 0.5 in fp32: a non-zero pattern, never zeros.
+  if (dtype == DType::f32) {
+    std::vector<float> ones(elems / 8, 0.5f);
+    for (size_t off = 0; off < bytes; off += ones.size() * 4) {
+      detail::check(d.MemcpyHtoD(b.q + off, ones.data(), ones.size() * 4), "fill");
+      detail::check(d.MemcpyHtoD(b.k + off, ones.data(), ones.size() * 4), "fill");
+    }
+  } else {
+    std::vector<uint16_t> ones(elems / 8, 0x3c00);
+    for (size_t off = 0; off < bytes; off += ones.size() * 2) {
+      detail::check(d.MemcpyHtoD(b.q + off, ones.data(), ones.size() * 2), "fill");
+      detail::check(d.MemcpyHtoD(b.k + off, ones.data(), ones.size() * 2), "fill");
+    }
+  }
+  std::vector<float> cs(size_t(3968) * 64), sn(cs.size());
+  for (size_t r = 0; r < 3968; ++r)
+    for (size_t i = 0; i < 64; ++i) {
+      const double angle = double(r) * std::pow(10000.0, -double(i) / 64.0);
+      cs[r * 64 + i] = float(std::cos(angle));
+      sn[r * 64 + i] = float(std::sin(angle));
+    }
+  detail::check(d.MemAlloc(&b.cos, cs.size() * 4), "cuMemAlloc");
+  detail::check(d.MemAlloc(&b.sin, sn.size() * 4), "cuMemAlloc");
+  detail::check(d.MemcpyHtoD(b.cos, cs.data(), cs.size() * 4), "fill");
+  detail::check(d.MemcpyHtoD(b.sin, sn.data(), sn.size() * 4), "fill");
+  return b;
+}
+
+void run_sweep(benchmark::State& state, DType dtype, int64_t batch, int64_t seq) {
+  const SweepBuffers& b = sweep_buffers(dtype);
+  Spec spec;
+  spec.layout = Layout::sbhd;
+  spec.dtype = dtype;
+  Args a;
+  a.batch = batch;
+  a.seq_len = seq;
+  a.q = contiguous(Layout::sbhd, reinterpret_cast<void*>(b.q), batch, seq, 64, 128);
+  a.k = contiguous(Layout::sbhd, reinterpret_cast<void*>(b.k), batch, seq, 64, 128);
+  a.cos = reinterpret_cast<void*>(b.cos);
+  a.sin = reinterpret_cast<void*>(b.sin);
+  a.table_rows = 3968;
+  a.stream = g_stream;
+  apply(spec, a);
+  autotune::Timer timer(g_stream);
+  std::vector<double> samples;
+  for (auto _ : state) {
+    const double us = timer.time([&] { apply(spec, a); }, 0, 1).median_us;
+    state.SetIterationTime(us * 1e-6);
+    samples.push_back(us);
+  }
+  const int64_t e = detail::element_bytes(dtype);
+  const int64_t bytes = 2 * 2 * batch * seq * 64 * 128 * e + seq * 128 * 4;
+  const double rope_us = median(samples), copy_us = copy_median_us(bytes);
+  state.SetBytesProcessed(int64_t(state.iterations()) * bytes);
+  state.counters["bytes"] = double(bytes);
+  state.counters["median_us"] = rope_us;
+  state.counters["copy_us"] = copy_us;
+  state.counters["pct_copy"] = 100.0 * copy_us / rope_us;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -255,6 +333,13 @@ int main(int argc, char** argv) {
     benchmark::RegisterBenchmark(("graph/decode_t" + std::to_string(t)).c_str(), run_graph, graphs.back())
         ->UseManualTime()->Iterations(200)->Unit(benchmark::kMicrosecond);
   }
+  for (DType dtype : {DType::f16, DType::f32})
+    for (int64_t batch : {1, 2, 4, 8})
+      for (int64_t seq = 256; seq <= 3968; seq += 128)
+        benchmark::RegisterBenchmark(("sweep/sbhd_" + std::string(to_string(dtype)) + "/b" +
+                                      std::to_string(batch) + "/s" + std::to_string(seq)).c_str(),
+                                     run_sweep, dtype, batch, seq)
+            ->UseManualTime()->Iterations(20)->Unit(benchmark::kMicrosecond);
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

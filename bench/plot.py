@@ -1,6 +1,7 @@
 """PNG plots of ropejit benchmark results: GB/s against tokens for the rope/llama_bf16_t<N>
 rows of ropejit_bench's Google Benchmark JSON, next to the copy of the same bytes timed in
-the same run; and, given compare_torch.py's JSON, µs per case for ropejit, torch.compile,
+the same run; the sbhd sweep (sweep/sbhd_<dtype>/b<B>/s<S>) as GB/s against tokens per batch
+with its copy lines; and, given compare_torch.py's JSON, µs per case for ropejit, torch.compile,
 torch eager and the copy.
 
     python3 bench/plot.py bench.json [--compare compare.json] --outdir bench/plots
@@ -19,6 +20,7 @@ matplotlib.use("Agg")  # files only: benchmark hosts have no display
 import matplotlib.pyplot as plt  # noqa: E402  (must follow the backend choice)
 
 LLAMA_ROW = re.compile(r"^rope/llama_bf16_t(\d+)(?:/|$)")
+SWEEP_ROW = re.compile(r"^sweep/sbhd_(\w+)/b(\d+)/s(\d+)(?:/|$)")
 COUNTERS = ("bytes", "median_us", "copy_us", "pct_copy")
 # compare_torch.py's JSON fields, in the order and colours of the bars.
 COMPARE_SERIES = (
@@ -76,6 +78,41 @@ def plot_bandwidth(rows, gpu, path):
     plt.close(fig)
 
 
+def sweep_rows(bench):
+    """{dtype: {batch: [(tokens, rope GB/s, copy GB/s)]}} from the sbhd sweep rows that ran."""
+    out = {}
+    for row in bench.get("benchmarks", []):
+        match = SWEEP_ROW.match(row.get("run_name") or row.get("name", ""))
+        if not match or row.get("run_type", "iteration") != "iteration" or row.get("error_occurred"):
+            continue
+        if not all(isinstance(row.get(c), (int, float)) and row[c] > 0 for c in COUNTERS):
+            continue
+        dtype, batch, seq = match.group(1), int(match.group(2)), int(match.group(3))
+        out.setdefault(dtype, {}).setdefault(batch, []).append(
+            (batch * seq, row["bytes"] / row["median_us"] / 1e3, row["bytes"] / row["copy_us"] / 1e3))
+    return out
+
+
+def plot_sweep(sweep, gpu, path):
+    fig, axes = plt.subplots(1, len(sweep), figsize=(6 * len(sweep), 4.5), squeeze=False)
+    for ax, (dtype, batches) in zip(axes[0], sorted(sweep.items())):
+        for batch, points in sorted(batches.items()):
+            points.sort()
+            line, = ax.plot([p[0] for p in points], [p[1] for p in points], "-", label=f"ropejit b{batch}")
+            ax.plot([p[0] for p in points], [p[2] for p in points], ":", color=line.get_color(),
+                    label=f"copy b{batch}")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("tokens (batch x seq; 64 q + 64 k heads, d128, sbhd)")
+        ax.set_ylabel("GB/s (q+k read and written)")
+        ax.set_ylim(bottom=0)
+        ax.set_title(f"sbhd sweep, {dtype}{' — ' + gpu if gpu else ''}", fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def plot_compare(compare, path):
     cases = compare["cases"]
     names = [c["case"] for c in cases]
@@ -120,6 +157,11 @@ def main():
         written.append(path)
     else:
         print(f"plot: no usable rope/llama_bf16_t<N> rows in {args.bench}", file=sys.stderr)
+    sweep = sweep_rows(bench)
+    if sweep:
+        path = os.path.join(args.outdir, "sweep_sbhd_gbps.png")
+        plot_sweep(sweep, bench.get("context", {}).get("gpu"), path)
+        written.append(path)
     if args.compare:
         with open(args.compare) as f:
             compare = json.load(f)

@@ -2,7 +2,7 @@
 # Everything that needs the GPU host, in one command: build (Release, with libropejit.so),
 # then the GPU test suite and/or the measurements: tune a preset, the Google Benchmark suite
 # (using the fresh tuning file), the same-run torch comparison, and the plots.
-#   bench/run_gpu.sh OUTDIR [tests|bench|all]       (dependencies: tools/fetch-deps.sh .deps)
+#   bench/run_gpu.sh OUTDIR [tests|bench|all|profile]   (dependencies: tools/fetch-deps.sh .deps)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?usage: bench/run_gpu.sh OUTDIR [tests|bench|all]}
@@ -16,7 +16,7 @@ if ! { cmake -S . -B $build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_P
   grep -E "error|Error" /tmp/ropejit-build.log | head -40
   exit 1
 fi
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$out/gpu.txt"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 
 if [ "$what" = tests ] || [ "$what" = all ]; then
   (cd $build && ctest -L gpu -V) > "$out/gpu_tests.log" 2>&1
@@ -35,4 +35,10 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
     --lib $build/libropejit.so --out /tmp/compare.json > "$out/compare.txt" 2>&1
   tail -n 20 "$out/compare.txt"
   python3 bench/plot.py "$out/bench.json" --compare /tmp/compare.json --outdir "$out/plots" 2>&1 | tail -3
+fi
+if [ "$what" = profile ]; then
+  # One launch of the 4096-token prefill case under Nsight Compute (clocks left as they are).
+  ncu --clock-control none -k regex:rope_ --launch-skip 3 --launch-count 1 --section SpeedOfLight \
+    --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis \
+    $build/bench/ropejit_bench --benchmark_filter='rope/llama_bf16_t4096' 2>&1 | grep -vE "^==PROF==" | tail -n 80
 fi
