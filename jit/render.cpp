@@ -52,6 +52,7 @@ RenderedKernel render(const Spec& c, const KernelVariant& v) {
       {"rotary_dim", std::to_string(c.rotary_dim)},
       {"neox", flag(c.style == Style::neox)},
       {"packed", flag(c.layout == Layout::thd)},
+      {"seq_major", flag(c.layout == Layout::sbhd)},
       {"pos_mode", std::to_string(int(c.positions))},
       {"idx64", flag(c.index_type == IndexType::i64)},
       {"computed", flag(c.freqs == Freqs::computed)},

@@ -76,6 +76,13 @@ struct RopeKernel {
       }
       tp.b = lo;
       tp.s = t - __ldg(cu + lo);
+    } else if (Cfg::kSeqMajor) {
+      // sbhd: walk tokens in memory order (s outer, b inner) so neighbouring blocks touch
+      // neighbouring rows; b-major order cost ~6% at batch 8 (bench/RESULTS.md).
+      const unsigned s = unsigned(t) / unsigned(p.batch);
+      tp.s = s;
+      tp.b = t - (long long)s * p.batch;
+      tp.valid = true;
     } else {
       // The host guarantees tokens < 2^31, so 32-bit division is exact here.
       const unsigned b = unsigned(t) / unsigned(p.seq_len);
@@ -86,9 +93,15 @@ struct RopeKernel {
     return tp;
   }
 
+  // Index of a token's position id: ids are [batch, seq] (thd: [tokens]).
+  static __device__ __forceinline__ long long id_index(const RopeParams& p, const TokenPlace& tp,
+                                                       long long t) {
+    return Cfg::kSeqMajor ? tp.b * p.seq_len + tp.s : t;
+  }
+
   static __device__ __forceinline__ long long position(const RopeParams& p, const TokenPlace& tp,
                                                       long long t) {
-    if (Cfg::kPosMode == kPosIds) return load_index<Cfg::kIdx64>(p.positions, t);
+    if (Cfg::kPosMode == kPosIds) return load_index<Cfg::kIdx64>(p.positions, id_index(p, tp, t));
     const long long offset = Cfg::kPosMode == kPosSeqOffsets
                                  ? load_index<Cfg::kIdx64>(p.positions, tp.b)
                                  : p.pos_offset;
