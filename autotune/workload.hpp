@@ -74,7 +74,6 @@ class Workload {
   int64_t tokens_ = 0;
   std::vector<Buffer*> buffers_;
   Args host_args_;  // pointers into host copies
-  int in_buf_ = -1, out_q_buf_ = -1, out_k_buf_ = -1;
   std::vector<int> output_buffers_;  // indices into buffers_ checked by check()
   // Per output buffer: expected double value and tolerance (< 0: byte-exact).
   std::vector<std::vector<double>> expect_, tol_;

@@ -17,7 +17,7 @@ namespace ropejit::detail {
   X(DeviceGetName) X(DeviceGetAttribute) X(DevicePrimaryCtxRetain) X(CtxGetCurrent) \
   X(CtxSetCurrent) X(CtxGetDevice) X(CtxPushCurrent) X(CtxPopCurrent) \
   X(PointerGetAttribute) X(ModuleLoadData) X(ModuleGetFunction) X(FuncGetAttribute) \
-  X(OccupancyMaxActiveBlocksPerMultiprocessor) X(LaunchKernel) X(StreamIsCapturing) \
+  X(LaunchKernel) X(StreamIsCapturing) \
   X(MemAlloc) X(MemFree) X(MemcpyHtoD) X(MemcpyDtoH) X(MemcpyDtoDAsync) X(MemsetD8) \
   X(MemsetD8Async) X(StreamCreate) X(StreamDestroy) X(StreamSynchronize) \
   X(StreamBeginCapture) X(StreamEndCapture) X(GraphInstantiateWithFlags) X(GraphLaunch) \
