@@ -131,6 +131,8 @@ int main(int argc, char** argv) {
   tune->add_option("--tokens", to.tokens, "Token counts to tune (bucketed to powers of two)")->delimiter(',');
   tune->add_option("--out", to.out, "Tuning file (default: $ROPEJIT_TUNING_FILE or the cache dir)");
   tune->add_flag("--dry-run", to.dry_run, "List the candidates; needs no GPU");
+  tune->add_option("--top", to.top, "Also print the N fastest candidates of each entry")
+      ->check(CLI::Range(0, 1 << 20));
 
   std::string source_key;
   CLI::App* source = app.add_subcommand("source", "Print the CUDA source rendered for a key");
@@ -150,9 +152,7 @@ int main(int argc, char** argv) {
     if (app.got_subcommand(tune)) return run_tune(to);
     if (app.got_subcommand(source)) {
       const Spec spec = parse_key(source_key);
-      detail::CallShape shape;
-      shape.q_heads = 1;
-      std::fputs(detail::render(spec, autotune::heuristic_config(spec, shape, {}).kernel).source.c_str(),
+      std::fputs(detail::render(spec, autotune::heuristic_variant(spec, 16)).source.c_str(),
                  stdout);
       return 0;
     }

@@ -31,6 +31,7 @@ struct TuneOptions {
   std::vector<int64_t> tokens;  // default: 1, 16, 64, 256, 4096
   std::string out;              // default: the library's tuning file
   bool dry_run = false;
+  int32_t top = 0;  // also print the N fastest candidates of each entry
 };
 
 // Tunes every (key, token bucket) and writes or merges the tuning file; --dry-run lists the

@@ -87,10 +87,14 @@ TuningMode tuning_mode() {
 size_t tunings_performed() { return g_tunings.load(); }
 
 detail::LaunchConfig select_config(const Spec& c, const detail::CallShape& shape,
-                                   const detail::DeviceInfo& device, bool capturing) {
+                                   const detail::DeviceInfo& device, bool capturing,
+                                   const RegistersOf& registers) {
   const TuningMode mode = tuning_mode();
-  const detail::LaunchConfig fallback = heuristic_config(c, shape, device);
-  if (mode == TuningMode::off) return fallback;
+  auto fallback = [&] {
+    const int32_t regs = registers ? registers(heuristic_variant(c, shape.align_bytes)) : 0;
+    return heuristic_config(c, shape, device, regs);
+  };
+  if (mode == TuningMode::off) return fallback();
   TuningStore& store = TuningStore::instance();
   const std::string key = c.key();
   const int64_t bucket = token_bucket(shape.tokens);
@@ -98,7 +102,7 @@ detail::LaunchConfig select_config(const Spec& c, const detail::CallShape& shape
           store.find(device, key, bucket, shape.q_heads, shape.k_heads)) {
     // A tuned entry assumes 16-byte alignment; a less aligned call keeps the heuristic.
     if (detail::illegal_reason(c, shape, *tuned, device).empty()) return *tuned;
-    return fallback;
+    return fallback();
   }
   if (mode == TuningMode::frozen)
     detail::invalid("no tuned configuration for ", key, " at ", bucket, " tokens with ", shape.q_heads,
@@ -110,7 +114,7 @@ detail::LaunchConfig select_config(const Spec& c, const detail::CallShape& shape
     store.add(device, report.best, current_fingerprint());
     return report.best.config;
   }
-  return fallback;
+  return fallback();
 }
 
 }  // namespace ropejit::autotune

@@ -1,4 +1,5 @@
 // `ropejit tune` and `ropejit compile --from-tuning`.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -61,6 +62,17 @@ std::vector<int64_t> buckets_for(const TuneOptions& o) {
   return {b.begin(), b.end()};
 }
 
+// The `top` fastest eligible candidates, slowest last, relative to the best.
+void print_top(const autotune::TuneReport& r, int32_t top) {
+  std::vector<const autotune::CandidateResult*> ok;
+  for (const autotune::CandidateResult& c : r.results)
+    if (c.rejected.empty()) ok.push_back(&c);
+  std::stable_sort(ok.begin(), ok.end(), [](const auto* a, const auto* b) { return a->median_us < b->median_us; });
+  for (size_t i = 0; i < ok.size() && i < size_t(top); ++i)
+    std::printf("    %-24s %8.2f us  %5.1f%% of copy  %.3fx best\n", ok[i]->config.name().c_str(),
+                ok[i]->median_us, 100.0 * r.copy_us / ok[i]->median_us, ok[i]->median_us / ok[0]->median_us);
+}
+
 }  // namespace
 
 int run_tune(const TuneOptions& o) {
@@ -102,6 +114,7 @@ int run_tune(const TuneOptions& o) {
                   rows.size(), total, j.spec.key().c_str(), static_cast<long long>(b),
                   r.best.config.name().c_str(), r.best.median_us, r.best.default_us, r.results.size(),
                   r.rejected);
+      print_top(r, o.top);
       std::fflush(stdout);
     }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

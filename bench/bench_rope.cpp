@@ -82,7 +82,8 @@ void run_case(benchmark::State& state, const Case& c) {
     return;
   }
   time_against_copy(state, w.bytes_moved(), [&] { apply(c.spec, args); });
-  state.SetLabel(w.spec().key());
+  const auto [cfg, regs] = detail::Engine::instance().planned(c.spec, args);
+  state.SetLabel(w.spec().key() + " " + cfg.name() + " " + std::to_string(regs) + "regs");
 }
 
 // Decode sizes under graph replay: 20 calls captured once, replayed, time per call (the
@@ -209,9 +210,7 @@ void jit_costs(benchmark::State& state) {
     s.head_dim = 2 * (++dim + 40);  // a key nobody compiled yet
     s.rotary_dim = s.head_dim;
     s = s.canonical();
-    detail::CallShape shape;
-    shape.q_heads = 1;
-    const detail::KernelVariant v = autotune::heuristic_config(s, shape, {}).kernel;
+    const detail::KernelVariant v = autotune::heuristic_variant(s, 16);
     auto ms = [](auto t0) {
       return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     };

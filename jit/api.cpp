@@ -16,12 +16,7 @@ std::vector<std::string> precompile(const Spec& spec, const std::string& arch) {
   const int cc = detail::parse_arch(arch, "arch");
   // The heuristic's kernel variant depends on the spec and alignment only; precompile the
   // fully aligned case, which is what contiguous and packed-QKV tensors give.
-  detail::CallShape shape;
-  shape.tokens = 1;
-  shape.q_heads = 1;
-  detail::DeviceInfo device;
-  device.cc = cc;
-  const detail::KernelVariant v = autotune::heuristic_config(c, shape, device).kernel;
+  const detail::KernelVariant v = autotune::heuristic_variant(c, 16);
   std::string path;
   detail::Engine::instance().image(c, v, detail::target_for(cc), &path);
   return {path};

@@ -1,5 +1,6 @@
 // Engine: image cache (memory -> disk -> NVRTC), per-context modules, and the launch path.
-// A cached apply() is: validate, one shared-locked hash lookup, one cuLaunchKernel.
+// A cached apply() is: validate, one shared-locked hash lookup (the plan holds the function
+// and the device facts), one cuLaunchKernel.
 #include "engine.hpp"
 
 #include <functional>
@@ -164,6 +165,8 @@ const DeviceInfo& Engine::device_info(CUcontext ctx) {
             attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
   info.sm_count = attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
   info.max_threads_per_sm = attr(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR);
+  info.regs_per_sm = attr(CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR);
+  info.max_blocks_per_sm = attr(CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR);
   char name[256] = {};
   check(d.DeviceGetName(name, sizeof name, dev), "cuDeviceGetName");
   info.name = name;
@@ -202,14 +205,31 @@ const Engine::LoadedFunction& Engine::function(CUcontext ctx, const Spec& c, con
     check(d.FuncGetAttribute(&slot->loaded.max_threads, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
                              slot->loaded.fn),
           "cuFuncGetAttribute");
+    check(d.FuncGetAttribute(&slot->loaded.regs, CU_FUNC_ATTRIBUTE_NUM_REGS, slot->loaded.fn),
+          "cuFuncGetAttribute");
     std::lock_guard<std::mutex> lock(stats_mutex_);
     ++stats_.module_loads;
   });
   return slot->loaded;
 }
 
+std::pair<LaunchConfig, int> Engine::planned(const Spec& spec, const Args& args) {
+  const Spec c = spec.canonical();
+  const CallShape shape = check_call(c, args);
+  CUcontext ctx = nullptr;
+  const ContextScope scope(driver(), &ctx, args.q.data);
+  const Plan& p = plan(ctx, c, shape, static_cast<CUstream>(args.stream));
+  return {p.cfg, p.fn->regs};
+}
+
+int32_t Engine::registers(const Spec& c, const KernelVariant& variant, CUstream stream) {
+  CUcontext ctx = nullptr;
+  check(driver().CtxGetCurrent(&ctx), "cuCtxGetCurrent");
+  return function(ctx, c, variant, stream).regs;
+}
+
 const Engine::Plan& Engine::plan(CUcontext ctx, const Spec& c, const CallShape& shape,
-                                 const DeviceInfo& device, CUstream stream) {
+                                 CUstream stream) {
   const PlanKey key{ctx, c, autotune::token_bucket(shape.tokens), shape.q_heads, shape.k_heads,
                     shape.align_bytes};
   {
@@ -219,13 +239,15 @@ const Engine::Plan& Engine::plan(CUcontext ctx, const Spec& c, const CallShape& 
   }
   // Decided outside any lock: the policy may read the tuning file, or tune (which launches
   // through this engine).
+  const DeviceInfo& device = device_info(ctx);
   CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
   check(driver().StreamIsCapturing(stream, &capture), "cuStreamIsCapturing");
-  const LaunchConfig cfg =
-      autotune::select_config(c, shape, device, capture != CU_STREAM_CAPTURE_STATUS_NONE);
+  const LaunchConfig cfg = autotune::select_config(
+      c, shape, device, capture != CU_STREAM_CAPTURE_STATUS_NONE,
+      [&](const KernelVariant& v) { return function(ctx, c, v, stream).regs; });
   if (const std::string why = illegal_reason(c, shape, cfg, device); !why.empty())
     fail(ErrorCode::internal, "policy chose ", cfg.name(), " for ", c.key(), ": ", why);
-  const Plan p{cfg, &function(ctx, c, cfg.kernel, stream)};
+  const Plan p{cfg, &function(ctx, c, cfg.kernel, stream), &device};
   std::unique_lock<std::shared_mutex> lock(plans_mutex_);
   return plans_.emplace(key, p).first->second;  // a racing thread's equal plan may win
 }
@@ -242,17 +264,17 @@ void Engine::launch(const Spec& c, const Args& args, const CallShape& shape,
   const Driver& d = driver();
   CUcontext ctx = nullptr;
   const ContextScope scope(d, &ctx, args.q.data);
-  const DeviceInfo& dev = device_info(ctx);
   CUstream stream = static_cast<CUstream>(args.stream);
   const Plan* p = nullptr;
   Plan explicit_plan{};
   if (requested) {
+    const DeviceInfo& dev = device_info(ctx);
     if (const std::string why = illegal_reason(c, shape, *requested, dev); !why.empty())
       invalid("launch configuration ", requested->name(), " is not legal for ", c.key(), ": ", why);
-    explicit_plan = Plan{*requested, &function(ctx, c, requested->kernel, stream)};
+    explicit_plan = Plan{*requested, &function(ctx, c, requested->kernel, stream), &dev};
     p = &explicit_plan;
   } else {
-    p = &plan(ctx, c, shape, dev, stream);
+    p = &plan(ctx, c, shape, stream);
   }
   const LaunchConfig& cfg = p->cfg;
   const LoadedFunction& f = *p->fn;
@@ -263,7 +285,7 @@ void Engine::launch(const Spec& c, const Args& args, const CallShape& shape,
          f.max_threads);
   ropejit_dev::RopeParams params = make_params(c, args, shape);
   void* kernel_args[] = {&params};
-  check(d.LaunchKernel(f.fn, unsigned(grid_blocks(shape, cfg, dev)), 1, 1, bx, unsigned(cfg.rows),
+  check(d.LaunchKernel(f.fn, unsigned(grid_blocks(shape, cfg, *p->device)), 1, 1, bx, unsigned(cfg.rows),
                        unsigned(cfg.tokens_per_block), 0, stream, kernel_args, nullptr),
         "cuLaunchKernel");
 }

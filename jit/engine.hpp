@@ -9,6 +9,7 @@
 #include <shared_mutex>
 #include <string>
 #include <unordered_map>
+#include <utility>
 
 #include "call.hpp"
 #include "disk_cache.hpp"
@@ -44,6 +45,14 @@ class Engine {
   // Facts about the GPU owning `ctx`, which must be current (cached per context).
   const DeviceInfo& device_info(CUcontext ctx);
 
+  // The configuration apply() launches this call with, and its kernel's registers per
+  // thread (benchmarks and tests report it). Plans it like apply() does, launching nothing.
+  std::pair<LaunchConfig, int> planned(const Spec& spec, const Args& args);
+
+  // Registers per thread of a variant's kernel on the current context (loaded if needed);
+  // the heuristic sizes persistent grids with it.
+  int32_t registers(const Spec& canonical, const KernelVariant& variant, CUstream stream);
+
   DiskCache& disk() { return disk_; }
   EngineStats stats() const;
   // Drops in-memory images and modules' lookup entries (tests of the disk path).
@@ -69,6 +78,7 @@ class Engine {
   struct LoadedFunction {
     CUfunction fn = nullptr;
     int max_threads = 0;
+    int regs = 0;  // per thread
   };
 
   // What a call without an explicit configuration launches: decided once per context, key,
@@ -86,12 +96,13 @@ class Engine {
   struct PlanKeyHash {
     size_t operator()(const PlanKey& k) const;
   };
+  // Everything a cached call needs, found with one lookup.
   struct Plan {
     LaunchConfig cfg;
     const LoadedFunction* fn;
+    const DeviceInfo* device;
   };
-  const Plan& plan(CUcontext ctx, const Spec& canonical, const CallShape& shape,
-                   const DeviceInfo& device, CUstream stream);
+  const Plan& plan(CUcontext ctx, const Spec& canonical, const CallShape& shape, CUstream stream);
   const LoadedFunction& function(CUcontext ctx, const Spec& canonical, const KernelVariant& variant,
                           CUstream stream);
 

@@ -223,22 +223,26 @@ struct RopeKernel {
         // All loads of this batch of heads are issued before the first store, so up to
         // 2 * kHpt 16-byte loads per thread are in flight.
         Vec lo[kHpt], hi[kHpt];
+        const char* src[kHpt];
 #pragma unroll
         for (int j = 0; j < kHpt; ++j) {
           const int h = h0 + j * rows;
+          const bool is_k = h >= q_heads;
+          src[j] = (is_k ? kr.in : qr.in) + (is_k ? h - q_heads : h) * (is_k ? kr.in_head : qr.in_head) + col;
           if (h < total_heads) {
-            const bool is_k = h >= q_heads;
-            const char* src = (is_k ? kr.in + (h - q_heads) * kr.in_head : qr.in + h * qr.in_head) + col;
-            lo[j].load(src);
-            if (two_vectors) hi[j].load(src + kPartner);
+            lo[j].load(src[j]);
+            if (two_vectors) hi[j].load(src[j] + kPartner);
           }
         }
 #pragma unroll
         for (int j = 0; j < kHpt; ++j) {
           const int h = h0 + j * rows;
           if (h < total_heads) {
+            // In place, the output is the input (same pointer and strides, checked on the host).
             const bool is_k = h >= q_heads;
-            char* dst = (is_k ? kr.out + (h - q_heads) * kr.out_head : qr.out + h * qr.out_head) + col;
+            char* dst = Cfg::kInPlace ? const_cast<char*>(src[j])
+                                      : (is_k ? kr.out : qr.out) + (is_k ? h - q_heads : h) *
+                                                (is_k ? kr.out_head : qr.out_head) + col;
             if (turn) rotate(lo[j], hi[j], cs, sn);
             lo[j].store(dst);
             if (two_vectors) hi[j].store(dst + kPartner);

@@ -59,6 +59,57 @@ TEST_CASE("candidates: legal, unique, heuristic first, pruned to the device") {
     CHECK(cfg.rows == 1);
 }
 
+TEST_CASE("resident_blocks: thread, block and register limits") {
+  detail::DeviceInfo h100;  // 2048 threads, 65536 registers, 32 blocks per SM
+  CHECK(detail::resident_blocks(h100, 480, 0) == 4);       // threads: 2048 / 480
+  CHECK(detail::resident_blocks(h100, 480, 40) == 3);      // 15 warps * 1280 registers
+  CHECK(detail::resident_blocks(h100, 250, 64) == 4);      // 8 warps (rounded up) * 2048
+  CHECK(detail::resident_blocks(h100, 32, 0) == 32);       // the per-SM block limit
+  CHECK(detail::resident_blocks(h100, 1024, 255) == 1);    // never below one
+}
+
+TEST_CASE("heuristic: one variant for every shape; decode and prefill launches") {
+  detail::DeviceInfo dev = fake_gpu("Heuristic GPU");
+  dev.sm_count = 132;
+  for (const Spec& s : {Spec{}, parse_key("rope_thd_f32_d80_r32_gptj_pos-ids-i32_comp_qk_bwd_oop"),
+                        parse_key("rope_sbhd_f16_d512_r512_neox_pos-offset_tab-f32-half_qk_fwd_ip"),
+                        parse_key("rope_bshd_f32_d512_r512_gptj_pos-offset_comp_qk_fwd_oop")}) {
+    const Spec c = s.canonical();
+    const detail::KernelVariant v = autotune::heuristic_variant(c, 16);
+    for (int64_t tokens : {int64_t(1), int64_t(64), int64_t(528), int64_t(529), int64_t(4096),
+                           int64_t(1) << 20}) {
+      for (auto [q, k] : {std::pair{32, 8}, std::pair{1, 0}, std::pair{64, 64}, std::pair{128, 0}}) {
+        for (int32_t regs : {0, 32, 96}) {
+          const detail::CallShape shape = shape_of(tokens, q, k);
+          const detail::LaunchConfig cfg = autotune::heuristic_config(c, shape, dev, regs);
+          INFO(c.key(), " tokens ", tokens, " heads ", q, "/", k, " regs ", regs, ": ", cfg.name());
+          CHECK(cfg.kernel == v);  // shapes never pick another kernel
+          CHECK(detail::illegal_reason(c, shape, cfg, dev).empty());
+          const int32_t x = detail::chunks(c, v.vec);
+          const int32_t threads = x * cfg.rows * cfg.tokens_per_block;
+          if (tokens <= 4 * dev.sm_count) {
+            // Decode: one head per thread (as far as the block allows), a token per block.
+            CHECK(cfg.rows == std::min(q + k, v.max_threads / x));
+            CHECK(cfg.tokens_per_block == 1);
+            CHECK(cfg.blocks_per_sm == 0);
+          } else {
+            CHECK(threads > v.max_threads / 2);  // blocks are filled
+            const int32_t resident = detail::resident_blocks(dev, threads, regs);
+            const int64_t groups = (tokens + cfg.tokens_per_block - 1) / cfg.tokens_per_block;
+            // Persistent exactly when one wave is not enough, and then exactly one wave.
+            CHECK(cfg.blocks_per_sm == (groups > int64_t(resident) * dev.sm_count ? resident : 0));
+          }
+        }
+      }
+    }
+  }
+  // Less aligned calls get narrower vectors, still independent of the shape.
+  const Spec c = Spec{}.canonical();
+  CHECK(autotune::heuristic_variant(c, 4).vec == 2);
+  CHECK(autotune::heuristic_config(c, shape_of(9000, 32, 8, 4), dev).kernel ==
+        autotune::heuristic_variant(c, 4));
+}
+
 TEST_CASE("policy: tuned entry, fallback, frozen and off") {
   const char* file = std::getenv("ROPEJIT_TUNING_FILE");
   REQUIRE(file != nullptr);  // main_cpu.cpp points it into the test's temp dir
@@ -92,7 +143,8 @@ TEST_CASE("policy: tuned entry, fallback, frozen and off") {
     ScopedEnv mode("ROPEJIT_TUNING", std::nullopt);  // default: use
     CHECK(autotune::tuning_mode() == autotune::TuningMode::use);
     CHECK(autotune::select_config(c, shape, dev, false) == tuned);
-    CHECK(autotune::select_config(c, shape_of(5000, 32, 8), dev, false) == heuristic);  // other bucket
+    CHECK(autotune::select_config(c, shape_of(5000, 32, 8), dev, false) ==
+          autotune::heuristic_config(c, shape_of(5000, 32, 8), dev));  // other bucket
     CHECK(autotune::select_config(c, shape_of(50, 32, 4), dev, false) ==
           autotune::heuristic_config(c, shape_of(50, 32, 4), dev));  // other heads
     // A less aligned call cannot use 16-byte vectors: the heuristic's narrower variant.
@@ -119,7 +171,8 @@ TEST_CASE("policy: tuned entry, fallback, frozen and off") {
     ScopedEnv tune("ROPEJIT_AUTOTUNE", "1");
     CHECK(autotune::tuning_mode() == autotune::TuningMode::autotune);
     // Under graph capture nothing is tuned: a miss falls back to the heuristic.
-    CHECK(autotune::select_config(c, shape_of(5000, 32, 8), dev, true) == heuristic);
+    CHECK(autotune::select_config(c, shape_of(5000, 32, 8), dev, true) ==
+          autotune::heuristic_config(c, shape_of(5000, 32, 8), dev));
     CHECK(autotune::tunings_performed() == 0);
   }
 }

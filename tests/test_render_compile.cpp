@@ -152,10 +152,7 @@ TEST_CASE("covering array of the key matrix compiles for sm_80 and sm_90") {
   std::vector<std::pair<Spec, KernelVariant>> jobs;
   for (const std::vector<int>& row : rows) {
     const Spec s = spec_of(row);
-    detail::CallShape shape;
-    shape.q_heads = 3;
-    shape.k_heads = 1;
-    const KernelVariant v = autotune::heuristic_config(s, shape, {}).kernel;
+    const KernelVariant v = autotune::heuristic_variant(s, 16);
     jobs.emplace_back(s, v);
     // The narrowest legal vector too: the path for misaligned views.
     KernelVariant narrow = v;
