@@ -10,15 +10,14 @@
 namespace ropejit::autotune {
 
 std::vector<detail::LaunchConfig> candidates(const Spec& c, const detail::CallShape& shape,
-                                             const detail::DeviceInfo& device,
-                                             int32_t heuristic_regs) {
+                                             const detail::DeviceInfo& device) {
   std::vector<detail::LaunchConfig> out;
   std::set<std::string> seen;
   auto add = [&](const detail::LaunchConfig& cfg) {
     if (!detail::illegal_reason(c, shape, cfg, device).empty()) return;
     if (seen.insert(cfg.name()).second) out.push_back(cfg);
   };
-  add(heuristic_config(c, shape, device, heuristic_regs));
+  add(heuristic_config(c, shape, device));
   const int32_t vec = detail::max_vec(c, shape.align_bytes);
   const int32_t x = detail::chunks(c, vec);
   const int32_t heads = std::max(shape.q_heads + shape.k_heads, 1);
@@ -34,7 +33,7 @@ std::vector<detail::LaunchConfig> candidates(const Spec& c, const detail::CallSh
         while (cfg.kernel.max_threads < x) cfg.kernel.max_threads *= 2;
         cfg.rows = rows;
         cfg.tokens_per_block = std::max(1, std::min(64, threads / (x * rows)));
-        for (int32_t persistent : {0, 1, 2, 3, 4}) {
+        for (int32_t persistent : {0, 2, 4}) {
           if (persistent && shape.tokens < 4096) continue;  // small grids are one wave anyway
           cfg.blocks_per_sm = persistent;
           add(cfg);

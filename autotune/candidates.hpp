@@ -10,10 +10,8 @@ namespace ropejit::autotune {
 // Every legal candidate, deduplicated, in a fixed order with the heuristic's choice first:
 // heads per thread {1, 2, 4, 8} x block sizes {128, 256, 512} x head rows (all heads in one
 // pass, or fewer rows looping) x one-shot or persistent grids. Configurations the device or
-// the spec cannot run are pruned, not reported. `heuristic_regs` sizes the heuristic's
-// persistent grid as apply() would (0: unknown).
+// the spec cannot run are pruned, not reported.
 std::vector<detail::LaunchConfig> candidates(const Spec& canonical, const detail::CallShape& shape,
-                                             const detail::DeviceInfo& device,
-                                             int32_t heuristic_regs = 0);
+                                             const detail::DeviceInfo& device);
 
 }  // namespace ropejit::autotune

@@ -1,14 +1,14 @@
 // Built-in launch heuristic, used when no tuned entry exists. It follows what the tuner picks
-// on H100/H200 (bench/RESULTS.md):
+// on H100/H200 (bench/RESULTS.md, "Heuristic"):
 //   - one kernel variant per key and alignment: widest vectors, up to 2 heads per thread per
 //     pass, 512-thread bound. A 2-heads variant launched with rows >= heads runs one head per
-//     thread, so the same compiled kernel serves decode and prefill and changing shapes
-//     never compiles anything;
-//   - few tokens (decode): one head per thread and one token per block: the most blocks and
-//     the shortest chain of dependent loads per thread;
-//   - many tokens: 4 heads per thread (2 passes of 2) so cos/sin are fetched once for 4 heads,
-//     blocks near 512 threads, and when the grid would take more than one wave, a persistent
-//     grid of exactly the blocks that fit at once, so no partial last wave is left.
+//     thread, so the same compiled kernel serves decode and prefill and changing shapes never
+//     compiles anything;
+//   - few tokens (decode): one head per thread, one token per block: the most blocks and the
+//     shortest chain of dependent loads per thread;
+//   - many tokens: two heads per thread in one pass (cos/sin fetched once for both), one token
+//     per block unless blocks would be tiny, and a one-shot grid: small blocks keep the SMs
+//     evenly loaded to the last wave, which measured better than persistent grids.
 #include <algorithm>
 
 #include "policy.hpp"
@@ -18,8 +18,8 @@ namespace {
 
 constexpr int32_t kHeadsPerThread = 2;
 constexpr int32_t kBlockThreads = 512;
-constexpr int32_t kHeadsPerThreadLarge = 4;  // over kHeadsPerThread-wide passes
-constexpr int64_t kDecodeBlocksPerSm = 4;    // tokens <= this * SMs: decode shape
+constexpr int32_t kMinBlockThreads = 64;   // 32 resident blocks x 64 threads fill an SM
+constexpr int64_t kDecodeBlocksPerSm = 4;  // tokens <= this * SMs: a decode-sized call
 
 }  // namespace
 
@@ -34,23 +34,21 @@ detail::KernelVariant heuristic_variant(const Spec& c, int32_t align_bytes) {
 }
 
 detail::LaunchConfig heuristic_config(const Spec& c, const detail::CallShape& shape,
-                                      const detail::DeviceInfo& device, int32_t regs_per_thread) {
+                                      const detail::DeviceInfo& device) {
   detail::LaunchConfig cfg;
   cfg.kernel = heuristic_variant(c, shape.align_bytes);
   const int32_t x = detail::chunks(c, cfg.kernel.vec);
   const int32_t max_rows = std::max(1, cfg.kernel.max_threads / x);
   const int32_t heads = std::max(shape.q_heads + shape.k_heads, 1);
-  if (shape.tokens <= kDecodeBlocksPerSm * std::max(device.sm_count, 1)) {
-    cfg.rows = std::min(heads, max_rows);
-    cfg.tokens_per_block = 1;
-    return cfg;
-  }
-  cfg.rows = std::min(max_rows, (heads + kHeadsPerThreadLarge - 1) / kHeadsPerThreadLarge);
-  cfg.tokens_per_block = std::max(1, std::min(64, cfg.kernel.max_threads / (x * cfg.rows)));
-  const int32_t threads = x * cfg.rows * cfg.tokens_per_block;
-  const int32_t resident = detail::resident_blocks(device, threads, regs_per_thread);
-  const int64_t groups = (shape.tokens + cfg.tokens_per_block - 1) / cfg.tokens_per_block;
-  if (groups > int64_t(resident) * device.sm_count) cfg.blocks_per_sm = resident;
+  const bool decode = shape.tokens <= kDecodeBlocksPerSm * std::max(device.sm_count, 1);
+  const int32_t heads_per_row = decode ? 1 : kHeadsPerThread;
+  cfg.rows = std::min(max_rows, (heads + heads_per_row - 1) / heads_per_row);
+  const int32_t row_threads = x * cfg.rows;
+  cfg.tokens_per_block =
+      decode ? 1
+             : std::min({64, cfg.kernel.max_threads / row_threads,
+                         std::max(1, (kMinBlockThreads + row_threads - 1) / row_threads)});
+  cfg.blocks_per_sm = 0;
   return cfg;
 }
 

@@ -87,14 +87,10 @@ TuningMode tuning_mode() {
 size_t tunings_performed() { return g_tunings.load(); }
 
 detail::LaunchConfig select_config(const Spec& c, const detail::CallShape& shape,
-                                   const detail::DeviceInfo& device, bool capturing,
-                                   const RegistersOf& registers) {
+                                   const detail::DeviceInfo& device, bool capturing) {
   const TuningMode mode = tuning_mode();
-  auto fallback = [&] {
-    const int32_t regs = registers ? registers(heuristic_variant(c, shape.align_bytes)) : 0;
-    return heuristic_config(c, shape, device, regs);
-  };
-  if (mode == TuningMode::off) return fallback();
+  const detail::LaunchConfig fallback = heuristic_config(c, shape, device);
+  if (mode == TuningMode::off) return fallback;
   TuningStore& store = TuningStore::instance();
   const std::string key = c.key();
   const int64_t bucket = token_bucket(shape.tokens);
@@ -102,7 +98,7 @@ detail::LaunchConfig select_config(const Spec& c, const detail::CallShape& shape
           store.find(device, key, bucket, shape.q_heads, shape.k_heads)) {
     // A tuned entry assumes 16-byte alignment; a less aligned call keeps the heuristic.
     if (detail::illegal_reason(c, shape, *tuned, device).empty()) return *tuned;
-    return fallback();
+    return fallback;
   }
   if (mode == TuningMode::frozen)
     detail::invalid("no tuned configuration for ", key, " at ", bucket, " tokens with ", shape.q_heads,
@@ -114,7 +110,7 @@ detail::LaunchConfig select_config(const Spec& c, const detail::CallShape& shape
     store.add(device, report.best, current_fingerprint());
     return report.best.config;
   }
-  return fallback();
+  return fallback;
 }
 
 }  // namespace ropejit::autotune

@@ -1,7 +1,6 @@
 // What jit/ asks autotune/: the launch configuration for a spec and call shape on a device.
 #pragma once
 
-#include <functional>
 #include <string>
 
 #include "launch_config.hpp"
@@ -24,21 +23,14 @@ TuningMode tuning_mode();
 detail::KernelVariant heuristic_variant(const Spec& canonical, int32_t align_bytes);
 
 // The built-in heuristic's launch for a call shape (autotune/heuristic.cpp says why).
-// `regs_per_thread`: registers of the compiled variant, which size the persistent grid; 0
-// when unknown (then only the thread limit counts).
 detail::LaunchConfig heuristic_config(const Spec& canonical, const detail::CallShape& shape,
-                                      const detail::DeviceInfo& device, int32_t regs_per_thread = 0);
-
-// Registers per thread of a compiled variant on the current device (loads it if needed).
-using RegistersOf = std::function<int32_t(const detail::KernelVariant&)>;
+                                      const detail::DeviceInfo& device);
 
 // The configuration a call launches with: tuning file -> heuristic, per tuning_mode().
 // Runs once per (context, key, token bucket, heads, alignment); the engine remembers it.
 // `capturing`: the stream is being captured into a graph, so tuning is not allowed.
-// `registers` is asked only when the heuristic is used.
 detail::LaunchConfig select_config(const Spec& canonical, const detail::CallShape& shape,
-                                   const detail::DeviceInfo& device, bool capturing,
-                                   const RegistersOf& registers = nullptr);
+                                   const detail::DeviceInfo& device, bool capturing);
 
 // Tunings performed in this process (tests: a second process must reuse, not re-time).
 size_t tunings_performed();

@@ -92,12 +92,11 @@ TuneReport tune(const Spec& c, int64_t bucket, int32_t q_heads, int32_t k_heads)
   shape.k_heads = k_heads;
   shape.align_bytes = 16;
 
-  // The default is what apply() launches untuned: the heuristic sized with its kernel's
-  // registers. Its output is the reference every candidate must reproduce bit for bit
-  // (same math, so any difference is a bug in that configuration).
-  const int32_t regs = engine.registers(c, heuristic_variant(c, shape.align_bytes), stream);
-  const detail::LaunchConfig def = heuristic_config(c, shape, device, regs);
-  const std::vector<detail::LaunchConfig> cands = candidates(c, shape, device, regs);
+  // The default is what apply() launches untuned. Its output is the reference every
+  // candidate must reproduce bit for bit (same math, so any difference is a bug in that
+  // configuration).
+  const detail::LaunchConfig def = heuristic_config(c, shape, device);
+  const std::vector<detail::LaunchConfig> cands = candidates(c, shape, device);
   compile_variants(c, cands, detail::target_for(device.cc));
   engine.launch(c, args, shape, &def);
   if (bucket <= kMaxReferenceTokens) {

@@ -165,8 +165,6 @@ const DeviceInfo& Engine::device_info(CUcontext ctx) {
             attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
   info.sm_count = attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
   info.max_threads_per_sm = attr(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR);
-  info.regs_per_sm = attr(CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR);
-  info.max_blocks_per_sm = attr(CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR);
   char name[256] = {};
   check(d.DeviceGetName(name, sizeof name, dev), "cuDeviceGetName");
   info.name = name;
@@ -222,12 +220,6 @@ std::pair<LaunchConfig, int> Engine::planned(const Spec& spec, const Args& args)
   return {p.cfg, p.fn->regs};
 }
 
-int32_t Engine::registers(const Spec& c, const KernelVariant& variant, CUstream stream) {
-  CUcontext ctx = nullptr;
-  check(driver().CtxGetCurrent(&ctx), "cuCtxGetCurrent");
-  return function(ctx, c, variant, stream).regs;
-}
-
 const Engine::Plan& Engine::plan(CUcontext ctx, const Spec& c, const CallShape& shape,
                                  CUstream stream) {
   const PlanKey key{ctx, c, autotune::token_bucket(shape.tokens), shape.q_heads, shape.k_heads,
@@ -242,9 +234,8 @@ const Engine::Plan& Engine::plan(CUcontext ctx, const Spec& c, const CallShape& 
   const DeviceInfo& device = device_info(ctx);
   CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
   check(driver().StreamIsCapturing(stream, &capture), "cuStreamIsCapturing");
-  const LaunchConfig cfg = autotune::select_config(
-      c, shape, device, capture != CU_STREAM_CAPTURE_STATUS_NONE,
-      [&](const KernelVariant& v) { return function(ctx, c, v, stream).regs; });
+  const LaunchConfig cfg =
+      autotune::select_config(c, shape, device, capture != CU_STREAM_CAPTURE_STATUS_NONE);
   if (const std::string why = illegal_reason(c, shape, cfg, device); !why.empty())
     fail(ErrorCode::internal, "policy chose ", cfg.name(), " for ", c.key(), ": ", why);
   const Plan p{cfg, &function(ctx, c, cfg.kernel, stream), &device};

@@ -49,9 +49,6 @@ class Engine {
   // thread (benchmarks and tests report it). Plans it like apply() does, launching nothing.
   std::pair<LaunchConfig, int> planned(const Spec& spec, const Args& args);
 
-  // Registers per thread of a variant's kernel on the current context (loaded if needed);
-  // the heuristic sizes persistent grids with it.
-  int32_t registers(const Spec& canonical, const KernelVariant& variant, CUstream stream);
 
   DiskCache& disk() { return disk_; }
   EngineStats stats() const;

@@ -67,17 +67,6 @@ std::string illegal_reason(const Spec& c, const CallShape& shape, const LaunchCo
   return {};
 }
 
-int32_t resident_blocks(const DeviceInfo& device, int32_t threads, int32_t regs_per_thread) {
-  const int32_t warps = (std::max(threads, 1) + 31) / 32;
-  int32_t blocks = std::min(device.max_blocks_per_sm, device.max_threads_per_sm / (warps * 32));
-  if (regs_per_thread > 0) {
-    // Registers are allocated per warp in units of 256.
-    const int32_t per_warp = (regs_per_thread * 32 + 255) / 256 * 256;
-    blocks = std::min(blocks, device.regs_per_sm / (per_warp * warps));
-  }
-  return std::max(blocks, 1);
-}
-
 int64_t grid_blocks(const CallShape& shape, const LaunchConfig& cfg, const DeviceInfo& device) {
   const int64_t groups = (shape.tokens + cfg.tokens_per_block - 1) / cfg.tokens_per_block;
   if (cfg.blocks_per_sm == 0) return groups;

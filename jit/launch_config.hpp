@@ -49,8 +49,6 @@ struct DeviceInfo {
   int cc = 0;  // 90 for sm_90
   int sm_count = 1;
   int max_threads_per_sm = 2048;
-  int regs_per_sm = 65536;
-  int max_blocks_per_sm = 32;
   std::string name;
 };
 
@@ -66,10 +64,6 @@ int32_t chunks(const Spec& canonical, int32_t vec);
 // Empty when `cfg` is legal for this spec, call and device, else the reason.
 std::string illegal_reason(const Spec& canonical, const CallShape& shape, const LaunchConfig& cfg,
                            const DeviceInfo& device);
-
-// Blocks of `threads` threads using `regs_per_thread` registers each (0: unknown, not a
-// limit) that fit on one SM at once; at least 1.
-int32_t resident_blocks(const DeviceInfo& device, int32_t threads, int32_t regs_per_thread);
 
 // Grid size (blocks) for a legal configuration.
 int64_t grid_blocks(const CallShape& shape, const LaunchConfig& cfg, const DeviceInfo& device);
