@@ -188,18 +188,64 @@ struct RopeKernel {
     }
   }
 
+  // The heads of one token that one thread handles, kHpt at a time: h0, h0 + rows, ...
+  struct TokenHeads {
+    TokenRows q, k;
+    int q_heads, total_heads, rows;
+    int col;           // byte offset of the thread's chunk inside a head
+    bool two_vectors;  // neox rotary chunk: a second vector kPairs elements further
+  };
+  struct Batch {
+    Vec lo[kHpt], hi[kHpt];
+    const char* src[kHpt];
+  };
+  static constexpr int kPartner = kPairs * int(sizeof(Raw));
+
+  // Issues every load of the batch starting at head h0 (up to 2 * kHpt 16-byte loads).
+  static __device__ __forceinline__ void load_batch(const TokenHeads& th, int h0, Batch& b) {
+#pragma unroll
+    for (int j = 0; j < kHpt; ++j) {
+      const int h = h0 + j * th.rows;
+      const bool is_k = h >= th.q_heads;
+      b.src[j] = (is_k ? th.k.in : th.q.in) + (is_k ? h - th.q_heads : h) *
+                 (is_k ? th.k.in_head : th.q.in_head) + th.col;
+      if (h < th.total_heads) {
+        b.lo[j].load(b.src[j]);
+        if (th.two_vectors) b.hi[j].load(b.src[j] + kPartner);
+      }
+    }
+  }
+
+  static __device__ __forceinline__ void store_batch(const TokenHeads& th, int h0, Batch& b,
+                                                     bool turn, const float* cs, const float* sn) {
+#pragma unroll
+    for (int j = 0; j < kHpt; ++j) {
+      const int h = h0 + j * th.rows;
+      if (h < th.total_heads) {
+        // In place, the output is the input (same pointer and strides, checked on the host).
+        const bool is_k = h >= th.q_heads;
+        char* dst = Cfg::kInPlace ? const_cast<char*>(b.src[j])
+                                  : (is_k ? th.k.out : th.q.out) + (is_k ? h - th.q_heads : h) *
+                                    (is_k ? th.k.out_head : th.q.out_head) + th.col;
+        if (turn) rotate(b.lo[j], b.hi[j], cs, sn);
+        b.lo[j].store(dst);
+        if (th.two_vectors) b.hi[j].store(dst + kPartner);
+      }
+    }
+  }
+
   static __device__ void run(const RopeParams& p) {
     const int chunk = threadIdx.x;
     const bool rot_chunk = chunk < kRotChunks;
-    const bool two_vectors = Cfg::kNeox && rot_chunk;
-    // Byte offset of this chunk's first vector inside a head (the neox partner sits kPairs
-    // elements further); tail chunks start after the rotary part.
-    const int col = int(sizeof(Raw)) *
-                    (rot_chunk ? chunk * Cfg::kVec : Cfg::kRotaryDim + (chunk - kRotChunks) * Cfg::kVec);
-    constexpr int kPartner = kPairs * int(sizeof(Raw));
-    const int q_heads = p.q.heads;
-    const int total_heads = q_heads + p.k.heads;
-    const int rows = blockDim.y;
+    TokenHeads th;
+    th.q_heads = p.q.heads;
+    th.total_heads = p.q.heads + p.k.heads;
+    th.rows = blockDim.y;
+    th.two_vectors = Cfg::kNeox && rot_chunk;
+    // Tail chunks (out of place, partial rotary) start after the rotary part.
+    th.col = int(sizeof(Raw)) *
+             (rot_chunk ? chunk * Cfg::kVec : Cfg::kRotaryDim + (chunk - kRotChunks) * Cfg::kVec);
+    const int step = th.rows * kHpt;
 
     double turns[Cfg::kComputed ? kPairsPerChunk : 1];
     if (Cfg::kComputed) {
@@ -214,40 +260,22 @@ struct RopeKernel {
       const TokenPlace tp = locate(p, t);
       if (Cfg::kInPlace && !(tp.valid && rot_chunk)) continue;  // nothing to change
       const bool turn = tp.valid && rot_chunk;
+      th.q = rows_of(p.q, tp, t);
+      th.k = rows_of(p.k, tp, t);
+      int h0 = threadIdx.y;
+      if (h0 >= th.total_heads) continue;
+      // The first batch's loads go out before cos/sin are fetched (position id -> table row
+      // is a chain of two dependent loads), so the two latencies overlap: what decode-sized
+      // calls wait for.
+      Batch b;
+      load_batch(th, h0, b);
       float cs[kPairsPerChunk], sn[kPairsPerChunk];
       if (turn) angles(p, chunk, position(p, tp, t), turns, cs, sn);
-      const TokenRows qr = rows_of(p.q, tp, t);
-      const TokenRows kr = rows_of(p.k, tp, t);
-
-      for (int h0 = threadIdx.y; h0 < total_heads; h0 += rows * kHpt) {
-        // All loads of this batch of heads are issued before the first store, so up to
-        // 2 * kHpt 16-byte loads per thread are in flight.
-        Vec lo[kHpt], hi[kHpt];
-        const char* src[kHpt];
-#pragma unroll
-        for (int j = 0; j < kHpt; ++j) {
-          const int h = h0 + j * rows;
-          const bool is_k = h >= q_heads;
-          src[j] = (is_k ? kr.in : qr.in) + (is_k ? h - q_heads : h) * (is_k ? kr.in_head : qr.in_head) + col;
-          if (h < total_heads) {
-            lo[j].load(src[j]);
-            if (two_vectors) hi[j].load(src[j] + kPartner);
-          }
-        }
-#pragma unroll
-        for (int j = 0; j < kHpt; ++j) {
-          const int h = h0 + j * rows;
-          if (h < total_heads) {
-            // In place, the output is the input (same pointer and strides, checked on the host).
-            const bool is_k = h >= q_heads;
-            char* dst = Cfg::kInPlace ? const_cast<char*>(src[j])
-                                      : (is_k ? kr.out : qr.out) + (is_k ? h - q_heads : h) *
-                                                (is_k ? kr.out_head : qr.out_head) + col;
-            if (turn) rotate(lo[j], hi[j], cs, sn);
-            lo[j].store(dst);
-            if (two_vectors) hi[j].store(dst + kPartner);
-          }
-        }
+      for (;;) {
+        store_batch(th, h0, b, turn, cs, sn);
+        h0 += step;
+        if (h0 >= th.total_heads) break;
+        load_batch(th, h0, b);
       }
     }
   }
