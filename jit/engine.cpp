@@ -277,7 +277,8 @@ void Engine::launch(const Spec& c, const Args& args, const CallShape& shape,
   ropejit_dev::RopeParams params = make_params(c, args, shape);
   void* kernel_args[] = {&params};
   check(d.LaunchKernel(f.fn, unsigned(grid_blocks(shape, cfg, *p->device)), 1, 1, bx, unsigned(cfg.rows),
-                       unsigned(cfg.tokens_per_block), 0, stream, kernel_args, nullptr),
+                       unsigned(cfg.tokens_per_block), unsigned(shared_bytes(c, cfg)), stream,
+                       kernel_args, nullptr),
         "cuLaunchKernel");
 }
 

@@ -62,9 +62,17 @@ std::string illegal_reason(const Spec& c, const CallShape& shape, const LaunchCo
   const int32_t heads = shape.q_heads + shape.k_heads;
   if (cfg.rows > std::max(heads, 1)) return concat("rows ", cfg.rows, " exceed the ", heads, " heads");
   if (cfg.blocks_per_sm < 0 || cfg.blocks_per_sm > 32) return "blocks_per_sm must be 0..32";
+  if (shared_bytes(c, cfg) > kMaxSharedBytes)
+    return concat(cfg.tokens_per_block, " tokens per block need ", shared_bytes(c, cfg),
+                  " bytes of shared cos/sin, more than ", kMaxSharedBytes);
   if (threads * std::max(cfg.blocks_per_sm, 1) > device.max_threads_per_sm && cfg.blocks_per_sm > 0)
     return "persistent blocks do not fit on one SM";
   return {};
+}
+
+int64_t shared_bytes(const Spec& c, const LaunchConfig& cfg) {
+  if (c.freqs != Freqs::computed) return 0;
+  return int64_t(cfg.tokens_per_block) * (c.rotary_dim / 2) * 8;
 }
 
 int64_t grid_blocks(const CallShape& shape, const LaunchConfig& cfg, const DeviceInfo& device) {

@@ -65,6 +65,11 @@ int32_t chunks(const Spec& canonical, int32_t vec);
 std::string illegal_reason(const Spec& canonical, const CallShape& shape, const LaunchConfig& cfg,
                            const DeviceInfo& device);
 
+// Dynamic shared memory of a launch: computed frequencies share each token's (cos, sin)
+// pairs across the block, 8 bytes per pair per token slot.
+int64_t shared_bytes(const Spec& canonical, const LaunchConfig& cfg);
+constexpr int64_t kMaxSharedBytes = 48 * 1024;  // available without an opt-in attribute
+
 // Grid size (blocks) for a legal configuration.
 int64_t grid_blocks(const CallShape& shape, const LaunchConfig& cfg, const DeviceInfo& device);
 

@@ -124,10 +124,15 @@ struct RopeKernel {
   // cos/sin of this chunk's pairs at `pos`; NaN for a table position outside the table, so
   // a bad position id poisons its token instead of reading out of bounds.
   static __device__ __forceinline__ void angles(const RopeParams& p, int chunk, long long pos,
-                                                const double* turns, float* cs, float* sn) {
+                                                const float2* shared, float* cs, float* sn) {
     if (Cfg::kComputed) {
+      // Computed once per token by the whole block (share_angles); (cos, sin) pairs.
+      const float2* a = shared + chunk * kPairsPerChunk;
 #pragma unroll
-      for (int j = 0; j < kPairsPerChunk; ++j) sincos_turns(double(pos) * turns[j], &sn[j], &cs[j]);
+      for (int j = 0; j < kPairsPerChunk; ++j) {
+        cs[j] = a[j].x;
+        sn[j] = a[j].y;
+      }
     } else {
       const bool inside = pos >= 0 && pos < p.table_rows;
       const long long row = (inside ? pos : 0) * p.table_stride;
@@ -234,6 +239,23 @@ struct RopeKernel {
     }
   }
 
+  // Computed frequencies: the threads of a token's slice of the block compute its kPairs
+  // (cos, sin) pairs once, into shared memory, instead of every head row computing the same
+  // values again (the float64 angle reduction is what made this path compute-bound).
+  static __device__ __forceinline__ void share_angles(const RopeParams& p, long long t, bool live,
+                                                      float2* shared) {
+    if (!live) return;
+    const TokenPlace tp = locate(p, t);
+    if (!tp.valid) return;
+    const long long pos = position(p, tp, t);
+    const int slice = blockDim.x * blockDim.y;
+    for (int i = threadIdx.y * blockDim.x + threadIdx.x; i < kPairs; i += slice) {
+      float sn, cs;
+      sincos_turns(double(pos) * turns_per_position<Cfg::kRotaryDim>(i, p.log2_base), &sn, &cs);
+      shared[i] = make_float2(cs, sn);
+    }
+  }
+
   static __device__ void run(const RopeParams& p) {
     const int chunk = threadIdx.x;
     const bool rot_chunk = chunk < kRotChunks;
@@ -246,17 +268,20 @@ struct RopeKernel {
     th.col = int(sizeof(Raw)) *
              (rot_chunk ? chunk * Cfg::kVec : Cfg::kRotaryDim + (chunk - kRotChunks) * Cfg::kVec);
     const int step = th.rows * kHpt;
+    extern __shared__ float2 shared_angles[];  // [blockDim.z][kPairs], computed frequencies only
+    float2* shared = shared_angles + threadIdx.z * kPairs;
 
-    double turns[Cfg::kComputed ? kPairsPerChunk : 1];
-    if (Cfg::kComputed) {
-#pragma unroll
-      for (int j = 0; j < kPairsPerChunk; ++j)
-        turns[j] = turns_per_position<Cfg::kRotaryDim>(
-            (rot_chunk ? chunk : 0) * kPairsPerChunk + j, p.log2_base);
-    }
-
-    for (long long t = (long long)blockIdx.x * blockDim.z + threadIdx.z; t < p.tokens;
-         t += (long long)gridDim.x * blockDim.z) {
+    // The loop bound is the same for the whole block (the shared angles need __syncthreads).
+    for (long long base = (long long)blockIdx.x * blockDim.z; base < p.tokens;
+         base += (long long)gridDim.x * blockDim.z) {
+      const long long t = base + threadIdx.z;
+      const bool live = t < p.tokens;
+      if (Cfg::kComputed) {
+        __syncthreads();  // the previous token's readers are done
+        share_angles(p, t, live, shared);
+        __syncthreads();
+      }
+      if (!live) continue;
       const TokenPlace tp = locate(p, t);
       if (Cfg::kInPlace && !(tp.valid && rot_chunk)) continue;  // nothing to change
       const bool turn = tp.valid && rot_chunk;
@@ -270,7 +295,7 @@ struct RopeKernel {
       Batch b;
       load_batch(th, h0, b);
       float cs[kPairsPerChunk], sn[kPairsPerChunk];
-      if (turn) angles(p, chunk, position(p, tp, t), turns, cs, sn);
+      if (turn) angles(p, chunk, position(p, tp, t), shared, cs, sn);
       for (;;) {
         store_batch(th, h0, b, turn, cs, sn);
         h0 += step;

@@ -104,6 +104,27 @@ TEST_CASE("heuristic: one variant for every shape; decode and prefill launches")
   CHECK(autotune::heuristic_config(c, shape_of(4096, 1, 1), dev).name() == "v8h2t512_r1_z8_g0");
 }
 
+TEST_CASE("computed frequencies: shared cos/sin bytes and their limit") {
+  const detail::DeviceInfo dev = fake_gpu("Shared GPU");
+  Spec s;  // bf16, d128, neox: 8 chunks of 8 pairs
+  s.freqs = Freqs::computed;
+  s = s.canonical();
+  detail::LaunchConfig cfg;
+  cfg.kernel = {8, 1, 1024};
+  cfg.rows = 1;
+  cfg.tokens_per_block = 64;
+  CHECK(detail::shared_bytes(Spec{}.canonical(), cfg) == 0);  // tables share nothing
+  CHECK(detail::shared_bytes(s, cfg) == 64 * 64 * 8);         // 32 KiB: legal
+  CHECK(detail::illegal_reason(s, shape_of(100, 1, 0), cfg, dev).empty());
+  Spec wide = s;
+  wide.head_dim = wide.rotary_dim = 256;
+  wide = wide.canonical();
+  CHECK(detail::illegal_reason(wide, shape_of(100, 1, 0), cfg, dev) ==
+        "64 tokens per block need 65536 bytes of shared cos/sin, more than 49152");
+  cfg.tokens_per_block = 48;  // 48 KiB exactly
+  CHECK(detail::illegal_reason(wide, shape_of(100, 1, 0), cfg, dev).empty());
+}
+
 TEST_CASE("policy: tuned entry, fallback, frozen and off") {
   const char* file = std::getenv("ROPEJIT_TUNING_FILE");
   REQUIRE(file != nullptr);  // main_cpu.cpp points it into the test's temp dir
