@@ -55,6 +55,9 @@ TEST_CASE("ropejit compile errors") {
   CHECK(has(r, "compile needs --preset NAME, --key KEY or --from-tuning FILE"));
   r = run("bogus");
   CHECK(r.status != 0);
+  r = run("tune --preset phi-2 --top -1 --dry-run");
+  CHECK(r.status != 0);
+  CHECK(has(r, "--top"));
 }
 
 TEST_CASE("ropejit source prints the rendered kernel") {
@@ -62,6 +65,7 @@ TEST_CASE("ropejit source prints the rendered kernel") {
   CHECK(r.status == 0);
   CHECK(has(r, "#include \"rope_kernel.cuh\""));
   CHECK(has(r, "kRotaryDim = 32;"));
+  CHECK(has(r, "kHeadsPerThread = 2;"));  // the heuristic's variant
 }
 
 TEST_CASE("ropejit demo without a GPU compiles and says the GPU part was skipped") {
