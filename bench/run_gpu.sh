@@ -3,6 +3,8 @@
 # then the GPU test suite and/or the measurements: tune a preset, the Google Benchmark suite
 # (using the fresh tuning file), the same-run torch comparison, and the plots.
 #   bench/run_gpu.sh OUTDIR [tests|bench|all|profile]   (dependencies: tools/fetch-deps.sh .deps)
+# bench: tuned run (bench.json), heuristic-only run (bench_untuned.json), torch comparison
+# (compare.json), plots/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?usage: bench/run_gpu.sh OUTDIR [tests|bench|all]}
@@ -30,11 +32,16 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   ROPEJIT_TUNING_FILE="$out/tuning.json" $build/bench/ropejit_bench --benchmark_out="$out/bench.json" \
     --benchmark_out_format=json --benchmark_counters_tabular=true > "$out/bench.txt" 2>&1
   grep -vE "^(Run on|CPU Caches|  L[123]|Load Average|\*\*\*WARNING)" "$out/bench.txt" | cut -c1-230
+  # The built-in heuristic alone (no tuning file): what a user gets before tuning.
+  ROPEJIT_TUNING=off $build/bench/ropejit_bench --benchmark_filter='^(rope|graph)/' \
+    --benchmark_out="$out/bench_untuned.json" --benchmark_out_format=json \
+    --benchmark_counters_tabular=true > "$out/bench_untuned.txt" 2>&1
+  grep -E "^(rope|graph)/" "$out/bench_untuned.txt" | cut -c1-230
   PYTHONFAULTHANDLER=1 python3 -c "import sys, torch; sys.path.insert(0, 'bench'); import ropejit_ctypes as r; print('ctypes with torch loaded:', r.Rope(lib='$build/libropejit.so').key())"
   ROPEJIT_TUNING_FILE="$out/tuning.json" PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1 python3 bench/compare_torch.py \
-    --lib $build/libropejit.so --out /tmp/compare.json > "$out/compare.txt" 2>&1
+    --lib $build/libropejit.so --out "$out/compare.json" > "$out/compare.txt" 2>&1
   tail -n 20 "$out/compare.txt"
-  python3 bench/plot.py "$out/bench.json" --compare /tmp/compare.json --outdir "$out/plots" 2>&1 | tail -3
+  python3 bench/plot.py "$out/bench.json" --compare "$out/compare.json" --outdir "$out/plots" 2>&1 | tail -3
 fi
 if [ "$what" = profile ]; then
   # One launch of the 4096-token prefill case under Nsight Compute (clocks left as they are).
