@@ -86,6 +86,37 @@ void run_case(benchmark::State& state, const Case& c) {
   state.SetLabel(w.spec().key() + " " + cfg.name() + " " + std::to_string(regs) + "regs");
 }
 
+// The same-run reference for graph-replayed decode (PRODUCT.md's "two copies" column): per
+// call, a device copy of q's bytes and one of k's, 20 calls captured once and replayed.
+double graph_copies_us(const Case& c) {
+  const detail::Driver& d = detail::driver();
+  const size_t per_head = size_t(c.sizes.batch * c.sizes.seq_len) * size_t(c.spec.head_dim) *
+                          size_t(detail::element_bytes(c.spec.dtype));
+  const size_t qb = per_head * size_t(c.sizes.q_heads), kb = per_head * size_t(c.sizes.k_heads);
+  CUdeviceptr src = 0, dst = 0;
+  detail::check(d.MemAlloc(&src, qb + kb), "cuMemAlloc");
+  detail::check(d.MemAlloc(&dst, qb + kb), "cuMemAlloc");
+  constexpr int kCalls = 20;
+  CUgraph graph = nullptr;
+  CUgraphExec exec = nullptr;
+  detail::check(d.StreamBeginCapture(g_stream, CU_STREAM_CAPTURE_MODE_GLOBAL), "capture");
+  for (int i = 0; i < kCalls; ++i) {
+    d.MemcpyDtoDAsync(dst, src, qb, g_stream);
+    d.MemcpyDtoDAsync(dst + qb, src + qb, kb, g_stream);
+  }
+  detail::check(d.StreamEndCapture(g_stream, &graph), "capture");
+  detail::check(d.GraphInstantiateWithFlags(&exec, graph, 0), "instantiate");
+  autotune::Timer timer(g_stream, 0);
+  std::vector<double> samples;
+  for (int i = 0; i < 200; ++i)
+    samples.push_back(timer.time([&] { d.GraphLaunch(exec, g_stream); }, 1, 1).median_us / kCalls);
+  d.GraphExecDestroy(exec);
+  d.GraphDestroy(graph);
+  d.MemFree(src);
+  d.MemFree(dst);
+  return median(samples);
+}
+
 // Decode sizes under graph replay: 20 calls captured once, replayed, time per call (the
 // launch gaps of eager launches excluded, as PRODUCT.md's decode table measures).
 void run_graph(benchmark::State& state, const Case& c) {
@@ -112,6 +143,7 @@ void run_graph(benchmark::State& state, const Case& c) {
   d.GraphExecDestroy(exec);
   d.GraphDestroy(graph);
   state.counters["us_per_call"] = median(samples);
+  state.counters["two_copies_us"] = graph_copies_us(c);
   state.SetBytesProcessed(int64_t(state.iterations()) * w.bytes_moved());
   state.SetLabel(w.spec().key());
 }
