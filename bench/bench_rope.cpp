@@ -236,14 +236,15 @@ void jit_costs(benchmark::State& state) {
   auto t0 = std::chrono::steady_clock::now();
   detail::compile("extern \"C\" __global__ void k() {}\n", "warm.cu", "warm", target);
   const double startup = ms(t0);
-  // Keys a server compiles; each source gets a unique comment so that no cache at any level
-  // (ours, or the driver's behind NVRTC) can answer: this is the first compile on a machine.
+  // Keys a server compiles; each source gets a unique empty kernel appended so that no cache
+  // at any level can answer (ours, or NVRTC's own, which keys on the PTX and so ignores
+  // comments): this is the first compile of the key on a machine.
   const char* keys[] = {"rope_bshd_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_qk_fwd_ip",
                         "rope_bshd_bf16_d128_r128_neox_pos-ids-i64_comp_qk_fwd_ip",
                         "rope_thd_bf16_d128_r128_neox_pos-offset_tab-f32-half_qk_fwd_ip",
                         "rope_bshd_f16_d64_r64_gptj_pos-offset_tab-f32-half_qk_fwd_oop"};
-  const std::string salt = "\n// ropejit_bench " +
-      std::to_string(std::chrono::system_clock::now().time_since_epoch().count()) + " ";
+  const std::string salt = "\nextern \"C\" __global__ void ropejit_bench_" +
+      std::to_string(std::chrono::system_clock::now().time_since_epoch().count()) + "_";
   double cold = 0, cold_max = 0, disk = 0, memory = 0;
   int64_t n = 0;
   for (auto _ : state) {
@@ -251,7 +252,7 @@ void jit_costs(benchmark::State& state) {
     const detail::KernelVariant v = autotune::heuristic_variant(s, 16);
     const detail::RenderedKernel r = detail::render(s, v);
     t0 = std::chrono::steady_clock::now();
-    detail::compile(r.source + salt + std::to_string(n) + "\n", r.entry + ".cu", r.key, target);
+    detail::compile(r.source + salt + std::to_string(n) + "() {}\n", r.entry + ".cu", r.key, target);
     const double c = ms(t0);
     cold += c;
     cold_max = std::max(cold_max, c);
