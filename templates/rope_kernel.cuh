@@ -5,10 +5,12 @@
 //   x: one chunk of the head vector: kVec elements (gptj) or kVec pairs (neox, two vectors
 //      R/2 apart); chunks past the rotary part copy the pass-through tail (out of place).
 //   y: a row of heads; each thread handles heads y, y + rows, ... kHeadsPerThread at a time,
-//      loading all of them before the first store so several 16-byte loads are in flight.
+//      loading all of them before the first store so several 16-byte loads are in flight
+//      (rows >= heads: one head per thread, what decode-sized launches use).
 //   z: tokens; the grid strides over tokens, so a small grid can be persistent.
-// A thread fetches (or computes) cos/sin for its chunk once per token and reuses them for
-// every q and k head it handles.
+// cos/sin for a thread's chunk are fetched once per token (tables) or computed once per token
+// per block into shared memory (computed frequencies), and reused for every q and k head the
+// thread handles; its first q/k loads are issued before them so the latencies overlap.
 #pragma once
 #include "rope_freqs.cuh"
 #include "rope_params.cuh"
