@@ -4,6 +4,8 @@
 #include <nvrtc.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <sstream>
 #include <memory>
 
 #include "embedded.hpp"
@@ -52,8 +54,15 @@ std::string target_for(int cc) {
 std::vector<std::string> compile_options(const std::string& target) {
   // No fast math: the accuracy bar is one rounding from float64 (PRODUCT.md), and
   // --use_fast_math would turn sincospif/exp2 into approximations.
-  return {"--gpu-architecture=" + target, "--std=c++17", "--fmad=true", "-lineinfo",
-          "--device-as-default-execution-space"};
+  std::vector<std::string> options = {"--gpu-architecture=" + target, "--std=c++17", "--fmad=true",
+                                      "-lineinfo", "--device-as-default-execution-space"};
+  // Expert knob for experiments and debugging (e.g. "--Ofast-compile=min"): appended, and part
+  // of the cache key like every option.
+  if (const char* extra = std::getenv("ROPEJIT_NVRTC_FLAGS")) {
+    std::istringstream words(extra);
+    for (std::string w; words >> w;) options.push_back(w);
+  }
+  return options;
 }
 
 CompileResult compile(const std::string& source, const std::string& name, const std::string& key,

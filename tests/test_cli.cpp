@@ -77,3 +77,22 @@ TEST_CASE("ropejit demo without a GPU compiles and says the GPU part was skipped
   CHECK(has(r, "compiled for sm_90"));
   CHECK(has(r, "GPU part SKIPPED: the CUDA driver (libcuda.so.1) could not be loaded"));
 }
+
+TEST_CASE("ROPEJIT_NVRTC_FLAGS: appended to the compile, part of the cache key") {
+  const std::string key = "rope_bshd_f16_d64_r64_gptj_pos-offset_tab-f32-half_qk_fwd_oop";
+  Run r = run("compile --arch sm_90 --key " + key);
+  CHECK(r.status == 0);
+  r = run("compile --arch sm_90 --key " + key);
+  CHECK(has(r, "0 compiled, 1 from the disk cache"));
+  // Other options are another cache entry: compiled again, not served from the first.
+  r = ropejit::testing::run_command("ROPEJIT_NVRTC_FLAGS='--Ofast-compile=min' " +
+                                    std::string(ROPEJIT_CLI_PATH) + " compile --arch sm_90 --key " + key);
+  INFO(r.output);
+  CHECK(r.status == 0);
+  CHECK(has(r, "1 compiled, 0 from the disk cache"));
+  r = ropejit::testing::run_command("ROPEJIT_NVRTC_FLAGS='--no-such-flag' " +
+                                    std::string(ROPEJIT_CLI_PATH) + " compile --arch sm_90 --key " + key);
+  CHECK(r.status != 0);
+  CHECK(has(r, "unrecognized option --no-such-flag"));
+  CHECK(has(r, "1 failed"));
+}
