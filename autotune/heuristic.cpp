@@ -4,7 +4,8 @@
 //     pass, 512-thread bound. A 2-heads variant launched with rows >= heads runs one head per
 //     thread, so the same compiled kernel serves decode and prefill and changing shapes never
 //     compiles anything;
-//   - few tokens (decode): one head per thread, one token per block: the most blocks and the
+//   - few tokens (decode: the token bucket is at most 4 blocks per SM): one head per thread,
+//     one token per block: the most blocks and the
 //     shortest chain of dependent loads per thread;
 //   - many tokens: two heads per thread in one pass (cos/sin fetched once for both), one token
 //     per block unless blocks would be tiny, and a one-shot grid: small blocks keep the SMs
@@ -12,6 +13,7 @@
 #include <algorithm>
 
 #include "policy.hpp"
+#include "tuning_cache.hpp"
 
 namespace ropejit::autotune {
 namespace {
@@ -40,7 +42,9 @@ detail::LaunchConfig heuristic_config(const Spec& c, const detail::CallShape& sh
   const int32_t x = detail::chunks(c, cfg.kernel.vec);
   const int32_t max_rows = std::max(1, cfg.kernel.max_threads / x);
   const int32_t heads = std::max(shape.q_heads + shape.k_heads, 1);
-  const bool decode = shape.tokens <= kDecodeBlocksPerSm * std::max(device.sm_count, 1);
+  // Decided on the token bucket, as the plan that remembers this choice is keyed by it.
+  const bool decode =
+      token_bucket(shape.tokens) <= kDecodeBlocksPerSm * std::max(device.sm_count, 1);
   const int32_t heads_per_row = decode ? 1 : kHeadsPerThread;
   cfg.rows = std::min(max_rows, (heads + heads_per_row - 1) / heads_per_row);
   const int32_t row_threads = x * cfg.rows;

@@ -101,8 +101,8 @@ double graph_copies_us(const Case& c) {
   CUgraphExec exec = nullptr;
   detail::check(d.StreamBeginCapture(g_stream, CU_STREAM_CAPTURE_MODE_GLOBAL), "capture");
   for (int i = 0; i < kCalls; ++i) {
-    d.MemcpyDtoDAsync(dst, src, qb, g_stream);
-    d.MemcpyDtoDAsync(dst + qb, src + qb, kb, g_stream);
+    detail::check(d.MemcpyDtoDAsync(dst, src, qb, g_stream), "capture q copy");
+    if (kb) detail::check(d.MemcpyDtoDAsync(dst + qb, src + qb, kb, g_stream), "capture k copy");
   }
   detail::check(d.StreamEndCapture(g_stream, &graph), "capture");
   detail::check(d.GraphInstantiateWithFlags(&exec, graph, 0), "instantiate");

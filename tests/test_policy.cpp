@@ -59,7 +59,7 @@ TEST_CASE("candidates: legal, unique, heuristic first, pruned to the device") {
     CHECK(cfg.rows == 1);
 }
 
-TEST_CASE("heuristic: one variant for every shape; decode and prefill launches") {
+TEST_CASE("heuristic: one kernel variant for every shape and the decode and prefill launches") {
   detail::DeviceInfo dev = fake_gpu("Heuristic GPU");
   dev.sm_count = 132;
   for (const Spec& s : {Spec{}, parse_key("rope_thd_f32_d80_r32_gptj_pos-ids-i32_comp_qk_bwd_oop"),
@@ -70,8 +70,8 @@ TEST_CASE("heuristic: one variant for every shape; decode and prefill launches")
     CHECK(v.heads_per_thread == 2);
     const int32_t x = detail::chunks(c, v.vec);
     const int32_t max_rows = v.max_threads / x;
-    for (int64_t tokens : {int64_t(1), int64_t(64), int64_t(528), int64_t(529), int64_t(4096),
-                           int64_t(1) << 20}) {
+    for (int64_t tokens : {int64_t(1), int64_t(64), int64_t(512), int64_t(513), int64_t(528),
+                           int64_t(529), int64_t(4096), int64_t(1) << 20}) {
       for (auto [q, k] : {std::pair{32, 8}, std::pair{1, 0}, std::pair{64, 64}, std::pair{128, 0}}) {
         const detail::CallShape shape = shape_of(tokens, q, k);
         const detail::LaunchConfig cfg = autotune::heuristic_config(c, shape, dev);
@@ -79,7 +79,9 @@ TEST_CASE("heuristic: one variant for every shape; decode and prefill launches")
         CHECK(cfg.kernel == v);  // shapes never pick another kernel
         CHECK(detail::illegal_reason(c, shape, cfg, dev).empty());
         CHECK(cfg.blocks_per_sm == 0);
-        if (tokens <= 4 * dev.sm_count) {
+        // Decided per token bucket (plans are remembered per bucket): 513..1024 is one bucket,
+        // above the 528 tokens of 4 blocks per SM, so all of it is prefill.
+        if (autotune::token_bucket(tokens) <= 4 * dev.sm_count) {
           // Decode: one head per thread (as far as the block allows), a token per block.
           CHECK(cfg.rows == std::min(q + k, max_rows));
           CHECK(cfg.tokens_per_block == 1);
