@@ -37,6 +37,12 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
     --benchmark_out="$out/bench_untuned.json" --benchmark_out_format=json \
     --benchmark_counters_tabular=true > "$out/bench_untuned.txt" 2>&1
   grep -E "^(rope|graph)/" "$out/bench_untuned.txt" | cut -c1-230
+  # Cold compiles: NVRTC alone (no driver in the process), and in-process with NVRTC's own
+  # cache switched off, next to the benchmark's jit row above.
+  python3 bench/compile_phases.py --ropejit $build/ropejit --reps 4 > "$out/compile_phases.txt" 2>&1
+  cat "$out/compile_phases.txt"
+  ROPEJIT_NVRTC_FLAGS=-no-cache $build/bench/ropejit_bench --benchmark_filter='^jit' > "$out/jit_nocache.txt" 2>&1
+  grep -E "^jit" "$out/jit_nocache.txt" | sed 's/^/-no-cache: /'
   PYTHONFAULTHANDLER=1 python3 -c "import sys, torch; sys.path.insert(0, 'bench'); import ropejit_ctypes as r; print('ctypes with torch loaded:', r.Rope(lib='$build/libropejit.so').key())"
   ROPEJIT_TUNING_FILE="$out/tuning.json" PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1 python3 bench/compare_torch.py \
     --lib $build/libropejit.so --out "$out/compare.json" > "$out/compare.txt" 2>&1
