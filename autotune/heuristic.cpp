@@ -5,8 +5,8 @@
 //     thread, so the same compiled kernel serves decode and prefill and changing shapes never
 //     compiles anything;
 //   - few tokens (decode: the token bucket is at most 4 blocks per SM): one head per thread,
-//     one token per block: the most blocks and the
-//     shortest chain of dependent loads per thread;
+//     one token per block: the most blocks and the shortest chain of dependent loads per
+//     thread;
 //   - many tokens: two heads per thread in one pass (cos/sin fetched once for both), one token
 //     per block unless blocks would be tiny, and a one-shot grid: small blocks keep the SMs
 //     evenly loaded to the last wave, which measured better than persistent grids.
@@ -21,7 +21,7 @@ namespace {
 constexpr int32_t kHeadsPerThread = 2;
 constexpr int32_t kBlockThreads = 512;
 constexpr int32_t kMinBlockThreads = 64;   // 32 resident blocks x 64 threads fill an SM
-constexpr int64_t kDecodeBlocksPerSm = 4;  // tokens <= this * SMs: a decode-sized call
+constexpr int64_t kDecodeBlocksPerSm = 4;  // token bucket <= this * SMs: a decode-sized call
 
 }  // namespace
 

@@ -49,7 +49,6 @@ class Engine {
   // thread (benchmarks and tests report it). Plans it like apply() does, launching nothing.
   std::pair<LaunchConfig, int> planned(const Spec& spec, const Args& args);
 
-
   DiskCache& disk() { return disk_; }
   EngineStats stats() const;
   // Drops in-memory images and modules' lookup entries (tests of the disk path).

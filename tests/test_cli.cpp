@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <utility>
 
 #include "jit/driver.hpp"
 #include "test_util.hpp"
@@ -41,19 +42,20 @@ TEST_CASE("ropejit compile --preset for two archs, then again from the disk cach
 }
 
 TEST_CASE("ropejit compile errors") {
-  Run r = run("compile --preset llama4");
-  CHECK(r.status == 2);
-  CHECK(has(r, "--preset ('llama4') is not a known preset: llama3-8b, qwen2.5-7b, gpt-neox-20b, phi-2"));
-  r = run("compile --arch hopper --preset phi-2");
-  CHECK(r.status == 2);
-  CHECK(has(r, "--arch ('hopper') must look like sm_90"));
-  r = run("compile --key rope_bshd_bf16_d7_r7");
-  CHECK(r.status == 2);
-  CHECK(has(r, "is not a ropejit key"));
-  r = run("compile");
-  CHECK(r.status == 2);
-  CHECK(has(r, "compile needs --preset NAME, --key KEY or --from-tuning FILE"));
-  r = run("bogus");
+  const std::pair<const char*, const char*> cases[] = {
+      {"compile --preset llama4",
+       "--preset ('llama4') is not a known preset: llama3-8b, qwen2.5-7b, gpt-neox-20b, phi-2"},
+      {"compile --arch hopper --preset phi-2", "--arch ('hopper') must look like sm_90"},
+      {"compile --key rope_bshd_bf16_d7_r7", "is not a ropejit key"},
+      {"compile", "compile needs --preset NAME, --key KEY or --from-tuning FILE"},
+  };
+  for (const auto& [args, message] : cases) {
+    const Run bad = run(args);
+    INFO(args);
+    CHECK(bad.status == 2);
+    CHECK(has(bad, message));
+  }
+  Run r = run("bogus");
   CHECK(r.status != 0);
   r = run("tune --preset phi-2 --top -1 --dry-run");
   CHECK(r.status != 0);
