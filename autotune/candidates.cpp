@@ -28,6 +28,7 @@ std::vector<detail::LaunchConfig> candidates(const Spec& c, const detail::CallSh
         if (rows < 1 || rows > full) continue;
         detail::LaunchConfig cfg;
         cfg.kernel.vec = vec;
+        cfg.kernel.table_vec = detail::table_vectors_ok(c, vec, shape.table_align);
         cfg.kernel.heads_per_thread = hpt;
         cfg.kernel.max_threads = std::max(256, threads);
         while (cfg.kernel.max_threads < x) cfg.kernel.max_threads *= 2;

@@ -25,9 +25,10 @@ constexpr int64_t kDecodeBlocksPerSm = 4;  // token bucket <= this * SMs: a deco
 
 }  // namespace
 
-detail::KernelVariant heuristic_variant(const Spec& c, int32_t align_bytes) {
+detail::KernelVariant heuristic_variant(const Spec& c, int32_t align_bytes, int32_t table_align) {
   detail::KernelVariant v;
   v.vec = detail::max_vec(c, align_bytes);
+  v.table_vec = detail::table_vectors_ok(c, v.vec, table_align);
   v.heads_per_thread = kHeadsPerThread;
   const int32_t x = detail::chunks(c, v.vec);
   v.max_threads = kBlockThreads;
@@ -38,7 +39,7 @@ detail::KernelVariant heuristic_variant(const Spec& c, int32_t align_bytes) {
 detail::LaunchConfig heuristic_config(const Spec& c, const detail::CallShape& shape,
                                       const detail::DeviceInfo& device) {
   detail::LaunchConfig cfg;
-  cfg.kernel = heuristic_variant(c, shape.align_bytes);
+  cfg.kernel = heuristic_variant(c, shape.align_bytes, shape.table_align);
   const int32_t x = detail::chunks(c, cfg.kernel.vec);
   const int32_t max_rows = std::max(1, cfg.kernel.max_threads / x);
   const int32_t heads = std::max(shape.q_heads + shape.k_heads, 1);

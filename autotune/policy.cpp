@@ -108,7 +108,9 @@ detail::LaunchConfig select_config(const Spec& c, const detail::CallShape& shape
     const TuneReport report = tune(c, bucket, shape.q_heads, shape.k_heads);
     ++g_tunings;
     store.add(device, report.best, current_fingerprint());
-    return report.best.config;
+    // Tuned on aligned buffers of its own: this call (e.g. a misaligned table) may not run it.
+    if (detail::illegal_reason(c, shape, report.best.config, device).empty()) return report.best.config;
+    return fallback;
   }
   return fallback;
 }

@@ -20,7 +20,8 @@ TuningMode tuning_mode();
 // The built-in heuristic's kernel variant: widest legal vectors, 2 heads per thread, 512-thread
 // bound. It depends only on the spec and alignment, never on sizes, so changing shapes never
 // compiles anything new.
-detail::KernelVariant heuristic_variant(const Spec& canonical, int32_t align_bytes);
+detail::KernelVariant heuristic_variant(const Spec& canonical, int32_t align_bytes,
+                                        int32_t table_align = 16);
 
 // The built-in heuristic's launch for a call shape (autotune/heuristic.cpp says why).
 detail::LaunchConfig heuristic_config(const Spec& canonical, const detail::CallShape& shape,

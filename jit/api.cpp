@@ -15,7 +15,8 @@ std::vector<std::string> precompile(const Spec& spec, const std::string& arch) {
   const Spec c = spec.canonical();
   const int cc = detail::parse_arch(arch, "arch");
   // The heuristic's kernel variant depends on the spec and alignment only; precompile the
-  // fully aligned case, which is what contiguous and packed-QKV tensors give.
+  // fully aligned case (q/k and table), which is what contiguous and packed-QKV tensors and
+  // the usual tables give.
   const detail::KernelVariant v = autotune::heuristic_variant(c, 16);
   std::string path;
   detail::Engine::instance().image(c, v, detail::target_for(cc), &path);

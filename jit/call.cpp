@@ -152,6 +152,8 @@ CallShape check_call(const Spec& c, const Args& a) {
     int64_t span = 0;
     if (__builtin_mul_overflow(a.table_rows, stride, &span) || __builtin_mul_overflow(span, telem, &span))
       invalid("args.table_rows (", a.table_rows, ") * table_stride overflows");
+    shape.table_align = low_alignment(reinterpret_cast<uintptr_t>(a.cos) |
+                                      reinterpret_cast<uintptr_t>(a.sin) | uint64_t(stride * telem));
     if (c.positions == Positions::offset && dense && tokens > 0 &&
         a.position_offset > a.table_rows - a.seq_len)
       invalid("positions up to ", a.position_offset + a.seq_len - 1, " (position_offset ",
@@ -193,11 +195,6 @@ ropejit_dev::RopeParams make_params(const Spec& c, const Args& a, const CallShap
   const int64_t width = c.table_width == TableWidth::half ? c.rotary_dim / 2 : c.rotary_dim;
   p.table_stride = a.table_stride == 0 ? width : a.table_stride;
   p.table_rows = a.table_rows;
-  if (c.freqs == Freqs::table) {
-    const uint64_t bits = reinterpret_cast<uintptr_t>(a.cos) | reinterpret_cast<uintptr_t>(a.sin) |
-                          uint64_t(p.table_stride * element_bytes(c.table_dtype));
-    p.table_align = low_alignment(bits);
-  }
   p.log2_base = c.freqs == Freqs::computed ? std::log2(a.base) : 0.0;
   return p;
 }

@@ -77,7 +77,7 @@ uint64_t hash_spec(const void* ctx, const Spec& s) {
 size_t Engine::FunctionKeyHash::operator()(const FunctionKey& k) const {
   uint64_t h = hash_spec(k.ctx, k.spec);
   mix(h, uint64_t(uint32_t(k.variant.vec)) << 40 | uint64_t(uint32_t(k.variant.heads_per_thread)) << 20 |
-             uint32_t(k.variant.max_threads));
+             uint64_t(k.variant.table_vec) << 60 | uint32_t(k.variant.max_threads));
   return size_t(h);
 }
 
@@ -85,7 +85,7 @@ size_t Engine::PlanKeyHash::operator()(const PlanKey& k) const {
   uint64_t h = hash_spec(k.ctx, k.spec);
   mix(h, uint64_t(k.bucket));
   mix(h, uint64_t(uint32_t(k.q_heads)) << 32 | uint32_t(k.k_heads));
-  mix(h, uint64_t(uint32_t(k.align)));
+  mix(h, uint64_t(uint32_t(k.align)) | uint64_t(uint32_t(k.table_align)) << 32);
   return size_t(h);
 }
 
@@ -223,7 +223,7 @@ std::pair<LaunchConfig, int> Engine::planned(const Spec& spec, const Args& args)
 const Engine::Plan& Engine::plan(CUcontext ctx, const Spec& c, const CallShape& shape,
                                  CUstream stream) {
   const PlanKey key{ctx, c, autotune::token_bucket(shape.tokens), shape.q_heads, shape.k_heads,
-                    shape.align_bytes};
+                    shape.align_bytes, shape.table_align};
   {
     std::shared_lock<std::shared_mutex> lock(plans_mutex_);
     const auto it = plans_.find(key);

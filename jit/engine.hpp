@@ -83,10 +83,10 @@ class Engine {
     CUcontext ctx;
     Spec spec;
     int64_t bucket;
-    int32_t q_heads, k_heads, align;
+    int32_t q_heads, k_heads, align, table_align;
     bool operator==(const PlanKey& o) const {
       return ctx == o.ctx && spec == o.spec && bucket == o.bucket && q_heads == o.q_heads &&
-             k_heads == o.k_heads && align == o.align;
+             k_heads == o.k_heads && align == o.align && table_align == o.table_align;
     }
   };
   struct PlanKeyHash {

@@ -8,7 +8,7 @@
 namespace ropejit::detail {
 
 std::string KernelVariant::name() const {
-  return concat('v', vec, 'h', heads_per_thread, 't', max_threads);
+  return concat('v', vec, 'h', heads_per_thread, 't', max_threads, table_vec ? "" : "s");
 }
 
 std::string LaunchConfig::name() const {
@@ -28,6 +28,17 @@ int32_t max_vec(const Spec& c, int32_t align_bytes) {
     if (style_ok && tail_ok) return vec;
   }
   return 0;
+}
+
+bool table_vectors_ok(const Spec& c, int32_t vec, int32_t table_align) {
+  if (c.freqs != Freqs::table) return true;
+  // Full-width gptj tables repeat each frequency (f0 f0 f1 f1 ...): read element by element
+  // whatever the alignment, so the flag makes no difference there.
+  if (c.table_width == TableWidth::full && c.style == Style::gptj) return true;
+  const int32_t telem = element_bytes(c.table_dtype);
+  const int32_t pairs_per_chunk = c.style == Style::neox ? vec : vec / 2;
+  const int32_t per_load = std::min(16 / telem, pairs_per_chunk);  // as rope_kernel.cuh
+  return table_align >= per_load * telem;
 }
 
 int32_t chunks(const Spec& c, int32_t vec) {
@@ -51,6 +62,11 @@ std::string illegal_reason(const Spec& c, const CallShape& shape, const LaunchCo
     return concat("vec ", k.vec, " does not divide the rotary pairs");
   if (!c.in_place && (c.head_dim - c.rotary_dim) % k.vec != 0)
     return concat("vec ", k.vec, " does not divide the pass-through tail");
+  if (k.table_vec && !table_vectors_ok(c, k.vec, shape.table_align))
+    return concat("vector table loads need cos, sin and the table row stride aligned to ",
+                  std::min(16 / element_bytes(c.table_dtype),
+                           c.style == Style::neox ? k.vec : k.vec / 2) * element_bytes(c.table_dtype),
+                  " bytes, the call has ", shape.table_align);
   if (k.heads_per_thread < 1 || k.heads_per_thread > 8) return "heads_per_thread must be 1..8";
   if (k.max_threads < 32 || k.max_threads > 1024 || k.max_threads % 32)
     return "max_threads must be a multiple of 32 in [32, 1024]";

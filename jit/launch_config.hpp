@@ -14,11 +14,14 @@ struct KernelVariant {
   int32_t vec = 1;               // elements per vector access (2..16 bytes)
   int32_t heads_per_thread = 1;  // heads loaded before the first store
   int32_t max_threads = 256;     // __launch_bounds__
+  bool table_vec = true;         // cos/sin rows read with vector loads (false: element by
+                                 // element, for tables whose pointers or row stride are not
+                                 // aligned to a vector; such a kernel's name ends in "s")
 
-  std::string name() const;  // "v8h2t256"
+  std::string name() const;  // "v8h2t256", "v8h2t256s"
   friend bool operator==(const KernelVariant& a, const KernelVariant& b) {
     return a.vec == b.vec && a.heads_per_thread == b.heads_per_thread &&
-           a.max_threads == b.max_threads;
+           a.max_threads == b.max_threads && a.table_vec == b.table_vec;
   }
 };
 
@@ -41,6 +44,7 @@ struct CallShape {
   int32_t q_heads = 0;
   int32_t k_heads = 0;
   int32_t align_bytes = 16;  // largest power of two (<= 16) dividing every pointer and stride
+  int32_t table_align = 16;  // the same for cos, sin and the table row stride (tables only)
 };
 
 // The facts about a GPU that launch decisions use.
@@ -57,6 +61,11 @@ int32_t element_bytes(DType t);
 // Largest vector width (elements) legal for a canonical spec when pointers and strides are
 // aligned to `align_bytes`; 0 when none is (gptj needs whole pairs).
 int32_t max_vec(const Spec& canonical, int32_t align_bytes);
+
+// Whether a kernel with data vectors of `vec` elements can read its cos/sin rows with vector
+// loads when the table's pointers and row stride are aligned to `table_align` bytes (always
+// true for computed frequencies, which read no table).
+bool table_vectors_ok(const Spec& canonical, int32_t vec, int32_t table_align);
 
 // blockDim.x for a canonical spec and vector width.
 int32_t chunks(const Spec& canonical, int32_t vec);

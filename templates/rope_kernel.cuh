@@ -144,7 +144,8 @@ struct RopeKernel {
       typedef typename Elem<Cfg::kTableDType>::Raw TRaw;
       constexpr int kPerLoad = (16 / int(sizeof(TRaw))) < kPairsPerChunk ? 16 / int(sizeof(TRaw))
                                                                          : kPairsPerChunk;
-      if (!strided && p.table_align >= kPerLoad * int(sizeof(TRaw))) {
+      // kTableVec: the host checked that cos, sin and the row stride allow these vectors.
+      if (!strided && Cfg::kTableVec) {
         const TRaw* c = static_cast<const TRaw*>(p.cos) + row + first;
         const TRaw* s = static_cast<const TRaw*>(p.sin) + row + first;
 #pragma unroll

@@ -31,8 +31,6 @@ struct RopeParams {
   const void* sin;
   long long table_stride;  // elements between table rows
   long long table_rows;    // valid positions are [0, table_rows)
-  int table_align;         // bytes (<= 16) to which cos, sin and the row stride are aligned
-  int pad_;
   double log2_base;        // computed frequencies: log2(base)
 };
 

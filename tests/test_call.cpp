@@ -53,6 +53,14 @@ TEST_CASE("valid calls pass checking and report their shape") {
   Args a = valid_args(s);
   a.q.data = fake(0x100002);  // one bf16 element off 16-byte alignment
   CHECK(detail::check_call(s.canonical(), a).align_bytes == 2);
+  CHECK(shape.table_align == 16);
+  a = valid_args(s);
+  a.sin = fake(0x600004);  // one f32 element off: the table allows 4-byte loads only
+  CHECK(detail::check_call(s.canonical(), a).table_align == 4);
+  a.sin = fake(0x600000);
+  a.table_stride = 66;  // rows of 66 floats: 264 bytes, 8-byte aligned
+  CHECK(detail::check_call(s.canonical(), a).table_align == 8);
+  a = valid_args(s);
   a.seq_len = 0;  // empty calls are valid no-ops
   a.q = contiguous(s.layout, fake(0x100000), 2, 0, 4, 128);
   a.k = contiguous(s.layout, fake(0x200000), 2, 0, 1, 128);

@@ -100,6 +100,22 @@ TEST_CASE("heuristic: one kernel variant for every shape and the decode and pref
   CHECK(autotune::heuristic_variant(c, 4).vec == 2);
   CHECK(autotune::heuristic_config(c, shape_of(9000, 32, 8, 4), dev).kernel ==
         autotune::heuristic_variant(c, 4));
+  // A table that is not aligned to the vector loads gets the element-by-element variant (its
+  // own kernel, "s"); computed frequencies read no table.
+  detail::CallShape misaligned_table = shape_of(64, 32, 8);
+  misaligned_table.table_align = 4;
+  const detail::LaunchConfig sc = autotune::heuristic_config(c, misaligned_table, dev);
+  CHECK_FALSE(sc.kernel.table_vec);
+  CHECK(sc.kernel.name() == "v8h2t512s");
+  CHECK(detail::illegal_reason(c, misaligned_table, sc, dev).empty());
+  detail::LaunchConfig vec_table = sc;
+  vec_table.kernel.table_vec = true;
+  CHECK(detail::illegal_reason(c, misaligned_table, vec_table, dev) ==
+        "vector table loads need cos, sin and the table row stride aligned to 16 bytes, the call has 4");
+  Spec computed = c;
+  computed.freqs = Freqs::computed;
+  computed = computed.canonical();
+  CHECK(autotune::heuristic_config(computed, misaligned_table, dev).kernel.table_vec);
   // The shapes the tuner measured (bench/RESULTS.md): llama decode and prefill.
   CHECK(autotune::heuristic_config(c, shape_of(64, 32, 8), dev).name() == "v8h2t512_r40_z1_g0");
   CHECK(autotune::heuristic_config(c, shape_of(32768, 32, 8), dev).name() == "v8h2t512_r20_z1_g0");
@@ -167,6 +183,11 @@ TEST_CASE("policy: tuned entry, fallback, frozen and off") {
     // A less aligned call cannot use 16-byte vectors: the heuristic's narrower variant.
     const detail::CallShape unaligned = shape_of(50, 32, 8, 4);
     CHECK(autotune::select_config(c, unaligned, dev, false) == autotune::heuristic_config(c, unaligned, dev));
+    // A misaligned table cannot use the tuned (vector-table) kernel either.
+    detail::CallShape odd_table = shape;
+    odd_table.table_align = 4;
+    CHECK(autotune::select_config(c, odd_table, dev, false) == autotune::heuristic_config(c, odd_table, dev));
+    CHECK_FALSE(autotune::select_config(c, odd_table, dev, false).kernel.table_vec);
   }
   {
     ScopedEnv mode("ROPEJIT_TUNING", "frozen");
