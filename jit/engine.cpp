@@ -220,6 +220,18 @@ std::pair<LaunchConfig, int> Engine::planned(const Spec& spec, const Args& args)
   return {p.cfg, p.fn->regs};
 }
 
+Engine::Plan Engine::make_plan(CUcontext ctx, const Spec& c, const LaunchConfig& cfg,
+                               const DeviceInfo& device, CUstream stream) {
+  Plan p{cfg, &function(ctx, c, cfg.kernel, stream), &device};
+  p.block_x = unsigned(chunks(c, cfg.kernel.vec));
+  p.shared_bytes = unsigned(shared_bytes(c, cfg));
+  const int64_t threads = int64_t(p.block_x) * cfg.rows * cfg.tokens_per_block;
+  if (threads > p.fn->max_threads)
+    fail(ErrorCode::internal, c.key(), ": ", threads, " threads exceed the kernel's limit of ",
+         p.fn->max_threads);
+  return p;
+}
+
 const Engine::Plan& Engine::plan(CUcontext ctx, const Spec& c, const CallShape& shape,
                                  CUstream stream) {
   const PlanKey key{ctx, c, autotune::token_bucket(shape.tokens), shape.q_heads, shape.k_heads,
@@ -238,7 +250,7 @@ const Engine::Plan& Engine::plan(CUcontext ctx, const Spec& c, const CallShape& 
       autotune::select_config(c, shape, device, capture != CU_STREAM_CAPTURE_STATUS_NONE);
   if (const std::string why = illegal_reason(c, shape, cfg, device); !why.empty())
     fail(ErrorCode::internal, "policy chose ", cfg.name(), " for ", c.key(), ": ", why);
-  const Plan p{cfg, &function(ctx, c, cfg.kernel, stream), &device};
+  const Plan p = make_plan(ctx, c, cfg, device, stream);
   std::unique_lock<std::shared_mutex> lock(plans_mutex_);
   return plans_.emplace(key, p).first->second;  // a racing thread's equal plan may win
 }
@@ -262,22 +274,16 @@ void Engine::launch(const Spec& c, const Args& args, const CallShape& shape,
     const DeviceInfo& dev = device_info(ctx);
     if (const std::string why = illegal_reason(c, shape, *requested, dev); !why.empty())
       invalid("launch configuration ", requested->name(), " is not legal for ", c.key(), ": ", why);
-    explicit_plan = Plan{*requested, &function(ctx, c, requested->kernel, stream), &dev};
+    explicit_plan = make_plan(ctx, c, *requested, dev, stream);
     p = &explicit_plan;
   } else {
     p = &plan(ctx, c, shape, stream);
   }
   const LaunchConfig& cfg = p->cfg;
-  const LoadedFunction& f = *p->fn;
-  const unsigned bx = unsigned(chunks(c, cfg.kernel.vec));
-  const unsigned threads = bx * unsigned(cfg.rows) * unsigned(cfg.tokens_per_block);
-  if (int(threads) > f.max_threads)
-    fail(ErrorCode::internal, c.key(), ": ", threads, " threads exceed the kernel's limit of ",
-         f.max_threads);
   ropejit_dev::RopeParams params = make_params(c, args, shape);
   void* kernel_args[] = {&params};
-  check(d.LaunchKernel(f.fn, unsigned(grid_blocks(shape, cfg, *p->device)), 1, 1, bx, unsigned(cfg.rows),
-                       unsigned(cfg.tokens_per_block), unsigned(shared_bytes(c, cfg)), stream,
+  check(d.LaunchKernel(p->fn->fn, unsigned(grid_blocks(shape, cfg, *p->device)), 1, 1, p->block_x,
+                       unsigned(cfg.rows), unsigned(cfg.tokens_per_block), p->shared_bytes, stream,
                        kernel_args, nullptr),
         "cuLaunchKernel");
 }

@@ -92,12 +92,16 @@ class Engine {
   struct PlanKeyHash {
     size_t operator()(const PlanKey& k) const;
   };
-  // Everything a cached call needs, found with one lookup.
+  // Everything a cached call needs, found with one lookup; checked once when it is made.
   struct Plan {
     LaunchConfig cfg;
     const LoadedFunction* fn;
     const DeviceInfo* device;
+    unsigned block_x = 0;       // chunks per head vector
+    unsigned shared_bytes = 0;  // dynamic shared memory
   };
+  Plan make_plan(CUcontext ctx, const Spec& canonical, const LaunchConfig& cfg,
+                 const DeviceInfo& device, CUstream stream);
   const Plan& plan(CUcontext ctx, const Spec& canonical, const CallShape& shape, CUstream stream);
   const LoadedFunction& function(CUcontext ctx, const Spec& canonical, const KernelVariant& variant,
                           CUstream stream);
