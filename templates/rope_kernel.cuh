@@ -245,10 +245,8 @@ struct RopeKernel {
   // Computed frequencies: the threads of a token's slice of the block compute its kPairs
   // (cos, sin) pairs once, into shared memory, instead of every head row computing the same
   // values again (the float64 angle reduction is what made this path compute-bound).
-  static __device__ __forceinline__ void share_angles(const RopeParams& p, long long t, bool live,
-                                                      float2* shared) {
-    if (!live) return;
-    const TokenPlace tp = locate(p, t);
+  static __device__ __forceinline__ void share_angles(const RopeParams& p, const TokenPlace& tp,
+                                                      long long t, float2* shared) {
     if (!tp.valid) return;
     const long long pos = position(p, tp, t);
     const int slice = blockDim.x * blockDim.y;
@@ -279,13 +277,13 @@ struct RopeKernel {
          base += (long long)gridDim.x * blockDim.z) {
       const long long t = base + threadIdx.z;
       const bool live = t < p.tokens;
+      const TokenPlace tp = live ? locate(p, t) : TokenPlace{0, 0, false};
       if (Cfg::kComputed) {
         __syncthreads();  // the previous token's readers are done
-        share_angles(p, t, live, shared);
+        share_angles(p, tp, t, shared);
         __syncthreads();
       }
       if (!live) continue;
-      const TokenPlace tp = locate(p, t);
       if (Cfg::kInPlace && !(tp.valid && rot_chunk)) continue;  // nothing to change
       const bool turn = tp.valid && rot_chunk;
       th.q = rows_of(p.q, tp, t);
@@ -298,7 +296,7 @@ struct RopeKernel {
       Batch b;
       load_batch(th, h0, b);
       float cs[kPairsPerChunk], sn[kPairsPerChunk];
-      if (turn) angles(p, chunk, position(p, tp, t), shared, cs, sn);
+      if (turn) angles(p, chunk, Cfg::kComputed ? 0 : position(p, tp, t), shared, cs, sn);
       for (;;) {
         store_batch(th, h0, b, turn, cs, sn);
         h0 += step;
