@@ -19,7 +19,7 @@ import time
 KEYS = ["rope_bshd_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_qk_fwd_ip",
         "rope_bshd_bf16_d128_r128_neox_pos-ids-i64_comp_qk_fwd_ip"]
 BASE = ["--gpu-architecture=sm_90", "--std=c++17", "--fmad=true", "-lineinfo",
-        "--device-as-default-execution-space"]
+        "--device-as-default-execution-space", "-minimal"]
 EMPTY = 'extern "C" __global__ void k() {}\n'
 
 

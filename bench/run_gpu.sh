@@ -3,11 +3,13 @@
 # then the GPU test suite and/or the measurements: tune a preset, the Google Benchmark suite
 # (using the fresh tuning file), the same-run torch comparison, and the plots.
 #   bench/run_gpu.sh OUTDIR [tests|bench|all|profile]   (dependencies: tools/fetch-deps.sh .deps)
+#   bench/run_gpu.sh OUTDIR flags "NVRTC OPTIONS"   kernel speed and cold compile with extra NVRTC
+#     options against the defaults, heuristic launches, runs alternated A B A B (flags_*.json)
 # bench: tuned run (bench.json), heuristic-only run (bench_untuned.json), torch comparison
 # (compare.json), plots/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out=${1:?usage: bench/run_gpu.sh OUTDIR [tests|bench|all]}
+out=${1:?usage: bench/run_gpu.sh OUTDIR [tests|bench|all|profile|flags OPTIONS]}
 what=${2:-all}
 mkdir -p "$out"
 build=build-gpu
@@ -54,4 +56,19 @@ if [ "$what" = profile ]; then
   ncu --clock-control none -k regex:rope_ --launch-skip 3 --launch-count 1 --section SpeedOfLight \
     --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis \
     $build/bench/ropejit_bench --benchmark_filter='rope/llama_bf16_t4096' 2>&1 | grep -vE "^==PROF==" | tail -n 80
+fi
+if [ "$what" = flags ]; then
+  flags=${3:?flags mode needs the NVRTC options to compare}
+  python3 bench/compile_phases.py --ropejit $build/ropejit --reps 4 --extra= --extra="$flags" \
+    > "$out/flags_phases.txt" 2>&1
+  cat "$out/flags_phases.txt"
+  for round in 1 2; do
+    for side in default flagged; do
+      extra=""; [ $side = flagged ] && extra=$flags
+      ROPEJIT_NVRTC_FLAGS="$extra" ROPEJIT_TUNING=off $build/bench/ropejit_bench \
+        --benchmark_filter='^(jit|rope|graph)/?' --benchmark_out="$out/flags_${side}_$round.json" \
+        --benchmark_out_format=json --benchmark_counters_tabular=true > "$out/flags_${side}_$round.txt" 2>&1
+      grep -E "^(jit|rope|graph)" "$out/flags_${side}_$round.txt" | cut -c1-200 | sed "s/^/$side $round: /"
+    done
+  done
 fi
