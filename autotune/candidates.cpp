@@ -36,7 +36,7 @@ std::vector<detail::LaunchConfig> candidates(const Spec& c, const detail::CallSh
         cfg.tokens_per_block = std::max(1, std::min(64, threads / (x * rows)));
         for (int32_t persistent : {0, 2, 4}) {
           if (persistent && shape.tokens < 4096) continue;  // small grids are one wave anyway
-          cfg.blocks_per_sm = persistent;
+          detail::set_persistent(cfg, persistent);
           add(cfg);
         }
       }

@@ -53,7 +53,7 @@ detail::LaunchConfig heuristic_config(const Spec& c, const detail::CallShape& sh
       decode ? 1
              : std::min({64, cfg.kernel.max_threads / row_threads,
                          std::max(1, (kMinBlockThreads + row_threads - 1) / row_threads)});
-  cfg.blocks_per_sm = 0;
+  detail::set_persistent(cfg, 0);  // one-shot: one block per token group
   return cfg;
 }
 

@@ -152,6 +152,7 @@ bool read_entry(const json& j, TuningEntry* e, std::string* why) {
   config.int32("rows", &c.rows);
   config.int32("tokens_per_block", &c.tokens_per_block);
   config.int32("blocks_per_sm", &c.blocks_per_sm);
+  c.kernel.grid_stride = c.blocks_per_sm > 0;  // implied: only persistent grids loop
   return config.ok() && (*why = invalid_entry_reason(*e)).empty();
 }
 

@@ -6,7 +6,7 @@ with ropejit's options plus each extra option set, REPS times, every source made
 appended empty kernel (NVRTC's cache keys on the PTX), and prints the fastest time of each phase
 (NVRTC's --time report) and of the whole call. An empty kernel is the floor.
 
-    python3 bench/compile_phases.py --ropejit build/ropejit --reps 5 \
+    python3 bench/compile_phases.py --ropejit build/ropejit --reps 5 --source bench/minimal_rope.cu \
         --extra "" --extra "--Ofast-compile=min" --extra "-Xptxas=-O1"
 """
 import argparse
@@ -64,6 +64,8 @@ def main():
     ap.add_argument("--templates", default=os.path.join(os.path.dirname(__file__), "..", "templates"))
     ap.add_argument("--nvrtc", default=None)
     ap.add_argument("--key", action="append", default=None)
+    ap.add_argument("--source", action="append", default=None,
+                    help="a CUDA file to time as well (bench/minimal_rope.cu: the floor of a real kernel)")
     ap.add_argument("--extra", action="append", default=None, help="extra option set (repeatable)")
     ap.add_argument("--reps", type=int, default=5)
     a = ap.parse_args()
@@ -73,6 +75,9 @@ def main():
     for key in a.key or KEYS:
         src = subprocess.run([a.ropejit, "source", key], check=True, capture_output=True, text=True).stdout
         sources.append((key, src))
+    for path in a.source or []:
+        with open(path) as f:
+            sources.append((os.path.basename(path), f.read()))
     salt = 0
     print(f"{'source':66s} {'extra options':24s} {'wall':>7s}  phases (fastest of {a.reps}, ms)")
     for extra in a.extra or [""]:

@@ -77,7 +77,8 @@ uint64_t hash_spec(const void* ctx, const Spec& s) {
 size_t Engine::FunctionKeyHash::operator()(const FunctionKey& k) const {
   uint64_t h = hash_spec(k.ctx, k.spec);
   mix(h, uint64_t(uint32_t(k.variant.vec)) << 40 | uint64_t(uint32_t(k.variant.heads_per_thread)) << 20 |
-             uint64_t(k.variant.table_vec) << 60 | uint32_t(k.variant.max_threads));
+             uint64_t(k.variant.table_vec) << 60 | uint64_t(k.variant.grid_stride) << 61 |
+             uint32_t(k.variant.max_threads));
   return size_t(h);
 }
 

@@ -8,7 +8,8 @@
 namespace ropejit::detail {
 
 std::string KernelVariant::name() const {
-  return concat('v', vec, 'h', heads_per_thread, 't', max_threads, table_vec ? "" : "s");
+  return concat('v', vec, 'h', heads_per_thread, 't', max_threads, table_vec ? "" : "s",
+                grid_stride ? "p" : "");
 }
 
 std::string LaunchConfig::name() const {
@@ -78,6 +79,9 @@ std::string illegal_reason(const Spec& c, const CallShape& shape, const LaunchCo
   const int32_t heads = shape.q_heads + shape.k_heads;
   if (cfg.rows > std::max(heads, 1)) return concat("rows ", cfg.rows, " exceed the ", heads, " heads");
   if (cfg.blocks_per_sm < 0 || cfg.blocks_per_sm > 32) return "blocks_per_sm must be 0..32";
+  if (k.grid_stride != (cfg.blocks_per_sm > 0))
+    return k.grid_stride ? "a grid-stride variant is for persistent grids (blocks_per_sm > 0)"
+                         : "a persistent grid (blocks_per_sm > 0) needs a grid-stride variant";
   if (shared_bytes(c, cfg) > kMaxSharedBytes)
     return concat(cfg.tokens_per_block, " tokens per block need ", shared_bytes(c, cfg),
                   " bytes of shared cos/sin, more than ", kMaxSharedBytes);
@@ -89,6 +93,11 @@ std::string illegal_reason(const Spec& c, const CallShape& shape, const LaunchCo
 int64_t shared_bytes(const Spec& c, const LaunchConfig& cfg) {
   if (c.freqs != Freqs::computed) return 0;
   return int64_t(cfg.tokens_per_block) * (c.rotary_dim / 2) * 8;
+}
+
+void set_persistent(LaunchConfig& cfg, int32_t blocks_per_sm) {
+  cfg.blocks_per_sm = blocks_per_sm;
+  cfg.kernel.grid_stride = blocks_per_sm > 0;
 }
 
 int64_t grid_blocks(const CallShape& shape, const LaunchConfig& cfg, const DeviceInfo& device) {

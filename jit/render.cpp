@@ -64,6 +64,7 @@ RenderedKernel render(const Spec& c, const KernelVariant& v) {
       {"heads_per_thread", std::to_string(v.heads_per_thread)},
       {"max_threads", std::to_string(v.max_threads)},
       {"table_vec", flag(v.table_vec)},
+      {"grid_stride", flag(v.grid_stride)},
   };
   r.source = substitute(embedded_file("rope_entry.cu.in"), vars);
   return r;

@@ -7,7 +7,8 @@
 //   y: a row of heads; each thread handles heads y, y + rows, ... kHeadsPerThread at a time,
 //      loading all of them before the first store so several 16-byte loads are in flight
 //      (rows >= heads: one head per thread, what decode-sized launches use).
-//   z: tokens; the grid strides over tokens, so a small grid can be persistent.
+//   z: tokens; a block handles one group of blockDim.z tokens, or (kGridStride) strides over
+//      the groups, so a small grid can be persistent.
 // cos/sin for a thread's chunk are fetched once per token (tables) or computed once per token
 // per block into shared memory (computed frequencies), and reused for every q and k head the
 // thread handles; its first q/k loads are issued before them so the latencies overlap.
@@ -272,9 +273,11 @@ struct RopeKernel {
     extern __shared__ float2 shared_angles[];  // [blockDim.z][kPairs], computed frequencies only
     float2* shared = shared_angles + threadIdx.z * kPairs;
 
-    // The loop bound is the same for the whole block (the shared angles need __syncthreads).
-    for (long long base = (long long)blockIdx.x * blockDim.z; base < p.tokens;
-         base += (long long)gridDim.x * blockDim.z) {
+    // The grid never has more blocks than token groups, so the first group exists. The loop
+    // bound is the same for the whole block (the shared angles need __syncthreads); without
+    // kGridStride the loop runs once and compiles to straight-line code (`continue` exits).
+    long long base = (long long)blockIdx.x * blockDim.z;
+    do {
       const long long t = base + threadIdx.z;
       const bool live = t < p.tokens;
       const TokenPlace tp = live ? locate(p, t) : TokenPlace{0, 0, false};
@@ -292,18 +295,18 @@ struct RopeKernel {
       if (h0 >= th.total_heads) continue;
       // The first batch's loads go out before cos/sin are fetched (position id -> table row
       // is a chain of two dependent loads), so the two latencies overlap: what decode-sized
-      // calls wait for.
-      Batch b;
-      load_batch(th, h0, b);
+      // calls wait for. One copy of the loop body, not a peeled first batch: less to compile.
       float cs[kPairsPerChunk], sn[kPairsPerChunk];
-      if (turn) angles(p, chunk, Cfg::kComputed ? 0 : position(p, tp, t), shared, cs, sn);
-      for (;;) {
+      bool first = true;
+      do {
+        Batch b;
+        load_batch(th, h0, b);
+        if (first && turn) angles(p, chunk, Cfg::kComputed ? 0 : position(p, tp, t), shared, cs, sn);
+        first = false;
         store_batch(th, h0, b, turn, cs, sn);
         h0 += step;
-        if (h0 >= th.total_heads) break;
-        load_batch(th, h0, b);
-      }
-    }
+      } while (h0 < th.total_heads);
+    } while (Cfg::kGridStride && (base += (long long)gridDim.x * blockDim.z) < p.tokens);
   }
 };
 

@@ -27,12 +27,19 @@ std::string temp_file(const char* name) { return ropejit::testing::temp_dir() + 
 TEST_SUITE("gpu") {
   TEST_CASE("tuner: every candidate reproduces the default output bit for bit") {
     testing::use_primary_context();
-    for (const char* key : {"rope_bshd_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_qk_fwd_ip",
-                            "rope_thd_f16_d80_r32_gptj_pos-offset_comp_qk_fwd_oop"}) {
-      const autotune::TuneReport r = autotune::tune(parse_key(key), 64, 32, 8);
-      INFO(key);
+    // 4096 tokens: the persistent-grid candidates (grid-stride variants, "p") are among them.
+    const std::pair<const char*, int64_t> cases[] = {
+        {"rope_bshd_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_qk_fwd_ip", 64},
+        {"rope_bshd_bf16_d128_r128_neox_pos-ids-i64_comp_qk_fwd_ip", 4096},
+        {"rope_thd_f16_d80_r32_gptj_pos-offset_comp_qk_fwd_oop", 64}};
+    for (const auto& [key, tokens] : cases) {
+      const autotune::TuneReport r = autotune::tune(parse_key(key), tokens, 32, 8);
+      INFO(key, " at ", tokens, " tokens");
       CHECK(r.rejected == 0);
       CHECK(r.results.size() >= 10);
+      size_t persistent = 0;
+      for (const autotune::CandidateResult& res : r.results) persistent += res.config.kernel.grid_stride;
+      CHECK((persistent > 0) == (tokens >= 4096));
       CHECK(r.best.median_us > 0);
       CHECK(r.best.median_us <= r.best.default_us);
       CHECK(r.copy_us > 0);

@@ -116,6 +116,18 @@ TEST_CASE("heuristic: one kernel variant for every shape and the decode and pref
   computed.freqs = Freqs::computed;
   computed = computed.canonical();
   CHECK(autotune::heuristic_config(computed, misaligned_table, dev).kernel.table_vec);
+  // Persistent grids and the grid-stride variant ("p") go together, both ways.
+  detail::LaunchConfig persistent = autotune::heuristic_config(c, shape_of(32768, 32, 8), dev);
+  CHECK_FALSE(persistent.kernel.grid_stride);
+  persistent.blocks_per_sm = 2;
+  CHECK(detail::illegal_reason(c, shape_of(32768, 32, 8), persistent, dev) ==
+        "a persistent grid (blocks_per_sm > 0) needs a grid-stride variant");
+  detail::set_persistent(persistent, 2);
+  CHECK(persistent.name() == "v8h2t512p_r20_z1_g2");
+  CHECK(detail::illegal_reason(c, shape_of(32768, 32, 8), persistent, dev).empty());
+  persistent.blocks_per_sm = 0;
+  CHECK(detail::illegal_reason(c, shape_of(32768, 32, 8), persistent, dev) ==
+        "a grid-stride variant is for persistent grids (blocks_per_sm > 0)");
   // The shapes the tuner measured (bench/RESULTS.md): llama decode and prefill.
   CHECK(autotune::heuristic_config(c, shape_of(64, 32, 8), dev).name() == "v8h2t512_r40_z1_g0");
   CHECK(autotune::heuristic_config(c, shape_of(32768, 32, 8), dev).name() == "v8h2t512_r20_z1_g0");

@@ -89,7 +89,7 @@ TuningEntry entry(const std::string& key, int64_t bucket, int32_t q, int32_t k, 
   e.config.kernel.max_threads = max_threads;
   e.config.rows = rows;
   e.config.tokens_per_block = tpb;
-  e.config.blocks_per_sm = bps;
+  detail::set_persistent(e.config, bps);
   e.median_us = median_us;
   e.gbps = gbps;
   e.default_us = default_us;
