@@ -281,6 +281,33 @@ struct RopeKernel {
       const long long t = base + threadIdx.z;
       const bool live = t < p.tokens;
       const TokenPlace tp = live ? locate(p, t) : TokenPlace{0, 0, false};
+#ifdef RJ_EARLY
+      // Whether this thread has anything to do for the token.
+      const bool work = live && !(Cfg::kInPlace && !(tp.valid && rot_chunk)) &&
+                        int(threadIdx.y) < th.total_heads;
+      Batch b;
+      int h0 = threadIdx.y;
+      if (work) {
+        th.q = rows_of(p.q, tp, t);
+        th.k = rows_of(p.k, tp, t);
+        load_batch(th, h0, b);
+      }
+      if (Cfg::kComputed) {
+        __syncthreads();  // the previous token's readers are done
+        share_angles(p, tp, t, shared);
+        __syncthreads();
+      }
+      if (!work) continue;
+      const bool turn = tp.valid && rot_chunk;
+      float cs[kPairsPerChunk], sn[kPairsPerChunk];
+      if (turn) angles(p, chunk, Cfg::kComputed ? 0 : position(p, tp, t), shared, cs, sn);
+      for (;;) {
+        store_batch(th, h0, b, turn, cs, sn);
+        h0 += step;
+        if (h0 >= th.total_heads) break;
+        load_batch(th, h0, b);
+      }
+#else
       if (Cfg::kComputed) {
         __syncthreads();  // the previous token's readers are done
         share_angles(p, tp, t, shared);
@@ -306,6 +333,7 @@ struct RopeKernel {
         store_batch(th, h0, b, turn, cs, sn);
         h0 += step;
       } while (h0 < th.total_heads);
+#endif
     } while (Cfg::kGridStride && (base += (long long)gridDim.x * blockDim.z) < p.tokens);
   }
 };
