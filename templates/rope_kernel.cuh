@@ -281,59 +281,47 @@ struct RopeKernel {
       const long long t = base + threadIdx.z;
       const bool live = t < p.tokens;
       const TokenPlace tp = live ? locate(p, t) : TokenPlace{0, 0, false};
-#ifdef RJ_EARLY
-      // Whether this thread has anything to do for the token.
-      const bool work = live && !(Cfg::kInPlace && !(tp.valid && rot_chunk)) &&
+      // In place, a pass-through chunk or a token outside every sequence has nothing to change.
+      const bool work = live && (!Cfg::kInPlace || (tp.valid && rot_chunk)) &&
                         int(threadIdx.y) < th.total_heads;
-      Batch b;
+      const bool turn = tp.valid && rot_chunk;
       int h0 = threadIdx.y;
       if (work) {
         th.q = rows_of(p.q, tp, t);
         th.k = rows_of(p.k, tp, t);
-        load_batch(th, h0, b);
       }
-      if (Cfg::kComputed) {
-        __syncthreads();  // the previous token's readers are done
-        share_angles(p, tp, t, shared);
-        __syncthreads();
-      }
-      if (!work) continue;
-      const bool turn = tp.valid && rot_chunk;
+      // The first batch's q/k loads go out before cos/sin are ready, so the latencies overlap:
+      // the table's position id -> row chain of two dependent loads, or the shared angles'
+      // computation and barriers (96.6 -> 98.5% of copy, bench/RESULTS.md).
       float cs[kPairsPerChunk], sn[kPairsPerChunk];
-      if (turn) angles(p, chunk, Cfg::kComputed ? 0 : position(p, tp, t), shared, cs, sn);
-      for (;;) {
-        store_batch(th, h0, b, turn, cs, sn);
-        h0 += step;
-        if (h0 >= th.total_heads) break;
-        load_batch(th, h0, b);
-      }
-#else
-      if (Cfg::kComputed) {
-        __syncthreads();  // the previous token's readers are done
-        share_angles(p, tp, t, shared);
-        __syncthreads();
-      }
-      if (!live) continue;
-      if (Cfg::kInPlace && !(tp.valid && rot_chunk)) continue;  // nothing to change
-      const bool turn = tp.valid && rot_chunk;
-      th.q = rows_of(p.q, tp, t);
-      th.k = rows_of(p.k, tp, t);
-      int h0 = threadIdx.y;
-      if (h0 >= th.total_heads) continue;
-      // The first batch's loads go out before cos/sin are fetched (position id -> table row
-      // is a chain of two dependent loads), so the two latencies overlap: what decode-sized
-      // calls wait for. One copy of the loop body, not a peeled first batch: less to compile.
-      float cs[kPairsPerChunk], sn[kPairsPerChunk];
-      bool first = true;
-      do {
+      if constexpr (Cfg::kComputed) {
         Batch b;
-        load_batch(th, h0, b);
-        if (first && turn) angles(p, chunk, Cfg::kComputed ? 0 : position(p, tp, t), shared, cs, sn);
-        first = false;
-        store_batch(th, h0, b, turn, cs, sn);
-        h0 += step;
-      } while (h0 < th.total_heads);
-#endif
+        if (work) load_batch(th, h0, b);
+        __syncthreads();  // the previous token's readers are done
+        share_angles(p, tp, t, shared);
+        __syncthreads();
+        if (!work) continue;
+        if (turn) angles(p, chunk, 0, shared, cs, sn);
+        for (;;) {
+          store_batch(th, h0, b, turn, cs, sn);
+          h0 += step;
+          if (h0 >= th.total_heads) break;
+          load_batch(th, h0, b);
+        }
+      } else {
+        // One copy of the loop body, not a peeled first batch as above: less to compile, and
+        // 1-1.5 points faster for gptj tables on the H100 (bench/RESULTS.md).
+        if (!work) continue;
+        bool first = true;
+        do {
+          Batch b;
+          load_batch(th, h0, b);
+          if (first && turn) angles(p, chunk, position(p, tp, t), shared, cs, sn);
+          first = false;
+          store_batch(th, h0, b, turn, cs, sn);
+          h0 += step;
+        } while (h0 < th.total_heads);
+      }
     } while (Cfg::kGridStride && (base += (long long)gridDim.x * blockDim.z) < p.tokens);
   }
 };
