@@ -30,6 +30,21 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   $build/ropejit tune --preset llama3-8b --out "$out/tuning.json" > "$out/tune.txt" 2>&1
   # The benchmark's prefill shape too (the preset stops at 4096 tokens).
   $build/ropejit tune --heads 32,8 --positions ids --tokens 32768 --out "$out/tuning.json" >> "$out/tune.txt" 2>&1
+  # The other ropejit_bench cases and the torch comparison's fp16 case, so that the tuned run
+  # shows what `ropejit tune` gives each of them (out of place has no CLI flag; the sweep stays
+  # heuristic).
+  base="--heads 32,8 --positions ids"
+  for shape in "$base --tokens 4096 --head-dim 64" "$base --tokens 4096 --head-dim 80" \
+               "$base --tokens 4096 --head-dim 96" "$base --tokens 4096 --head-dim 256" \
+               "--heads 32,1 --positions ids --tokens 4096" "$base --tokens 8192 --dtype f32" \
+               "--heads 64,0 --positions ids --tokens 4096 --dtype f16" \
+               "$base --tokens 4096 --style gptj" "$base --tokens 4096 --freqs comp" \
+               "$base --tokens 8192 --layout thd" \
+               "--heads 64,64 --positions ids --tokens 4096 --head-dim 96 --rotary-dim 24" \
+               "--heads 64,64 --positions ids --tokens 8192 --dtype f16"; do
+    # shellcheck disable=SC2086  # $shape holds several options
+    $build/ropejit tune $shape --out "$out/tuning.json" >> "$out/tune.txt" 2>&1
+  done
   tail -n 45 "$out/tune.txt" | cut -c1-200
   ROPEJIT_TUNING_FILE="$out/tuning.json" $build/bench/ropejit_bench --benchmark_out="$out/bench.json" \
     --benchmark_out_format=json --benchmark_counters_tabular=true > "$out/bench.txt" 2>&1
