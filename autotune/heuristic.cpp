@@ -9,7 +9,10 @@
 //     thread;
 //   - many tokens: two heads per thread in one pass (cos/sin fetched once for both), one token
 //     per block unless blocks would be tiny, and a one-shot grid: small blocks keep the SMs
-//     evenly loaded to the last wave, which measured better than persistent grids.
+//     evenly loaded to the last wave, which measured better than persistent grids;
+//   - on GPUs with more DRAM bandwidth per SM (H200: 37 GB/s per SM; H100: 25), half as many
+//     rows, so each thread makes two passes of two heads: the H200 tuner's choice for most
+//     prefill keys, 3-8 points of copy bandwidth above one pass there, 1-2 below on the H100.
 #include <algorithm>
 
 #include "policy.hpp"
@@ -22,6 +25,7 @@ constexpr int32_t kHeadsPerThread = 2;
 constexpr int32_t kBlockThreads = 512;
 constexpr int32_t kMinBlockThreads = 64;   // 32 resident blocks x 64 threads fill an SM
 constexpr int64_t kDecodeBlocksPerSm = 4;  // token bucket <= this * SMs: a decode-sized call
+constexpr double kTwoPassGbpsPerSm = 30;    // DRAM GB/s per SM from which prefill takes 2 passes
 
 }  // namespace
 
@@ -46,7 +50,9 @@ detail::LaunchConfig heuristic_config(const Spec& c, const detail::CallShape& sh
   // Decided on the token bucket, as the plan that remembers this choice is keyed by it.
   const bool decode =
       token_bucket(shape.tokens) <= kDecodeBlocksPerSm * std::max(device.sm_count, 1);
-  const int32_t heads_per_row = decode ? 1 : kHeadsPerThread;
+  const bool two_passes =
+      device.memory_gbps / std::max(device.sm_count, 1) >= kTwoPassGbpsPerSm;
+  const int32_t heads_per_row = decode ? 1 : kHeadsPerThread * (two_passes ? 2 : 1);
   cfg.rows = std::min(max_rows, (heads + heads_per_row - 1) / heads_per_row);
   const int32_t row_threads = x * cfg.rows;
   cfg.tokens_per_block =

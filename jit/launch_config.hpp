@@ -58,6 +58,7 @@ struct DeviceInfo {
   int cc = 0;  // 90 for sm_90
   int sm_count = 1;
   int max_threads_per_sm = 2048;
+  double memory_gbps = 0;  // peak DRAM bandwidth from memory clock and bus width; 0: unknown
   std::string name;
 };
 

@@ -60,8 +60,12 @@ TEST_CASE("candidates: legal, unique, heuristic first, pruned to the device") {
 }
 
 TEST_CASE("heuristic: one kernel variant for every shape and the decode and prefill launches") {
-  detail::DeviceInfo dev = fake_gpu("Heuristic GPU");
-  dev.sm_count = 132;
+  detail::DeviceInfo h100 = fake_gpu("Heuristic GPU");
+  h100.sm_count = 132;
+  h100.memory_gbps = 3352;  // 25 GB/s per SM: one pass of two heads
+  detail::DeviceInfo h200 = h100;
+  h200.memory_gbps = 4917;  // 37 GB/s per SM: two passes of two heads
+  for (const detail::DeviceInfo& dev : {h100, h200})
   for (const Spec& s : {Spec{}, parse_key("rope_thd_f32_d80_r32_gptj_pos-ids-i32_comp_qk_bwd_oop"),
                         parse_key("rope_sbhd_f16_d512_r512_neox_pos-offset_tab-f32-half_qk_fwd_ip"),
                         parse_key("rope_bshd_f32_d512_r512_gptj_pos-offset_comp_qk_fwd_oop")}) {
@@ -86,8 +90,10 @@ TEST_CASE("heuristic: one kernel variant for every shape and the decode and pref
           CHECK(cfg.rows == std::min(q + k, max_rows));
           CHECK(cfg.tokens_per_block == 1);
         } else {
-          // Prefill: two heads per thread in one pass; tokens only to reach 64 threads.
-          CHECK(cfg.rows == std::min((q + k + 1) / 2, max_rows));
+          // Prefill: two heads per thread in one pass (two passes where bandwidth per SM is
+          // high); tokens only to reach 64 threads.
+          const int32_t per_row = dev.memory_gbps > 4000 ? 4 : 2;
+          CHECK(cfg.rows == std::min((q + k + per_row - 1) / per_row, max_rows));
           const int32_t threads = x * cfg.rows * cfg.tokens_per_block;
           CHECK((cfg.tokens_per_block == 1 || threads <= 64 + x * cfg.rows));
           CHECK((threads >= 64 || cfg.tokens_per_block == 64));
@@ -95,6 +101,7 @@ TEST_CASE("heuristic: one kernel variant for every shape and the decode and pref
       }
     }
   }
+  const detail::DeviceInfo& dev = h100;
   // Less aligned calls get narrower vectors, still independent of the shape.
   const Spec c = Spec{}.canonical();
   CHECK(autotune::heuristic_variant(c, 4).vec == 2);
@@ -132,6 +139,9 @@ TEST_CASE("heuristic: one kernel variant for every shape and the decode and pref
   CHECK(autotune::heuristic_config(c, shape_of(64, 32, 8), dev).name() == "v8h2t512_r40_z1_g0");
   CHECK(autotune::heuristic_config(c, shape_of(32768, 32, 8), dev).name() == "v8h2t512_r20_z1_g0");
   CHECK(autotune::heuristic_config(c, shape_of(4096, 1, 1), dev).name() == "v8h2t512_r1_z8_g0");
+  // The H200's prefill: two passes of two heads; its decode is the H100's.
+  CHECK(autotune::heuristic_config(c, shape_of(32768, 32, 8), h200).name() == "v8h2t512_r10_z1_g0");
+  CHECK(autotune::heuristic_config(c, shape_of(64, 32, 8), h200).name() == "v8h2t512_r40_z1_g0");
 }
 
 TEST_CASE("computed frequencies: shared cos/sin bytes and their limit") {
