@@ -12,7 +12,9 @@
 //     evenly loaded to the last wave, which measured better than persistent grids;
 //   - on GPUs with more DRAM bandwidth per SM (H200: 37 GB/s per SM; H100: 25), half as many
 //     rows, so each thread makes two passes of two heads: the H200 tuner's choice for most
-//     prefill keys, 3-8 points of copy bandwidth above one pass there, 1-2 below on the H100.
+//     prefill keys, 1-8 points of copy bandwidth above one pass there (gptj +8, d256 +8), 1-2
+//     below on the H100. Heads of 5 or 6 chunks (d80, d96) measured 4 points worse with two
+//     passes, so only power-of-two chunk counts take them.
 #include <algorithm>
 
 #include "policy.hpp"
@@ -50,8 +52,8 @@ detail::LaunchConfig heuristic_config(const Spec& c, const detail::CallShape& sh
   // Decided on the token bucket, as the plan that remembers this choice is keyed by it.
   const bool decode =
       token_bucket(shape.tokens) <= kDecodeBlocksPerSm * std::max(device.sm_count, 1);
-  const bool two_passes =
-      device.memory_gbps / std::max(device.sm_count, 1) >= kTwoPassGbpsPerSm;
+  const bool two_passes = device.memory_gbps / std::max(device.sm_count, 1) >= kTwoPassGbpsPerSm &&
+                          (x & (x - 1)) == 0;
   const int32_t heads_per_row = decode ? 1 : kHeadsPerThread * (two_passes ? 2 : 1);
   cfg.rows = std::min(max_rows, (heads + heads_per_row - 1) / heads_per_row);
   const int32_t row_threads = x * cfg.rows;

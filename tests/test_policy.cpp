@@ -92,7 +92,7 @@ TEST_CASE("heuristic: one kernel variant for every shape and the decode and pref
         } else {
           // Prefill: two heads per thread in one pass (two passes where bandwidth per SM is
           // high); tokens only to reach 64 threads.
-          const int32_t per_row = dev.memory_gbps > 4000 ? 4 : 2;
+          const int32_t per_row = dev.memory_gbps > 4000 && (x & (x - 1)) == 0 ? 4 : 2;
           CHECK(cfg.rows == std::min((q + k + per_row - 1) / per_row, max_rows));
           const int32_t threads = x * cfg.rows * cfg.tokens_per_block;
           CHECK((cfg.tokens_per_block == 1 || threads <= 64 + x * cfg.rows));
