@@ -34,7 +34,7 @@ struct LaunchConfig {
   int32_t rows = 1;              // blockDim.y: head rows
   int32_t tokens_per_block = 1;  // blockDim.z
   int32_t blocks_per_sm = 0;     // 0: one block per token group; >0: persistent grid
-                                 // (needs kernel.grid_stride; see persistent())
+                                 // (needs kernel.grid_stride; see set_persistent())
 
   std::string name() const;  // "v8h2t256_r4_z2_g0"
   friend bool operator==(const LaunchConfig& a, const LaunchConfig& b) {
@@ -58,7 +58,7 @@ struct DeviceInfo {
   int cc = 0;  // 90 for sm_90
   int sm_count = 1;
   int max_threads_per_sm = 2048;
-  double memory_gbps = 0;  // peak DRAM bandwidth from memory clock and bus width; 0: unknown
+  double memory_gbps = 0;  // peak DRAM bandwidth (memory clock x bus width); 0: unknown or MIG
   std::string name;
 };
 
