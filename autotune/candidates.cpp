@@ -36,9 +36,10 @@ std::vector<detail::LaunchConfig> candidates(const Spec& c, const detail::CallSh
         cfg.tokens_per_block = std::max(1, std::min(64, threads / (x * rows)));
         for (int32_t persistent : {0, 2, 4}) {
           if (persistent && shape.tokens < 4096) continue;  // small grids are one wave anyway
-          // Persistent grids won no entry in the latest H100 run (bench/RESULTS.md); older
-          // kernels' winners had 1-2 heads per thread. Each persistent variant is one more
-          // compile and every candidate one more timing, so the rest are not tried.
+          // Persistent grids won no entry in the latest H100 run and one (d80, 2 heads per
+          // thread) on the H200 (bench/RESULTS.md); older kernels' winners had 1-2 heads per
+          // thread. Each persistent variant is one more compile and every candidate one more
+          // timing, so the rest are not tried.
           if (persistent && hpt > 2) continue;
           detail::set_persistent(cfg, persistent);
           add(cfg);

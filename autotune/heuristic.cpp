@@ -1,5 +1,5 @@
 // Built-in launch heuristic, used when no tuned entry exists. It follows what the tuner picks
-// on H100/H200 (bench/RESULTS.md, "Heuristic"):
+// on H100/H200 (bench/RESULTS.md, "Memory roofline" and "The H200 launch rule"):
 //   - one kernel variant per key and alignment: widest vectors, up to 2 heads per thread per
 //     pass, 512-thread bound. A 2-heads variant launched with rows >= heads runs one head per
 //     thread, so the same compiled kernel serves decode and prefill and changing shapes never
@@ -11,10 +11,11 @@
 //     per block unless blocks would be tiny, and a one-shot grid: small blocks keep the SMs
 //     evenly loaded to the last wave, which measured better than persistent grids;
 //   - on GPUs with more DRAM bandwidth per SM (H200: 37 GB/s per SM; H100: 25), half as many
-//     rows, so each thread makes two passes of two heads: the H200 tuner's choice for most
-//     prefill keys, 1-8 points of copy bandwidth above one pass there (gptj +8, d256 +8), 1-2
-//     below on the H100. Heads of 5 or 6 chunks (d80, d96) measured 4 points worse with two
-//     passes, so only power-of-two chunk counts take them.
+//     rows, so each thread makes two passes of two heads. The H200 tuner's winners mostly make
+//     two or more passes per thread (usually of one head); two passes of two heads keep the
+//     one kernel variant and measured up to 8 points above one pass there (gptj +8, d256 +8,
+//     computed -0.6), 1-2 below on the H100. Heads of 5 or 6 chunks (d80, d96) measured 3-4
+//     points worse with two passes, so only power-of-two chunk counts take them.
 #include <algorithm>
 
 #include "policy.hpp"
@@ -27,7 +28,7 @@ constexpr int32_t kHeadsPerThread = 2;
 constexpr int32_t kBlockThreads = 512;
 constexpr int32_t kMinBlockThreads = 64;   // 32 resident blocks x 64 threads fill an SM
 constexpr int64_t kDecodeBlocksPerSm = 4;  // token bucket <= this * SMs: a decode-sized call
-constexpr double kTwoPassGbpsPerSm = 30;    // DRAM GB/s per SM from which prefill takes 2 passes
+constexpr double kTwoPassGbpsPerSm = 30;   // DRAM GB/s per SM from which prefill takes 2 passes
 
 }  // namespace
 
@@ -52,8 +53,8 @@ detail::LaunchConfig heuristic_config(const Spec& c, const detail::CallShape& sh
   // Decided on the token bucket, as the plan that remembers this choice is keyed by it.
   const bool decode =
       token_bucket(shape.tokens) <= kDecodeBlocksPerSm * std::max(device.sm_count, 1);
-  const bool two_passes = device.memory_gbps / std::max(device.sm_count, 1) >= kTwoPassGbpsPerSm &&
-                          (x & (x - 1)) == 0;
+  const bool two_passes =
+      device.memory_gbps / std::max(device.sm_count, 1) >= kTwoPassGbpsPerSm && (x & (x - 1)) == 0;
   const int32_t heads_per_row = decode ? 1 : kHeadsPerThread * (two_passes ? 2 : 1);
   cfg.rows = std::min(max_rows, (heads + heads_per_row - 1) / heads_per_row);
   const int32_t row_threads = x * cfg.rows;

@@ -96,7 +96,8 @@ detail::LaunchConfig select_config(const Spec& c, const detail::CallShape& shape
   const int64_t bucket = token_bucket(shape.tokens);
   if (const std::optional<detail::LaunchConfig> tuned =
           store.find(device, key, bucket, shape.q_heads, shape.k_heads)) {
-    // A tuned entry assumes 16-byte alignment; a less aligned call keeps the heuristic.
+    // A tuned entry assumes 16-byte alignment (q/k and cos/sin); a less aligned call keeps
+    // the heuristic.
     if (detail::illegal_reason(c, shape, *tuned, device).empty()) return *tuned;
     return fallback;
   }
@@ -109,7 +110,8 @@ detail::LaunchConfig select_config(const Spec& c, const detail::CallShape& shape
     ++g_tunings;
     store.add(device, report.best, current_fingerprint());
     // Tuned on aligned buffers of its own: this call (e.g. a misaligned table) may not run it.
-    if (detail::illegal_reason(c, shape, report.best.config, device).empty()) return report.best.config;
+    if (detail::illegal_reason(c, shape, report.best.config, device).empty())
+      return report.best.config;
     return fallback;
   }
   return fallback;

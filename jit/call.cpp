@@ -152,8 +152,9 @@ CallShape check_call(const Spec& c, const Args& a) {
     int64_t span = 0;
     if (__builtin_mul_overflow(a.table_rows, stride, &span) || __builtin_mul_overflow(span, telem, &span))
       invalid("args.table_rows (", a.table_rows, ") * table_stride overflows");
-    shape.table_align = low_alignment(reinterpret_cast<uintptr_t>(a.cos) |
-                                      reinterpret_cast<uintptr_t>(a.sin) | uint64_t(stride * telem));
+    shape.table_align =
+        low_alignment(reinterpret_cast<uintptr_t>(a.cos) | reinterpret_cast<uintptr_t>(a.sin) |
+                      uint64_t(stride * telem));
     if (c.positions == Positions::offset && dense && tokens > 0 &&
         a.position_offset > a.table_rows - a.seq_len)
       invalid("positions up to ", a.position_offset + a.seq_len - 1, " (position_offset ",

@@ -76,7 +76,8 @@ uint64_t hash_spec(const void* ctx, const Spec& s) {
 
 size_t Engine::FunctionKeyHash::operator()(const FunctionKey& k) const {
   uint64_t h = hash_spec(k.ctx, k.spec);
-  mix(h, uint64_t(uint32_t(k.variant.vec)) << 40 | uint64_t(uint32_t(k.variant.heads_per_thread)) << 20 |
+  mix(h, uint64_t(uint32_t(k.variant.vec)) << 40 |
+             uint64_t(uint32_t(k.variant.heads_per_thread)) << 20 |
              uint64_t(k.variant.table_vec) << 60 | uint64_t(k.variant.grid_stride) << 61 |
              uint32_t(k.variant.max_threads));
   return size_t(h);
@@ -241,8 +242,13 @@ Engine::Plan Engine::make_plan(CUcontext ctx, const Spec& c, const LaunchConfig&
 
 const Engine::Plan& Engine::plan(CUcontext ctx, const Spec& c, const CallShape& shape,
                                  CUstream stream) {
-  const PlanKey key{ctx, c, autotune::token_bucket(shape.tokens), shape.q_heads, shape.k_heads,
-                    shape.align_bytes, shape.table_align};
+  const PlanKey key{ctx,
+                    c,
+                    autotune::token_bucket(shape.tokens),
+                    shape.q_heads,
+                    shape.k_heads,
+                    shape.align_bytes,
+                    shape.table_align};
   {
     std::shared_lock<std::shared_mutex> lock(plans_mutex_);
     const auto it = plans_.find(key);

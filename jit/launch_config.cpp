@@ -36,10 +36,13 @@ bool table_vectors_ok(const Spec& c, int32_t vec, int32_t table_align) {
   // Full-width gptj tables repeat each frequency (f0 f0 f1 f1 ...): read element by element
   // whatever the alignment, so the flag makes no difference there.
   if (c.table_width == TableWidth::full && c.style == Style::gptj) return true;
+  return table_align >= table_vector_bytes(c, vec);
+}
+
+int32_t table_vector_bytes(const Spec& c, int32_t vec) {
   const int32_t telem = element_bytes(c.table_dtype);
   const int32_t pairs_per_chunk = c.style == Style::neox ? vec : vec / 2;
-  const int32_t per_load = std::min(16 / telem, pairs_per_chunk);  // as rope_kernel.cuh
-  return table_align >= per_load * telem;
+  return std::min(16 / telem, pairs_per_chunk) * telem;  // as rope_kernel.cuh's kPerLoad
 }
 
 int32_t chunks(const Spec& c, int32_t vec) {
@@ -65,9 +68,7 @@ std::string illegal_reason(const Spec& c, const CallShape& shape, const LaunchCo
     return concat("vec ", k.vec, " does not divide the pass-through tail");
   if (k.table_vec && !table_vectors_ok(c, k.vec, shape.table_align))
     return concat("vector table loads need cos, sin and the table row stride aligned to ",
-                  std::min(16 / element_bytes(c.table_dtype),
-                           c.style == Style::neox ? k.vec : k.vec / 2) * element_bytes(c.table_dtype),
-                  " bytes, the call has ", shape.table_align);
+                  table_vector_bytes(c, k.vec), " bytes, the call has ", shape.table_align);
   if (k.heads_per_thread < 1 || k.heads_per_thread > 8) return "heads_per_thread must be 1..8";
   if (k.max_threads < 32 || k.max_threads > 1024 || k.max_threads % 32)
     return "max_threads must be a multiple of 32 in [32, 1024]";
@@ -80,8 +81,10 @@ std::string illegal_reason(const Spec& c, const CallShape& shape, const LaunchCo
   if (cfg.rows > std::max(heads, 1)) return concat("rows ", cfg.rows, " exceed the ", heads, " heads");
   if (cfg.blocks_per_sm < 0 || cfg.blocks_per_sm > 32) return "blocks_per_sm must be 0..32";
   if (k.grid_stride != (cfg.blocks_per_sm > 0))
-    return k.grid_stride ? "a grid-stride variant is for persistent grids (blocks_per_sm > 0)"
-                         : "a persistent grid (blocks_per_sm > 0) needs a grid-stride variant";
+    return k.grid_stride
+               ? "a grid-stride variant is for persistent grids (blocks_per_sm > 0), not 0"
+               : concat("a persistent grid (blocks_per_sm ", cfg.blocks_per_sm,
+                        ") needs a grid-stride variant");
   if (shared_bytes(c, cfg) > kMaxSharedBytes)
     return concat(cfg.tokens_per_block, " tokens per block need ", shared_bytes(c, cfg),
                   " bytes of shared cos/sin, more than ", kMaxSharedBytes);

@@ -19,7 +19,7 @@ struct KernelVariant {
                                  // aligned to a vector; such a kernel's name ends in "s")
   bool grid_stride = false;      // blocks loop over token groups: what persistent grids
                                  // (blocks_per_sm > 0) need; one-shot grids compile without
-                                 // the loop (about 10% less compile time). Name ends in "p"
+                                 // the loop. Name ends in "p"
 
   std::string name() const;  // "v8h2t256", "v8h2t256s", "v8h2t256p"
   friend bool operator==(const KernelVariant& a, const KernelVariant& b) {
@@ -72,6 +72,10 @@ int32_t max_vec(const Spec& canonical, int32_t align_bytes);
 // loads when the table's pointers and row stride are aligned to `table_align` bytes (always
 // true for computed frequencies, which read no table).
 bool table_vectors_ok(const Spec& canonical, int32_t vec, int32_t table_align);
+
+// Bytes of one vector table load for data vectors of `vec` elements: the alignment that
+// table_vectors_ok asks of the table.
+int32_t table_vector_bytes(const Spec& canonical, int32_t vec);
 
 // blockDim.x for a canonical spec and vector width.
 int32_t chunks(const Spec& canonical, int32_t vec);

@@ -56,9 +56,9 @@ std::vector<std::string> compile_options(const std::string& target) {
   // --use_fast_math would turn sincospif/exp2 into approximations.
   // -minimal drops the runtime-API declarations the kernels never use: about 10 ms less front
   // end per compile (bench/RESULTS.md, "Cold compile").
-  std::vector<std::string> options = {"--gpu-architecture=" + target, "--std=c++17", "--fmad=true",
-                                      "-lineinfo", "--device-as-default-execution-space",
-                                      "-minimal"};
+  std::vector<std::string> options = {
+      "--gpu-architecture=" + target,        "--std=c++17", "--fmad=true", "-lineinfo",
+      "--device-as-default-execution-space", "-minimal"};
   // Expert knob for experiments and debugging (e.g. "--Ofast-compile=min"): appended, and part
   // of the cache key like every option.
   if (const char* extra = std::getenv("ROPEJIT_NVRTC_FLAGS")) {

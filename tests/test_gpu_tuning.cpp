@@ -38,7 +38,8 @@ TEST_SUITE("gpu") {
       CHECK(r.rejected == 0);
       CHECK(r.results.size() >= 10);
       size_t persistent = 0;
-      for (const autotune::CandidateResult& res : r.results) persistent += res.config.kernel.grid_stride;
+      for (const autotune::CandidateResult& res : r.results)
+        persistent += res.config.kernel.grid_stride;
       CHECK((persistent > 0) == (tokens >= 4096));
       CHECK(r.best.median_us > 0);
       CHECK(r.best.median_us <= r.best.default_us);

@@ -65,38 +65,42 @@ TEST_CASE("heuristic: one kernel variant for every shape and the decode and pref
   h100.memory_gbps = 3352;  // 25 GB/s per SM: one pass of two heads
   detail::DeviceInfo h200 = h100;
   h200.memory_gbps = 4917;  // 37 GB/s per SM: two passes of two heads
-  for (const detail::DeviceInfo& dev : {h100, h200})
-  for (const Spec& s : {Spec{}, parse_key("rope_thd_f32_d80_r32_gptj_pos-ids-i32_comp_qk_bwd_oop"),
-                        parse_key("rope_sbhd_f16_d512_r512_neox_pos-offset_tab-f32-half_qk_fwd_ip"),
-                        parse_key("rope_bshd_f32_d512_r512_gptj_pos-offset_comp_qk_fwd_oop")}) {
-    const Spec c = s.canonical();
-    const detail::KernelVariant v = autotune::heuristic_variant(c, 16);
-    CHECK(v.heads_per_thread == 2);
-    const int32_t x = detail::chunks(c, v.vec);
-    const int32_t max_rows = v.max_threads / x;
-    for (int64_t tokens : {int64_t(1), int64_t(64), int64_t(512), int64_t(513), int64_t(528),
-                           int64_t(529), int64_t(4096), int64_t(1) << 20}) {
-      for (auto [q, k] : {std::pair{32, 8}, std::pair{1, 0}, std::pair{64, 64}, std::pair{128, 0}}) {
-        const detail::CallShape shape = shape_of(tokens, q, k);
-        const detail::LaunchConfig cfg = autotune::heuristic_config(c, shape, dev);
-        INFO(c.key(), " tokens ", tokens, " heads ", q, "/", k, ": ", cfg.name());
-        CHECK(cfg.kernel == v);  // shapes never pick another kernel
-        CHECK(detail::illegal_reason(c, shape, cfg, dev).empty());
-        CHECK(cfg.blocks_per_sm == 0);
-        // Decided per token bucket (plans are remembered per bucket): 513..1024 is one bucket,
-        // above the 528 tokens of 4 blocks per SM, so all of it is prefill.
-        if (autotune::token_bucket(tokens) <= 4 * dev.sm_count) {
-          // Decode: one head per thread (as far as the block allows), a token per block.
-          CHECK(cfg.rows == std::min(q + k, max_rows));
-          CHECK(cfg.tokens_per_block == 1);
-        } else {
-          // Prefill: two heads per thread in one pass (two passes where bandwidth per SM is
-          // high); tokens only to reach 64 threads.
-          const int32_t per_row = dev.memory_gbps > 4000 && (x & (x - 1)) == 0 ? 4 : 2;
-          CHECK(cfg.rows == std::min((q + k + per_row - 1) / per_row, max_rows));
-          const int32_t threads = x * cfg.rows * cfg.tokens_per_block;
-          CHECK((cfg.tokens_per_block == 1 || threads <= 64 + x * cfg.rows));
-          CHECK((threads >= 64 || cfg.tokens_per_block == 64));
+  for (const detail::DeviceInfo& dev : {h100, h200}) {
+    for (const Spec& s :
+         {Spec{}, parse_key("rope_thd_f32_d80_r32_gptj_pos-ids-i32_comp_qk_bwd_oop"),
+          parse_key("rope_sbhd_f16_d512_r512_neox_pos-offset_tab-f32-half_qk_fwd_ip"),
+          parse_key("rope_bshd_f32_d512_r512_gptj_pos-offset_comp_qk_fwd_oop")}) {
+      const Spec c = s.canonical();
+      const detail::KernelVariant v = autotune::heuristic_variant(c, 16);
+      CHECK(v.heads_per_thread == 2);
+      const int32_t x = detail::chunks(c, v.vec);
+      const int32_t max_rows = v.max_threads / x;
+      for (int64_t tokens : {int64_t(1), int64_t(64), int64_t(512), int64_t(513), int64_t(528),
+                             int64_t(529), int64_t(4096), int64_t(1) << 20}) {
+        for (auto [q, k] :
+             {std::pair{32, 8}, std::pair{1, 0}, std::pair{64, 64}, std::pair{128, 0}}) {
+          const detail::CallShape shape = shape_of(tokens, q, k);
+          const detail::LaunchConfig cfg = autotune::heuristic_config(c, shape, dev);
+          INFO(c.key(), " tokens ", tokens, " heads ", q, "/", k, ": ", cfg.name());
+          CHECK(cfg.kernel == v);  // shapes never pick another kernel
+          CHECK(detail::illegal_reason(c, shape, cfg, dev).empty());
+          CHECK(cfg.blocks_per_sm == 0);
+          // Decided per token bucket (plans are remembered per bucket): 513..1024 is one bucket,
+          // above the 528 tokens of 4 blocks per SM, so all of it is prefill.
+          if (autotune::token_bucket(tokens) <= 4 * dev.sm_count) {
+            // Decode: one head per thread (as far as the block allows), a token per block.
+            CHECK(cfg.rows == std::min(q + k, max_rows));
+            CHECK(cfg.tokens_per_block == 1);
+          } else {
+            // Prefill: two heads per thread in one pass (two passes where bandwidth per SM is
+            // high); tokens only to reach 64 threads.
+            const bool two_passes = dev.memory_gbps / dev.sm_count >= 30 && (x & (x - 1)) == 0;
+            const int32_t per_row = two_passes ? 4 : 2;
+            CHECK(cfg.rows == std::min((q + k + per_row - 1) / per_row, max_rows));
+            const int32_t threads = x * cfg.rows * cfg.tokens_per_block;
+            CHECK((cfg.tokens_per_block == 1 || threads <= 64 + x * cfg.rows));
+            CHECK((threads >= 64 || cfg.tokens_per_block == 64));
+          }
         }
       }
     }
@@ -118,7 +122,8 @@ TEST_CASE("heuristic: one kernel variant for every shape and the decode and pref
   detail::LaunchConfig vec_table = sc;
   vec_table.kernel.table_vec = true;
   CHECK(detail::illegal_reason(c, misaligned_table, vec_table, dev) ==
-        "vector table loads need cos, sin and the table row stride aligned to 16 bytes, the call has 4");
+        "vector table loads need cos, sin and the table row stride aligned to 16 bytes, the call "
+        "has 4");
   Spec computed = c;
   computed.freqs = Freqs::computed;
   computed = computed.canonical();
@@ -128,13 +133,13 @@ TEST_CASE("heuristic: one kernel variant for every shape and the decode and pref
   CHECK_FALSE(persistent.kernel.grid_stride);
   persistent.blocks_per_sm = 2;
   CHECK(detail::illegal_reason(c, shape_of(32768, 32, 8), persistent, dev) ==
-        "a persistent grid (blocks_per_sm > 0) needs a grid-stride variant");
+        "a persistent grid (blocks_per_sm 2) needs a grid-stride variant");
   detail::set_persistent(persistent, 2);
   CHECK(persistent.name() == "v8h2t512p_r20_z1_g2");
   CHECK(detail::illegal_reason(c, shape_of(32768, 32, 8), persistent, dev).empty());
   persistent.blocks_per_sm = 0;
   CHECK(detail::illegal_reason(c, shape_of(32768, 32, 8), persistent, dev) ==
-        "a grid-stride variant is for persistent grids (blocks_per_sm > 0)");
+        "a grid-stride variant is for persistent grids (blocks_per_sm > 0), not 0");
   // The shapes the tuner measured (bench/RESULTS.md): llama decode and prefill.
   CHECK(autotune::heuristic_config(c, shape_of(64, 32, 8), dev).name() == "v8h2t512_r40_z1_g0");
   CHECK(autotune::heuristic_config(c, shape_of(32768, 32, 8), dev).name() == "v8h2t512_r20_z1_g0");
@@ -208,7 +213,8 @@ TEST_CASE("policy: tuned entry, fallback, frozen and off") {
     // A misaligned table cannot use the tuned (vector-table) kernel either.
     detail::CallShape odd_table = shape;
     odd_table.table_align = 4;
-    CHECK(autotune::select_config(c, odd_table, dev, false) == autotune::heuristic_config(c, odd_table, dev));
+    CHECK(autotune::select_config(c, odd_table, dev, false) ==
+          autotune::heuristic_config(c, odd_table, dev));
     CHECK_FALSE(autotune::select_config(c, odd_table, dev, false).kernel.table_vec);
   }
   {

@@ -158,7 +158,7 @@ TEST_CASE("covering array of the key matrix compiles for sm_80 and sm_90") {
     KernelVariant narrow = v;
     narrow.vec = s.style == Style::gptj ? 2 : 1;
     narrow.heads_per_thread = 1 + int32_t(jobs.size() % 4);
-    narrow.table_vec = jobs.size() % 3 != 0;  // the element-by-element table path too
+    narrow.table_vec = jobs.size() % 3 != 0;    // the element-by-element table path too
     narrow.grid_stride = jobs.size() % 2 == 0;  // and the persistent-grid token loop
     if (!(narrow == v)) jobs.emplace_back(s, narrow);
   }
