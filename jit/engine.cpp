@@ -170,12 +170,8 @@ const DeviceInfo& Engine::device_info(CUcontext ctx) {
   char name[256] = {};
   check(d.DeviceGetName(name, sizeof name, dev), "cuDeviceGetName");
   info.name = name;
-  // Double data rate: kHz x bus bits x 2 / 8 bits per byte (H100 SXM 3352, H200 4917 GB/s).
-  // A MIG slice reports the whole GPU's memory clock and bus but only its own SMs, so per-SM
-  // bandwidth would be overstated there: left unknown (0), which keeps the default launches.
-  if (info.name.find(" MIG ") == std::string::npos)
-    info.memory_gbps = double(attr(CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE)) * 1e3 *
-                       attr(CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH) * 2 / 8 / 1e9;
+  info.memory_gbps = peak_memory_gbps(info.name, attr(CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE),
+                                      attr(CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH));
   std::unique_lock<std::shared_mutex> lock(devices_mutex_);
   return devices_.emplace(ctx, std::move(info)).first->second;  // nodes never move or die
 }

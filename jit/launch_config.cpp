@@ -16,6 +16,11 @@ std::string LaunchConfig::name() const {
   return concat(kernel.name(), "_r", rows, "_z", tokens_per_block, "_g", blocks_per_sm);
 }
 
+double peak_memory_gbps(const std::string& device_name, int memory_clock_khz, int bus_width_bits) {
+  if (device_name.find(" MIG ") != std::string::npos) return 0;
+  return double(memory_clock_khz) * 1e3 * bus_width_bits * 2 / 8 / 1e9;
+}
+
 int32_t element_bytes(DType t) { return t == DType::f32 ? 4 : 2; }
 
 int32_t max_vec(const Spec& c, int32_t align_bytes) {

@@ -62,6 +62,12 @@ struct DeviceInfo {
   std::string name;
 };
 
+// Peak DRAM bandwidth in GB/s from the driver's memory clock (kHz) and bus width (bits),
+// double data rate: H100 SXM 3352, H200 4917. 0 for a MIG slice (its name says "MIG"): it
+// reports the whole GPU's clock and bus but only its own SMs, so per-SM bandwidth would be
+// overstated.
+double peak_memory_gbps(const std::string& device_name, int memory_clock_khz, int bus_width_bits);
+
 int32_t element_bytes(DType t);
 
 // Largest vector width (elements) legal for a canonical spec when pointers and strides are

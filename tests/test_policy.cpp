@@ -149,6 +149,15 @@ TEST_CASE("heuristic: one kernel variant for every shape and the decode and pref
   CHECK(autotune::heuristic_config(c, shape_of(64, 32, 8), h200).name() == "v8h2t512_r40_z1_g0");
 }
 
+TEST_CASE("peak memory bandwidth from the driver's clock and bus width, unknown on MIG") {
+  // The attributes the H100 SXM and H200 hosts report (bench/RESULTS.md).
+  CHECK(detail::peak_memory_gbps("NVIDIA H100 80GB HBM3", 2619000, 5120) ==
+        doctest::Approx(3352.3).epsilon(1e-4));
+  CHECK(detail::peak_memory_gbps("NVIDIA H200", 3201000, 6144) ==
+        doctest::Approx(4916.7).epsilon(1e-4));
+  CHECK(detail::peak_memory_gbps("NVIDIA H100 80GB HBM3 MIG 1g.10gb", 2619000, 5120) == 0);
+}
+
 TEST_CASE("computed frequencies: shared cos/sin bytes and their limit") {
   const detail::DeviceInfo dev = fake_gpu("Shared GPU");
   Spec s;  // bf16, d128, neox: 8 chunks of 8 pairs
