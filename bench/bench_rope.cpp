@@ -86,8 +86,38 @@ void run_case(benchmark::State& state, const Case& c) {
   state.SetLabel(w.spec().key() + " " + cfg.name() + " " + std::to_string(regs) + "regs");
 }
 
+// kGraphCalls calls captured once into a CUDA graph on g_stream, for replay.
+constexpr int kGraphCalls = 20;
+class CallGraph {
+ public:
+  template <class Call>
+  explicit CallGraph(Call&& call) {
+    const detail::Driver& d = detail::driver();
+    detail::check(d.StreamBeginCapture(g_stream, CU_STREAM_CAPTURE_MODE_GLOBAL), "capture");
+    for (int i = 0; i < kGraphCalls; ++i) call();
+    detail::check(d.StreamEndCapture(g_stream, &graph_), "capture");
+    detail::check(d.GraphInstantiateWithFlags(&exec_, graph_, 0), "instantiate");
+  }
+  ~CallGraph() {
+    detail::driver().GraphExecDestroy(exec_);
+    detail::driver().GraphDestroy(graph_);
+  }
+  CallGraph(const CallGraph&) = delete;
+  CallGraph& operator=(const CallGraph&) = delete;
+
+  // Device time of one replay, per captured call.
+  double us_per_call(autotune::Timer& timer) const {
+    return timer.time([&] { detail::driver().GraphLaunch(exec_, g_stream); }, 1, 1).median_us /
+           kGraphCalls;
+  }
+
+ private:
+  CUgraph graph_ = nullptr;
+  CUgraphExec exec_ = nullptr;
+};
+
 // The same-run reference for graph-replayed decode (PRODUCT.md's "two copies" column): per
-// call, a device copy of q's bytes and one of k's, 20 calls captured once and replayed.
+// call, a device copy of q's bytes and one of k's, captured once and replayed.
 double graph_copies_us(const Case& c) {
   const detail::Driver& d = detail::driver();
   const size_t per_head = size_t(c.sizes.batch * c.sizes.seq_len) * size_t(c.spec.head_dim) *
@@ -96,52 +126,38 @@ double graph_copies_us(const Case& c) {
   CUdeviceptr src = 0, dst = 0;
   detail::check(d.MemAlloc(&src, qb + kb), "cuMemAlloc");
   detail::check(d.MemAlloc(&dst, qb + kb), "cuMemAlloc");
-  constexpr int kCalls = 20;
-  CUgraph graph = nullptr;
-  CUgraphExec exec = nullptr;
-  detail::check(d.StreamBeginCapture(g_stream, CU_STREAM_CAPTURE_MODE_GLOBAL), "capture");
-  for (int i = 0; i < kCalls; ++i) {
-    detail::check(d.MemcpyDtoDAsync(dst, src, qb, g_stream), "capture q copy");
-    if (kb) detail::check(d.MemcpyDtoDAsync(dst + qb, src + qb, kb, g_stream), "capture k copy");
-  }
-  detail::check(d.StreamEndCapture(g_stream, &graph), "capture");
-  detail::check(d.GraphInstantiateWithFlags(&exec, graph, 0), "instantiate");
-  autotune::Timer timer(g_stream, 0);
   std::vector<double> samples;
-  for (int i = 0; i < 200; ++i)
-    samples.push_back(timer.time([&] { d.GraphLaunch(exec, g_stream); }, 1, 1).median_us / kCalls);
-  d.GraphExecDestroy(exec);
-  d.GraphDestroy(graph);
+  {
+    const CallGraph graph([&] {
+      detail::check(d.MemcpyDtoDAsync(dst, src, qb, g_stream), "capture q copy");
+      if (kb) detail::check(d.MemcpyDtoDAsync(dst + qb, src + qb, kb, g_stream), "capture k copy");
+    });
+    autotune::Timer timer(g_stream, 0);
+    for (int i = 0; i < 200; ++i) samples.push_back(graph.us_per_call(timer));
+  }
   d.MemFree(src);
   d.MemFree(dst);
   return median(samples);
 }
 
-// Decode sizes under graph replay: 20 calls captured once, replayed, time per call (the
-// launch gaps of eager launches excluded, as PRODUCT.md's decode table measures).
+// Decode sizes under graph replay: kGraphCalls calls captured once, replayed, time per call
+// (the launch gaps of eager launches excluded, as PRODUCT.md's decode table measures).
 void run_graph(benchmark::State& state, const Case& c) {
-  const detail::Driver& d = detail::driver();
   autotune::Workload w(c.spec, c.sizes);
   w.upload();
   const Args args = w.args(g_stream);
   apply(c.spec, args);
-  detail::check(d.StreamSynchronize(g_stream), "warm-up");
-  constexpr int kCalls = 20;
-  CUgraph graph = nullptr;
-  CUgraphExec exec = nullptr;
-  detail::check(d.StreamBeginCapture(g_stream, CU_STREAM_CAPTURE_MODE_GLOBAL), "capture");
-  for (int i = 0; i < kCalls; ++i) apply(c.spec, args);
-  detail::check(d.StreamEndCapture(g_stream, &graph), "capture");
-  detail::check(d.GraphInstantiateWithFlags(&exec, graph, 0), "instantiate");
-  autotune::Timer timer(g_stream, 0);
+  detail::check(detail::driver().StreamSynchronize(g_stream), "warm-up");
   std::vector<double> samples;
-  for (auto _ : state) {
-    const double us = timer.time([&] { d.GraphLaunch(exec, g_stream); }, 1, 1).median_us / kCalls;
-    state.SetIterationTime(us * 1e-6);
-    samples.push_back(us);
+  {
+    const CallGraph graph([&] { apply(c.spec, args); });
+    autotune::Timer timer(g_stream, 0);
+    for (auto _ : state) {
+      const double us = graph.us_per_call(timer);
+      state.SetIterationTime(us * 1e-6);
+      samples.push_back(us);
+    }
   }
-  d.GraphExecDestroy(exec);
-  d.GraphDestroy(graph);
   state.counters["us_per_call"] = median(samples);
   state.counters["two_copies_us"] = graph_copies_us(c);
   state.SetBytesProcessed(int64_t(state.iterations()) * w.bytes_moved());
