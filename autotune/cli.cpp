@@ -121,13 +121,17 @@ int main(int argc, char** argv) {
   CLI::App* tune = app.add_subcommand("tune", "Time launch configurations on this GPU; write the tuning file");
   tune->add_option("--preset", to.presets, "Model preset (repeatable)")->delimiter(',');
   tune->add_option("--heads", to.heads, "Explicit shape: q heads[,k heads]")->delimiter(',');
-  tune->add_option("--head-dim", to.head_dim, "head_dim for --heads");
-  tune->add_option("--rotary-dim", to.rotary_dim, "rotary_dim for --heads (0: head_dim)");
-  tune->add_option("--dtype", to.dtype, "q/k dtype: f32, f16, bf16");
-  tune->add_option("--layout", to.layout, "bshd, sbhd, bhsd, thd");
-  tune->add_option("--style", to.style, "neox, gptj");
-  tune->add_option("--positions", to.positions, "offset, seqoff, ids");
-  tune->add_option("--freqs", to.freqs, "tab, comp");
+  CLI::Option* key = tune->add_option(
+      "--key", to.keys,
+      "Kernel key(s) to tune with --heads, any axis (out of place, backward, table dtype, ...)");
+  // The shape options build one key; --key gives it whole.
+  tune->add_option("--head-dim", to.head_dim, "head_dim for --heads")->excludes(key);
+  tune->add_option("--rotary-dim", to.rotary_dim, "rotary_dim for --heads (0: head_dim)")->excludes(key);
+  tune->add_option("--dtype", to.dtype, "q/k dtype: f32, f16, bf16 (also of presets)");
+  tune->add_option("--layout", to.layout, "bshd, sbhd, bhsd, thd")->excludes(key);
+  tune->add_option("--style", to.style, "neox, gptj")->excludes(key);
+  tune->add_option("--positions", to.positions, "offset, seqoff, ids")->excludes(key);
+  tune->add_option("--freqs", to.freqs, "tab, comp")->excludes(key);
   tune->add_option("--tokens", to.tokens, "Token counts to tune (bucketed to powers of two)")->delimiter(',');
   tune->add_option("--out", to.out, "Tuning file (default: $ROPEJIT_TUNING_FILE or the cache dir)");
   tune->add_flag("--dry-run", to.dry_run, "List the candidates; needs no GPU");

@@ -20,7 +20,8 @@ int run_demo(const DemoOptions& options);
 
 struct TuneOptions {
   std::vector<std::string> presets;
-  std::vector<int32_t> heads;  // explicit shape: q heads[, k heads]
+  std::vector<std::string> keys;  // explicit kernel keys (every axis), with `heads`
+  std::vector<int32_t> heads;     // explicit shape: q heads[, k heads]
   int32_t head_dim = 128;
   int32_t rotary_dim = 0;
   std::string dtype = "bf16";

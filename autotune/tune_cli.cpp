@@ -36,9 +36,14 @@ std::vector<Job> jobs_for(const TuneOptions& o) {
     for (const Spec& s : autotune::preset_specs(p, dtype))
       if (s.direction == Direction::forward && s.in_place) jobs.push_back({s, p.q_heads, p.kv_heads});
   }
+  if (!o.keys.empty() && o.heads.empty()) detail::invalid("--key needs --heads Q[,K]");
   if (!o.heads.empty()) {
     if (o.heads.size() > 2 || o.heads[0] < 1 || (o.heads.size() == 2 && o.heads[1] < 0))
       detail::invalid("--heads must be Q or Q,K with Q >= 1 and K >= 0");
+    const int32_t k_heads = o.heads.size() == 2 ? o.heads[1] : 0;
+    for (const std::string& key : o.keys) jobs.push_back({parse_key(key).canonical(), o.heads[0], k_heads});
+  }
+  if (!o.heads.empty() && o.keys.empty()) {
     Spec s;
     s.layout = detail::parse_name<Layout>(o.layout, "--layout");
     s.dtype = dtype;
@@ -49,7 +54,8 @@ std::vector<Job> jobs_for(const TuneOptions& o) {
     s.freqs = detail::parse_name<Freqs>(o.freqs, "--freqs");
     jobs.push_back({s.canonical(), o.heads[0], o.heads.size() == 2 ? o.heads[1] : 0});
   }
-  if (jobs.empty()) detail::invalid("tune needs --preset NAME or --heads Q,K with the shape options");
+  if (jobs.empty())
+    detail::invalid("tune needs --preset NAME, or --heads Q,K with the shape options or --key KEY");
   return jobs;
 }
 

@@ -2,7 +2,10 @@
 # Everything that needs the GPU host, in one command: build (Release, with libropejit.so),
 # then the GPU test suite and/or the measurements: tune a preset, the Google Benchmark suite
 # (using the fresh tuning file), the same-run torch comparison, and the plots.
-#   bench/run_gpu.sh OUTDIR [tests|bench|all|profile]   (dependencies: tools/fetch-deps.sh .deps)
+#   bench/run_gpu.sh OUTDIR [tests|bench|all]   (dependencies: tools/fetch-deps.sh .deps)
+#   bench/run_gpu.sh OUTDIR cands ["NVRTC OPTIONS"]   every tuning candidate's time for the bench
+#     shapes (and again compiled with the options)
+#   bench/run_gpu.sh OUTDIR profile "CASE[:tuned] ..."   Nsight Compute reports (ncu_*.txt)
 #   bench/run_gpu.sh OUTDIR flags "NVRTC OPTIONS"   kernel speed and cold compile with extra NVRTC
 #     options against the defaults, heuristic launches, runs alternated A B A B (flags_*.json)
 # bench: tuned run (bench.json), heuristic-only run (bench_untuned.json), torch comparison
@@ -22,26 +25,29 @@ if ! { cmake -S . -B $build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_P
 fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 
+# The other ropejit_bench cases and the torch comparison's fp16 case, as `ropejit tune` shapes
+# (the sweep stays heuristic).
+base="--heads 32,8 --positions ids"
+shapes=("$base --tokens 4096 --head-dim 64" "$base --tokens 4096 --head-dim 80"
+        "$base --tokens 4096 --head-dim 96" "$base --tokens 4096 --head-dim 256"
+        "--heads 32,1 --positions ids --tokens 4096" "$base --tokens 8192 --dtype f32"
+        "--heads 64,0 --positions ids --tokens 4096 --dtype f16"
+        "$base --tokens 4096 --style gptj" "$base --tokens 4096 --freqs comp"
+        "$base --tokens 8192 --layout thd"
+        "--heads 64,64 --positions ids --tokens 4096 --head-dim 96 --rotary-dim 24"
+        "--heads 64,64 --positions ids --tokens 8192 --dtype f16"
+        "--heads 32,8 --tokens 4096 --key rope_bshd_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_qk_fwd_oop")
+
 if [ "$what" = tests ] || [ "$what" = all ]; then
   (cd $build && ctest -L gpu -V) > "$out/gpu_tests.log" 2>&1
   grep -E "MESSAGE|tests passed|tests failed|\*\*\*Failed|ERROR" "$out/gpu_tests.log" | cut -c1-240
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
   $build/ropejit tune --preset llama3-8b --out "$out/tuning.json" > "$out/tune.txt" 2>&1
-  # The benchmark's prefill shape too (the preset stops at 4096 tokens).
+  # The benchmark's prefill shape too (the preset stops at 4096 tokens), and the other cases,
+  # so that the tuned run shows what `ropejit tune` gives each of them.
   $build/ropejit tune --heads 32,8 --positions ids --tokens 32768 --out "$out/tuning.json" >> "$out/tune.txt" 2>&1
-  # The other ropejit_bench cases and the torch comparison's fp16 case, so that the tuned run
-  # shows what `ropejit tune` gives each of them (out of place has no CLI flag; the sweep stays
-  # heuristic).
-  base="--heads 32,8 --positions ids"
-  for shape in "$base --tokens 4096 --head-dim 64" "$base --tokens 4096 --head-dim 80" \
-               "$base --tokens 4096 --head-dim 96" "$base --tokens 4096 --head-dim 256" \
-               "--heads 32,1 --positions ids --tokens 4096" "$base --tokens 8192 --dtype f32" \
-               "--heads 64,0 --positions ids --tokens 4096 --dtype f16" \
-               "$base --tokens 4096 --style gptj" "$base --tokens 4096 --freqs comp" \
-               "$base --tokens 8192 --layout thd" \
-               "--heads 64,64 --positions ids --tokens 4096 --head-dim 96 --rotary-dim 24" \
-               "--heads 64,64 --positions ids --tokens 8192 --dtype f16"; do
+  for shape in "${shapes[@]}"; do
     # shellcheck disable=SC2086  # $shape holds several options
     $build/ropejit tune $shape --out "$out/tuning.json" >> "$out/tune.txt" 2>&1
   done
@@ -67,10 +73,39 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   python3 bench/plot.py "$out/bench.json" --compare "$out/compare.json" --outdir "$out/plots" 2>&1 | tail -3
 fi
 if [ "$what" = profile ]; then
-  # One launch of the 4096-token prefill case under Nsight Compute (clocks left as they are).
-  ncu --clock-control none -k regex:rope_ --launch-skip 3 --launch-count 1 --section SpeedOfLight \
-    --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis \
-    $build/bench/ropejit_bench --benchmark_filter='rope/llama_bf16_t4096' 2>&1 | grep -vE "^==PROF==" | tail -n 80
+  # Nsight Compute (clocks left as they are) on one launch of each named bench case, heuristic
+  # launch unless the case name ends in ":tuned" (then bench/tuning_<gpu>.json's entry):
+  #   bench/run_gpu.sh OUT profile "llama_bf16_t4096 llama_bf16_t4096:tuned computed"
+  gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oE "H100|H200" | tr A-Z a-z)
+  for item in ${3:-llama_bf16_t4096}; do
+    name=${item%%:*}
+    tuning=off; [ "$item" != "$name" ] && tuning=on
+    env_file=(env ROPEJIT_TUNING=off)
+    [ $tuning = on ] && env_file=(env ROPEJIT_TUNING_FILE="$PWD/bench/tuning_$gpu.json")
+    log="$out/ncu_${name}_$tuning.txt"
+    "${env_file[@]}" ncu --clock-control none -k regex:rope_ --launch-skip 3 --launch-count 1 \
+      --section SpeedOfLight --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis \
+      --section MemoryWorkloadAnalysis_Tables --section SchedulerStats --section WarpStateStats \
+      --section InstructionStats --print-details all \
+      $build/bench/ropejit_bench --benchmark_filter="^rope/$name(/|\$)" > "$log" 2>&1
+    echo "== $item"
+    grep -E "^  [a-z_]+|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Block Size|Grid Size|Stall|Warp Cycles Per Issued|Issued Warp|No Eligible|L1/TEX Hit|L2 Hit|Executed Instructions  " "$log" | head -40
+  done
+fi
+if [ "$what" = cands ]; then
+  # Every candidate's time for the llama shapes and each bench case (ropejit tune --top), for
+  # choosing the heuristic: cands.txt; with NVRTC options as a third argument, the same again
+  # compiled with them: cands_flagged.txt.
+  for side in default flagged; do
+    extra=""
+    if [ $side = flagged ]; then extra=${3:-}; [ -z "$extra" ] && break; fi
+    for shape in "$base --tokens 1 64 256 4096 32768" "${shapes[@]}"; do
+      echo "### $shape"
+      # shellcheck disable=SC2086
+      ROPEJIT_NVRTC_FLAGS="$extra" $build/ropejit tune $shape --top 400 --out /tmp/ropejit-cands.json 2>&1
+    done > "$out/cands${extra:+_flagged}.txt"
+  done
+  wc -l "$out"/cands*.txt
 fi
 if [ "$what" = flags ]; then
   flags=${3:?flags mode needs the NVRTC options to compare}

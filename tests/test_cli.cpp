@@ -62,6 +62,29 @@ TEST_CASE("ropejit compile errors") {
   CHECK(has(r, "--top"));
 }
 
+TEST_CASE("ropejit tune --key: any axis the shape options cannot spell") {
+  const std::string oop = "rope_bshd_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_qk_fwd_oop";
+  const std::string bwd = "rope_thd_f16_d64_r64_gptj_pos-offset_tab-bf16-full_qk_bwd_ip";
+  Run r = run("tune --key " + oop + " --key " + bwd + " --heads 32,8 --tokens 4096 --dry-run");
+  INFO(r.output);
+  CHECK(r.status == 0);
+  CHECK(has(r, (oop + "  bucket 4096  heads 32/8: ").c_str()));
+  CHECK(has(r, (bwd + "  bucket 4096  heads 32/8: ").c_str()));
+  const std::pair<const char*, const char*> cases[] = {
+      {"--dry-run", "--key needs --heads Q[,K]"},
+      {"--heads 32,8 --layout thd --dry-run", "--key excludes --layout"},
+  };
+  for (const auto& [args, message] : cases) {
+    const Run bad = run("tune --key " + oop + " " + args);
+    INFO(args);
+    CHECK(bad.status != 0);
+    CHECK(has(bad, message));
+  }
+  r = run("tune --key rope_bshd_bf16 --heads 8 --dry-run");
+  CHECK(r.status == 2);
+  CHECK(has(r, "'rope_bshd_bf16' is not a ropejit key"));
+}
+
 TEST_CASE("ropejit source prints the rendered kernel") {
   const Run r = run("source rope_bshd_f16_d64_r32_gptj_pos-offset_comp_qk_fwd_oop");
   CHECK(r.status == 0);
