@@ -8,12 +8,18 @@ appended empty kernel (NVRTC's cache keys on the PTX), and prints the fastest ti
 
     python3 bench/compile_phases.py --ropejit build/ropejit --reps 5 --source bench/minimal_rope.cu \
         --extra "" --extra "--Ofast-compile=min" --extra "-Xptxas=-O1"
+
+--trace also prints the stages inside those phases for each source (NVRTC's
+--fdevice-time-trace: headers, template instantiation, NVVM's module linker, ptxas set-up and
+optimization), from one more compile.
 """
 import argparse
 import ctypes
 import ctypes.util
 import os
+import json
 import subprocess
+import tempfile
 import time
 
 KEYS = ["rope_bshd_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_qk_fwd_ip",
@@ -68,6 +74,7 @@ def main():
                     help="a CUDA file to time as well (bench/minimal_rope.cu: the floor of a real kernel)")
     ap.add_argument("--extra", action="append", default=None, help="extra option set (repeatable)")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--trace", action="store_true", help="print each source's compile stages")
     a = ap.parse_args()
     nv = load_nvrtc(a.nvrtc)
     compile_once(nv, EMPTY, BASE)  # NVRTC start-up, not counted
@@ -92,6 +99,39 @@ def main():
                     best[k] = min(best.get(k, v), v)
             detail = "  ".join(f"{k}={v:.0f}" for k, v in best.items())
             print(f"{name:66s} {extra or '(none)':24s} {best_wall:7.1f}  {detail}")
+    if a.trace:
+        for name, src in sources:
+            salt += 1
+            unique = src + f'\nextern "C" __global__ void ropejit_phase_{os.getpid()}_{salt}() {{}}\n'
+            print(f"stages of {name}: {trace_stages(nv, unique, BASE + ['-I' + a.templates])}")
+
+
+# The stages (ms) of one compile, from NVRTC's Chrome-trace output. Nested events of the same
+# name (a header included by a header) count once; the NVVM optimizer is its "Phase I".
+STAGES = [("Processing Header File", "headers"), ("Instantiating Template Function", "templates"),
+          ("NVVM Module Linker", "nvvm-link"), ("Phase I", "nvvm-opt"), ("NVVM CodeGen", "nvvm-codegen"),
+          ("PTX parsing and setup time", "ptxas-setup"), ("Optimizing compilation unit", "ptxas-opt"),
+          ("Post processing", "ptxas-post")]
+
+
+def trace_stages(nv, source, options):
+    with tempfile.TemporaryDirectory() as d:
+        compile_once(nv, source, options + [f"--fdevice-time-trace={os.path.join(d, 'trace')}"])
+        with open(os.path.join(d, os.listdir(d)[0])) as f:
+            events = json.load(f)
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    parts = []
+    for name, label in STAGES:
+        spans = sorted((e["ts"], e["ts"] + e.get("dur", 0)) for e in events
+                       if e.get("ph") == "X" and e.get("name") == name)
+        total, end = 0.0, float("-inf")
+        for t0, t1 in spans:
+            if t0 >= end:  # not inside the previous outermost span
+                total += t1 - t0
+                end = t1
+        if spans:
+            parts.append(f"{label}={total / 1e3:.1f}")
+    return "  ".join(parts)
 
 
 if __name__ == "__main__":
