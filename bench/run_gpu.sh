@@ -5,6 +5,7 @@
 #   bench/run_gpu.sh OUTDIR [tests|bench|all]   (dependencies: tools/fetch-deps.sh .deps)
 #   bench/run_gpu.sh OUTDIR cands ["NVRTC OPTIONS"]   every tuning candidate's time for the bench
 #     shapes (and again compiled with the options)
+#   bench/run_gpu.sh OUTDIR graphcfg   graph-replayed decode per forced launch configuration
 #   bench/run_gpu.sh OUTDIR profile "CASE[:tuned] ..."   Nsight Compute reports (ncu_*.txt)
 #   bench/run_gpu.sh OUTDIR flags "NVRTC OPTIONS"   kernel speed and cold compile with extra NVRTC
 #     options against the defaults, heuristic launches, runs alternated A B A B (flags_*.json)
@@ -83,12 +84,16 @@ if [ "$what" = profile ]; then
     env_file=(env ROPEJIT_TUNING=off)
     [ $tuning = on ] && env_file=(env ROPEJIT_TUNING_FILE="$PWD/bench/tuning_$gpu.json")
     log="$out/ncu_${name}_$tuning.txt"
+    what_to_collect=(--section SpeedOfLight --section Occupancy --section LaunchStats
+                     --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables
+                     --section SchedulerStats --section WarpStateStats --section InstructionStats)
+    # NCU_METRICS=a,b,...: those metrics instead of the sections.
+    [ -n "${NCU_METRICS:-}" ] && what_to_collect=(--metrics "$NCU_METRICS")
     "${env_file[@]}" ncu --clock-control none -k regex:rope_ --launch-skip 3 --launch-count 1 \
-      --section SpeedOfLight --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis \
-      --section MemoryWorkloadAnalysis_Tables --section SchedulerStats --section WarpStateStats \
-      --section InstructionStats --print-details all \
+      "${what_to_collect[@]}" --print-details all \
       $build/bench/ropejit_bench --benchmark_filter="^rope/$name(/|\$)" > "$log" 2>&1
     echo "== $item"
+    [ -n "${NCU_METRICS:-}" ] && { grep -E "^  [a-z_]+|^    [a-z]" "$log" | head -40; continue; }
     grep -E "^  [a-z_]+|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Block Size|Grid Size|Stall|Warp Cycles Per Issued|Issued Warp|No Eligible|L1/TEX Hit|L2 Hit|Executed Instructions  " "$log" | head -40
   done
 fi
@@ -106,6 +111,11 @@ if [ "$what" = cands ]; then
     done > "$out/cands${extra:+_flagged}.txt"
   done
   wc -l "$out"/cands*.txt
+fi
+if [ "$what" = graphcfg ]; then
+  # Graph-replayed decode with forced launch configurations (bench/graph_configs.py).
+  gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oE "H100|H200" | tr A-Z a-z)
+  python3 bench/graph_configs.py --like "bench/tuning_$gpu.json" --bench $build/bench/ropejit_bench | tee "$out/graph_configs.txt"
 fi
 if [ "$what" = flags ]; then
   flags=${3:?flags mode needs the NVRTC options to compare}

@@ -1,0 +1,65 @@
+#!/usr/bin/env python3
+"""Decode under CUDA graph replay with forced launch configurations.
+
+The tuner times candidates with CUDA events on a flushed L2; decode in a server runs under
+graph replay with q, k and the table in L2. This writes one tuning file per configuration
+(the llama key at 1, 64 and 256 tokens, 32q/8kv) with the fingerprint of an existing tuning
+file of the same GPU, then runs ropejit_bench's graph rows with each, in frozen mode, twice.
+
+    python3 bench/graph_configs.py --like bench/tuning_h200.json --bench build-gpu/bench/ropejit_bench
+"""
+import argparse
+import json
+import os
+import subprocess
+import tempfile
+
+KEY = "rope_bshd_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_qk_fwd_ip"
+# name: (vec, heads per thread, max threads, rows, tokens per block)
+CONFIGS = {
+    "v8h2t512_r40_z1 (heuristic)": (8, 2, 512, 40, 1),
+    "v8h1t512_r40_z1": (8, 1, 512, 40, 1),
+    "v4h1t1024_r40_z1": (4, 1, 1024, 40, 1),
+    "v8h1t1024_r40_z2": (8, 1, 1024, 40, 2),
+    "v8h1t512_r20_z1": (8, 1, 512, 20, 1),
+    "v8h1t256_r20_z1": (8, 1, 256, 20, 1),
+    "v8h2t512_r20_z1": (8, 2, 512, 20, 1),
+    "v8h4t256_r10_z1": (8, 4, 256, 10, 1),
+}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--like", required=True, help="a tuning file written on this GPU")
+    ap.add_argument("--bench", default="build-gpu/bench/ropejit_bench")
+    ap.add_argument("--rounds", type=int, default=2)
+    a = ap.parse_args()
+    like = json.load(open(a.like))
+    rows = {}
+    with tempfile.TemporaryDirectory() as d:
+        for rnd in range(a.rounds):
+            for name, (vec, hpt, threads, r, z) in CONFIGS.items():
+                config = dict(vec=vec, heads_per_thread=hpt, max_threads=threads, rows=r,
+                              tokens_per_block=z, blocks_per_sm=0)
+                entries = [dict(key=KEY, bucket=b, q_heads=32, k_heads=8, config=config, median_us=0.0,
+                                gbps=0.0, default_us=0.0) for b in (1, 64, 256)]
+                path = os.path.join(d, "tuning.json")
+                json.dump(dict(schema=like["schema"], fingerprint=like["fingerprint"], entries=entries),
+                          open(path, "w"))
+                out = os.path.join(d, "graph.json")
+                env = dict(os.environ, ROPEJIT_TUNING="frozen", ROPEJIT_TUNING_FILE=path)
+                subprocess.run([a.bench, "--benchmark_filter=^graph/", f"--benchmark_out={out}",
+                                "--benchmark_out_format=json"], env=env, check=True, capture_output=True)
+                for b in json.load(open(out))["benchmarks"]:
+                    t = b["name"].split("/")[1]
+                    rows.setdefault(name, {}).setdefault(t, []).append(b["us_per_call"])
+                    rows.setdefault("two copies", {}).setdefault(t, []).append(b["two_copies_us"])
+    tokens = ["decode_t1", "decode_t64", "decode_t256"]
+    print("| launch (µs per call, min of %d rounds) | " % a.rounds + " | ".join(t[7:] + " tokens" for t in tokens) + " |")
+    print("|---|" + "---|" * len(tokens))
+    for name, by in rows.items():
+        print(f"| {name} | " + " | ".join(f"{min(by[t]):.2f}" for t in tokens) + " |")
+
+
+if __name__ == "__main__":
+    main()
