@@ -5,6 +5,7 @@
 #   bench/run_gpu.sh OUTDIR [tests|bench|all]   (dependencies: tools/fetch-deps.sh .deps)
 #   bench/run_gpu.sh OUTDIR cands ["NVRTC OPTIONS"]   every tuning candidate's time for the bench
 #     shapes (and again compiled with the options)
+#   bench/run_gpu.sh OUTDIR roofline   plain SM copies and bulk copies against the driver's copy
 #   bench/run_gpu.sh OUTDIR graphcfg   graph-replayed decode per forced launch configuration
 #   bench/run_gpu.sh OUTDIR profile "CASE[:tuned] ..."   Nsight Compute reports (ncu_*.txt)
 #   bench/run_gpu.sh OUTDIR flags "NVRTC OPTIONS"   kernel speed and cold compile with extra NVRTC
@@ -111,6 +112,10 @@ if [ "$what" = cands ]; then
     done > "$out/cands${extra:+_flagged}.txt"
   done
   wc -l "$out"/cands*.txt
+fi
+if [ "$what" = roofline ]; then
+  # What plain SM kernels and bulk copies move next to the driver's copy (bench/sm_roofline.cu).
+  nvcc -O3 -arch=sm_90 -std=c++17 bench/sm_roofline.cu -o $build/sm_roofline && $build/sm_roofline | tee "$out/roofline.txt"
 fi
 if [ "$what" = graphcfg ]; then
   # Graph-replayed decode with forced launch configurations (bench/graph_configs.py).
