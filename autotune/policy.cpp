@@ -1,6 +1,7 @@
 // Launch policy: tuning file first, then the built-in heuristic; optional tune-on-miss.
 #include "policy.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <map>
@@ -30,6 +31,14 @@ class TuningStore {
     const TuningEntry* e = cache_for(dev).find(key, bucket, q, k);
     if (!e) return std::nullopt;
     return e->config;
+  }
+
+  std::vector<TuningEntry> entries_for(const detail::DeviceInfo& dev, const std::string& key) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<TuningEntry> out;
+    for (const TuningEntry& e : cache_for(dev).entries())
+      if (e.key == key) out.push_back(e);
+    return out;
   }
 
   void add(const detail::DeviceInfo& dev, const TuningEntry& entry, const Fingerprint& here) {
@@ -115,6 +124,22 @@ detail::LaunchConfig select_config(const Spec& c, const detail::CallShape& shape
     return fallback;
   }
   return fallback;
+}
+
+std::vector<detail::KernelVariant> policy_variants(const Spec& c, const detail::CallShape& shape,
+                                                   const detail::DeviceInfo& device) {
+  std::vector<detail::KernelVariant> out{heuristic_variant(c, shape.align_bytes, shape.table_align)};
+  if (tuning_mode() == TuningMode::off) return out;
+  for (const TuningEntry& e : TuningStore::instance().entries_for(device, c.key())) {
+    // The entry's own call, at this call's alignment: what select_config() would accept.
+    detail::CallShape s = shape;
+    s.tokens = e.bucket;
+    s.q_heads = e.q_heads;
+    s.k_heads = e.k_heads;
+    if (!detail::illegal_reason(c, s, e.config, device).empty()) continue;
+    if (std::find(out.begin(), out.end(), e.config.kernel) == out.end()) out.push_back(e.config.kernel);
+  }
+  return out;
 }
 
 }  // namespace ropejit::autotune

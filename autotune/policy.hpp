@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "launch_config.hpp"
 
@@ -32,6 +33,14 @@ detail::LaunchConfig heuristic_config(const Spec& canonical, const detail::CallS
 // `capturing`: the stream is being captured into a graph, so tuning is not allowed.
 detail::LaunchConfig select_config(const Spec& canonical, const detail::CallShape& shape,
                                    const detail::DeviceInfo& device, bool capturing);
+
+// Every kernel variant select_config() may choose for `canonical` at this call's alignment,
+// whatever the token and head counts: the heuristic's, then those of the tuning file's entries
+// for the key that the alignment allows (none with ROPEJIT_TUNING=off). The engine loads them
+// all when it plans a call, so a later shape never loads a module, not even inside a CUDA
+// graph capture (a decode bucket whose tuned kernel differs from prefill's, say).
+std::vector<detail::KernelVariant> policy_variants(const Spec& canonical, const detail::CallShape& shape,
+                                                   const detail::DeviceInfo& device);
 
 // Tunings performed in this process (tests: a second process must reuse, not re-time).
 size_t tunings_performed();

@@ -4,6 +4,7 @@
 #include "engine.hpp"
 
 #include <functional>
+#include <future>
 
 #include "driver.hpp"
 #include "errors.hpp"
@@ -26,6 +27,11 @@ struct Engine::FunctionSlot {
 };
 
 namespace {
+
+// The image cache's name for one compiled kernel (also the disk cache entry's identity).
+std::string image_ident(const Spec& c, const KernelVariant& variant, const std::string& target) {
+  return c.key() + "__" + variant.name() + "@" + target;
+}
 
 // Makes the primary context of the device owning `ptr` current for the scope of one call,
 // when the calling thread has no current context.
@@ -110,7 +116,7 @@ void Engine::clear_memory_cache() {
 
 const CacheEntry& Engine::image(const Spec& c, const KernelVariant& variant,
                                 const std::string& target, std::string* path) {
-  const std::string ident = c.key() + "__" + variant.name() + "@" + target;
+  const std::string ident = image_ident(c, variant, target);
   std::shared_ptr<ImageSlot> slot;
   bool fresh = false;
   {
@@ -145,6 +151,11 @@ const CacheEntry& Engine::image(const Spec& c, const KernelVariant& variant,
   }
   if (path) *path = slot->path;
   return slot->entry;
+}
+
+bool Engine::image_requested(const Spec& c, const KernelVariant& variant, const std::string& target) const {
+  std::lock_guard<std::mutex> lock(images_mutex_);
+  return images_.count(image_ident(c, variant, target)) > 0;
 }
 
 const DeviceInfo& Engine::device_info(CUcontext ctx) {
@@ -259,7 +270,37 @@ const Engine::Plan& Engine::plan(CUcontext ctx, const Spec& c, const CallShape& 
       autotune::select_config(c, shape, device, capture != CU_STREAM_CAPTURE_STATUS_NONE);
   if (const std::string why = illegal_reason(c, shape, cfg, device); !why.empty())
     fail(ErrorCode::internal, "policy chose ", cfg.name(), " for ", c.key(), ": ", why);
+  // The other variants the policy may pick for this key (other buckets' tuned kernels) are
+  // compiled alongside and loaded now, outside any capture: a later shape then never loads a
+  // module, which inside a graph capture it could not.
+  std::vector<KernelVariant> others;
+  std::vector<std::future<void>> compiling;
+  if (capture == CU_STREAM_CAPTURE_STATUS_NONE) {
+    const std::string target = target_for(device.cc);
+    for (const KernelVariant& v : autotune::policy_variants(c, shape, device)) {
+      if (v == cfg.kernel) continue;
+      others.push_back(v);
+      if (!image_requested(c, v, target))
+        compiling.push_back(std::async(std::launch::async, [this, &c, v, target] { image(c, v, target); }));
+    }
+  }
   const Plan p = make_plan(ctx, c, cfg, device, stream);
+  for (std::future<void>& f : compiling) {
+    try {
+      f.get();
+    } catch (const std::exception&) {
+      // Reported by the call that needs that variant, if one ever does.
+    }
+  }
+  for (const KernelVariant& v : others) {
+    try {
+      function(ctx, c, v, stream);
+    } catch (const std::exception& e) {
+      warn_once(concat("variant-", c.key(), "__", v.name()),
+                concat("could not prepare ", c.key(), " (", v.name(), "), which the tuning file names for other "
+                       "shapes: ", e.what()));
+    }
+  }
   std::unique_lock<std::shared_mutex> lock(plans_mutex_);
   return plans_.emplace(key, p).first->second;  // a racing thread's equal plan may win
 }

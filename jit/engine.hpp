@@ -105,6 +105,8 @@ class Engine {
   const Plan& plan(CUcontext ctx, const Spec& canonical, const CallShape& shape, CUstream stream);
   const LoadedFunction& function(CUcontext ctx, const Spec& canonical, const KernelVariant& variant,
                           CUstream stream);
+  // Whether image() was already asked for this variant (compiled, loaded, or under way).
+  bool image_requested(const Spec& canonical, const KernelVariant& variant, const std::string& target) const;
 
   DiskCache disk_;
   mutable std::mutex images_mutex_;

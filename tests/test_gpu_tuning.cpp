@@ -4,11 +4,15 @@
 
 #include <chrono>
 #include <cstdio>
+#include <optional>
 #include <string>
 
+#include "autotune/candidates.hpp"
 #include "autotune/policy.hpp"
+#include "autotune/tuning_cache.hpp"
 #include "autotune/tuner.hpp"
 #include "autotune/workload.hpp"
+#include "jit/engine.hpp"
 #include "gpu_helpers.hpp"
 #include "test_util.hpp"
 
@@ -108,6 +112,79 @@ TEST_SUITE("gpu") {
     detail::check(d.StreamSynchronize(stream), "replay");
     const autotune::CheckReport r2 = w2.check();
     CHECK_MESSAGE(r2.ok, r2.first_failure);
+    d.GraphExecDestroy(exec);
+    d.GraphDestroy(graph);
+    d.StreamDestroy(stream);
+  }
+
+  TEST_CASE("a key's first use loads the kernels the tuning file names for its other shapes") {
+    // A server warms up on prefill, then captures decode into a graph. The decode bucket's
+    // tuned kernel is another variant; it must already be loaded, since a capture cannot load
+    // a module.
+    const CUcontext ctx = testing::use_primary_context();
+    const detail::Driver& d = detail::driver();
+    const std::string file = temp_file("variants.json");
+    ScopedEnv path("ROPEJIT_TUNING_FILE", file);  // read when the policy first loads its file
+    Spec s;
+    s.positions = Positions::ids;
+    s.in_place = false;  // replays are then idempotent
+    const Spec c = s.canonical();
+    const detail::DeviceInfo& dev = detail::Engine::instance().device_info(ctx);
+    detail::CallShape decode;
+    decode.tokens = 50;
+    decode.q_heads = 32;
+    decode.k_heads = 8;
+    const detail::LaunchConfig heuristic = autotune::heuristic_config(c, decode, dev);
+    std::optional<detail::LaunchConfig> other;
+    for (const detail::LaunchConfig& cand : autotune::candidates(c, decode, dev))
+      if (!(cand.kernel == heuristic.kernel)) {
+        other = cand;
+        break;
+      }
+    REQUIRE(other.has_value());
+    autotune::TuningCache cache;
+    cache.set_fingerprint(autotune::current_fingerprint());
+    autotune::TuningEntry e;
+    e.key = c.key();
+    e.bucket = autotune::token_bucket(decode.tokens);
+    e.q_heads = 32;
+    e.k_heads = 8;
+    e.config = *other;
+    e.median_us = 1;
+    e.default_us = 1;
+    cache.put(e);
+    cache.save(file);
+
+    autotune::Sizes z;
+    z.q_heads = 32;
+    z.k_heads = 8;
+    z.seq_len = 4096;
+    autotune::Workload prefill(s, z);
+    prefill.upload();
+    apply(s, prefill.args());  // the heuristic's kernel, and the tuned decode kernel with it
+    const autotune::CheckReport r1 = prefill.check();
+    CHECK_MESSAGE(r1.ok, r1.first_failure);
+    const detail::EngineStats warm = detail::Engine::instance().stats();
+
+    z.seq_len = decode.tokens;
+    autotune::Workload w(s, z);
+    w.upload();
+    CUstream stream = nullptr;
+    detail::check(d.StreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+    detail::check(d.StreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL), "capture");
+    CHECK_NOTHROW(apply(s, w.args(stream)));
+    CUgraph graph = nullptr;
+    detail::check(d.StreamEndCapture(stream, &graph), "capture");
+    CUgraphExec exec = nullptr;
+    detail::check(d.GraphInstantiateWithFlags(&exec, graph, 0), "instantiate");
+    detail::check(d.GraphLaunch(exec, stream), "replay");
+    detail::check(d.StreamSynchronize(stream), "replay");
+    const autotune::CheckReport r2 = w.check();
+    CHECK_MESSAGE(r2.ok, r2.first_failure);
+    CHECK(detail::Engine::instance().planned(s, w.args(stream)).first == *other);
+    const detail::EngineStats after = detail::Engine::instance().stats();
+    CHECK(after.module_loads == warm.module_loads);
+    CHECK(after.nvrtc_compiles + after.disk_hits == warm.nvrtc_compiles + warm.disk_hits);
     d.GraphExecDestroy(exec);
     d.GraphDestroy(graph);
     d.StreamDestroy(stream);

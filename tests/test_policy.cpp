@@ -227,6 +227,24 @@ TEST_CASE("policy: tuned entry, fallback, frozen and off") {
     CHECK_FALSE(autotune::select_config(c, odd_table, dev, false).kernel.table_vec);
   }
   {
+    // The variants the engine loads on a key's first use: the heuristic's, then the tuned
+    // entry's (another kernel here), whatever bucket the call is in; only those the call's
+    // alignment allows; none from the file with tuning off.
+    ScopedEnv mode("ROPEJIT_TUNING", std::nullopt);
+    REQUIRE_FALSE(tuned.kernel == heuristic.kernel);
+    const std::vector<detail::KernelVariant> all = autotune::policy_variants(c, shape_of(5000, 32, 8), dev);
+    REQUIRE(all.size() == 2);
+    CHECK(all[0] == heuristic.kernel);
+    CHECK(all[1] == tuned.kernel);
+    CHECK(autotune::policy_variants(c, shape_of(1, 2, 0), dev) == all);
+    const detail::CallShape unaligned = shape_of(5000, 32, 8, 4);
+    const std::vector<detail::KernelVariant> narrow = autotune::policy_variants(c, unaligned, dev);
+    REQUIRE(narrow.size() == 1);
+    CHECK(narrow[0] == autotune::heuristic_config(c, unaligned, dev).kernel);
+    ScopedEnv off("ROPEJIT_TUNING", "off");
+    CHECK(autotune::policy_variants(c, shape_of(5000, 32, 8), dev).size() == 1);
+  }
+  {
     ScopedEnv mode("ROPEJIT_TUNING", "frozen");
     CHECK(autotune::select_config(c, shape, dev, false) == tuned);
     const std::string expected = "no tuned configuration for " + c.key() + " at 8192 tokens";
