@@ -156,6 +156,7 @@ TEST_SUITE("gpu") {
     cache.save(file);
 
     autotune::Sizes z;
+    z.batch = 1;
     z.q_heads = 32;
     z.k_heads = 8;
     z.seq_len = 4096;
@@ -172,6 +173,7 @@ TEST_SUITE("gpu") {
     CUstream stream = nullptr;
     detail::check(d.StreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
     detail::check(d.StreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL), "capture");
+    REQUIRE(w.args(stream).seq_len == decode.tokens);  // the tuned entry's bucket
     CHECK_NOTHROW(apply(s, w.args(stream)));
     CUgraph graph = nullptr;
     detail::check(d.StreamEndCapture(stream, &graph), "capture");
