@@ -60,7 +60,7 @@ int run_compile(const CompileOptions& o) {
   const auto before = detail::Engine::instance().stats();
   const auto t0 = std::chrono::steady_clock::now();
   std::mutex print;
-  size_t next = 0, failures = 0;
+  size_t next = 0, failures = 0, kernels = 0;
   auto worker = [&] {
     while (true) {
       Job job;
@@ -76,6 +76,8 @@ int run_compile(const CompileOptions& o) {
         const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
         line = detail::concat(*job.arch, "  ", job.spec->key(), "  ", ms, " ms  ",
                               files.empty() || files[0].empty() ? "(memory only)" : files[0]);
+        std::lock_guard<std::mutex> lock(print);
+        kernels += files.size();
       } catch (const Error& e) {
         line = detail::concat(*job.arch, "  ", job.spec->key(), "  FAILED: ", e.what());
         std::lock_guard<std::mutex> lock(print);
@@ -91,8 +93,9 @@ int run_compile(const CompileOptions& o) {
   for (std::thread& t : threads) t.join();
   const auto after = detail::Engine::instance().stats();
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("%zu kernels for %zu arch(es) in %.2f s: %zu compiled, %zu from the disk cache, %zu failed\n",
-              jobs.size(), o.archs.size(), s, after.nvrtc_compiles - before.nvrtc_compiles,
+  std::printf("%zu keys, %zu kernels, for %zu arch(es) in %.2f s: %zu compiled, %zu from the disk cache, "
+              "%zu failed\n",
+              specs.size(), kernels, o.archs.size(), s, after.nvrtc_compiles - before.nvrtc_compiles,
               after.disk_hits - before.disk_hits, failures);
   return failures ? 1 : 0;
 }

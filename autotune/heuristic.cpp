@@ -1,12 +1,15 @@
 // Built-in launch heuristic, used when no tuned entry exists. It follows what the tuner picks
 // on H100/H200 (bench/RESULTS.md, "Memory roofline" and "The H200 launch rule"):
-//   - one kernel variant per key and alignment: widest vectors, up to 2 heads per thread per
-//     pass, 512-thread bound. A 2-heads variant launched with rows >= heads runs one head per
-//     thread, so the same compiled kernel serves decode and prefill and changing shapes never
-//     compiles anything;
+//   - two kernel variants per key and alignment, both with the widest vectors and a
+//     512-thread bound: up to 2 heads per thread per pass (prefill) and 1 (decode). The engine
+//     compiles and loads both on a key's first use (policy_variants()), so changing shapes
+//     never compiles anything;
 //   - few tokens (decode: the token bucket is at most 4 blocks per SM): one head per thread,
 //     one token per block: the most blocks and the shortest chain of dependent loads per
-//     thread;
+//     thread. The one-head kernel (fewer registers, less code before the first load) is 9%
+//     faster per graph-replayed call than the two-head kernel running one head per thread
+//     (bench/RESULTS.md, "Decode under graph replay, per launch"). When the heads do not all
+//     fit in one block, the two-head kernel covers them in one pass instead;
 //   - many tokens: two heads per thread in one pass (cos/sin fetched once for both), one token
 //     per block unless blocks would be tiny, and a one-shot grid: small blocks keep the SMs
 //     evenly loaded to the last wave, which measured better than persistent grids;
@@ -43,6 +46,17 @@ detail::KernelVariant heuristic_variant(const Spec& c, int32_t align_bytes, int3
   return v;
 }
 
+detail::KernelVariant decode_variant(const Spec& c, int32_t align_bytes, int32_t table_align) {
+  detail::KernelVariant v = heuristic_variant(c, align_bytes, table_align);
+  v.heads_per_thread = 1;
+  return v;
+}
+
+std::vector<detail::KernelVariant> heuristic_variants(const Spec& c, int32_t align_bytes,
+                                                      int32_t table_align) {
+  return {heuristic_variant(c, align_bytes, table_align), decode_variant(c, align_bytes, table_align)};
+}
+
 detail::LaunchConfig heuristic_config(const Spec& c, const detail::CallShape& shape,
                                       const detail::DeviceInfo& device) {
   detail::LaunchConfig cfg;
@@ -57,6 +71,8 @@ detail::LaunchConfig heuristic_config(const Spec& c, const detail::CallShape& sh
       device.memory_gbps / std::max(device.sm_count, 1) >= kTwoPassGbpsPerSm && (x & (x - 1)) == 0;
   const int32_t heads_per_row = decode ? 1 : kHeadsPerThread * (two_passes ? 2 : 1);
   cfg.rows = std::min(max_rows, (heads + heads_per_row - 1) / heads_per_row);
+  if (decode && cfg.rows == heads)  // a thread for every head: the one-head kernel
+    cfg.kernel = decode_variant(c, shape.align_bytes, shape.table_align);
   const int32_t row_threads = x * cfg.rows;
   cfg.tokens_per_block =
       decode ? 1

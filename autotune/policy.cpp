@@ -128,7 +128,7 @@ detail::LaunchConfig select_config(const Spec& c, const detail::CallShape& shape
 
 std::vector<detail::KernelVariant> policy_variants(const Spec& c, const detail::CallShape& shape,
                                                    const detail::DeviceInfo& device) {
-  std::vector<detail::KernelVariant> out{heuristic_variant(c, shape.align_bytes, shape.table_align)};
+  std::vector<detail::KernelVariant> out = heuristic_variants(c, shape.align_bytes, shape.table_align);
   if (tuning_mode() == TuningMode::off) return out;
   for (const TuningEntry& e : TuningStore::instance().entries_for(device, c.key())) {
     // The entry's own call, at this call's alignment: what select_config() would accept.

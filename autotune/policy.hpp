@@ -18,11 +18,17 @@ enum class TuningMode {
 };
 TuningMode tuning_mode();
 
-// The built-in heuristic's kernel variant: widest legal vectors, 2 heads per thread, 512-thread
-// bound. It depends only on the spec and alignment, never on sizes, so changing shapes never
-// compiles anything new.
+// The built-in heuristic's prefill kernel variant: widest legal vectors, 2 heads per thread,
+// 512-thread bound. It depends only on the spec and alignment, never on sizes.
 detail::KernelVariant heuristic_variant(const Spec& canonical, int32_t align_bytes,
                                         int32_t table_align = 16);
+// Its decode variant: the same with one head per thread.
+detail::KernelVariant decode_variant(const Spec& canonical, int32_t align_bytes,
+                                     int32_t table_align = 16);
+// Both, prefill first: every kernel the heuristic launches for the key at this alignment.
+// The engine loads them together (policy_variants()), so changing shapes never compiles.
+std::vector<detail::KernelVariant> heuristic_variants(const Spec& canonical, int32_t align_bytes,
+                                                      int32_t table_align = 16);
 
 // The built-in heuristic's launch for a call shape (autotune/heuristic.cpp says why).
 detail::LaunchConfig heuristic_config(const Spec& canonical, const detail::CallShape& shape,
@@ -35,7 +41,7 @@ detail::LaunchConfig select_config(const Spec& canonical, const detail::CallShap
                                    const detail::DeviceInfo& device, bool capturing);
 
 // Every kernel variant select_config() may choose for `canonical` at this call's alignment,
-// whatever the token and head counts: the heuristic's, then those of the tuning file's entries
+// whatever the token and head counts: the heuristic's two, then those of the tuning file's entries
 // for the key that the alignment allows (none with ROPEJIT_TUNING=off). The engine loads them
 // all when it plans a call, so a later shape never loads a module, not even inside a CUDA
 // graph capture (a decode bucket whose tuned kernel differs from prefill's, say).

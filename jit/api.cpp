@@ -14,13 +14,16 @@ void apply(const Spec& spec, const Args& args) { detail::Engine::instance().appl
 std::vector<std::string> precompile(const Spec& spec, const std::string& arch) {
   const Spec c = spec.canonical();
   const int cc = detail::parse_arch(arch, "arch");
-  // The heuristic's kernel variant depends on the spec and alignment only; precompile the
-  // fully aligned case (q/k and table), which is what contiguous and packed-QKV tensors and
-  // the usual tables give.
-  const detail::KernelVariant v = autotune::heuristic_variant(c, 16);
-  std::string path;
-  detail::Engine::instance().image(c, v, detail::target_for(cc), &path);
-  return {path};
+  // The heuristic's kernel variants (prefill and decode) depend on the spec and alignment
+  // only; precompile the fully aligned case (q/k and table), which is what contiguous and
+  // packed-QKV tensors and the usual tables give.
+  std::vector<std::string> paths;
+  for (const detail::KernelVariant& v : autotune::heuristic_variants(c, 16)) {
+    std::string path;
+    detail::Engine::instance().image(c, v, detail::target_for(cc), &path);
+    paths.push_back(path);
+  }
+  return paths;
 }
 
 Info info() {

@@ -34,11 +34,11 @@ TEST_CASE("ropejit compile --preset for two archs, then again from the disk cach
   INFO(r.output);
   CHECK(r.status == 0);
   CHECK(has(r, "rope_bshd_bf16_d80_r32_neox_pos-offset_tab-f32-half_qk_fwd_ip"));
-  CHECK(has(r, "64 kernels for 2 arch(es)"));
+  CHECK(has(r, "32 keys, 128 kernels, for 2 arch(es)"));
   CHECK(has(r, ", 0 failed"));
   r = run("compile --arch sm_80,sm_90 --preset phi-2 -j 2");
   CHECK(r.status == 0);
-  CHECK(has(r, "0 compiled, 64 from the disk cache"));
+  CHECK(has(r, "0 compiled, 128 from the disk cache"));
 }
 
 TEST_CASE("ropejit compile errors") {
@@ -108,13 +108,13 @@ TEST_CASE("ROPEJIT_NVRTC_FLAGS: appended to the compile, part of the cache key")
   Run r = run("compile --arch sm_90 --key " + key);
   CHECK(r.status == 0);
   r = run("compile --arch sm_90 --key " + key);
-  CHECK(has(r, "0 compiled, 1 from the disk cache"));
+  CHECK(has(r, "0 compiled, 2 from the disk cache"));
   // Other options are another cache entry: compiled again, not served from the first.
   r = ropejit::testing::run_command("ROPEJIT_NVRTC_FLAGS='--Ofast-compile=min' " +
                                     std::string(ROPEJIT_CLI_PATH) + " compile --arch sm_90 --key " + key);
   INFO(r.output);
   CHECK(r.status == 0);
-  CHECK(has(r, "1 compiled, 0 from the disk cache"));
+  CHECK(has(r, "2 compiled, 0 from the disk cache"));
   r = ropejit::testing::run_command("ROPEJIT_NVRTC_FLAGS='--no-such-flag' " +
                                     std::string(ROPEJIT_CLI_PATH) + " compile --arch sm_90 --key " + key);
   CHECK(r.status != 0);

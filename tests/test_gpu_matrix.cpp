@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "autotune/policy.hpp"
 #include "autotune/workload.hpp"
 #include "gpu_helpers.hpp"
 #include "jit/engine.hpp"
@@ -89,19 +90,36 @@ TEST_SUITE("gpu") {
   TEST_CASE("matrix: every variant matches the float64 reference") {
     testing::use_primary_context();
     const std::vector<Case> cases = matrix_cases();
-    std::atomic<size_t> next{0}, passed{0}, failed{0};
+    std::atomic<size_t> next{0}, passed{0}, failed{0}, two_heads{0};
     std::mutex mutex;
     std::vector<std::string> failures;
     auto worker = [&] {
-      testing::use_primary_context();
+      const detail::DeviceInfo& device = detail::Engine::instance().device_info(testing::use_primary_context());
       for (size_t i; (i = next++) < cases.size();) {
         std::string failure;
         try {
           autotune::Workload w(cases[i].spec, cases[i].sizes);
           w.upload();
-          apply(w.spec(), w.args());
+          apply(w.spec(), w.args());  // decode-sized: the one-head kernel, or two when needed
           const autotune::CheckReport r = w.check();
           if (!r.ok) failure = r.first_failure + " (" + std::to_string(r.mismatches) + " mismatches)";
+          // The same call through the prefill kernel, two heads per thread (loaded with the
+          // first: the heuristic's variants are compiled together).
+          const Spec c = w.spec().canonical();
+          const Args args = w.args();
+          const detail::CallShape shape = detail::check_call(c, args);
+          detail::LaunchConfig two;
+          two.kernel = autotune::heuristic_variant(c, shape.align_bytes, shape.table_align);
+          two.rows = std::max(1, (shape.q_heads + shape.k_heads + 1) / 2);
+          if (failure.empty() && detail::illegal_reason(c, shape, two, device).empty()) {
+            w.upload();
+            detail::Engine::instance().launch(c, args, shape, &two);
+            const autotune::CheckReport r2 = w.check();
+            if (!r2.ok)
+              failure = two.name() + ": " + r2.first_failure + " (" + std::to_string(r2.mismatches) + " mismatches)";
+            else
+              ++two_heads;
+          }
         } catch (const std::exception& e) {
           failure = cases[i].spec.key() + ": " + e.what();
         }
@@ -119,9 +137,11 @@ TEST_SUITE("gpu") {
     for (std::thread& t : threads) t.join();
     for (const std::string& f : failures) FAIL_CHECK(f);
     const detail::EngineStats st = detail::Engine::instance().stats();
-    MESSAGE(cases.size(), " cases: ", passed.load(), " passed, ", failed.load(), " failed; ",
-            st.nvrtc_compiles, " kernels compiled, ", st.disk_hits, " from the disk cache");
+    MESSAGE(cases.size(), " cases: ", passed.load(), " passed, ", failed.load(), " failed (",
+            two_heads.load(), " also with two heads per thread); ", st.nvrtc_compiles,
+            " kernels compiled, ", st.disk_hits, " from the disk cache");
     CHECK(failed == 0);
     CHECK(passed == cases.size());
+    CHECK(two_heads == cases.size());
   }
 }

@@ -56,7 +56,9 @@ TEST_CASE("no driver: precompiling still works") {
   Spec s;
   s.dtype = DType::f32;
   s.head_dim = 64;
-  const std::vector<std::string> files = precompile(s, "sm_90");
-  REQUIRE(files.size() == 1);
+  const std::vector<std::string> files = precompile(s, "sm_90");  // prefill's and decode's
+  REQUIRE(files.size() == 2);
   CHECK(files[0].find(".rjk") != std::string::npos);
+  CHECK(files[1].find(".rjk") != std::string::npos);
+  CHECK(files[0] != files[1]);
 }

@@ -3,7 +3,9 @@
 #include <doctest/doctest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <set>
+#include <vector>
 #include <string>
 
 #include "autotune/candidates.hpp"
@@ -59,7 +61,7 @@ TEST_CASE("candidates: legal, unique, heuristic first, pruned to the device") {
     CHECK(cfg.rows == 1);
 }
 
-TEST_CASE("heuristic: one kernel variant for every shape and the decode and prefill launches") {
+TEST_CASE("heuristic: two kernel variants for every shape and the decode and prefill launches") {
   detail::DeviceInfo h100 = fake_gpu("Heuristic GPU");
   h100.sm_count = 132;
   h100.memory_gbps = 3352;  // 25 GB/s per SM: one pass of two heads
@@ -73,6 +75,11 @@ TEST_CASE("heuristic: one kernel variant for every shape and the decode and pref
       const Spec c = s.canonical();
       const detail::KernelVariant v = autotune::heuristic_variant(c, 16);
       CHECK(v.heads_per_thread == 2);
+      const detail::KernelVariant one = autotune::decode_variant(c, 16);
+      detail::KernelVariant expected_one = v;
+      expected_one.heads_per_thread = 1;
+      CHECK(one == expected_one);
+      CHECK(autotune::heuristic_variants(c, 16) == std::vector<detail::KernelVariant>{v, one});
       const int32_t x = detail::chunks(c, v.vec);
       const int32_t max_rows = v.max_threads / x;
       for (int64_t tokens : {int64_t(1), int64_t(64), int64_t(512), int64_t(513), int64_t(528),
@@ -82,21 +89,24 @@ TEST_CASE("heuristic: one kernel variant for every shape and the decode and pref
           const detail::CallShape shape = shape_of(tokens, q, k);
           const detail::LaunchConfig cfg = autotune::heuristic_config(c, shape, dev);
           INFO(c.key(), " tokens ", tokens, " heads ", q, "/", k, ": ", cfg.name());
-          CHECK(cfg.kernel == v);  // shapes never pick another kernel
+          CHECK((cfg.kernel == v || cfg.kernel == one));  // shapes never pick another kernel
           CHECK(detail::illegal_reason(c, shape, cfg, dev).empty());
           CHECK(cfg.blocks_per_sm == 0);
           // Decided per token bucket (plans are remembered per bucket): 513..1024 is one bucket,
           // above the 528 tokens of 4 blocks per SM, so all of it is prefill.
           if (autotune::token_bucket(tokens) <= 4 * dev.sm_count) {
-            // Decode: one head per thread (as far as the block allows), a token per block.
+            // Decode: one head per thread (as far as the block allows), a token per block; the
+            // one-head kernel when every head has its thread.
             CHECK(cfg.rows == std::min(q + k, max_rows));
             CHECK(cfg.tokens_per_block == 1);
+            CHECK(cfg.kernel == (cfg.rows == q + k ? one : v));
           } else {
             // Prefill: two heads per thread in one pass (two passes where bandwidth per SM is
             // high); tokens only to reach 64 threads.
             const bool two_passes = dev.memory_gbps / dev.sm_count >= 30 && (x & (x - 1)) == 0;
             const int32_t per_row = two_passes ? 4 : 2;
             CHECK(cfg.rows == std::min((q + k + per_row - 1) / per_row, max_rows));
+            CHECK(cfg.kernel == v);
             const int32_t threads = x * cfg.rows * cfg.tokens_per_block;
             CHECK((cfg.tokens_per_block == 1 || threads <= 64 + x * cfg.rows));
             CHECK((threads >= 64 || cfg.tokens_per_block == 64));
@@ -117,7 +127,7 @@ TEST_CASE("heuristic: one kernel variant for every shape and the decode and pref
   misaligned_table.table_align = 4;
   const detail::LaunchConfig sc = autotune::heuristic_config(c, misaligned_table, dev);
   CHECK_FALSE(sc.kernel.table_vec);
-  CHECK(sc.kernel.name() == "v8h2t512s");
+  CHECK(sc.kernel.name() == "v8h1t512s");
   CHECK(detail::illegal_reason(c, misaligned_table, sc, dev).empty());
   detail::LaunchConfig vec_table = sc;
   vec_table.kernel.table_vec = true;
@@ -141,12 +151,14 @@ TEST_CASE("heuristic: one kernel variant for every shape and the decode and pref
   CHECK(detail::illegal_reason(c, shape_of(32768, 32, 8), persistent, dev) ==
         "a grid-stride variant is for persistent grids (blocks_per_sm > 0), not 0");
   // The shapes the tuner measured (bench/RESULTS.md): llama decode and prefill.
-  CHECK(autotune::heuristic_config(c, shape_of(64, 32, 8), dev).name() == "v8h2t512_r40_z1_g0");
+  CHECK(autotune::heuristic_config(c, shape_of(64, 32, 8), dev).name() == "v8h1t512_r40_z1_g0");
   CHECK(autotune::heuristic_config(c, shape_of(32768, 32, 8), dev).name() == "v8h2t512_r20_z1_g0");
   CHECK(autotune::heuristic_config(c, shape_of(4096, 1, 1), dev).name() == "v8h2t512_r1_z8_g0");
   // The H200's prefill: two passes of two heads; its decode is the H100's.
   CHECK(autotune::heuristic_config(c, shape_of(32768, 32, 8), h200).name() == "v8h2t512_r10_z1_g0");
-  CHECK(autotune::heuristic_config(c, shape_of(64, 32, 8), h200).name() == "v8h2t512_r40_z1_g0");
+  CHECK(autotune::heuristic_config(c, shape_of(64, 32, 8), h200).name() == "v8h1t512_r40_z1_g0");
+  // Heads that do not fit in one block at one per thread: the two-head kernel, one pass.
+  CHECK(autotune::heuristic_config(c, shape_of(64, 64, 64), dev).name() == "v8h2t512_r64_z1_g0");
 }
 
 TEST_CASE("peak memory bandwidth from the driver's clock and bus width, unknown on MIG") {
@@ -231,18 +243,15 @@ TEST_CASE("policy: tuned entry, fallback, frozen and off") {
     // entry's (another kernel here), whatever bucket the call is in; only those the call's
     // alignment allows; none from the file with tuning off.
     ScopedEnv mode("ROPEJIT_TUNING", std::nullopt);
-    REQUIRE_FALSE(tuned.kernel == heuristic.kernel);
+    const std::vector<detail::KernelVariant> own = autotune::heuristic_variants(c, 16);
+    REQUIRE(std::find(own.begin(), own.end(), tuned.kernel) == own.end());
     const std::vector<detail::KernelVariant> all = autotune::policy_variants(c, shape_of(5000, 32, 8), dev);
-    REQUIRE(all.size() == 2);
-    CHECK(all[0] == heuristic.kernel);
-    CHECK(all[1] == tuned.kernel);
+    CHECK(all == std::vector<detail::KernelVariant>{own[0], own[1], tuned.kernel});
     CHECK(autotune::policy_variants(c, shape_of(1, 2, 0), dev) == all);
     const detail::CallShape unaligned = shape_of(5000, 32, 8, 4);
-    const std::vector<detail::KernelVariant> narrow = autotune::policy_variants(c, unaligned, dev);
-    REQUIRE(narrow.size() == 1);
-    CHECK(narrow[0] == autotune::heuristic_config(c, unaligned, dev).kernel);
+    CHECK(autotune::policy_variants(c, unaligned, dev) == autotune::heuristic_variants(c, 4));
     ScopedEnv off("ROPEJIT_TUNING", "off");
-    CHECK(autotune::policy_variants(c, shape_of(5000, 32, 8), dev).size() == 1);
+    CHECK(autotune::policy_variants(c, shape_of(5000, 32, 8), dev) == own);
   }
   {
     ScopedEnv mode("ROPEJIT_TUNING", "frozen");

@@ -141,8 +141,9 @@ class Error : public std::runtime_error {
 // inside CUDA graph capture. Nothing is launched when an argument is invalid.
 void apply(const Spec& spec, const Args& args);
 
-// Compiles a spec for `arch` (e.g. "sm_90") into the disk cache without needing a GPU, for
-// the launch configurations the library would pick by default. Returns the cache files.
+// Compiles a spec for `arch` (e.g. "sm_90") into the disk cache without needing a GPU: the
+// kernels the library launches by default (prefill's and decode's). Returns the cache files
+// ("" for each when caching is memory-only).
 std::vector<std::string> precompile(const Spec& spec, const std::string& arch);
 
 // Library facts for `ropejit info`.
