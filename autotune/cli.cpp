@@ -130,7 +130,7 @@ int main(int argc, char** argv) {
   // The shape options build one key; --key gives it whole.
   tune->add_option("--head-dim", to.head_dim, "head_dim for --heads")->excludes(key);
   tune->add_option("--rotary-dim", to.rotary_dim, "rotary_dim for --heads (0: head_dim)")->excludes(key);
-  tune->add_option("--dtype", to.dtype, "q/k dtype: f32, f16, bf16 (also of presets)");
+  tune->add_option("--dtype", to.dtype, "q/k dtype: f32, f16, bf16 (also of presets)")->excludes(key);
   tune->add_option("--layout", to.layout, "bshd, sbhd, bhsd, thd")->excludes(key);
   tune->add_option("--style", to.style, "neox, gptj")->excludes(key);
   tune->add_option("--positions", to.positions, "offset, seqoff, ids")->excludes(key);

@@ -9,7 +9,7 @@
 //     thread. The one-head kernel (fewer registers, less code before the first load) is 9%
 //     faster per graph-replayed call than the two-head kernel running one head per thread
 //     (bench/RESULTS.md, "Decode under graph replay, per launch"). When the heads do not all
-//     fit in one block, the two-head kernel covers them in one pass instead;
+//     fit in one block, the two-head kernel covers them instead, two per thread;
 //   - many tokens: two heads per thread in one pass (cos/sin fetched once for both), one token
 //     per block unless blocks would be tiny, and a one-shot grid: small blocks keep the SMs
 //     evenly loaded to the last wave, which measured better than persistent grids;

@@ -26,6 +26,12 @@ struct Job {
   int32_t q_heads, k_heads;
 };
 
+std::string heads_text(const std::vector<int32_t>& heads) {
+  std::string out;
+  for (int32_t h : heads) out += (out.empty() ? "" : ",") + std::to_string(h);
+  return out;
+}
+
 // A preset is tuned for what inference servers call per layer: its forward, in-place specs
 // (bshd and thd, implicit positions and position ids, table and computed frequencies).
 std::vector<Job> jobs_for(const TuneOptions& o) {
@@ -39,9 +45,18 @@ std::vector<Job> jobs_for(const TuneOptions& o) {
   if (!o.keys.empty() && o.heads.empty()) detail::invalid("--key needs --heads Q[,K]");
   if (!o.heads.empty()) {
     if (o.heads.size() > 2 || o.heads[0] < 1 || (o.heads.size() == 2 && o.heads[1] < 0))
-      detail::invalid("--heads must be Q or Q,K with Q >= 1 and K >= 0");
+      detail::invalid("--heads (", heads_text(o.heads), ") must be Q or Q,K with Q >= 1 and K >= 0");
     const int32_t k_heads = o.heads.size() == 2 ? o.heads[1] : 0;
-    for (const std::string& key : o.keys) jobs.push_back({parse_key(key).canonical(), o.heads[0], k_heads});
+    for (const std::string& key : o.keys) {
+      Spec s;
+      try {
+        s = parse_key(key);
+      } catch (const Error& e) {
+        const std::string why = e.what();
+        detail::invalid("--key: ", why.rfind("ropejit: ", 0) == 0 ? why.substr(9) : why);
+      }
+      jobs.push_back({s.canonical(), o.heads[0], k_heads});
+    }
   }
   if (!o.heads.empty() && o.keys.empty()) {
     Spec s;
@@ -154,15 +169,24 @@ int run_compile_from_tuning(const std::string& file) {
   // Load with the file's own GPU, so any machine can prepare caches for that GPU.
   const autotune::TuningCache cache = autotune::TuningCache::load(file, fp);
   const std::string target = detail::target_for(fp.cc);
-  size_t compiled = 0;
-  for (const autotune::TuningEntry& e : cache.entries()) {
+  // The tuned kernels, and the heuristic's two of every key named (a key's first use prepares
+  // those too, for the shapes the file does not cover).
+  std::vector<std::pair<std::string, detail::KernelVariant>> kernels;
+  std::set<std::string> seen;
+  auto add = [&](const std::string& key, const detail::KernelVariant& v) {
+    if (seen.insert(key + "__" + v.name()).second) kernels.emplace_back(key, v);
+  };
+  for (const autotune::TuningEntry& e : cache.entries()) add(e.key, e.config.kernel);
+  const size_t tuned = kernels.size();
+  for (const autotune::TuningEntry& e : cache.entries())
+    for (const detail::KernelVariant& v : autotune::heuristic_variants(parse_key(e.key), 16)) add(e.key, v);
+  for (const auto& [key, variant] : kernels) {
     std::string path;
-    detail::Engine::instance().image(parse_key(e.key), e.config.kernel, target, &path);
-    std::printf("%s  %s  %s\n", e.key.c_str(), e.config.kernel.name().c_str(),
-                path.empty() ? "(memory only)" : path.c_str());
-    ++compiled;
+    detail::Engine::instance().image(parse_key(key), variant, target, &path);
+    std::printf("%s  %s  %s\n", key.c_str(), variant.name().c_str(), path.empty() ? "(memory only)" : path.c_str());
   }
-  std::printf("%zu tuned kernels for %s (%s) in %s\n", compiled, fp.gpu_name.c_str(), target.c_str(),
+  std::printf("%zu tuned kernels and %zu more of the same keys' defaults for %s (%s) in %s\n", tuned,
+              kernels.size() - tuned, fp.gpu_name.c_str(), target.c_str(),
               detail::Engine::instance().disk().dir().c_str());
   return 0;
 }

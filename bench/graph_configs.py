@@ -17,8 +17,8 @@ import tempfile
 KEY = "rope_bshd_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_qk_fwd_ip"
 # name: (vec, heads per thread, max threads, rows, tokens per block)
 CONFIGS = {
-    "v8h2t512_r40_z1 (heuristic)": (8, 2, 512, 40, 1),
-    "v8h1t512_r40_z1": (8, 1, 512, 40, 1),
+    "v8h2t512_r40_z1 (two-head kernel)": (8, 2, 512, 40, 1),
+    "v8h1t512_r40_z1 (heuristic)": (8, 1, 512, 40, 1),
     "v4h1t1024_r40_z1": (4, 1, 1024, 40, 1),
     "v8h1t1024_r40_z2": (8, 1, 1024, 40, 2),
     "v8h1t512_r20_z1": (8, 1, 512, 20, 1),

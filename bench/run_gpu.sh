@@ -14,7 +14,7 @@
 # (compare.json), plots/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out=${1:?usage: bench/run_gpu.sh OUTDIR [tests|bench|all|profile|flags OPTIONS]}
+out=${1:?usage: bench/run_gpu.sh OUTDIR [tests|bench|all|none|cands|profile|roofline|graphcfg|flags OPTIONS]}
 what=${2:-all}
 mkdir -p "$out"
 build=build-gpu

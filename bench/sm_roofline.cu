@@ -126,7 +126,7 @@ int main() {
   Timer timer;
   std::printf("%-28s", "bytes moved (read + write)");
   const size_t sizes[] = {size_t(43) << 20, size_t(86) << 20, size_t(344) << 20};
-  for (size_t s : sizes) std::printf(" %14.1f MB", 2.0 * double(s) / 1e6);
+  for (size_t s : sizes) std::printf(" %15.1f MB", 2.0 * double(s) / 1e6);
   std::printf("\n");
   struct Row {
     const char* name;

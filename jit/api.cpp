@@ -1,5 +1,7 @@
 // The public C++ entry points over the engine.
 #include <cstdlib>
+#include <future>
+#include <system_error>
 
 #include "driver.hpp"
 #include "engine.hpp"
@@ -17,12 +19,21 @@ std::vector<std::string> precompile(const Spec& spec, const std::string& arch) {
   // The heuristic's kernel variants (prefill and decode) depend on the spec and alignment
   // only; precompile the fully aligned case (q/k and table), which is what contiguous and
   // packed-QKV tensors and the usual tables give.
-  std::vector<std::string> paths;
-  for (const detail::KernelVariant& v : autotune::heuristic_variants(c, 16)) {
-    std::string path;
-    detail::Engine::instance().image(c, v, detail::target_for(cc), &path);
-    paths.push_back(path);
+  // Compiled concurrently, as a key's first use does.
+  const std::vector<detail::KernelVariant> variants = autotune::heuristic_variants(c, 16);
+  const std::string target = detail::target_for(cc);
+  std::vector<std::string> paths(variants.size());
+  auto build = [&](size_t i) { detail::Engine::instance().image(c, variants[i], target, &paths[i]); };
+  std::vector<std::future<void>> others;
+  for (size_t i = 1; i < variants.size(); ++i) {
+    try {
+      others.push_back(std::async(std::launch::async, build, i));
+    } catch (const std::system_error&) {
+      build(i);  // no thread to spare
+    }
   }
+  build(0);
+  for (std::future<void>& f : others) f.get();  // rethrows a compile error
   return paths;
 }
 

@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <future>
+#include <system_error>
 
 #include "driver.hpp"
 #include "errors.hpp"
@@ -153,6 +154,11 @@ const CacheEntry& Engine::image(const Spec& c, const KernelVariant& variant,
   return slot->entry;
 }
 
+bool Engine::sibling_failed(const std::string& ident) const {
+  std::lock_guard<std::mutex> lock(failed_mutex_);
+  return failed_siblings_.count(ident) > 0;
+}
+
 bool Engine::image_requested(const Spec& c, const KernelVariant& variant, const std::string& target) const {
   std::lock_guard<std::mutex> lock(images_mutex_);
   return images_.count(image_ident(c, variant, target)) > 0;
@@ -273,15 +279,20 @@ const Engine::Plan& Engine::plan(CUcontext ctx, const Spec& c, const CallShape& 
   // The other variants the policy may pick for this key (other buckets' tuned kernels) are
   // compiled alongside and loaded now, outside any capture: a later shape then never loads a
   // module, which inside a graph capture it could not.
+  // A variant that failed is not tried again here; the call that needs it reports why.
   std::vector<KernelVariant> others;
   std::vector<std::future<void>> compiling;
+  const std::string target = target_for(device.cc);
   if (capture == CU_STREAM_CAPTURE_STATUS_NONE) {
-    const std::string target = target_for(device.cc);
     for (const KernelVariant& v : autotune::policy_variants(c, shape, device)) {
-      if (v == cfg.kernel) continue;
+      if (v == cfg.kernel || sibling_failed(image_ident(c, v, target))) continue;
       others.push_back(v);
-      if (!image_requested(c, v, target))
+      if (image_requested(c, v, target)) continue;
+      try {
         compiling.push_back(std::async(std::launch::async, [this, &c, v, target] { image(c, v, target); }));
+      } catch (const std::system_error&) {
+        // No thread to spare: function() below compiles it on this one.
+      }
     }
   }
   const Plan p = make_plan(ctx, c, cfg, device, stream);
@@ -289,16 +300,20 @@ const Engine::Plan& Engine::plan(CUcontext ctx, const Spec& c, const CallShape& 
     try {
       f.get();
     } catch (const std::exception&) {
-      // Reported by the call that needs that variant, if one ever does.
+      // function() below meets the same error and records it.
     }
   }
   for (const KernelVariant& v : others) {
     try {
       function(ctx, c, v, stream);
     } catch (const std::exception& e) {
+      {
+        std::lock_guard<std::mutex> lock(failed_mutex_);
+        failed_siblings_.insert(image_ident(c, v, target));
+      }
       warn_once(concat("variant-", c.key(), "__", v.name()),
-                concat("could not prepare ", c.key(), " (", v.name(), "), which the tuning file names for other "
-                       "shapes: ", e.what()));
+                concat("could not prepare ", c.key(), " (", v.name(), ") for other shapes of the call: ",
+                       e.what()));
     }
   }
   std::unique_lock<std::shared_mutex> lock(plans_mutex_);

@@ -9,6 +9,7 @@
 #include <shared_mutex>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 
 #include "call.hpp"
@@ -107,12 +108,16 @@ class Engine {
                           CUstream stream);
   // Whether image() was already asked for this variant (compiled, loaded, or under way).
   bool image_requested(const Spec& canonical, const KernelVariant& variant, const std::string& target) const;
+  // Whether preparing this image as another shape's kernel failed before (not tried again).
+  bool sibling_failed(const std::string& ident) const;
 
   DiskCache disk_;
   mutable std::mutex images_mutex_;
   std::unordered_map<std::string, std::shared_ptr<ImageSlot>> images_;
   mutable std::shared_mutex functions_mutex_;
   std::unordered_map<FunctionKey, std::unique_ptr<FunctionSlot>, FunctionKeyHash> functions_;
+  mutable std::mutex failed_mutex_;
+  std::unordered_set<std::string> failed_siblings_;
   std::shared_mutex plans_mutex_;
   std::unordered_map<PlanKey, Plan, PlanKeyHash> plans_;
   std::shared_mutex devices_mutex_;

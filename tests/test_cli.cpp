@@ -73,6 +73,7 @@ TEST_CASE("ropejit tune --key: any axis the shape options cannot spell") {
   const std::pair<const char*, const char*> cases[] = {
       {"--dry-run", "--key needs --heads Q[,K]"},
       {"--heads 32,8 --layout thd --dry-run", "--key excludes --layout"},
+      {"--heads 32,8 --dtype f16 --dry-run", "--key excludes --dtype"},
   };
   for (const auto& [args, message] : cases) {
     const Run bad = run("tune --key " + oop + " " + args);
@@ -82,7 +83,10 @@ TEST_CASE("ropejit tune --key: any axis the shape options cannot spell") {
   }
   r = run("tune --key rope_bshd_bf16 --heads 8 --dry-run");
   CHECK(r.status == 2);
-  CHECK(has(r, "'rope_bshd_bf16' is not a ropejit key"));
+  CHECK(has(r, "ropejit: --key: key 'rope_bshd_bf16' is not a ropejit key"));
+  r = run("tune --key " + oop + " --heads 0,8 --dry-run");
+  CHECK(r.status == 2);
+  CHECK(has(r, "--heads (0,8) must be Q or Q,K"));
 }
 
 TEST_CASE("ropejit source prints the rendered kernel") {

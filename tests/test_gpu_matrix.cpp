@@ -103,8 +103,7 @@ TEST_SUITE("gpu") {
           apply(w.spec(), w.args());  // decode-sized: the one-head kernel, or two when needed
           const autotune::CheckReport r = w.check();
           if (!r.ok) failure = r.first_failure + " (" + std::to_string(r.mismatches) + " mismatches)";
-          // The same call through the prefill kernel, two heads per thread (loaded with the
-          // first: the heuristic's variants are compiled together).
+          // The same call through the heuristic's prefill kernel, two heads per thread.
           const Spec c = w.spec().canonical();
           const Args args = w.args();
           const detail::CallShape shape = detail::check_call(c, args);

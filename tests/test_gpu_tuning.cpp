@@ -156,6 +156,9 @@ TEST_SUITE("gpu") {
     e.default_us = 1;
     cache.put(e);
     cache.save(file);
+    // The policy reads its tuning file once per process; ctest runs each case in its own.
+    REQUIRE_MESSAGE(autotune::select_config(c, decode, dev, false) == *other,
+                    "the tuning file was read before this test wrote it: run this case in its own process");
 
     autotune::Sizes z;
     z.batch = 1;
