@@ -185,8 +185,8 @@ int run_compile_from_tuning(const std::string& file) {
     detail::Engine::instance().image(parse_key(key), variant, target, &path);
     std::printf("%s  %s  %s\n", key.c_str(), variant.name().c_str(), path.empty() ? "(memory only)" : path.c_str());
   }
-  std::printf("%zu tuned kernels and %zu more of the same keys' defaults for %s (%s) in %s\n", tuned,
-              kernels.size() - tuned, fp.gpu_name.c_str(), target.c_str(),
+  std::printf("%zu entries: %zu tuned kernels and %zu more of those keys' defaults, for %s (%s), in %s\n",
+              cache.entries().size(), tuned, kernels.size() - tuned, fp.gpu_name.c_str(), target.c_str(),
               detail::Engine::instance().disk().dir().c_str());
   return 0;
 }

@@ -6,6 +6,7 @@
 #include <string>
 #include <utility>
 
+#include "autotune/tuning_cache.hpp"
 #include "jit/driver.hpp"
 #include "test_util.hpp"
 
@@ -105,6 +106,39 @@ TEST_CASE("ropejit demo without a GPU compiles and says the GPU part was skipped
   CHECK(r.status == 0);
   CHECK(has(r, "compiled for sm_90"));
   CHECK(has(r, "GPU part SKIPPED: the CUDA driver (libcuda.so.1) could not be loaded"));
+}
+
+TEST_CASE("ropejit compile --from-tuning: the tuned kernels and their keys' defaults, no GPU needed") {
+  const std::string file = ropejit::testing::temp_dir() + "/warm-start.json";
+  const ropejit::Spec c = ropejit::parse_key("rope_bshd_f16_d64_r64_neox_pos-offset_tab-f32-half_qk_fwd_ip");
+  ropejit::autotune::TuningCache cache;
+  ropejit::autotune::Fingerprint fp;
+  fp.gpu_name = "Warm Start GPU";
+  fp.cc = 80;
+  fp.sm_count = 108;
+  cache.set_fingerprint(fp);
+  ropejit::autotune::TuningEntry e;
+  e.key = c.key();
+  e.bucket = 64;
+  e.q_heads = 8;
+  e.k_heads = 8;
+  e.config.kernel.vec = 8;
+  e.config.kernel.heads_per_thread = 4;
+  e.config.kernel.max_threads = 256;
+  e.config.rows = 4;
+  e.median_us = 1;
+  e.default_us = 1;
+  cache.put(e);
+  e.bucket = 4096;  // the same kernel for another bucket: built once
+  cache.put(e);
+  cache.save(file);
+  const Run r = run("compile --from-tuning " + file);
+  INFO(r.output);
+  CHECK(r.status == 0);
+  CHECK(has(r, "2 entries: 1 tuned kernels and 2 more of those keys' defaults, for Warm Start GPU (sm_80)"));
+  CHECK(has(r, (c.key() + "  v8h4t256  ").c_str()));
+  CHECK(has(r, (c.key() + "  v8h2t512  ").c_str()));
+  CHECK(has(r, (c.key() + "  v8h1t512  ").c_str()));
 }
 
 TEST_CASE("ROPEJIT_NVRTC_FLAGS: appended to the compile, part of the cache key") {
