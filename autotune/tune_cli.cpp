@@ -46,28 +46,28 @@ std::vector<Job> jobs_for(const TuneOptions& o) {
   if (!o.heads.empty()) {
     if (o.heads.size() > 2 || o.heads[0] < 1 || (o.heads.size() == 2 && o.heads[1] < 0))
       detail::invalid("--heads (", heads_text(o.heads), ") must be Q or Q,K with Q >= 1 and K >= 0");
-    const int32_t k_heads = o.heads.size() == 2 ? o.heads[1] : 0;
+    std::vector<Spec> specs;
     for (const std::string& key : o.keys) {
-      Spec s;
       try {
-        s = parse_key(key);
+        specs.push_back(parse_key(key));
       } catch (const Error& e) {
         const std::string why = e.what();
         detail::invalid("--key: ", why.rfind("ropejit: ", 0) == 0 ? why.substr(9) : why);
       }
-      jobs.push_back({s.canonical(), o.heads[0], k_heads});
     }
-  }
-  if (!o.heads.empty() && o.keys.empty()) {
-    Spec s;
-    s.layout = detail::parse_name<Layout>(o.layout, "--layout");
-    s.dtype = dtype;
-    s.head_dim = o.head_dim;
-    s.rotary_dim = o.rotary_dim;
-    s.style = detail::parse_name<Style>(o.style, "--style");
-    s.positions = detail::parse_name<Positions>(o.positions, "--positions");
-    s.freqs = detail::parse_name<Freqs>(o.freqs, "--freqs");
-    jobs.push_back({s.canonical(), o.heads[0], o.heads.size() == 2 ? o.heads[1] : 0});
+    if (o.keys.empty()) {  // the shape options spell one key
+      Spec s;
+      s.layout = detail::parse_name<Layout>(o.layout, "--layout");
+      s.dtype = dtype;
+      s.head_dim = o.head_dim;
+      s.rotary_dim = o.rotary_dim;
+      s.style = detail::parse_name<Style>(o.style, "--style");
+      s.positions = detail::parse_name<Positions>(o.positions, "--positions");
+      s.freqs = detail::parse_name<Freqs>(o.freqs, "--freqs");
+      specs.push_back(s);
+    }
+    for (const Spec& s : specs)
+      jobs.push_back({s.canonical(), o.heads[0], o.heads.size() == 2 ? o.heads[1] : 0});
   }
   if (jobs.empty())
     detail::invalid("tune needs --preset NAME, or --heads Q,K with the shape options or --key KEY");

@@ -1,7 +1,6 @@
 // The public C++ entry points over the engine.
 #include <cstdlib>
 #include <future>
-#include <system_error>
 
 #include "driver.hpp"
 #include "engine.hpp"
@@ -23,17 +22,10 @@ std::vector<std::string> precompile(const Spec& spec, const std::string& arch) {
   const std::vector<detail::KernelVariant> variants = autotune::heuristic_variants(c, 16);
   const std::string target = detail::target_for(cc);
   std::vector<std::string> paths(variants.size());
-  auto build = [&](size_t i) { detail::Engine::instance().image(c, variants[i], target, &paths[i]); };
-  std::vector<std::future<void>> others;
-  for (size_t i = 1; i < variants.size(); ++i) {
-    try {
-      others.push_back(std::async(std::launch::async, build, i));
-    } catch (const std::system_error&) {
-      build(i);  // no thread to spare
-    }
-  }
-  build(0);
-  for (std::future<void>& f : others) f.get();  // rethrows a compile error
+  std::vector<std::future<void>> builds;
+  for (size_t i = 0; i < variants.size(); ++i)
+    builds.push_back(detail::Engine::instance().image_async(c, variants[i], target, &paths[i]));
+  for (std::future<void>& f : builds) f.get();  // rethrows a compile error
   return paths;
 }
 

@@ -154,6 +154,23 @@ const CacheEntry& Engine::image(const Spec& c, const KernelVariant& variant,
   return slot->entry;
 }
 
+std::future<void> Engine::image_async(const Spec& c, const KernelVariant& variant,
+                                      const std::string& target, std::string* path) {
+  try {
+    return std::async(std::launch::async,
+                      [this, c, variant, target, path] { image(c, variant, target, path); });
+  } catch (const std::system_error&) {
+    std::promise<void> done;  // no thread to spare: compile here
+    try {
+      image(c, variant, target, path);
+      done.set_value();
+    } catch (...) {
+      done.set_exception(std::current_exception());
+    }
+    return done.get_future();
+  }
+}
+
 bool Engine::sibling_failed(const std::string& ident) const {
   std::lock_guard<std::mutex> lock(failed_mutex_);
   return failed_siblings_.count(ident) > 0;
@@ -287,12 +304,7 @@ const Engine::Plan& Engine::plan(CUcontext ctx, const Spec& c, const CallShape& 
     for (const KernelVariant& v : autotune::policy_variants(c, shape, device)) {
       if (v == cfg.kernel || sibling_failed(image_ident(c, v, target))) continue;
       others.push_back(v);
-      if (image_requested(c, v, target)) continue;
-      try {
-        compiling.push_back(std::async(std::launch::async, [this, &c, v, target] { image(c, v, target); }));
-      } catch (const std::system_error&) {
-        // No thread to spare: function() below compiles it on this one.
-      }
+      if (!image_requested(c, v, target)) compiling.push_back(image_async(c, v, target));
     }
   }
   const Plan p = make_plan(ctx, c, cfg, device, stream);

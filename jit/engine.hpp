@@ -4,6 +4,7 @@
 
 #include <cuda.h>
 
+#include <future>
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
@@ -42,6 +43,11 @@ class Engine {
   // no GPU. Returns the entry and sets `path` to its disk-cache file ("" when memory-only).
   const CacheEntry& image(const Spec& canonical, const KernelVariant& variant,
                           const std::string& target, std::string* path = nullptr);
+
+  // image() on another thread (on this one when no thread can be created); the future
+  // carries its outcome. `path`, when given, must outlive the future.
+  std::future<void> image_async(const Spec& canonical, const KernelVariant& variant,
+                                const std::string& target, std::string* path = nullptr);
 
   // Facts about the GPU owning `ctx`, which must be current (cached per context).
   const DeviceInfo& device_info(CUcontext ctx);

@@ -1,10 +1,30 @@
 // Shared by the GPU test files: make device 0's primary context current on this thread.
 #pragma once
 
+#include <functional>
+
 #include "jit/driver.hpp"
 
 namespace ropejit::testing {
 
 inline CUcontext use_primary_context() { return detail::use_primary_context(0); }
+
+// Captures what `calls` enqueues on `stream` into a CUDA graph, replays it `replays` times
+// and waits for it.
+inline void capture_and_replay(CUstream stream, const std::function<void()>& calls,
+                               int replays = 1) {
+  const detail::Driver& d = detail::driver();
+  detail::check(d.StreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL),
+                "cuStreamBeginCapture");
+  calls();
+  CUgraph graph = nullptr;
+  detail::check(d.StreamEndCapture(stream, &graph), "cuStreamEndCapture");
+  CUgraphExec exec = nullptr;
+  detail::check(d.GraphInstantiateWithFlags(&exec, graph, 0), "cuGraphInstantiate");
+  for (int i = 0; i < replays; ++i) detail::check(d.GraphLaunch(exec, stream), "cuGraphLaunch");
+  detail::check(d.StreamSynchronize(stream), "replay");
+  d.GraphExecDestroy(exec);
+  d.GraphDestroy(graph);
+}
 
 }  // namespace ropejit::testing

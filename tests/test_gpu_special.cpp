@@ -132,27 +132,23 @@ TEST_SUITE("gpu") {
     apply(s, args);  // first use loads the module outside the capture
     check(d.StreamSynchronize(stream), "warm-up");
     w.upload();  // re-poison outputs: only the graph writes them now
-    check(d.StreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL), "cuStreamBeginCapture");
-    for (int i = 0; i < 20; ++i) apply(s, args);
-    CUgraph graph = nullptr;
-    check(d.StreamEndCapture(stream, &graph), "cuStreamEndCapture");
-    CUgraphExec exec = nullptr;
-    check(d.GraphInstantiateWithFlags(&exec, graph, 0), "cuGraphInstantiate");
-    for (int i = 0; i < 3; ++i) check(d.GraphLaunch(exec, stream), "cuGraphLaunch");
-    check(d.StreamSynchronize(stream), "replay");
+    testing::capture_and_replay(
+        stream,
+        [&] {
+          for (int i = 0; i < 20; ++i) apply(s, args);
+        },
+        3);
     const autotune::CheckReport r = w.check();
     CHECK_MESSAGE(r.ok, r.first_failure);
-    d.GraphExecDestroy(exec);
-    d.GraphDestroy(graph);
 
     // A key's first use inside a capture is refused with a clear message, and the capture
     // survives it.
     Spec fresh = s;
     fresh.direction = Direction::backward;
-    check(d.StreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL), "cuStreamBeginCapture");
-    CHECK_THROWS_WITH_AS(apply(fresh, args), doctest::Contains("during CUDA graph capture"), Error);
-    check(d.StreamEndCapture(stream, &graph), "cuStreamEndCapture");
-    d.GraphDestroy(graph);
+    testing::capture_and_replay(stream, [&] {
+      CHECK_THROWS_WITH_AS(apply(fresh, args), doctest::Contains("during CUDA graph capture"),
+                           Error);
+    });
     d.StreamDestroy(stream);
   }
 

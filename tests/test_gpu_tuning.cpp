@@ -102,19 +102,10 @@ TEST_SUITE("gpu") {
     w2.upload();
     CUstream stream = nullptr;
     detail::check(d.StreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
-    detail::check(d.StreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL), "capture");
-    apply(s, w2.args(stream));
-    CUgraph graph = nullptr;
-    detail::check(d.StreamEndCapture(stream, &graph), "capture");
+    testing::capture_and_replay(stream, [&] { apply(s, w2.args(stream)); });
     CHECK(autotune::tunings_performed() == before + 1);
-    CUgraphExec exec = nullptr;
-    detail::check(d.GraphInstantiateWithFlags(&exec, graph, 0), "instantiate");
-    detail::check(d.GraphLaunch(exec, stream), "replay");
-    detail::check(d.StreamSynchronize(stream), "replay");
     const autotune::CheckReport r2 = w2.check();
     CHECK_MESSAGE(r2.ok, r2.first_failure);
-    d.GraphExecDestroy(exec);
-    d.GraphDestroy(graph);
     d.StreamDestroy(stream);
   }
 
@@ -177,23 +168,14 @@ TEST_SUITE("gpu") {
     w.upload();
     CUstream stream = nullptr;
     detail::check(d.StreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
-    detail::check(d.StreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL), "capture");
     REQUIRE(w.args(stream).seq_len == decode.tokens);  // the tuned entry's bucket
-    CHECK_NOTHROW(apply(s, w.args(stream)));
-    CUgraph graph = nullptr;
-    detail::check(d.StreamEndCapture(stream, &graph), "capture");
-    CUgraphExec exec = nullptr;
-    detail::check(d.GraphInstantiateWithFlags(&exec, graph, 0), "instantiate");
-    detail::check(d.GraphLaunch(exec, stream), "replay");
-    detail::check(d.StreamSynchronize(stream), "replay");
+    testing::capture_and_replay(stream, [&] { CHECK_NOTHROW(apply(s, w.args(stream))); });
     const autotune::CheckReport r2 = w.check();
     CHECK_MESSAGE(r2.ok, r2.first_failure);
     CHECK(detail::Engine::instance().planned(s, w.args(stream)).first == *other);
     const detail::EngineStats after = detail::Engine::instance().stats();
     CHECK(after.module_loads == warm.module_loads);
     CHECK(after.nvrtc_compiles + after.disk_hits == warm.nvrtc_compiles + warm.disk_hits);
-    d.GraphExecDestroy(exec);
-    d.GraphDestroy(graph);
     d.StreamDestroy(stream);
   }
 
