@@ -48,13 +48,15 @@ struct RopeKernel {
   typedef typename Elem<Cfg::kDType>::Raw Raw;
   typedef Pack<Cfg::kDType, Cfg::kVec> Vec;
 
-  static constexpr int kPairs = Cfg::kRotaryDim / 2;
-  static constexpr int kPairsPerChunk = Cfg::kNeox ? Cfg::kVec : Cfg::kVec / 2;
-  static constexpr int kRotChunks = kPairs / kPairsPerChunk;
-  static constexpr int kTailChunks =
-      Cfg::kInPlace ? 0 : (Cfg::kHeadDim - Cfg::kRotaryDim) / Cfg::kVec;
-  static constexpr int kChunks = kRotChunks + kTailChunks;
-  static constexpr int kHpt = Cfg::kHeadsPerThread;
+  // Enumerators, not static constexpr members, for the reason given in rope_entry.cu.in.
+  enum : int {
+    kPairs = Cfg::kRotaryDim / 2,
+    kPairsPerChunk = Cfg::kNeox ? Cfg::kVec : Cfg::kVec / 2,
+    kRotChunks = kPairs / kPairsPerChunk,
+    kTailChunks = Cfg::kInPlace ? 0 : (Cfg::kHeadDim - Cfg::kRotaryDim) / Cfg::kVec,
+    kChunks = kRotChunks + kTailChunks,
+    kHpt = Cfg::kHeadsPerThread
+  };
 
   static_assert(Cfg::kRotaryDim % 2 == 0 && Cfg::kRotaryDim <= Cfg::kHeadDim, "rotary_dim");
   static_assert(kPairsPerChunk >= 1 && kPairs % kPairsPerChunk == 0, "vector width vs R");
@@ -208,7 +210,7 @@ struct RopeKernel {
     Vec lo[kHpt], hi[kHpt];
     const char* src[kHpt];
   };
-  static constexpr int kPartner = kPairs * int(sizeof(Raw));
+  enum : int { kPartner = kPairs * int(sizeof(Raw)) };
 
   // Issues every load of the batch starting at head h0 (up to 2 * kHpt 16-byte loads).
   static __device__ __forceinline__ void load_batch(const TokenHeads& th, int h0, Batch& b) {

@@ -111,14 +111,39 @@ TEST_CASE("rendering binds every axis and nothing else") {
   const detail::RenderedKernel r = detail::render(s.canonical(), v);
   CHECK(r.key == "rope_thd_f16_d80_r32_gptj_pos-ids-i32_comp_qk_bwd_oop");
   CHECK(r.entry == "rope_thd_f16_d80_r32_gptj_posZidsZi32_comp_qk_bwd_oop__v4h2t256");
-  for (const char* line :
-       {"kDType = 1;", "kHeadDim = 80;", "kRotaryDim = 32;", "kNeox = false;", "kPacked = true;",
-        "kPosMode = 2;", "kIdx64 = false;", "kComputed = true;", "kBackward = true;",
-        "kInPlace = false;", "kVec = 4;", "kHeadsPerThread = 2;", "__launch_bounds__(256)"})
-    CHECK_MESSAGE(r.source.find(line) != std::string::npos, line);
+  // Each constant is an enumerator: "name = value," or, last in its enum, "name = value\n".
+  auto binds = [&](const std::string& binding) {
+    for (size_t at = r.source.find(binding); at != std::string::npos;
+         at = r.source.find(binding, at + 1)) {
+      const char next = r.source[at + binding.size()];
+      if (next == ',' || next == '\n') return true;
+    }
+    return false;
+  };
+  for (const char* binding :
+       {"kDType = 1", "kHeadDim = 80", "kRotaryDim = 32", "kNeox = false", "kPacked = true",
+        "kPosMode = 2", "kIdx64 = false", "kComputed = true", "kBackward = true",
+        "kInPlace = false", "kVec = 4", "kHeadsPerThread = 2", "kGridStride = false"})
+    CHECK_MESSAGE(binds(binding), binding);
+  CHECK(r.source.find("__launch_bounds__(256)") != std::string::npos);
   CHECK(r.source.find("{{") == std::string::npos);
   // Deterministic: the same inputs render byte-identical source (cache keys depend on it).
   CHECK(detail::render(s.canonical(), v).source == r.source);
+}
+
+TEST_CASE("a kernel module declares no device globals") {
+  // Static constexpr members would each become a .global variable that the driver allocates
+  // and initializes at every module load; the constants are enumerators instead.
+  for (const char* key : {"rope_bshd_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_qk_fwd_ip",
+                          "rope_thd_f16_d80_r32_gptj_pos-offset_comp_qk_bwd_oop"}) {
+    const Spec s = parse_key(key).canonical();
+    const detail::RenderedKernel r = detail::render(s, autotune::heuristic_variant(s, 16));
+    const detail::CompileResult ptx =
+        detail::compile(r.source, r.entry + ".cu", r.key, "compute_90");
+    REQUIRE(ptx.is_ptx);
+    CHECK_MESSAGE(ptx.image.find("\n.global ") == std::string::npos, key);
+    CHECK(ptx.image.find(".entry " + r.entry) != std::string::npos);
+  }
 }
 
 TEST_CASE("an NVRTC failure carries the key, the options and the full log") {
