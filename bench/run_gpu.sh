@@ -64,7 +64,7 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   grep -E "^(rope|graph)/" "$out/bench_untuned.txt" | cut -c1-230
   # Cold compiles: NVRTC alone (no driver in the process), and in-process with NVRTC's own
   # cache switched off, next to the benchmark's jit row above.
-  python3 bench/compile_phases.py --ropejit $build/ropejit --reps 4 --source bench/minimal_rope.cu --trace > "$out/compile_phases.txt" 2>&1
+  python3 bench/compile_phases.py --ropejit $build/ropejit --reps 4 --source bench/minimal_rope.cu --source bench/flat_rope.cu --trace > "$out/compile_phases.txt" 2>&1
   cat "$out/compile_phases.txt"
   ROPEJIT_NVRTC_FLAGS=-no-cache $build/bench/ropejit_bench --benchmark_filter='^jit' > "$out/jit_nocache.txt" 2>&1
   grep -E "^jit" "$out/jit_nocache.txt" | sed 's/^/-no-cache: /'
