@@ -317,6 +317,10 @@ void Workload::upload() {
     for (int idx : output_buffers_)
       detail::check(d.MemsetD8(buffers_[size_t(idx)]->device, kPoison, buffers_[size_t(idx)]->host.size()),
                     "cuMemsetD8");
+  // A copy from pageable memory may return before its last bytes land, and the memset runs
+  // on the legacy stream: neither orders itself before a launch on a non-blocking stream
+  // (the tuner's and the benchmark's), so wait for both here.
+  detail::check(d.CtxSynchronize(), "uploading the workload (cuCtxSynchronize)");
 }
 
 Args Workload::args(void* stream) const {
