@@ -119,12 +119,7 @@ TEST_SUITE("gpu") {
     Spec s;
     s.in_place = false;  // replays are then idempotent
     s.positions = Positions::ids;
-    autotune::Sizes z;
-    z.batch = 3;
-    z.seq_len = 64;
-    z.q_heads = 32;
-    z.k_heads = 8;
-    autotune::Workload w(s, z);
+    autotune::Workload w(s, testing::dense_sizes(3, 64, 32, 8));
     w.upload();
     CUstream stream = nullptr;
     check(d.StreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");

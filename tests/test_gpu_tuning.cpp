@@ -88,11 +88,7 @@ TEST_SUITE("gpu") {
     s.head_dim = 64;
     s.freqs = Freqs::computed;
     s.in_place = false;
-    autotune::Sizes z;
-    z.batch = 1;
-    z.seq_len = 40;
-    z.q_heads = 16;
-    z.k_heads = 2;
+    autotune::Sizes z = testing::dense_sizes(1, 40, 16, 2);
     autotune::Workload w(s, z);
     w.upload();
     const size_t before = autotune::tunings_performed();
@@ -155,11 +151,7 @@ TEST_SUITE("gpu") {
     REQUIRE_MESSAGE(autotune::select_config(c, decode, dev, false) == *other,
                     "the tuning file was read before this test wrote it: run this case in its own process");
 
-    autotune::Sizes z;
-    z.batch = 1;
-    z.q_heads = 32;
-    z.k_heads = 8;
-    z.seq_len = 4096;
+    autotune::Sizes z = testing::dense_sizes(1, 4096, 32, 8);
     autotune::Workload prefill(s, z);
     prefill.upload();
     apply(s, prefill.args());  // the heuristic's kernel, and the tuned decode kernel with it
