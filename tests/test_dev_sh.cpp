@@ -1,0 +1,100 @@
+// tools/dev.sh's GPU detection, against stand-in `ropejit` and `nvidia-smi` commands: the
+// README's test command must run the GPU suite wherever a GPU is usable, and must fail (never
+// skip) where the driver lists a GPU that ropejit cannot see.
+#include <doctest/doctest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <string>
+
+#include "test_util.hpp"
+
+namespace {
+
+using ropejit::testing::CommandResult;
+
+bool has(const CommandResult& r, const std::string& text) {
+  return r.output.find(text) != std::string::npos;
+}
+
+// A build folder inside the source tree (relative ROPEJIT_BUILD_DIR, as users set it) holding a
+// stand-in `ropejit` whose `info` prints `info_output`; a bin folder with a stand-in
+// `nvidia-smi` printing `smi_output` (none when empty). Both are removed at scope exit.
+class StandIn {
+ public:
+  StandIn(const std::string& info_output, const std::string& smi_output) {
+    name_ = "build-devsh-test-" + std::to_string(::getpid()) + "-" + std::to_string(++count_);
+    dir_ = std::string(ROPEJIT_SOURCE_DIR) + "/" + name_;
+    bin_ = ropejit::testing::temp_dir();
+    REQUIRE(ropejit::testing::run_command("mkdir -p '" + dir_ + "'").status == 0);
+    script(dir_ + "/ropejit", "printf '%s\\n' '" + info_output + "'");
+    if (!smi_output.empty()) script(bin_ + "/nvidia-smi", "printf '%s\\n' '" + smi_output + "'");
+  }
+  ~StandIn() { ropejit::testing::run_command("rm -rf '" + dir_ + "'"); }
+  StandIn(const StandIn&) = delete;
+  StandIn& operator=(const StandIn&) = delete;
+
+  // Runs `tools/dev.sh ARGS` from another working directory, with ctest replaced by `echo`.
+  CommandResult dev_sh(const std::string& args) const {
+    return ropejit::testing::run_command(
+        "cd / && PATH='" + bin_ + "':\"$PATH\" ROPEJIT_BUILD_DIR=" + name_ +
+        " ROPEJIT_SKIP_BUILD=1 ROPEJIT_CTEST='echo CTEST' bash '" + ROPEJIT_SOURCE_DIR +
+        "/tools/dev.sh' " + args);
+  }
+  const std::string& dir() const { return dir_; }
+
+ private:
+  static void script(const std::string& path, const std::string& body) {
+    ropejit::testing::write_file(path, "#!/bin/sh\n" + body + "\n");
+    REQUIRE(::chmod(path.c_str(), 0755) == 0);
+  }
+  static inline int count_ = 0;
+  std::string name_, dir_, bin_;
+};
+
+const char* const kInfoGpu =
+    "ropejit 0.1.0\ndriver       CUDA 13.0\ngpu          NVIDIA H100 80GB HBM3 (sm_90, 132 SMs)";
+const char* const kInfoNone = "ropejit 0.1.0\ndriver       none: libcuda.so.1 could not be loaded";
+
+}  // namespace
+
+TEST_CASE("dev.sh test runs the GPU suite when ropejit sees a GPU") {
+  const StandIn s(kInfoGpu, "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-1)");
+  const CommandResult r = s.dev_sh("test");
+  INFO(r.output);
+  CHECK(r.status == 0);
+  CHECK(has(r, "GPU found: running the CPU and GPU suites"));
+  CHECK(has(r, "CTEST --output-on-failure\n"));
+  CHECK_FALSE(has(r, "-LE gpu"));
+  CHECK_FALSE(has(r, "SKIPPED"));
+  CHECK(s.dev_sh("gpu").output == "yes\n");
+}
+
+TEST_CASE("dev.sh test skips the GPU suite visibly on a machine without a GPU") {
+  const StandIn s(kInfoNone, "");
+  const CommandResult r = s.dev_sh("test");
+  INFO(r.output);
+  CHECK(r.status == 0);
+  CHECK(has(r, "no usable GPU here (none: libcuda.so.1 could not be loaded)"));
+  CHECK(has(r, "CTEST --output-on-failure -LE gpu"));
+  CHECK(has(r, "GPU tests SKIPPED"));
+}
+
+TEST_CASE("dev.sh test fails where the driver lists a GPU that ropejit cannot use") {
+  const StandIn s(kInfoNone, "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-1)");
+  const CommandResult r = s.dev_sh("test");
+  INFO(r.output);
+  CHECK(r.status == 2);
+  CHECK(has(r, "nvidia-smi lists a GPU but"));
+  CHECK_FALSE(has(r, "CTEST"));
+}
+
+TEST_CASE("dev.sh test fails when the ropejit command is missing") {
+  const StandIn s(kInfoGpu, "");
+  ropejit::testing::run_command("rm -f '" + s.dir() + "/ropejit'");
+  const CommandResult r = s.dev_sh("test");
+  INFO(r.output);
+  CHECK(r.status == 2);
+  CHECK(has(r, "is missing or not executable"));
+  CHECK_FALSE(has(r, "CTEST"));
+}
