@@ -1,11 +1,11 @@
 // Candidate launch configurations for the tuner.
-#include "candidates.hpp"
+#include "autotune/candidates.hpp"
 
 #include <algorithm>
 #include <set>
 #include <string>
 
-#include "policy.hpp"
+#include "autotune/policy.hpp"
 
 namespace ropejit::autotune {
 

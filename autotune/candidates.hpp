@@ -3,7 +3,7 @@
 
 #include <vector>
 
-#include "launch_config.hpp"
+#include "jit/launch_config.hpp"
 
 namespace ropejit::autotune {
 

@@ -21,58 +21,34 @@
 //     points worse with two passes, so only power-of-two chunk counts take them.
 #include <algorithm>
 
-#include "policy.hpp"
-#include "tuning_cache.hpp"
+#include "autotune/policy.hpp"
 
 namespace ropejit::autotune {
 namespace {
 
-constexpr int32_t kHeadsPerThread = 2;
-constexpr int32_t kBlockThreads = 512;
+constexpr int32_t kHeadsPerThread = 2;  // as detail::prefill_variant
 constexpr int32_t kMinBlockThreads = 64;   // 32 resident blocks x 64 threads fill an SM
 constexpr int64_t kDecodeBlocksPerSm = 4;  // token bucket <= this * SMs: a decode-sized call
 constexpr double kTwoPassGbpsPerSm = 30;   // DRAM GB/s per SM from which prefill takes 2 passes
 
 }  // namespace
 
-detail::KernelVariant heuristic_variant(const Spec& c, int32_t align_bytes, int32_t table_align) {
-  detail::KernelVariant v;
-  v.vec = detail::max_vec(c, align_bytes);
-  v.table_vec = detail::table_vectors_ok(c, v.vec, table_align);
-  v.heads_per_thread = kHeadsPerThread;
-  const int32_t x = detail::chunks(c, v.vec);
-  v.max_threads = kBlockThreads;
-  while (v.max_threads < x) v.max_threads *= 2;
-  return v;
-}
-
-detail::KernelVariant decode_variant(const Spec& c, int32_t align_bytes, int32_t table_align) {
-  detail::KernelVariant v = heuristic_variant(c, align_bytes, table_align);
-  v.heads_per_thread = 1;
-  return v;
-}
-
-std::vector<detail::KernelVariant> heuristic_variants(const Spec& c, int32_t align_bytes,
-                                                      int32_t table_align) {
-  return {heuristic_variant(c, align_bytes, table_align), decode_variant(c, align_bytes, table_align)};
-}
-
 detail::LaunchConfig heuristic_config(const Spec& c, const detail::CallShape& shape,
                                       const detail::DeviceInfo& device) {
   detail::LaunchConfig cfg;
-  cfg.kernel = heuristic_variant(c, shape.align_bytes, shape.table_align);
+  cfg.kernel = detail::prefill_variant(c, shape.align_bytes, shape.table_align);
   const int32_t x = detail::chunks(c, cfg.kernel.vec);
   const int32_t max_rows = std::max(1, cfg.kernel.max_threads / x);
   const int32_t heads = std::max(shape.q_heads + shape.k_heads, 1);
   // Decided on the token bucket, as the plan that remembers this choice is keyed by it.
   const bool decode =
-      token_bucket(shape.tokens) <= kDecodeBlocksPerSm * std::max(device.sm_count, 1);
+      detail::token_bucket(shape.tokens) <= kDecodeBlocksPerSm * std::max(device.sm_count, 1);
   const bool two_passes =
       device.memory_gbps / std::max(device.sm_count, 1) >= kTwoPassGbpsPerSm && (x & (x - 1)) == 0;
   const int32_t heads_per_row = decode ? 1 : kHeadsPerThread * (two_passes ? 2 : 1);
   cfg.rows = std::min(max_rows, (heads + heads_per_row - 1) / heads_per_row);
   if (decode && cfg.rows == heads)  // a thread for every head: the one-head kernel
-    cfg.kernel = decode_variant(c, shape.align_bytes, shape.table_align);
+    cfg.kernel = detail::decode_variant(c, shape.align_bytes, shape.table_align);
   const int32_t row_threads = x * cfg.rows;
   cfg.tokens_per_block =
       decode ? 1

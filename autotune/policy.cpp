@@ -1,5 +1,5 @@
 // Launch policy: tuning file first, then the built-in heuristic; optional tune-on-miss.
-#include "policy.hpp"
+#include "autotune/policy.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -8,9 +8,9 @@
 #include <mutex>
 #include <optional>
 
-#include "errors.hpp"
-#include "tuner.hpp"
-#include "tuning_cache.hpp"
+#include "jit/errors.hpp"
+#include "autotune/tuner.hpp"
+#include "autotune/tuning_cache.hpp"
 
 namespace ropejit::autotune {
 namespace {
@@ -102,7 +102,7 @@ detail::LaunchConfig select_config(const Spec& c, const detail::CallShape& shape
   if (mode == TuningMode::off) return fallback;
   TuningStore& store = TuningStore::instance();
   const std::string key = c.key();
-  const int64_t bucket = token_bucket(shape.tokens);
+  const int64_t bucket = detail::token_bucket(shape.tokens);
   if (const std::optional<detail::LaunchConfig> tuned =
           store.find(device, key, bucket, shape.q_heads, shape.k_heads)) {
     // A tuned entry assumes 16-byte alignment (q/k and cos/sin); a less aligned call keeps
@@ -128,7 +128,7 @@ detail::LaunchConfig select_config(const Spec& c, const detail::CallShape& shape
 
 std::vector<detail::KernelVariant> policy_variants(const Spec& c, const detail::CallShape& shape,
                                                    const detail::DeviceInfo& device) {
-  std::vector<detail::KernelVariant> out = heuristic_variants(c, shape.align_bytes, shape.table_align);
+  std::vector<detail::KernelVariant> out = detail::default_variants(c, shape.align_bytes, shape.table_align);
   if (tuning_mode() == TuningMode::off) return out;
   for (const TuningEntry& e : TuningStore::instance().entries_for(device, c.key())) {
     // The entry's own call, at this call's alignment: what select_config() would accept.
@@ -140,6 +140,27 @@ std::vector<detail::KernelVariant> policy_variants(const Spec& c, const detail::
     if (std::find(out.begin(), out.end(), e.config.kernel) == out.end()) out.push_back(e.config.kernel);
   }
   return out;
+}
+
+namespace {
+
+class TuningPolicy final : public detail::LaunchPolicy {
+ public:
+  detail::LaunchConfig choose(const Spec& c, const detail::CallShape& shape,
+                              const detail::DeviceInfo& device, bool capturing) override {
+    return select_config(c, shape, device, capturing);
+  }
+  std::vector<detail::KernelVariant> variants(const Spec& c, const detail::CallShape& shape,
+                                              const detail::DeviceInfo& device) override {
+    return policy_variants(c, shape, device);
+  }
+};
+
+}  // namespace
+
+detail::LaunchPolicy& tuning_policy() {
+  static TuningPolicy policy;
+  return policy;
 }
 
 }  // namespace ropejit::autotune

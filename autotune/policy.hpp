@@ -1,10 +1,12 @@
-// What jit/ asks autotune/: the launch configuration for a spec and call shape on a device.
+// autotune's answer to the engine's LaunchPolicy: the tuning file, else the built-in heuristic,
+// with optional tuning on a miss.
 #pragma once
 
 #include <string>
 #include <vector>
 
-#include "launch_config.hpp"
+#include "jit/launch_config.hpp"
+#include "jit/launch_policy.hpp"
 
 namespace ropejit::autotune {
 
@@ -18,18 +20,6 @@ enum class TuningMode {
 };
 TuningMode tuning_mode();
 
-// The built-in heuristic's prefill kernel variant: widest legal vectors, 2 heads per thread,
-// 512-thread bound. It depends only on the spec and alignment, never on sizes.
-detail::KernelVariant heuristic_variant(const Spec& canonical, int32_t align_bytes,
-                                        int32_t table_align = 16);
-// Its decode variant: the same with one head per thread.
-detail::KernelVariant decode_variant(const Spec& canonical, int32_t align_bytes,
-                                     int32_t table_align = 16);
-// Both, prefill first: every kernel the heuristic launches for the key at this alignment.
-// The engine loads them together (policy_variants()), so changing shapes never compiles.
-std::vector<detail::KernelVariant> heuristic_variants(const Spec& canonical, int32_t align_bytes,
-                                                      int32_t table_align = 16);
-
 // The built-in heuristic's launch for a call shape (autotune/heuristic.cpp says why).
 detail::LaunchConfig heuristic_config(const Spec& canonical, const detail::CallShape& shape,
                                       const detail::DeviceInfo& device);
@@ -41,12 +31,16 @@ detail::LaunchConfig select_config(const Spec& canonical, const detail::CallShap
                                    const detail::DeviceInfo& device, bool capturing);
 
 // Every kernel variant select_config() may choose for `canonical` at this call's alignment,
-// whatever the token and head counts: the heuristic's two, then those of the tuning file's entries
+// whatever the token and head counts: the default variants (jit/launch_config.hpp), then those of the tuning file's entries
 // for the key that the alignment allows (none with ROPEJIT_TUNING=off). The engine loads them
 // all when it plans a call, so a later shape never loads a module, not even inside a CUDA
 // graph capture (a decode bucket whose tuned kernel differs from prefill's, say).
 std::vector<detail::KernelVariant> policy_variants(const Spec& canonical, const detail::CallShape& shape,
                                                    const detail::DeviceInfo& device);
+
+// The policy api/ installs in the engine: select_config() and policy_variants() behind
+// detail::LaunchPolicy. One per process.
+detail::LaunchPolicy& tuning_policy();
 
 // Tunings performed in this process (tests: a second process must reuse, not re-time).
 size_t tunings_performed();

@@ -1,9 +1,9 @@
 // CUDA-event timing with L2 flushing.
-#include "timing.hpp"
+#include "autotune/timing.hpp"
 
 #include <algorithm>
 
-#include "driver.hpp"
+#include "jit/driver.hpp"
 
 namespace ropejit::autotune {
 

@@ -1,18 +1,18 @@
 // The tuner: compile all candidate variants in parallel, then check and time each candidate.
-#include "tuner.hpp"
+#include "autotune/tuner.hpp"
 
 #include <algorithm>
 #include <set>
 #include <thread>
 
-#include "candidates.hpp"
-#include "driver.hpp"
-#include "engine.hpp"
-#include "errors.hpp"
-#include "nvrtc.hpp"
-#include "policy.hpp"
-#include "timing.hpp"
-#include "workload.hpp"
+#include "autotune/candidates.hpp"
+#include "jit/driver.hpp"
+#include "jit/engine.hpp"
+#include "jit/errors.hpp"
+#include "jit/nvrtc.hpp"
+#include "autotune/policy.hpp"
+#include "autotune/timing.hpp"
+#include "autotune/workload.hpp"
 
 namespace ropejit::autotune {
 namespace {

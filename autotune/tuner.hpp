@@ -5,8 +5,8 @@
 #include <string>
 #include <vector>
 
-#include "launch_config.hpp"
-#include "tuning_cache.hpp"
+#include "jit/launch_config.hpp"
+#include "autotune/tuning_cache.hpp"
 
 namespace ropejit::autotune {
 

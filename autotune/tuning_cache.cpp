@@ -1,8 +1,8 @@
 // Tuning cache: strict JSON (schema 1) reading, validation against the launch rules, merging
 // and atomic publication of the tuning file.
-#include "tuning_cache.hpp"
+#include "autotune/tuning_cache.hpp"
 
-#include "atomic_file.hpp"
+#include "jit/atomic_file.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -18,9 +18,9 @@
 #include <sstream>
 #include <tuple>
 
-#include "atomic_file.hpp"
-#include "disk_cache.hpp"
-#include "errors.hpp"
+#include "jit/atomic_file.hpp"
+#include "jit/disk_cache.hpp"
+#include "jit/errors.hpp"
 
 namespace ropejit::autotune {
 namespace {
@@ -258,12 +258,6 @@ bool operator==(const TuningEntry& a, const TuningEntry& b) {
          a.gbps == b.gbps && a.default_us == b.default_us;
 }
 
-int64_t token_bucket(int64_t tokens) {
-  int64_t b = 1;
-  while (b < tokens && b < (int64_t(1) << 62)) b <<= 1;
-  return b;
-}
-
 std::string invalid_entry_reason(const TuningEntry& e) {
   Spec spec;
   try {
@@ -279,29 +273,7 @@ std::string invalid_entry_reason(const TuningEntry& e) {
     return concat("q_heads (", e.q_heads, ") must be in 1..", kMaxHeads);
   if (e.k_heads < 0 || e.k_heads > kMaxHeads)
     return concat("k_heads (", e.k_heads, ") must be in 0..", kMaxHeads);
-  const detail::LaunchConfig& c = e.config;
-  const int32_t vec = c.kernel.vec;
-  if (!is_pow2(vec) || vec > 8) return concat("config.vec (", vec, ") must be 1, 2, 4 or 8");
-  if (vec * detail::element_bytes(spec.dtype) > 16)
-    return concat("config.vec (", vec, ") exceeds 16 bytes of ", to_string(spec.dtype));
-  if (vec > detail::max_vec(spec, 16))
-    return concat("config.vec (", vec, ") is wider than ", e.key, " allows (",
-                  detail::max_vec(spec, 16), ")");
-  if (c.kernel.heads_per_thread < 1 || c.kernel.heads_per_thread > 8)
-    return concat("config.heads_per_thread (", c.kernel.heads_per_thread, ") must be in 1..8");
-  if (c.kernel.max_threads < 32 || c.kernel.max_threads > 1024 || c.kernel.max_threads % 32)
-    return concat("config.max_threads (", c.kernel.max_threads,
-                  ") must be a multiple of 32 in 32..1024");
-  if (c.rows < 1 || c.rows > 1024) return concat("config.rows (", c.rows, ") must be in 1..1024");
-  if (c.tokens_per_block < 1 || c.tokens_per_block > 64)
-    return concat("config.tokens_per_block (", c.tokens_per_block, ") must be in 1..64");
-  if (c.blocks_per_sm < 0 || c.blocks_per_sm > 32)
-    return concat("config.blocks_per_sm (", c.blocks_per_sm, ") must be in 0..32");
-  const int64_t threads = int64_t(c.rows) * c.tokens_per_block * detail::chunks(spec, vec);
-  if (threads > c.kernel.max_threads)
-    return concat("config: ", threads, " threads per block exceed max_threads (",
-                  c.kernel.max_threads, ")");
-  // The same rule launch applies, for the call this entry stands for.
+  // The engine's own rules (jit/launch_config.hpp), for the call this entry stands for.
   detail::CallShape shape;
   shape.tokens = e.bucket;
   shape.q_heads = e.q_heads;
@@ -309,8 +281,13 @@ std::string invalid_entry_reason(const TuningEntry& e) {
   shape.align_bytes = 16;
   detail::DeviceInfo device;
   device.max_threads_per_sm = 2048;
-  if (const std::string why = detail::illegal_reason(spec, shape, c, device); !why.empty())
+  if (const std::string why = detail::illegal_reason(spec, shape, e.config, device); !why.empty()) {
+    // Reasons about one field start with its name: "config.vec (3) ...".
+    for (const char* field : kConfigFields)
+      if (why.compare(0, std::strlen(field) + 2, concat(field, " (")) == 0)
+        return concat("config.", why);
     return concat("config: ", why);
+  }
   const std::pair<const char*, double> times[] = {
       {"median_us", e.median_us}, {"gbps", e.gbps}, {"default_us", e.default_us}};
   for (const auto& [name, v] : times)

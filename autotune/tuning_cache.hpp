@@ -8,7 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "launch_config.hpp"
+#include "jit/launch_config.hpp"
 
 namespace ropejit::autotune {
 
@@ -30,13 +30,9 @@ struct Fingerprint {
   friend bool operator==(const Fingerprint& a, const Fingerprint& b);
 };
 
-// Token-count bucket: the smallest power of two >= tokens (1 for tokens <= 1), saturating at
-// 2^62.
-int64_t token_bucket(int64_t tokens);
-
 struct TuningEntry {
   std::string key;                   // Spec::key() string; must parse with ropejit::parse_key
-  int64_t bucket = 1;                // token_bucket value, power of two, 1..2^31
+  int64_t bucket = 1;                // detail::token_bucket value, power of two, 1..2^31
   int32_t q_heads = 0, k_heads = 0;  // exact head counts (q >= 1, k >= 0), <= 65536
   detail::LaunchConfig config;
   double median_us = 0, gbps = 0, default_us = 0;  // finite, >= 0

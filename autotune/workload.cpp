@@ -1,14 +1,14 @@
 // Workload: random inputs, device buffers, and the float64 reference check.
-#include "workload.hpp"
+#include "autotune/workload.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
 
-#include "driver.hpp"
-#include "errors.hpp"
-#include "launch_config.hpp"
+#include "jit/driver.hpp"
+#include "jit/errors.hpp"
+#include "jit/launch_config.hpp"
 
 namespace ropejit::autotune {
 
@@ -81,38 +81,41 @@ Workload::~Workload() {
   }
 }
 
-Workload::Workload(const Spec& spec, const Sizes& sizes) : spec_(spec.canonical()), sizes_(sizes) {
-  const Spec& c = spec_;
-  const bool dense = c.layout != Layout::thd;
-  const int64_t e = element_bytes(c.dtype);
-  const int64_t D = c.head_dim, row = D + sizes.head_gap, m = sizes.misalign_elems;
-  const int64_t batch = dense ? sizes.batch : int64_t(sizes.seq_lens.size());
+Workload::Workload(const Spec& spec, const Sizes& sizes)
+    : spec_(spec.canonical()), sizes_(sizes), rng_(sizes.seed) {
+  const bool dense = spec_.layout != Layout::thd;
   int64_t total = 0;
   for (int64_t n : sizes.seq_lens) total += n;
   tokens_ = dense ? sizes.batch * sizes.seq_len : total + sizes.padding_tokens;
-  const int64_t seq = dense ? sizes.seq_len : tokens_;
-  std::mt19937_64 rng(sizes.seed);
-  std::uniform_real_distribution<double> uni(-1.0, 1.0);
+  host_args_.batch = dense ? sizes.batch : int64_t(sizes.seq_lens.size());
+  host_args_.seq_len = dense ? sizes.seq_len : tokens_;
+  host_args_.base = sizes.base;
+  add_operands();
+  add_tables(add_positions());
+}
 
+// q/k inputs: one packed buffer (q heads, k heads, an untouched v) or one buffer each;
+// out-of-place outputs are separate, contiguous and poisoned.
+void Workload::add_operands() {
+  const Spec& c = spec_;
   Args& a = host_args_;
-  a.batch = batch;
-  a.seq_len = seq;
-  const int32_t hq = sizes.q_heads, hk = sizes.k_heads;
-
-  // q/k inputs: one packed buffer (q heads, k heads, v heads) or one buffer each.
+  const int64_t e = element_bytes(c.dtype);
+  const int64_t D = c.head_dim, row = D + sizes_.head_gap, m = sizes_.misalign_elems;
+  const int32_t hq = sizes_.q_heads, hk = sizes_.k_heads;
+  std::uniform_real_distribution<double> uni(-1.0, 1.0);
   auto make_input = [&](int64_t heads) -> Buffer& {
     std::vector<uint8_t> bytes(size_t((tokens_ * heads * row + m) * e));
-    for (size_t i = 0; i < bytes.size(); i += size_t(e)) store(c.dtype, &bytes[i], uni(rng));
+    for (size_t i = 0; i < bytes.size(); i += size_t(e)) store(c.dtype, &bytes[i], uni(rng_));
     return add_buffer(std::move(bytes));
   };
   auto view = [&](Buffer& b, int64_t heads_in_buffer, int64_t first_head, int64_t heads) {
-    Tensor t = contiguous(c.layout, b.host.data() + m * e, batch, seq, heads_in_buffer, row);
+    Tensor t = contiguous(c.layout, b.host.data() + m * e, a.batch, a.seq_len, heads_in_buffer, row);
     t.data = static_cast<uint8_t*>(t.data) + first_head * t.stride_head * e;
     t.heads = heads;
     return t;
   };
   std::vector<int> inputs;
-  if (sizes.packed_qkv) {
+  if (sizes_.packed_qkv) {
     const int64_t heads = hq + 2 * hk;
     Buffer& b = make_input(heads);
     inputs.push_back(int(buffers_.size()) - 1);
@@ -128,89 +131,102 @@ Workload::Workload(const Spec& spec, const Sizes& sizes) : spec_(spec.canonical(
   }
   if (c.in_place) {
     output_buffers_ = inputs;
-  } else {
-    auto make_output = [&](int64_t heads) -> Tensor {
-      Buffer& b = add_buffer(std::vector<uint8_t>(size_t((tokens_ * heads * D + m) * e), kPoison));
-      output_buffers_.push_back(int(buffers_.size()) - 1);
-      Tensor t = contiguous(c.layout, b.host.data() + m * e, batch, seq, heads, D);
-      return t;
-    };
-    a.q_out = make_output(hq);
-    if (hk) a.k_out = make_output(hk);
+    return;
   }
+  auto make_output = [&](int64_t heads) -> Tensor {
+    Buffer& b = add_buffer(std::vector<uint8_t>(size_t((tokens_ * heads * D + m) * e), kPoison));
+    output_buffers_.push_back(int(buffers_.size()) - 1);
+    return contiguous(c.layout, b.host.data() + m * e, a.batch, a.seq_len, heads, D);
+  };
+  a.q_out = make_output(hq);
+  if (hk) a.k_out = make_output(hk);
+}
 
-  // Positions.
+// cu_seqlens (thd), then the positions of the key's mode; returns the largest position used.
+int64_t Workload::add_positions() {
+  const Spec& c = spec_;
+  Args& a = host_args_;
+  const bool dense = c.layout != Layout::thd;
   int64_t max_pos = 0;
-  const int64_t max_random = sizes.max_position > 0 ? sizes.max_position
-                             : sizes.table_rows > 0  ? sizes.table_rows - 1
-                                                     : 4095;
+  const int64_t max_random = sizes_.max_position > 0 ? sizes_.max_position
+                             : sizes_.table_rows > 0  ? sizes_.table_rows - 1
+                                                      : 4095;
   std::uniform_int_distribution<int64_t> pick(0, max_random);
-  auto index_buffer = [&](int64_t n, bool random, const std::vector<int64_t>& values) {
+  auto random_indices = [&](int64_t n) {
     const int64_t ib = c.index_type == IndexType::i64 ? 8 : 4;
     std::vector<uint8_t> bytes(size_t(n * ib));
     for (int64_t i = 0; i < n; ++i) {
-      const int64_t v = random ? pick(rng) : values[size_t(i)];
+      const int64_t v = pick(rng_);
       max_pos = std::max(max_pos, v);
-      if (ib == 8) std::memcpy(&bytes[size_t(i * 8)], &v, 8);
-      else { const int32_t v32 = int32_t(v); std::memcpy(&bytes[size_t(i * 4)], &v32, 4); }
+      if (ib == 8) {
+        std::memcpy(&bytes[size_t(i * 8)], &v, 8);
+      } else {
+        const int32_t v32 = int32_t(v);
+        std::memcpy(&bytes[size_t(i * 4)], &v32, 4);
+      }
     }
     return add_buffer(std::move(bytes)).host.data();
   };
   if (!dense) {
-    std::vector<uint8_t> bytes(size_t((batch + 1) * 4));
+    std::vector<uint8_t> bytes(size_t((a.batch + 1) * 4));
     int32_t at = 0;
-    for (int64_t i = 0; i <= batch; ++i) {
+    for (int64_t i = 0; i <= a.batch; ++i) {
       std::memcpy(&bytes[size_t(i * 4)], &at, 4);
-      if (i < batch) at += int32_t(sizes.seq_lens[size_t(i)]);
+      if (i < a.batch) at += int32_t(sizes_.seq_lens[size_t(i)]);
     }
     a.cu_seqlens = reinterpret_cast<const int32_t*>(add_buffer(std::move(bytes)).host.data());
   }
-  int64_t longest = dense ? sizes.seq_len : 0;
-  for (int64_t n : sizes.seq_lens) longest = std::max(longest, n);
+  int64_t longest = dense ? sizes_.seq_len : 0;
+  for (int64_t n : sizes_.seq_lens) longest = std::max(longest, n);
   if (c.positions == Positions::offset) {
-    a.position_offset = sizes.position_offset;
-    max_pos = sizes.position_offset + std::max<int64_t>(longest, 1) - 1;
+    a.position_offset = sizes_.position_offset;
+    max_pos = sizes_.position_offset + std::max<int64_t>(longest, 1) - 1;
   } else if (c.positions == Positions::seq_offsets) {
-    a.seq_offsets = index_buffer(batch, true, {});
+    a.seq_offsets = random_indices(a.batch);
     max_pos += std::max<int64_t>(longest, 1) - 1;
   } else {
-    a.position_ids = index_buffer(tokens_, true, {});
+    a.position_ids = random_indices(tokens_);
   }
+  return max_pos;
+}
 
-  // Frequencies: tables built in float64, rounded once to the table dtype.
-  a.base = sizes.base;
-  if (c.freqs == Freqs::table) {
-    const int64_t half = c.rotary_dim / 2, te = element_bytes(c.table_dtype);
-    const int64_t width = c.table_width == TableWidth::half ? half : c.rotary_dim;
-    a.table_rows = sizes.table_rows > 0 ? sizes.table_rows : max_pos + 1;
-    const bool combined = sizes.combined_table && c.table_width == TableWidth::half;
-    a.table_stride = combined ? 2 * half : width;
-    auto fill = [&](bool is_sin, uint8_t* base) {
-      for (int64_t r = 0; r < a.table_rows; ++r)
-        for (int64_t col = 0; col < width; ++col) {
-          const int64_t pair = c.table_width == TableWidth::half ? col
-                               : c.style == Style::neox          ? col % half
-                                                                 : col / 2;
-          const double angle = double(r) * std::pow(sizes.base, -2.0 * double(pair) / double(c.rotary_dim));
-          store(c.table_dtype, base + (r * a.table_stride + col) * te,
-                is_sin ? std::sin(angle) : std::cos(angle));
-        }
-    };
-    if (combined) {
-      Buffer& b = add_buffer(std::vector<uint8_t>(size_t(a.table_rows * a.table_stride * te)));
-      fill(false, b.host.data());
-      fill(true, b.host.data() + half * te);
-      a.cos = b.host.data();
-      a.sin = b.host.data() + half * te;
-    } else {
-      Buffer& bc = add_buffer(std::vector<uint8_t>(size_t(a.table_rows * width * te)));
-      fill(false, bc.host.data());
-      a.cos = bc.host.data();
-      Buffer& bs = add_buffer(std::vector<uint8_t>(size_t(a.table_rows * width * te)));
-      fill(true, bs.host.data());
-      a.sin = bs.host.data();
-    }
+// cos/sin tables (table keys) covering positions up to `max_pos`, built in float64 and rounded
+// once to the table dtype; half or full width, separate or one combined cos|sin row.
+void Workload::add_tables(int64_t max_pos) {
+  const Spec& c = spec_;
+  Args& a = host_args_;
+  if (c.freqs != Freqs::table) return;
+  const int64_t half = c.rotary_dim / 2, te = element_bytes(c.table_dtype);
+  const int64_t width = c.table_width == TableWidth::half ? half : c.rotary_dim;
+  a.table_rows = sizes_.table_rows > 0 ? sizes_.table_rows : max_pos + 1;
+  const bool combined = sizes_.combined_table && c.table_width == TableWidth::half;
+  a.table_stride = combined ? 2 * half : width;
+  auto fill = [&](bool is_sin, uint8_t* base) {
+    for (int64_t r = 0; r < a.table_rows; ++r)
+      for (int64_t col = 0; col < width; ++col) {
+        const int64_t pair = c.table_width == TableWidth::half ? col
+                             : c.style == Style::neox          ? col % half
+                                                               : col / 2;
+        const double angle =
+            double(r) * std::pow(sizes_.base, -2.0 * double(pair) / double(c.rotary_dim));
+        store(c.table_dtype, base + (r * a.table_stride + col) * te,
+              is_sin ? std::sin(angle) : std::cos(angle));
+      }
+  };
+  if (combined) {
+    Buffer& b = add_buffer(std::vector<uint8_t>(size_t(a.table_rows * a.table_stride * te)));
+    fill(false, b.host.data());
+    fill(true, b.host.data() + half * te);
+    a.cos = b.host.data();
+    a.sin = b.host.data() + half * te;
+    return;
   }
+  Buffer& bc = add_buffer(std::vector<uint8_t>(size_t(a.table_rows * width * te)));
+  fill(false, bc.host.data());
+  a.cos = bc.host.data();
+  Buffer& bs = add_buffer(std::vector<uint8_t>(size_t(a.table_rows * width * te)));
+  fill(true, bs.host.data());
+  a.sin = bs.host.data();
 }
 
 void Workload::build_reference() {

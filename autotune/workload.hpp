@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -67,10 +68,15 @@ class Workload {
  private:
   struct Buffer;
   Buffer& add_buffer(std::vector<uint8_t> host);
+  // The constructor's steps: q/k (and outputs), positions, tables.
+  void add_operands();
+  int64_t add_positions();
+  void add_tables(int64_t max_position);
   void build_reference();
 
   Spec spec_;
   Sizes sizes_;
+  std::mt19937_64 rng_;
   int64_t tokens_ = 0;
   std::vector<Buffer*> buffers_;
   Args host_args_;  // pointers into host copies

@@ -16,7 +16,7 @@
 #include "autotune/timing.hpp"
 #include "autotune/workload.hpp"
 #include "jit/driver.hpp"
-#include "jit/engine.hpp"
+#include "api/engine.hpp"
 #include "jit/nvrtc.hpp"
 #include "jit/render.hpp"
 
@@ -83,7 +83,7 @@ void run_case(benchmark::State& state, const Case& c) {
     return;
   }
   time_against_copy(state, w.bytes_moved(), [&] { apply(c.spec, args); });
-  const auto [cfg, regs] = detail::Engine::instance().planned(c.spec, args);
+  const auto [cfg, regs] = api::engine().planned(c.spec, args);
   state.SetLabel(w.spec().key() + " " + cfg.name() + " " + std::to_string(regs) + "regs");
 }
 
@@ -117,7 +117,8 @@ class CallGraph {
   CUgraphExec exec_ = nullptr;
 };
 
-// The same-run reference for graph-replayed decode (PRODUCT.md's "two copies" column): per
+// The same-run reference for graph-replayed decode (the "two copies" column of the peers'
+// decode table in bench/RESULTS.md): per
 // call, a device copy of q's bytes and one of k's, captured once and replayed.
 double graph_copies_us(const Case& c) {
   const detail::Driver& d = detail::driver();
@@ -142,7 +143,8 @@ double graph_copies_us(const Case& c) {
 }
 
 // Decode sizes under graph replay: kGraphCalls calls captured once, replayed, time per call
-// (the launch gaps of eager launches excluded, as PRODUCT.md's decode table measures).
+// (the launch gaps of eager launches excluded, as the peers' decode table in bench/RESULTS.md
+// measures).
 void run_graph(benchmark::State& state, const Case& c) {
   autotune::Workload w(c.spec, c.sizes);
   w.upload();
@@ -220,7 +222,7 @@ void host_overhead(benchmark::State& state, bool bare) {
     const detail::CompileResult cr = detail::compile(
         "#include \"rope_params.cuh\"\n"
         "extern \"C\" __global__ void ropejit_empty(const __grid_constant__ ropejit_dev::RopeParams p) {}\n",
-        "empty.cu", "empty", detail::target_for(detail::Engine::instance().device_info(nullptr).cc));
+        "empty.cu", "empty", detail::target_for(api::engine().device_info(nullptr).cc));
     CUmodule m = nullptr;
     CUfunction f = nullptr;
     detail::check(detail::driver().ModuleLoadData(&m, cr.image.data()), "load");
@@ -246,7 +248,7 @@ void host_overhead(benchmark::State& state, bool bare) {
 // JIT costs: NVRTC start-up, a cold compile, the compiles of a key's first use (the
 // heuristic's two kernels at once, as the engine does them), a disk-cache hit, an in-memory hit.
 void jit_costs(benchmark::State& state) {
-  detail::Engine& e = detail::Engine::instance();
+  detail::Engine& e = api::engine();
   const std::string target = detail::target_for(e.device_info(nullptr).cc);
   auto ms = [](auto t0) {
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -267,7 +269,7 @@ void jit_costs(benchmark::State& state) {
   int64_t n = 0;
   for (auto _ : state) {
     const Spec s = parse_key(keys[n % 4]).canonical();
-    const detail::KernelVariant v = autotune::heuristic_variant(s, 16);
+    const detail::KernelVariant v = detail::prefill_variant(s, 16);
     const detail::RenderedKernel r = detail::render(s, v);
     t0 = std::chrono::steady_clock::now();
     detail::compile(r.source + salt + std::to_string(n) + "() {}\n", r.entry + ".cu", r.key, target);
@@ -278,7 +280,7 @@ void jit_costs(benchmark::State& state) {
       // Both heuristic kernels, concurrently, each made unique again.
       std::vector<std::future<void>> both;
       t0 = std::chrono::steady_clock::now();
-      for (const detail::KernelVariant& each : autotune::heuristic_variants(s, 16)) {
+      for (const detail::KernelVariant& each : detail::default_variants(s, 16)) {
         const detail::RenderedKernel rk = detail::render(s, each);
         const std::string unique = rk.source + salt + "first_" + std::to_string(n) + "() {}\n";
         both.push_back(std::async(std::launch::async, [unique, rk, &target] {

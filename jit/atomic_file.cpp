@@ -1,5 +1,5 @@
 // Private directories and atomic file replacement (kernel cache entries, tuning files).
-#include "atomic_file.hpp"
+#include "jit/atomic_file.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -13,7 +13,7 @@
 #include <sstream>
 #include <thread>
 
-#include "errors.hpp"
+#include "jit/errors.hpp"
 
 namespace ropejit::detail {
 namespace {

@@ -1,6 +1,6 @@
 // Call checking: every pointer, size and stride of Args against the spec, with messages that
 // name the argument and its value. Nothing here touches the GPU.
-#include "call.hpp"
+#include "jit/call.hpp"
 
 #include <algorithm>
 #include <array>
@@ -8,12 +8,12 @@
 #include <cmath>
 #include <cstdint>
 
-#include "errors.hpp"
+#include "jit/errors.hpp"
 
 namespace ropejit::detail {
 namespace {
 
-// Kernels index tokens with 32-bit arithmetic (jit/../templates/rope_kernel.cuh locate()).
+// Kernels index tokens with 32-bit arithmetic (templates/rope_kernel.cuh, locate()).
 constexpr int64_t kMaxTokens = INT32_MAX;
 
 int32_t low_alignment(uint64_t v) {

@@ -1,8 +1,8 @@
 // Validation of a call's arguments against its spec, and the kernel argument block.
 #pragma once
 
-#include "launch_config.hpp"
-#include "rope_params.cuh"
+#include "jit/launch_config.hpp"
+#include "templates/rope_params.cuh"
 
 namespace ropejit::detail {
 

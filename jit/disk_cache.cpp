@@ -9,7 +9,7 @@
 //   24 u64      image length N
 //   32 u64      XXH3-64 of the K key bytes followed by the N image bytes
 //   40 key, then image
-#include "disk_cache.hpp"
+#include "jit/disk_cache.hpp"
 
 #include <dirent.h>
 #include <sys/stat.h>
@@ -20,10 +20,10 @@
 #include <fstream>
 #include <sstream>
 
-#include "atomic_file.hpp"
-#include "embedded.hpp"
-#include "errors.hpp"
-#include "xxhash.h"
+#include "jit/atomic_file.hpp"
+#include "jit/embedded.hpp"
+#include "jit/errors.hpp"
+#include <xxhash.h>
 
 namespace ropejit::detail {
 namespace {

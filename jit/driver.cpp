@@ -1,12 +1,12 @@
 // Lazy loading of libcuda.so.1. Entry points are resolved through cuGetProcAddress with this
 // build's CUDA_VERSION, which picks the ABI version (_v2, ...) that matches cuda.h.
-#include "driver.hpp"
+#include "jit/driver.hpp"
 
 #include <dlfcn.h>
 
 #include <mutex>
 
-#include "errors.hpp"
+#include "jit/errors.hpp"
 
 namespace ropejit::detail {
 namespace {

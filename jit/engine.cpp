@@ -1,18 +1,16 @@
 // Engine: image cache (memory -> disk -> NVRTC), per-context modules, and the launch path.
 // A cached apply() is: validate, one shared-locked hash lookup (the plan holds the function
 // and the device facts), one cuLaunchKernel.
-#include "engine.hpp"
+#include "jit/engine.hpp"
 
 #include <functional>
 #include <future>
 #include <system_error>
 
-#include "driver.hpp"
-#include "errors.hpp"
-#include "nvrtc.hpp"
-#include "policy.hpp"
-#include "render.hpp"
-#include "tuning_cache.hpp"
+#include "jit/driver.hpp"
+#include "jit/errors.hpp"
+#include "jit/nvrtc.hpp"
+#include "jit/render.hpp"
 
 namespace ropejit::detail {
 
@@ -270,44 +268,42 @@ Engine::Plan Engine::make_plan(CUcontext ctx, const Spec& c, const LaunchConfig&
   return p;
 }
 
-const Engine::Plan& Engine::plan(CUcontext ctx, const Spec& c, const CallShape& shape,
-                                 CUstream stream) {
-  const PlanKey key{ctx,
-                    c,
-                    autotune::token_bucket(shape.tokens),
-                    shape.q_heads,
-                    shape.k_heads,
-                    shape.align_bytes,
-                    shape.table_align};
-  {
-    std::shared_lock<std::shared_mutex> lock(plans_mutex_);
-    const auto it = plans_.find(key);
-    if (it != plans_.end()) return it->second;
-  }
-  // Decided outside any lock: the policy may read the tuning file, or tune (which launches
-  // through this engine).
-  const DeviceInfo& device = device_info(ctx);
-  CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
-  check(driver().StreamIsCapturing(stream, &capture), "cuStreamIsCapturing");
-  const LaunchConfig cfg =
-      autotune::select_config(c, shape, device, capture != CU_STREAM_CAPTURE_STATUS_NONE);
+LaunchPolicy& Engine::policy() const {
+  LaunchPolicy* p = policy_.load(std::memory_order_acquire);
+  if (!p)
+    fail(ErrorCode::internal,
+         "no launch policy is installed: launch through ropejit::apply (api/), which installs "
+         "autotune's");
+  return *p;
+}
+
+const Engine::Plan* Engine::find_plan(const PlanKey& key) {
+  std::shared_lock<std::shared_mutex> lock(plans_mutex_);
+  const auto it = plans_.find(key);
+  return it == plans_.end() ? nullptr : &it->second;  // nodes never move or die
+}
+
+LaunchConfig Engine::choose_config(const Spec& c, const CallShape& shape, const DeviceInfo& device,
+                                   bool capturing) {
+  const LaunchConfig cfg = policy().choose(c, shape, device, capturing);
   if (const std::string why = illegal_reason(c, shape, cfg, device); !why.empty())
     fail(ErrorCode::internal, "policy chose ", cfg.name(), " for ", c.key(), ": ", why);
-  // The other variants the policy may pick for this key (other buckets' tuned kernels) are
-  // compiled alongside and loaded now, outside any capture: a later shape then never loads a
-  // module, which inside a graph capture it could not.
-  // A variant that failed is not tried again here; the call that needs it reports why.
-  std::vector<KernelVariant> others;
-  std::vector<std::future<void>> compiling;
+  return cfg;
+}
+
+std::vector<KernelVariant> Engine::sibling_variants(const Spec& c, const CallShape& shape,
+                                                    const DeviceInfo& device,
+                                                    const KernelVariant& chosen) {
   const std::string target = target_for(device.cc);
-  if (capture == CU_STREAM_CAPTURE_STATUS_NONE) {
-    for (const KernelVariant& v : autotune::policy_variants(c, shape, device)) {
-      if (v == cfg.kernel || sibling_failed(image_ident(c, v, target))) continue;
-      others.push_back(v);
-      if (!image_requested(c, v, target)) compiling.push_back(image_async(c, v, target));
-    }
-  }
-  const Plan p = make_plan(ctx, c, cfg, device, stream);
+  std::vector<KernelVariant> out;
+  for (const KernelVariant& v : policy().variants(c, shape, device))
+    if (!(v == chosen) && !sibling_failed(image_ident(c, v, target))) out.push_back(v);
+  return out;
+}
+
+void Engine::load_siblings(CUcontext ctx, const Spec& c, const std::vector<KernelVariant>& siblings,
+                           std::vector<std::future<void>>& compiling, const std::string& target,
+                           CUstream stream) {
   for (std::future<void>& f : compiling) {
     try {
       f.get();
@@ -315,7 +311,7 @@ const Engine::Plan& Engine::plan(CUcontext ctx, const Spec& c, const CallShape& 
       // function() below meets the same error and records it.
     }
   }
-  for (const KernelVariant& v : others) {
+  for (const KernelVariant& v : siblings) {
     try {
       function(ctx, c, v, stream);
     } catch (const std::exception& e) {
@@ -324,10 +320,40 @@ const Engine::Plan& Engine::plan(CUcontext ctx, const Spec& c, const CallShape& 
         failed_siblings_.insert(image_ident(c, v, target));
       }
       warn_once(concat("variant-", c.key(), "__", v.name()),
-                concat("could not prepare ", c.key(), " (", v.name(), ") for other shapes of the call: ",
-                       e.what()));
+                concat("could not prepare ", c.key(), " (", v.name(),
+                       ") for other shapes of the call: ", e.what()));
     }
   }
+}
+
+const Engine::Plan& Engine::plan(CUcontext ctx, const Spec& c, const CallShape& shape,
+                                 CUstream stream) {
+  const PlanKey key{ctx,           c,
+                    token_bucket(shape.tokens), shape.q_heads,
+                    shape.k_heads, shape.align_bytes,
+                    shape.table_align};
+  if (const Plan* known = find_plan(key)) return *known;
+  // Decided outside any lock: the policy may read the tuning file, or tune (which launches
+  // through this engine).
+  const DeviceInfo& device = device_info(ctx);
+  CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
+  check(driver().StreamIsCapturing(stream, &capture), "cuStreamIsCapturing");
+  const bool capturing = capture != CU_STREAM_CAPTURE_STATUS_NONE;
+  const LaunchConfig cfg = choose_config(c, shape, device, capturing);
+  // The other variants the policy may pick for this key (other buckets' kernels) are compiled
+  // alongside, concurrently, and loaded now, outside any capture, so that a later shape never
+  // loads a module. A sibling that failed once is not tried again here; the call that needs
+  // it reports why.
+  const std::string target = target_for(device.cc);
+  std::vector<KernelVariant> siblings;
+  std::vector<std::future<void>> compiling;
+  if (!capturing) {
+    siblings = sibling_variants(c, shape, device, cfg.kernel);
+    for (const KernelVariant& v : siblings)
+      if (!image_requested(c, v, target)) compiling.push_back(image_async(c, v, target));
+  }
+  const Plan p = make_plan(ctx, c, cfg, device, stream);
+  load_siblings(ctx, c, siblings, compiling, target, stream);
   std::unique_lock<std::shared_mutex> lock(plans_mutex_);
   return plans_.emplace(key, p).first->second;  // a racing thread's equal plan may win
 }

@@ -4,6 +4,7 @@
 
 #include <cuda.h>
 
+#include <atomic>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -13,9 +14,10 @@
 #include <unordered_set>
 #include <utility>
 
-#include "call.hpp"
-#include "disk_cache.hpp"
-#include "launch_config.hpp"
+#include "jit/call.hpp"
+#include "jit/disk_cache.hpp"
+#include "jit/launch_config.hpp"
+#include "jit/launch_policy.hpp"
 
 namespace ropejit::detail {
 
@@ -55,6 +57,11 @@ class Engine {
   // The configuration apply() launches this call with, and its kernel's registers per
   // thread (benchmarks and tests report it). Plans it like apply() does, launching nothing.
   std::pair<LaunchConfig, int> planned(const Spec& spec, const Args& args);
+
+  // Installs the policy that chooses launch configurations (api/ installs autotune's before
+  // the first call; `policy` must outlive the engine). Calls without an explicit configuration
+  // fail until one is installed.
+  void set_policy(LaunchPolicy* policy) { policy_.store(policy, std::memory_order_release); }
 
   DiskCache& disk() { return disk_; }
   EngineStats stats() const;
@@ -109,7 +116,20 @@ class Engine {
   };
   Plan make_plan(CUcontext ctx, const Spec& canonical, const LaunchConfig& cfg,
                  const DeviceInfo& device, CUstream stream);
+  // The plan of a call: a remembered one, or chosen by the policy (choose_config), with the
+  // policy's other variants for the key compiled and loaded alongside (sibling_variants,
+  // load_siblings), then remembered.
   const Plan& plan(CUcontext ctx, const Spec& canonical, const CallShape& shape, CUstream stream);
+  const Plan* find_plan(const PlanKey& key);
+  LaunchPolicy& policy() const;
+  LaunchConfig choose_config(const Spec& canonical, const CallShape& shape,
+                             const DeviceInfo& device, bool capturing);
+  std::vector<KernelVariant> sibling_variants(const Spec& canonical, const CallShape& shape,
+                                              const DeviceInfo& device, const KernelVariant& chosen);
+  void load_siblings(CUcontext ctx, const Spec& canonical,
+                     const std::vector<KernelVariant>& siblings,
+                     std::vector<std::future<void>>& compiling, const std::string& target,
+                     CUstream stream);
   const LoadedFunction& function(CUcontext ctx, const Spec& canonical, const KernelVariant& variant,
                           CUstream stream);
   // Whether image() was already asked for this variant (compiled, loaded, or under way).
@@ -117,6 +137,7 @@ class Engine {
   // Whether preparing this image as another shape's kernel failed before (not tried again).
   bool sibling_failed(const std::string& ident) const;
 
+  std::atomic<LaunchPolicy*> policy_{nullptr};
   DiskCache disk_;
   mutable std::mutex images_mutex_;
   std::unordered_map<std::string, std::shared_ptr<ImageSlot>> images_;

@@ -1,9 +1,9 @@
 // Legality rules for launch configurations (shared by the heuristic, the tuner and launch).
-#include "launch_config.hpp"
+#include "jit/launch_config.hpp"
 
 #include <algorithm>
 
-#include "errors.hpp"
+#include "jit/errors.hpp"
 
 namespace ropejit::detail {
 
@@ -57,45 +57,97 @@ int32_t chunks(const Spec& c, int32_t vec) {
   return rot + tail;
 }
 
-std::string illegal_reason(const Spec& c, const CallShape& shape, const LaunchConfig& cfg,
-                           const DeviceInfo& device) {
-  const KernelVariant& k = cfg.kernel;
+std::string variant_problem(const Spec& c, const KernelVariant& k) {
   const int32_t elem = element_bytes(c.dtype);
-  if (k.vec < 1 || (k.vec & (k.vec - 1)) || k.vec * elem > 16)
-    return concat("vec ", k.vec, " is not a power of two of at most 16 bytes");
-  if (k.vec * elem > shape.align_bytes)
-    return concat("vec ", k.vec, " needs ", k.vec * elem, "-byte alignment, the call has ",
-                  shape.align_bytes);
+  if (k.vec < 1 || k.vec > 8 || (k.vec & (k.vec - 1)))
+    return concat("vec (", k.vec, ") must be 1, 2, 4 or 8");
+  if (k.vec * elem > 16) return concat("vec (", k.vec, ") exceeds 16 bytes of ", to_string(c.dtype));
   if (c.style == Style::neox ? (c.rotary_dim / 2) % k.vec != 0
                              : (k.vec < 2 || c.rotary_dim % k.vec != 0))
-    return concat("vec ", k.vec, " does not divide the rotary pairs");
+    return concat("vec (", k.vec, ") is wider than ", c.key(), " allows (", max_vec(c, 16),
+                  "): it must divide the rotary pairs");
   if (!c.in_place && (c.head_dim - c.rotary_dim) % k.vec != 0)
-    return concat("vec ", k.vec, " does not divide the pass-through tail");
-  if (k.table_vec && !table_vectors_ok(c, k.vec, shape.table_align))
-    return concat("vector table loads need cos, sin and the table row stride aligned to ",
-                  table_vector_bytes(c, k.vec), " bytes, the call has ", shape.table_align);
-  if (k.heads_per_thread < 1 || k.heads_per_thread > 8) return "heads_per_thread must be 1..8";
+    return concat("vec (", k.vec, ") is wider than ", c.key(), " allows (", max_vec(c, 16),
+                  "): it must divide the pass-through tail");
+  if (k.heads_per_thread < 1 || k.heads_per_thread > 8)
+    return concat("heads_per_thread (", k.heads_per_thread, ") must be in 1..8");
   if (k.max_threads < 32 || k.max_threads > 1024 || k.max_threads % 32)
-    return "max_threads must be a multiple of 32 in [32, 1024]";
-  if (cfg.rows < 1 || cfg.tokens_per_block < 1 || cfg.tokens_per_block > 64)
-    return "rows and tokens_per_block must be positive (tokens_per_block <= 64)";
-  const int64_t threads = int64_t(chunks(c, k.vec)) * cfg.rows * cfg.tokens_per_block;
-  if (threads > k.max_threads)
-    return concat(threads, " threads per block exceed the variant's ", k.max_threads);
-  const int32_t heads = shape.q_heads + shape.k_heads;
-  if (cfg.rows > std::max(heads, 1)) return concat("rows ", cfg.rows, " exceed the ", heads, " heads");
-  if (cfg.blocks_per_sm < 0 || cfg.blocks_per_sm > 32) return "blocks_per_sm must be 0..32";
+    return concat("max_threads (", k.max_threads, ") must be a multiple of 32 in 32..1024");
+  return {};
+}
+
+std::string launch_problem(const Spec& c, const LaunchConfig& cfg) {
+  const KernelVariant& k = cfg.kernel;
+  if (std::string why = variant_problem(c, k); !why.empty()) return why;
+  if (cfg.rows < 1 || cfg.rows > 1024) return concat("rows (", cfg.rows, ") must be in 1..1024");
+  if (cfg.tokens_per_block < 1 || cfg.tokens_per_block > 64)
+    return concat("tokens_per_block (", cfg.tokens_per_block, ") must be in 1..64");
+  if (cfg.blocks_per_sm < 0 || cfg.blocks_per_sm > 32)
+    return concat("blocks_per_sm (", cfg.blocks_per_sm, ") must be in 0..32");
   if (k.grid_stride != (cfg.blocks_per_sm > 0))
     return k.grid_stride
                ? "a grid-stride variant is for persistent grids (blocks_per_sm > 0), not 0"
                : concat("a persistent grid (blocks_per_sm ", cfg.blocks_per_sm,
                         ") needs a grid-stride variant");
+  const int64_t threads = int64_t(chunks(c, k.vec)) * cfg.rows * cfg.tokens_per_block;
+  if (threads > k.max_threads)
+    return concat(threads, " threads per block exceed max_threads (", k.max_threads, ")");
   if (shared_bytes(c, cfg) > kMaxSharedBytes)
     return concat(cfg.tokens_per_block, " tokens per block need ", shared_bytes(c, cfg),
                   " bytes of shared cos/sin, more than ", kMaxSharedBytes);
-  if (threads * std::max(cfg.blocks_per_sm, 1) > device.max_threads_per_sm && cfg.blocks_per_sm > 0)
+  return {};
+}
+
+std::string illegal_reason(const Spec& c, const CallShape& shape, const LaunchConfig& cfg,
+                           const DeviceInfo& device) {
+  if (std::string why = launch_problem(c, cfg); !why.empty()) return why;
+  const KernelVariant& k = cfg.kernel;
+  const int32_t elem = element_bytes(c.dtype);
+  if (k.vec * elem > shape.align_bytes)
+    return concat("vec (", k.vec, ") needs ", k.vec * elem, "-byte alignment, the call has ",
+                  shape.align_bytes);
+  if (k.table_vec && !table_vectors_ok(c, k.vec, shape.table_align))
+    return concat("vector table loads need cos, sin and the table row stride aligned to ",
+                  table_vector_bytes(c, k.vec), " bytes, the call has ", shape.table_align);
+  const int32_t heads = shape.q_heads + shape.k_heads;
+  if (cfg.rows > std::max(heads, 1)) return concat("rows ", cfg.rows, " exceed the ", heads, " heads");
+  const int64_t threads = int64_t(chunks(c, k.vec)) * cfg.rows * cfg.tokens_per_block;
+  if (cfg.blocks_per_sm > 0 && threads * cfg.blocks_per_sm > device.max_threads_per_sm)
     return "persistent blocks do not fit on one SM";
   return {};
+}
+
+int64_t token_bucket(int64_t tokens) {
+  int64_t b = 1;
+  while (b < tokens && b < (int64_t(1) << 62)) b <<= 1;
+  return b;
+}
+
+// 512 threads: the bound the tuner's winners share on the H100 and the H200 (bench/RESULTS.md,
+// "Memory roofline"); 2 heads per thread for prefill, which fetches cos/sin once for both.
+KernelVariant prefill_variant(const Spec& c, int32_t align_bytes, int32_t table_align) {
+  KernelVariant v;
+  v.vec = max_vec(c, align_bytes);
+  v.table_vec = table_vectors_ok(c, v.vec, table_align);
+  v.heads_per_thread = 2;
+  const int32_t x = chunks(c, v.vec);
+  v.max_threads = 512;
+  while (v.max_threads < x) v.max_threads *= 2;
+  return v;
+}
+
+// One head per thread: fewer registers and less code before the first load, 9% faster per
+// graph-replayed decode call than the two-head kernel running one head (bench/RESULTS.md,
+// "Decode under graph replay, per launch").
+KernelVariant decode_variant(const Spec& c, int32_t align_bytes, int32_t table_align) {
+  KernelVariant v = prefill_variant(c, align_bytes, table_align);
+  v.heads_per_thread = 1;
+  return v;
+}
+
+std::vector<KernelVariant> default_variants(const Spec& c, int32_t align_bytes,
+                                            int32_t table_align) {
+  return {prefill_variant(c, align_bytes, table_align), decode_variant(c, align_bytes, table_align)};
 }
 
 int64_t shared_bytes(const Spec& c, const LaunchConfig& cfg) {

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "ropejit/ropejit.hpp"
 
@@ -86,9 +87,31 @@ int32_t table_vector_bytes(const Spec& canonical, int32_t vec);
 // blockDim.x for a canonical spec and vector width.
 int32_t chunks(const Spec& canonical, int32_t vec);
 
-// Empty when `cfg` is legal for this spec, call and device, else the reason.
+// Legality, decided here and nowhere else. Each returns "" when legal, else the reason; a
+// reason about one field starts with the field's name ("vec (3) must be ...").
+// What a compiled variant may be for this spec, whatever the call.
+std::string variant_problem(const Spec& canonical, const KernelVariant& variant);
+// What a launch configuration may be for this spec, whatever the call: its variant, block
+// shape, grid mode and shared memory.
+std::string launch_problem(const Spec& canonical, const LaunchConfig& cfg);
+// Whether `cfg` may launch this call on this device: launch_problem(), then the call's
+// alignment, head count and the device's SM capacity.
 std::string illegal_reason(const Spec& canonical, const CallShape& shape, const LaunchConfig& cfg,
                            const DeviceInfo& device);
+
+// Token-count bucket: the smallest power of two >= tokens (1 for tokens <= 1), saturating at
+// 2^62. Launch decisions are made, remembered and tuned per bucket.
+int64_t token_bucket(int64_t tokens);
+
+// The kernel variants a key launches when nothing was tuned: the widest vectors the alignment
+// allows, a 512-thread bound (or the chunk count when wider), and 2 heads per thread
+// (prefill) or 1 (decode). They depend only on the spec and the alignment of the call's q/k
+// and table, never on sizes, so that changing shapes never compiles anything.
+KernelVariant prefill_variant(const Spec& canonical, int32_t align_bytes, int32_t table_align = 16);
+KernelVariant decode_variant(const Spec& canonical, int32_t align_bytes, int32_t table_align = 16);
+// Both, prefill first: what a key's first use prepares and `ropejit compile` builds.
+std::vector<KernelVariant> default_variants(const Spec& canonical, int32_t align_bytes,
+                                            int32_t table_align = 16);
 
 // Dynamic shared memory of a launch: computed frequencies share each token's (cos, sin)
 // pairs across the block, 8 bytes per pair per token slot.

@@ -4,7 +4,7 @@
 #include <mutex>
 #include <set>
 
-#include "errors.hpp"
+#include "jit/errors.hpp"
 
 namespace ropejit::detail {
 

@@ -5,7 +5,7 @@
 #include <string>
 #include <utility>
 
-#include "errors.hpp"
+#include "jit/errors.hpp"
 
 namespace ropejit::detail {
 

@@ -1,5 +1,5 @@
 // NVRTC compile stage. NVRTC is thread-safe; each call owns its program object.
-#include "nvrtc.hpp"
+#include "jit/nvrtc.hpp"
 
 #include <nvrtc.h>
 
@@ -8,8 +8,8 @@
 #include <sstream>
 #include <memory>
 
-#include "embedded.hpp"
-#include "errors.hpp"
+#include "jit/embedded.hpp"
+#include "jit/errors.hpp"
 
 namespace ropejit::detail {
 namespace {
@@ -52,7 +52,8 @@ std::string target_for(int cc) {
 }
 
 std::vector<std::string> compile_options(const std::string& target) {
-  // No fast math: the accuracy bar is one rounding from float64 (PRODUCT.md), and
+  // No fast math: the accuracy bar is one rounding from float64 (README, "What a call can
+  // express"), and
   // --use_fast_math would turn sincospif/exp2 into approximations.
   // -minimal drops the runtime-API declarations the kernels never use: about 10 ms less front
   // end per compile (bench/RESULTS.md, "Cold compile").

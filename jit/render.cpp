@@ -1,10 +1,10 @@
 // Binds a spec and a kernel variant into templates/rope_entry.cu.in.
-#include "render.hpp"
+#include "jit/render.hpp"
 
 #include <map>
 
-#include "embedded.hpp"
-#include "errors.hpp"
+#include "jit/embedded.hpp"
+#include "jit/errors.hpp"
 
 namespace ropejit::detail {
 namespace {

@@ -2,7 +2,7 @@
 #include <sstream>
 #include <vector>
 
-#include "names.hpp"
+#include "jit/names.hpp"
 
 namespace ropejit {
 

@@ -6,7 +6,8 @@
 namespace ropejit_dev {
 
 // Turns (angle / 2π) that pair `pair` advances per position: base^(-2 pair / R) / 2π, in
-// float64. float32 angles lose ~1e-2 absolute at position 2^20 (PRODUCT.md's table); the
+// float64. float32 angles lose ~1e-2 absolute at position 2^20 (an fp32 angle there is only
+// good to 2^20 * 2^-24 = 0.06 rad before rounding its sine); the
 // reduction below needs the product position * turns good to ~1e-10 turns, which float64
 // gives up to positions near 2^33.
 template <int kRotaryDim>

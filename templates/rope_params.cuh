@@ -1,4 +1,4 @@
-// Kernel argument block shared by the host (jit/launch.cpp) and the generated kernels.
+// Kernel argument block shared by the host (jit/call.cpp, make_params) and the generated kernels.
 // Plain C types only: NVRTC sees no system headers, and both compilers must agree on layout.
 #pragma once
 

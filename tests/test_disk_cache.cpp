@@ -170,7 +170,7 @@ TEST_CASE("engine: disk hit after a restart, recompile after corruption") {
   s.head_dim = 64;
   s.style = Style::gptj;
   const Spec c = s.canonical();
-  const KernelVariant v = autotune::heuristic_variant(c, 16);
+  const KernelVariant v = detail::prefill_variant(c, 16);
   Engine& engine = Engine::instance();
   REQUIRE(engine.disk().enabled());
   std::string path;

@@ -14,7 +14,7 @@
 #include "autotune/policy.hpp"
 #include "autotune/workload.hpp"
 #include "gpu_helpers.hpp"
-#include "jit/engine.hpp"
+#include "api/engine.hpp"
 
 using namespace ropejit;
 
@@ -71,7 +71,7 @@ std::vector<Case> matrix_cases() {
                     z.misalign_elems = n % 11 == 5 ? (style == Style::gptj ? 2 : 1) : 0;
                     z.combined_table = n % 4 == 1;
                     if (freqs == Freqs::computed) {
-                      // Long-context positions, where fp32 angles fail (PRODUCT.md).
+                      // Long-context positions, where fp32 angles fail (templates/rope_freqs.cuh).
                       z.position_offset = (int64_t(1) << 20) - 8;
                       z.max_position = (int64_t(1) << 20) - 1;
                       z.base = n % 2 ? 10000.0 : 500000.0;
@@ -94,7 +94,7 @@ TEST_SUITE("gpu") {
     std::mutex mutex;
     std::vector<std::string> failures;
     auto worker = [&] {
-      const detail::DeviceInfo& device = detail::Engine::instance().device_info(testing::use_primary_context());
+      const detail::DeviceInfo& device = api::engine().device_info(testing::use_primary_context());
       for (size_t i; (i = next++) < cases.size();) {
         std::string failure;
         try {
@@ -108,11 +108,11 @@ TEST_SUITE("gpu") {
           const Args args = w.args();
           const detail::CallShape shape = detail::check_call(c, args);
           detail::LaunchConfig two;
-          two.kernel = autotune::heuristic_variant(c, shape.align_bytes, shape.table_align);
+          two.kernel = detail::prefill_variant(c, shape.align_bytes, shape.table_align);
           two.rows = std::max(1, (shape.q_heads + shape.k_heads + 1) / 2);
           if (failure.empty() && detail::illegal_reason(c, shape, two, device).empty()) {
             w.upload();
-            detail::Engine::instance().launch(c, args, shape, &two);
+            api::engine().launch(c, args, shape, &two);
             const autotune::CheckReport r2 = w.check();
             if (!r2.ok)
               failure = two.name() + ": " + r2.first_failure + " (" + std::to_string(r2.mismatches) + " mismatches)";
@@ -135,7 +135,7 @@ TEST_SUITE("gpu") {
     for (unsigned t = 0; t < std::max(2u, std::thread::hardware_concurrency()); ++t) threads.emplace_back(worker);
     for (std::thread& t : threads) t.join();
     for (const std::string& f : failures) FAIL_CHECK(f);
-    const detail::EngineStats st = detail::Engine::instance().stats();
+    const detail::EngineStats st = api::engine().stats();
     MESSAGE(cases.size(), " cases: ", passed.load(), " passed, ", failed.load(), " failed (",
             two_heads.load(), " also with two heads per thread); ", st.nvrtc_compiles,
             " kernels compiled, ", st.disk_hits, " from the disk cache");

@@ -11,7 +11,7 @@
 #include "autotune/workload.hpp"
 #include "gpu_helpers.hpp"
 #include "test_util.hpp"
-#include "jit/engine.hpp"
+#include "api/engine.hpp"
 
 using namespace ropejit;
 using detail::check;
@@ -162,7 +162,7 @@ TEST_SUITE("gpu") {
       loads.push_back(std::make_unique<autotune::Workload>(s, z));
       loads.back()->upload();
     }
-    const detail::EngineStats before = detail::Engine::instance().stats();
+    const detail::EngineStats before = api::engine().stats();
     std::vector<std::thread> threads;
     std::vector<std::string> errors(loads.size());
     for (size_t i = 0; i < loads.size(); ++i)
@@ -175,7 +175,7 @@ TEST_SUITE("gpu") {
         }
       });
     for (std::thread& t : threads) t.join();
-    const detail::EngineStats after = detail::Engine::instance().stats();
+    const detail::EngineStats after = api::engine().stats();
     for (const std::string& e : errors) CHECK_MESSAGE(e.empty(), e);
     // The heuristic's two kernels (prefill and decode), each compiled and loaded once.
     CHECK(after.nvrtc_compiles + after.disk_hits - before.nvrtc_compiles - before.disk_hits == 2);
@@ -196,7 +196,7 @@ TEST_SUITE("gpu") {
     autotune::Workload first(s, z);
     first.upload();
     apply(s, first.args());
-    const detail::EngineStats before = detail::Engine::instance().stats();
+    const detail::EngineStats before = api::engine().stats();
     for (int64_t tokens : {1, 64, 300, 4096}) {
       z.seq_lens = {tokens / 2 + 1, tokens / 2};
       z.q_heads = int32_t(8 + tokens % 5);
@@ -206,7 +206,7 @@ TEST_SUITE("gpu") {
       const autotune::CheckReport r = w.check();
       CHECK_MESSAGE(r.ok, r.first_failure);
     }
-    const detail::EngineStats after = detail::Engine::instance().stats();
+    const detail::EngineStats after = api::engine().stats();
     CHECK(after.nvrtc_compiles == before.nvrtc_compiles);
     CHECK(after.disk_hits == before.disk_hits);
     CHECK(after.module_loads == before.module_loads);

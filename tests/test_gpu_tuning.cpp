@@ -13,7 +13,7 @@
 #include "autotune/tuning_cache.hpp"
 #include "autotune/tuner.hpp"
 #include "autotune/workload.hpp"
-#include "jit/engine.hpp"
+#include "api/engine.hpp"
 #include "gpu_helpers.hpp"
 #include "test_util.hpp"
 
@@ -121,13 +121,13 @@ TEST_SUITE("gpu") {
     s.positions = Positions::ids;
     s.in_place = false;  // replays are then idempotent
     const Spec c = s.canonical();
-    const detail::DeviceInfo& dev = detail::Engine::instance().device_info(ctx);
+    const detail::DeviceInfo& dev = api::engine().device_info(ctx);
     detail::CallShape decode;
     decode.tokens = 50;
     decode.q_heads = 32;
     decode.k_heads = 8;
     // A kernel that only the tuning file names (not one of the heuristic's two).
-    const std::vector<detail::KernelVariant> own = autotune::heuristic_variants(c, 16);
+    const std::vector<detail::KernelVariant> own = detail::default_variants(c, 16);
     std::optional<detail::LaunchConfig> other;
     for (const detail::LaunchConfig& cand : autotune::candidates(c, decode, dev))
       if (std::find(own.begin(), own.end(), cand.kernel) == own.end()) {
@@ -139,7 +139,7 @@ TEST_SUITE("gpu") {
     cache.set_fingerprint(autotune::current_fingerprint());
     autotune::TuningEntry e;
     e.key = c.key();
-    e.bucket = autotune::token_bucket(decode.tokens);
+    e.bucket = detail::token_bucket(decode.tokens);
     e.q_heads = 32;
     e.k_heads = 8;
     e.config = *other;
@@ -157,7 +157,7 @@ TEST_SUITE("gpu") {
     apply(s, prefill.args());  // the heuristic's kernel, and the tuned decode kernel with it
     const autotune::CheckReport r1 = prefill.check();
     CHECK_MESSAGE(r1.ok, r1.first_failure);
-    const detail::EngineStats warm = detail::Engine::instance().stats();
+    const detail::EngineStats warm = api::engine().stats();
 
     z.seq_len = decode.tokens;
     autotune::Workload w(s, z);
@@ -168,8 +168,8 @@ TEST_SUITE("gpu") {
     testing::capture_and_replay(stream, [&] { CHECK_NOTHROW(apply(s, w.args(stream))); });
     const autotune::CheckReport r2 = w.check();
     CHECK_MESSAGE(r2.ok, r2.first_failure);
-    CHECK(detail::Engine::instance().planned(s, w.args(stream)).first == *other);
-    const detail::EngineStats after = detail::Engine::instance().stats();
+    CHECK(api::engine().planned(s, w.args(stream)).first == *other);
+    const detail::EngineStats after = api::engine().stats();
     CHECK(after.module_loads == warm.module_loads);
     CHECK(after.nvrtc_compiles + after.disk_hits == warm.nvrtc_compiles + warm.disk_hits);
     d.StreamDestroy(stream);

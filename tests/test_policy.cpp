@@ -73,13 +73,13 @@ TEST_CASE("heuristic: two kernel variants for every shape and the decode and pre
           parse_key("rope_sbhd_f16_d512_r512_neox_pos-offset_tab-f32-half_qk_fwd_ip"),
           parse_key("rope_bshd_f32_d512_r512_gptj_pos-offset_comp_qk_fwd_oop")}) {
       const Spec c = s.canonical();
-      const detail::KernelVariant v = autotune::heuristic_variant(c, 16);
+      const detail::KernelVariant v = detail::prefill_variant(c, 16);
       CHECK(v.heads_per_thread == 2);
-      const detail::KernelVariant one = autotune::decode_variant(c, 16);
+      const detail::KernelVariant one = detail::decode_variant(c, 16);
       detail::KernelVariant expected_one = v;
       expected_one.heads_per_thread = 1;
       CHECK(one == expected_one);
-      CHECK(autotune::heuristic_variants(c, 16) == std::vector<detail::KernelVariant>{v, one});
+      CHECK(detail::default_variants(c, 16) == std::vector<detail::KernelVariant>{v, one});
       const int32_t x = detail::chunks(c, v.vec);
       const int32_t max_rows = v.max_threads / x;
       for (int64_t tokens : {int64_t(1), int64_t(64), int64_t(512), int64_t(513), int64_t(528),
@@ -94,7 +94,7 @@ TEST_CASE("heuristic: two kernel variants for every shape and the decode and pre
           CHECK(cfg.blocks_per_sm == 0);
           // Decided per token bucket (plans are remembered per bucket): 513..1024 is one bucket,
           // above the 528 tokens of 4 blocks per SM, so all of it is prefill.
-          if (autotune::token_bucket(tokens) <= 4 * dev.sm_count) {
+          if (detail::token_bucket(tokens) <= 4 * dev.sm_count) {
             // Decode: one head per thread (as far as the block allows), a token per block; the
             // one-head kernel when every head has its thread.
             CHECK(cfg.rows == std::min(q + k, max_rows));
@@ -118,9 +118,9 @@ TEST_CASE("heuristic: two kernel variants for every shape and the decode and pre
   const detail::DeviceInfo& dev = h100;
   // Less aligned calls get narrower vectors, still independent of the shape.
   const Spec c = Spec{}.canonical();
-  CHECK(autotune::heuristic_variant(c, 4).vec == 2);
+  CHECK(detail::prefill_variant(c, 4).vec == 2);
   CHECK(autotune::heuristic_config(c, shape_of(9000, 32, 8, 4), dev).kernel ==
-        autotune::heuristic_variant(c, 4));
+        detail::prefill_variant(c, 4));
   // A table that is not aligned to the vector loads gets the element-by-element variant (its
   // own kernel, "s"); computed frequencies read no table.
   detail::CallShape misaligned_table = shape_of(64, 32, 8);
@@ -243,13 +243,13 @@ TEST_CASE("policy: tuned entry, fallback, frozen and off") {
     // entry's (another kernel here), whatever bucket the call is in; only those the call's
     // alignment allows; none from the file with tuning off.
     ScopedEnv mode("ROPEJIT_TUNING", std::nullopt);
-    const std::vector<detail::KernelVariant> own = autotune::heuristic_variants(c, 16);
+    const std::vector<detail::KernelVariant> own = detail::default_variants(c, 16);
     REQUIRE(std::find(own.begin(), own.end(), tuned.kernel) == own.end());
     const std::vector<detail::KernelVariant> all = autotune::policy_variants(c, shape_of(5000, 32, 8), dev);
     CHECK(all == std::vector<detail::KernelVariant>{own[0], own[1], tuned.kernel});
     CHECK(autotune::policy_variants(c, shape_of(1, 2, 0), dev) == all);
     const detail::CallShape unaligned = shape_of(5000, 32, 8, 4);
-    CHECK(autotune::policy_variants(c, unaligned, dev) == autotune::heuristic_variants(c, 4));
+    CHECK(autotune::policy_variants(c, unaligned, dev) == detail::default_variants(c, 4));
     ScopedEnv off("ROPEJIT_TUNING", "off");
     CHECK(autotune::policy_variants(c, shape_of(5000, 32, 8), dev) == own);
   }

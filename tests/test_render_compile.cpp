@@ -9,7 +9,7 @@
 #include <thread>
 #include <vector>
 
-#include "jit/engine.hpp"
+#include "api/engine.hpp"
 #include "jit/nvrtc.hpp"
 #include "jit/render.hpp"
 #include "autotune/policy.hpp"
@@ -137,7 +137,7 @@ TEST_CASE("a kernel module declares no device globals") {
   for (const char* key : {"rope_bshd_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_qk_fwd_ip",
                           "rope_thd_f16_d80_r32_gptj_pos-offset_comp_qk_bwd_oop"}) {
     const Spec s = parse_key(key).canonical();
-    const detail::RenderedKernel r = detail::render(s, autotune::heuristic_variant(s, 16));
+    const detail::RenderedKernel r = detail::render(s, detail::prefill_variant(s, 16));
     const detail::CompileResult ptx =
         detail::compile(r.source, r.entry + ".cu", r.key, "compute_90");
     REQUIRE(ptx.is_ptx);
@@ -177,7 +177,7 @@ TEST_CASE("covering array of the key matrix compiles for sm_80 and sm_90") {
   std::vector<std::pair<Spec, KernelVariant>> jobs;
   for (const std::vector<int>& row : rows) {
     const Spec s = spec_of(row);
-    const KernelVariant v = autotune::heuristic_variant(s, 16);
+    const KernelVariant v = detail::prefill_variant(s, 16);
     jobs.emplace_back(s, v);
     // The narrowest legal vector too: the path for misaligned views.
     KernelVariant narrow = v;
@@ -194,7 +194,7 @@ TEST_CASE("covering array of the key matrix compiles for sm_80 and sm_90") {
       const auto& [spec, variant] = jobs[i / 2];
       const std::string target = i % 2 ? "sm_90" : "sm_80";
       try {
-        const detail::CacheEntry& e = detail::Engine::instance().image(spec, variant, target);
+        const detail::CacheEntry& e = api::engine().image(spec, variant, target);
         if (e.image.size() < 1000) errors[i] = "suspiciously small cubin";
       } catch (const Error& err) {
         errors[i] = err.what();

@@ -125,17 +125,17 @@ json sample_json() {
 }  // namespace
 
 TEST_CASE("tuning cache: token buckets are powers of two") {
-  CHECK(token_bucket(-7) == 1);
-  CHECK(token_bucket(0) == 1);
-  CHECK(token_bucket(1) == 1);
-  CHECK(token_bucket(2) == 2);
-  CHECK(token_bucket(3) == 4);
-  CHECK(token_bucket(64) == 64);
-  CHECK(token_bucket(65) == 128);
-  CHECK(token_bucket(4096) == 4096);
-  CHECK(token_bucket(4097) == 8192);
-  CHECK(token_bucket((int64_t(1) << 31) - 1) == int64_t(1) << 31);
-  CHECK(token_bucket(INT64_MAX) == int64_t(1) << 62);  // saturates instead of overflowing
+  CHECK(detail::token_bucket(-7) == 1);
+  CHECK(detail::token_bucket(0) == 1);
+  CHECK(detail::token_bucket(1) == 1);
+  CHECK(detail::token_bucket(2) == 2);
+  CHECK(detail::token_bucket(3) == 4);
+  CHECK(detail::token_bucket(64) == 64);
+  CHECK(detail::token_bucket(65) == 128);
+  CHECK(detail::token_bucket(4096) == 4096);
+  CHECK(detail::token_bucket(4097) == 8192);
+  CHECK(detail::token_bucket((int64_t(1) << 31) - 1) == int64_t(1) << 31);
+  CHECK(detail::token_bucket(INT64_MAX) == int64_t(1) << 62);  // saturates instead of overflowing
 }
 
 TEST_CASE("tuning cache: put replaces the same slot and keeps entries sorted") {

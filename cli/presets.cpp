@@ -1,7 +1,7 @@
 // Model presets (figures from each model's published config).
-#include "presets.hpp"
+#include "cli/presets.hpp"
 
-#include "errors.hpp"
+#include "jit/errors.hpp"
 
 namespace ropejit::autotune {
 

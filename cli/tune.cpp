@@ -8,13 +8,13 @@
 #include <nlohmann/json.hpp>
 
 #include "autotune/candidates.hpp"
-#include "autotune/cli.hpp"
+#include "cli/cli.hpp"
 #include "autotune/policy.hpp"
-#include "autotune/presets.hpp"
+#include "cli/presets.hpp"
 #include "autotune/tuner.hpp"
 #include "autotune/tuning_cache.hpp"
 #include "jit/driver.hpp"
-#include "jit/engine.hpp"
+#include "api/engine.hpp"
 #include "jit/names.hpp"
 #include "jit/nvrtc.hpp"
 
@@ -78,7 +78,7 @@ std::vector<int64_t> buckets_for(const TuneOptions& o) {
   std::set<int64_t> b;
   for (int64_t t : o.tokens.empty() ? std::vector<int64_t>{1, 16, 64, 256, 4096} : o.tokens) {
     if (t < 1 || t > (int64_t(1) << 20)) detail::invalid("--tokens (", t, ") must be in [1, 2^20]");
-    b.insert(autotune::token_bucket(t));
+    b.insert(detail::token_bucket(t));
   }
   return {b.begin(), b.end()};
 }
@@ -179,15 +179,15 @@ int run_compile_from_tuning(const std::string& file) {
   for (const autotune::TuningEntry& e : cache.entries()) add(e.key, e.config.kernel);
   const size_t tuned = kernels.size();
   for (const autotune::TuningEntry& e : cache.entries())
-    for (const detail::KernelVariant& v : autotune::heuristic_variants(parse_key(e.key), 16)) add(e.key, v);
+    for (const detail::KernelVariant& v : detail::default_variants(parse_key(e.key), 16)) add(e.key, v);
   for (const auto& [key, variant] : kernels) {
     std::string path;
-    detail::Engine::instance().image(parse_key(key), variant, target, &path);
+    api::engine().image(parse_key(key), variant, target, &path);
     std::printf("%s  %s  %s\n", key.c_str(), variant.name().c_str(), path.empty() ? "(memory only)" : path.c_str());
   }
   std::printf("%zu entries: %zu tuned kernels and %zu more of those keys' defaults, for %s (%s), in %s\n",
               cache.entries().size(), tuned, kernels.size() - tuned, fp.gpu_name.c_str(), target.c_str(),
-              detail::Engine::instance().disk().dir().c_str());
+              api::engine().disk().dir().c_str());
   return 0;
 }
 

@@ -2,12 +2,12 @@
 #include <chrono>
 #include <cstdio>
 
-#include "autotune/cli.hpp"
-#include "autotune/presets.hpp"
+#include "cli/cli.hpp"
+#include "cli/presets.hpp"
 #include "autotune/timing.hpp"
 #include "autotune/workload.hpp"
 #include "jit/driver.hpp"
-#include "jit/engine.hpp"
+#include "api/engine.hpp"
 #include "jit/names.hpp"
 
 namespace ropejit::cli {
@@ -62,7 +62,7 @@ int run_demo(const DemoOptions& o) {
   apply(spec, args);
   detail::check(d.StreamSynchronize(stream), "first launch");
   const double first_ms = ms_since(t0);
-  const detail::EngineStats st = detail::Engine::instance().stats();
+  const detail::EngineStats st = api::engine().stats();
   std::printf("first call (JIT %s + load + run): %.1f ms\n",
               st.nvrtc_compiles ? "compile" : "disk-cache hit", first_ms);
 

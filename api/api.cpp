@@ -2,29 +2,38 @@
 #include <cstdlib>
 #include <future>
 
-#include "driver.hpp"
-#include "engine.hpp"
-#include "errors.hpp"
-#include "nvrtc.hpp"
-#include "policy.hpp"
+#include "api/engine.hpp"
+#include "autotune/policy.hpp"
+#include "jit/driver.hpp"
+#include "jit/errors.hpp"
+#include "jit/nvrtc.hpp"
 
 namespace ropejit {
 
-void apply(const Spec& spec, const Args& args) { detail::Engine::instance().apply(spec, args); }
+detail::Engine& api::engine() {
+  static detail::Engine& engine = [] () -> detail::Engine& {
+    detail::Engine& e = detail::Engine::instance();
+    e.set_policy(&autotune::tuning_policy());
+    return e;
+  }();
+  return engine;
+}
+
+void apply(const Spec& spec, const Args& args) { api::engine().apply(spec, args); }
 
 std::vector<std::string> precompile(const Spec& spec, const std::string& arch) {
   const Spec c = spec.canonical();
   const int cc = detail::parse_arch(arch, "arch");
-  // The heuristic's kernel variants (prefill and decode) depend on the spec and alignment
+  // The default kernel variants (prefill and decode) depend on the spec and alignment
   // only; precompile the fully aligned case (q/k and table), which is what contiguous and
   // packed-QKV tensors and the usual tables give.
   // Compiled concurrently, as a key's first use does.
-  const std::vector<detail::KernelVariant> variants = autotune::heuristic_variants(c, 16);
+  const std::vector<detail::KernelVariant> variants = detail::default_variants(c, 16);
   const std::string target = detail::target_for(cc);
   std::vector<std::string> paths(variants.size());
   std::vector<std::future<void>> builds;
   for (size_t i = 0; i < variants.size(); ++i)
-    builds.push_back(detail::Engine::instance().image_async(c, variants[i], target, &paths[i]));
+    builds.push_back(api::engine().image_async(c, variants[i], target, &paths[i]));
   for (std::future<void>& f : builds) f.get();  // rethrows a compile error
   return paths;
 }
@@ -35,7 +44,7 @@ Info info() {
   const detail::NvrtcVersion nv = detail::nvrtc_version();
   out.nvrtc_major = nv.major;
   out.nvrtc_minor = nv.minor;
-  detail::DiskCache& disk = detail::Engine::instance().disk();
+  detail::DiskCache& disk = api::engine().disk();
   out.cache_dir = disk.dir();
   out.cache_status = disk.status();
   out.cache_entries = disk.count_entries();

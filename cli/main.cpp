@@ -7,10 +7,10 @@
 #include <mutex>
 #include <thread>
 
-#include "autotune/cli.hpp"
+#include "cli/cli.hpp"
 #include "autotune/policy.hpp"
-#include "autotune/presets.hpp"
-#include "jit/engine.hpp"
+#include "cli/presets.hpp"
+#include "api/engine.hpp"
 #include "jit/names.hpp"
 #include "jit/nvrtc.hpp"
 #include "jit/render.hpp"
@@ -57,7 +57,7 @@ int run_compile(const CompileOptions& o) {
   std::vector<Job> jobs;
   for (const std::string& arch : o.archs)
     for (const Spec& s : specs) jobs.push_back({&s, &arch});
-  const auto before = detail::Engine::instance().stats();
+  const auto before = api::engine().stats();
   const auto t0 = std::chrono::steady_clock::now();
   std::mutex print;
   size_t next = 0, failures = 0, kernels = 0;
@@ -91,7 +91,7 @@ int run_compile(const CompileOptions& o) {
   std::vector<std::thread> threads;
   for (unsigned i = 0; i < n; ++i) threads.emplace_back(worker);
   for (std::thread& t : threads) t.join();
-  const auto after = detail::Engine::instance().stats();
+  const auto after = api::engine().stats();
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("%zu keys, %zu kernels, for %zu arch(es) in %.2f s: %zu compiled, %zu from the disk cache, "
               "%zu failed\n",
@@ -159,7 +159,7 @@ int main(int argc, char** argv) {
     if (app.got_subcommand(tune)) return run_tune(to);
     if (app.got_subcommand(source)) {
       const Spec spec = parse_key(source_key);
-      std::fputs(detail::render(spec, autotune::heuristic_variant(spec, 16)).source.c_str(),
+      std::fputs(detail::render(spec, detail::prefill_variant(spec, 16)).source.c_str(),
                  stdout);
       return 0;
     }

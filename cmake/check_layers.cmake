@@ -1,0 +1,58 @@
+# Fails when an include points up the layers, or names no folder. Run as a CPU test:
+#   cmake -DROOT=<tree> -P cmake/check_layers.cmake
+# The layers, lowest first; a file may include its own layer and those below it:
+#   templates/  device code; includes only other templates/ headers, by bare name (NVRTC sees
+#               them under those names)
+#   jit/        key -> source -> NVRTC -> cache -> driver -> engine -> launch
+#   autotune/   launch policy, heuristic, candidates, tuner, tuning file
+#   api/        the public entry points; installs autotune's policy in the engine
+#   cli/        the `ropejit` command
+# Public headers (include/ropejit/...) may be included from every host layer.
+if(NOT ROOT)
+  message(FATAL_ERROR "usage: cmake -DROOT=<tree> -P check_layers.cmake")
+endif()
+set(layers templates jit autotune api cli)
+set(problems "")
+
+file(GLOB device_files RELATIVE ${ROOT} ${ROOT}/templates/*.cuh ${ROOT}/templates/*.cu.in)
+foreach(file IN LISTS device_files)
+  file(STRINGS ${ROOT}/${file} lines REGEX "^[ \t]*#[ \t]*include")
+  foreach(line IN LISTS lines)
+    if(NOT line MATCHES "#[ \t]*include[ \t]+\"([^\"/]+)\"" OR NOT EXISTS ${ROOT}/templates/${CMAKE_MATCH_1})
+      string(APPEND problems "  ${file}: '${line}': device code includes only templates/ headers, by bare name\n")
+    endif()
+  endforeach()
+endforeach()
+
+foreach(layer IN LISTS layers)
+  if(layer STREQUAL templates)
+    continue()
+  endif()
+  list(FIND layers ${layer} own)
+  file(GLOB_RECURSE host_files RELATIVE ${ROOT} ${ROOT}/${layer}/*.cpp ${ROOT}/${layer}/*.hpp)
+  foreach(file IN LISTS host_files)
+    file(STRINGS ${ROOT}/${file} lines REGEX "^[ \t]*#[ \t]*include[ \t]+\"")
+    foreach(line IN LISTS lines)
+      string(REGEX REPLACE ".*#[ \t]*include[ \t]+\"([^\"]*)\".*" "\\1" target "${line}")
+      if(NOT target MATCHES "^([a-z_]+)/")
+        string(APPEND problems "  ${file}: \"${target}\" names no folder: include it as \"<layer>/${target}\"\n")
+        continue()
+      endif()
+      set(folder ${CMAKE_MATCH_1})
+      if(folder STREQUAL ropejit)
+        continue()  # the public headers
+      endif()
+      list(FIND layers ${folder} theirs)
+      if(theirs EQUAL -1)
+        string(APPEND problems "  ${file}: \"${target}\" is in no layer\n")
+      elseif(theirs GREATER own)
+        string(APPEND problems "  ${file}: \"${target}\" points up (${layer}/ may include ${layer}/ and below)\n")
+      endif()
+    endforeach()
+  endforeach()
+endforeach()
+
+if(problems)
+  message(FATAL_ERROR "layer check failed in ${ROOT}:\n${problems}")
+endif()
+message(STATUS "layer check: every include in ${ROOT} points down")
