@@ -11,7 +11,7 @@
 namespace ropejit {
 
 detail::Engine& api::engine() {
-  static detail::Engine& engine = [] () -> detail::Engine& {
+  static detail::Engine& engine = []() -> detail::Engine& {
     detail::Engine& e = detail::Engine::instance();
     e.set_policy(&autotune::tuning_policy());
     return e;

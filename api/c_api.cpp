@@ -1,11 +1,10 @@
 // C ABI over the C++ API: converts structs, catches every exception, keeps the message in a
 // thread-local buffer.
-#include "ropejit/ropejit.h"
-
 #include <cstring>
 #include <exception>
 #include <string>
 
+#include "ropejit/ropejit.h"
 #include "ropejit/ropejit.hpp"
 
 namespace {
@@ -84,10 +83,11 @@ extern "C" {
 void ropejit_spec_init(ropejit_spec* spec) {
   if (!spec) return;
   const ropejit::Spec d;
-  *spec = ropejit_spec{int32_t(d.layout), int32_t(d.dtype), d.head_dim, d.rotary_dim,
-                       int32_t(d.style), int32_t(d.positions), int32_t(d.index_type),
-                       int32_t(d.freqs), int32_t(d.table_dtype), int32_t(d.table_width),
-                       int32_t(d.direction), d.in_place ? 1 : 0, int32_t(d.fusion)};
+  *spec = ropejit_spec{int32_t(d.layout),      int32_t(d.dtype),     d.head_dim,
+                       d.rotary_dim,           int32_t(d.style),     int32_t(d.positions),
+                       int32_t(d.index_type),  int32_t(d.freqs),     int32_t(d.table_dtype),
+                       int32_t(d.table_width), int32_t(d.direction), d.in_place ? 1 : 0,
+                       int32_t(d.fusion)};
 }
 
 void ropejit_args_init(ropejit_args* args) {
@@ -116,8 +116,9 @@ ropejit_status ropejit_key(const ropejit_spec* spec, char* buf, size_t size) {
   return guarded([&] {
     const std::string key = to_spec(*spec).key();
     if (key.size() + 1 > size)
-      throw ropejit::Error(ropejit::ErrorCode::invalid_argument,
-                           "ropejit: size (" + std::to_string(size) + ") is too small for key " + key);
+      throw ropejit::Error(
+          ropejit::ErrorCode::invalid_argument,
+          "ropejit: size (" + std::to_string(size) + ") is too small for key " + key);
     std::memcpy(buf, key.c_str(), key.size() + 1);
   });
 }

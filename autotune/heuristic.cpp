@@ -26,7 +26,7 @@
 namespace ropejit::autotune {
 namespace {
 
-constexpr int32_t kHeadsPerThread = 2;  // as detail::prefill_variant
+constexpr int32_t kHeadsPerThread = 2;     // as detail::prefill_variant
 constexpr int32_t kMinBlockThreads = 64;   // 32 resident blocks x 64 threads fill an SM
 constexpr int64_t kDecodeBlocksPerSm = 4;  // token bucket <= this * SMs: a decode-sized call
 constexpr double kTwoPassGbpsPerSm = 30;   // DRAM GB/s per SM from which prefill takes 2 passes

@@ -8,9 +8,9 @@
 #include <mutex>
 #include <optional>
 
-#include "jit/errors.hpp"
 #include "autotune/tuner.hpp"
 #include "autotune/tuning_cache.hpp"
+#include "jit/errors.hpp"
 
 namespace ropejit::autotune {
 namespace {
@@ -69,7 +69,8 @@ class TuningStore {
       here.gpu_name = dev.name;
       here.cc = dev.cc;
       here.sm_count = dev.sm_count;
-      it = caches_.emplace(id, path_.empty() ? TuningCache() : TuningCache::load(path_, here)).first;
+      it =
+          caches_.emplace(id, path_.empty() ? TuningCache() : TuningCache::load(path_, here)).first;
     }
     return it->second;
   }
@@ -82,7 +83,8 @@ class TuningStore {
 }  // namespace
 
 TuningMode tuning_mode() {
-  if (const char* a = std::getenv("ROPEJIT_AUTOTUNE"); a && std::string(a) == "1") return TuningMode::autotune;
+  if (const char* a = std::getenv("ROPEJIT_AUTOTUNE"); a && std::string(a) == "1")
+    return TuningMode::autotune;
   const char* t = std::getenv("ROPEJIT_TUNING");
   if (!t || !t[0]) return TuningMode::use;
   const std::string v = t;
@@ -111,8 +113,9 @@ detail::LaunchConfig select_config(const Spec& c, const detail::CallShape& shape
     return fallback;
   }
   if (mode == TuningMode::frozen)
-    detail::invalid("no tuned configuration for ", key, " at ", bucket, " tokens with ", shape.q_heads,
-                    "/", shape.k_heads, " heads in ", store.path().empty() ? "(no tuning file)" : store.path(),
+    detail::invalid("no tuned configuration for ", key, " at ", bucket, " tokens with ",
+                    shape.q_heads, "/", shape.k_heads, " heads in ",
+                    store.path().empty() ? "(no tuning file)" : store.path(),
                     " and ROPEJIT_TUNING=frozen; run `ropejit tune` for this shape");
   if (mode == TuningMode::autotune && !capturing && shape.align_bytes == 16) {
     const TuneReport report = tune(c, bucket, shape.q_heads, shape.k_heads);
@@ -128,7 +131,8 @@ detail::LaunchConfig select_config(const Spec& c, const detail::CallShape& shape
 
 std::vector<detail::KernelVariant> policy_variants(const Spec& c, const detail::CallShape& shape,
                                                    const detail::DeviceInfo& device) {
-  std::vector<detail::KernelVariant> out = detail::default_variants(c, shape.align_bytes, shape.table_align);
+  std::vector<detail::KernelVariant> out =
+      detail::default_variants(c, shape.align_bytes, shape.table_align);
   if (tuning_mode() == TuningMode::off) return out;
   for (const TuningEntry& e : TuningStore::instance().entries_for(device, c.key())) {
     // The entry's own call, at this call's alignment: what select_config() would accept.
@@ -137,7 +141,8 @@ std::vector<detail::KernelVariant> policy_variants(const Spec& c, const detail::
     s.q_heads = e.q_heads;
     s.k_heads = e.k_heads;
     if (!detail::illegal_reason(c, s, e.config, device).empty()) continue;
-    if (std::find(out.begin(), out.end(), e.config.kernel) == out.end()) out.push_back(e.config.kernel);
+    if (std::find(out.begin(), out.end(), e.config.kernel) == out.end())
+      out.push_back(e.config.kernel);
   }
   return out;
 }

@@ -31,11 +31,12 @@ detail::LaunchConfig select_config(const Spec& canonical, const detail::CallShap
                                    const detail::DeviceInfo& device, bool capturing);
 
 // Every kernel variant select_config() may choose for `canonical` at this call's alignment,
-// whatever the token and head counts: the default variants (jit/launch_config.hpp), then those of the tuning file's entries
-// for the key that the alignment allows (none with ROPEJIT_TUNING=off). The engine loads them
-// all when it plans a call, so a later shape never loads a module, not even inside a CUDA
-// graph capture (a decode bucket whose tuned kernel differs from prefill's, say).
-std::vector<detail::KernelVariant> policy_variants(const Spec& canonical, const detail::CallShape& shape,
+// whatever the token and head counts: the default variants (jit/launch_config.hpp), then those of
+// the tuning file's entries for the key that the alignment allows (none with ROPEJIT_TUNING=off).
+// The engine loads them all when it plans a call, so a later shape never loads a module, not even
+// inside a CUDA graph capture (a decode bucket whose tuned kernel differs from prefill's, say).
+std::vector<detail::KernelVariant> policy_variants(const Spec& canonical,
+                                                   const detail::CallShape& shape,
                                                    const detail::DeviceInfo& device);
 
 // The policy api/ installs in the engine: select_config() and policy_variants() behind

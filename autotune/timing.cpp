@@ -11,7 +11,8 @@ Timer::Timer(CUstream stream, size_t flush_bytes) : stream_(stream), flush_bytes
   const detail::Driver& d = detail::driver();
   detail::check(d.EventCreate(&start_, CU_EVENT_DEFAULT), "cuEventCreate");
   detail::check(d.EventCreate(&stop_, CU_EVENT_DEFAULT), "cuEventCreate");
-  if (flush_bytes_) detail::check(d.MemAlloc(&flush_, flush_bytes_), "cuMemAlloc (L2 flush buffer)");
+  if (flush_bytes_)
+    detail::check(d.MemAlloc(&flush_, flush_bytes_), "cuMemAlloc (L2 flush buffer)");
 }
 
 Timer::~Timer() {
@@ -28,7 +29,8 @@ Timing Timer::time(const std::function<void()>& work, int warmup, int reps) {
   for (int i = 0; i < reps; ++i) {
     if (flush_) {
       // A memset of a buffer larger than L2 evicts the previous repetition's data.
-      detail::check(d.MemsetD8Async(flush_, uint8_t(i), flush_bytes_, stream_), "cuMemsetD8Async (L2 flush)");
+      detail::check(d.MemsetD8Async(flush_, uint8_t(i), flush_bytes_, stream_),
+                    "cuMemsetD8Async (L2 flush)");
     }
     detail::check(d.EventRecord(start_, stream_), "cuEventRecord");
     work();
@@ -41,8 +43,9 @@ Timing Timer::time(const std::function<void()>& work, int warmup, int reps) {
   std::vector<double> sorted = t.samples_us;
   std::sort(sorted.begin(), sorted.end());
   t.min_us = sorted.front();
-  t.median_us = sorted.size() % 2 ? sorted[sorted.size() / 2]
-                                  : 0.5 * (sorted[sorted.size() / 2 - 1] + sorted[sorted.size() / 2]);
+  t.median_us = sorted.size() % 2
+                    ? sorted[sorted.size() / 2]
+                    : 0.5 * (sorted[sorted.size() / 2 - 1] + sorted[sorted.size() / 2]);
   return t;
 }
 

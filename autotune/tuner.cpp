@@ -6,13 +6,13 @@
 #include <thread>
 
 #include "autotune/candidates.hpp"
+#include "autotune/policy.hpp"
+#include "autotune/timing.hpp"
+#include "autotune/workload.hpp"
 #include "jit/driver.hpp"
 #include "jit/engine.hpp"
 #include "jit/errors.hpp"
 #include "jit/nvrtc.hpp"
-#include "autotune/policy.hpp"
-#include "autotune/timing.hpp"
-#include "autotune/workload.hpp"
 
 namespace ropejit::autotune {
 namespace {
@@ -101,7 +101,9 @@ TuneReport tune(const Spec& c, int64_t bucket, int32_t q_heads, int32_t k_heads)
   engine.launch(c, args, shape, &def);
   if (bucket <= kMaxReferenceTokens) {
     const CheckReport r = w.check();
-    if (!r.ok) detail::fail(ErrorCode::internal, "tuning: default configuration fails the float64 check: ", r.first_failure);
+    if (!r.ok)
+      detail::fail(ErrorCode::internal,
+                   "tuning: default configuration fails the float64 check: ", r.first_failure);
   }
   const std::vector<std::vector<uint8_t>> expected = w.download();
 
@@ -118,7 +120,8 @@ TuneReport tune(const Spec& c, int64_t bucket, int32_t q_heads, int32_t k_heads)
       res.rejected = "output differs from the default configuration's";
       ++report.rejected;
     } else {
-      res.median_us = timer.time([&] { engine.launch(c, args, shape, &cfg); }, kWarmup, kReps).median_us;
+      res.median_us =
+          timer.time([&] { engine.launch(c, args, shape, &cfg); }, kWarmup, kReps).median_us;
       if (cfg == def) default_us = res.median_us;
     }
     report.results.push_back(res);
@@ -126,14 +129,16 @@ TuneReport tune(const Spec& c, int64_t bucket, int32_t q_heads, int32_t k_heads)
   const CandidateResult* best = nullptr;
   for (const CandidateResult& r : report.results)
     if (r.rejected.empty() && (!best || r.median_us < best->median_us)) best = &r;
-  if (!best) detail::fail(ErrorCode::internal, "tuning ", c.key(), ": every candidate was rejected");
+  if (!best)
+    detail::fail(ErrorCode::internal, "tuning ", c.key(), ": every candidate was rejected");
 
   // A device copy of the same bytes, timed the same way, for the % of copy bandwidth.
   CUdeviceptr src = 0, dst = 0;
   const size_t half = size_t(report.bytes / 2);
   detail::check(d.MemAlloc(&src, half), "cuMemAlloc");
   detail::check(d.MemAlloc(&dst, half), "cuMemAlloc");
-  report.copy_us = timer.time([&] { d.MemcpyDtoDAsync(dst, src, half, stream); }, kWarmup, kReps).median_us;
+  report.copy_us =
+      timer.time([&] { d.MemcpyDtoDAsync(dst, src, half, stream); }, kWarmup, kReps).median_us;
   d.MemFree(src);
   d.MemFree(dst);
 

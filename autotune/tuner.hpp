@@ -5,8 +5,8 @@
 #include <string>
 #include <vector>
 
-#include "jit/launch_config.hpp"
 #include "autotune/tuning_cache.hpp"
+#include "jit/launch_config.hpp"
 
 namespace ropejit::autotune {
 

@@ -2,8 +2,6 @@
 // and atomic publication of the tuning file.
 #include "autotune/tuning_cache.hpp"
 
-#include "jit/atomic_file.hpp"
-
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -25,8 +23,8 @@
 namespace ropejit::autotune {
 namespace {
 
-using nlohmann::json;
 using detail::concat;
+using nlohmann::json;
 
 constexpr int64_t kMaxBucket = int64_t(1) << 31;
 constexpr int32_t kMaxHeads = 65536;
@@ -136,8 +134,8 @@ bool read_fingerprint(const json& j, Fingerprint* f, std::string* why) {
 bool read_entry(const json& j, TuningEntry* e, std::string* why) {
   Fields entry(j, "", kEntryFields, why);
   entry.string("key", &e->key);
-  entry.integer("bucket", std::numeric_limits<int64_t>::min(),
-                std::numeric_limits<int64_t>::max(), &e->bucket);
+  entry.integer("bucket", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(),
+                &e->bucket);
   entry.int32("q_heads", &e->q_heads);
   entry.int32("k_heads", &e->k_heads);
   entry.number("median_us", &e->median_us);
@@ -157,8 +155,8 @@ bool read_entry(const json& j, TuningEntry* e, std::string* why) {
 }
 
 std::string describe(const Fingerprint& f) {
-  return concat(f.gpu_name.empty() ? "an unnamed GPU" : f.gpu_name, " (sm_", f.cc, ", ",
-                f.sm_count, " SMs)");
+  return concat(f.gpu_name.empty() ? "an unnamed GPU" : f.gpu_name, " (sm_", f.cc, ", ", f.sm_count,
+                " SMs)");
 }
 
 enum class FileState { missing, ok, rejected, other_gpu };
@@ -324,10 +322,9 @@ void TuningCache::put(const TuningEntry& e) {
   // Checked here too, so that save() never writes what load() would reject.
   if (const std::string why = invalid_entry_reason(e); !why.empty())
     detail::invalid("tuning entry for ", e.key, " is invalid: ", why);
-  const auto it = std::lower_bound(entries_.begin(), entries_.end(), e,
-                                   [](const TuningEntry& a, const TuningEntry& b) {
-                                     return slot_of(a) < slot_of(b);
-                                   });
+  const auto it = std::lower_bound(
+      entries_.begin(), entries_.end(), e,
+      [](const TuningEntry& a, const TuningEntry& b) { return slot_of(a) < slot_of(b); });
   if (it != entries_.end() && slot_of(*it) == slot_of(e))
     *it = e;
   else
@@ -391,7 +388,9 @@ void TuningCache::save(const std::string& path) const {
   }
 
   const size_t slash = path.rfind('/');
-  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  const std::string dir = slash == std::string::npos ? "."
+                          : slash == 0               ? "/"
+                                                     : path.substr(0, slash);
   std::string why;
   if (!detail::make_private_dirs(dir, &why) ||
       !detail::write_file_atomically(path, merged.to_json().dump(2) + "\n", &why))

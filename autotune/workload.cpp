@@ -6,6 +6,7 @@
 #include <cstring>
 #include <random>
 
+#include "autotune/numbers.hpp"
 #include "jit/driver.hpp"
 #include "jit/errors.hpp"
 #include "jit/launch_config.hpp"
@@ -19,33 +20,42 @@ namespace {
 constexpr int64_t kGuardBytes = 256;  // poisoned bytes after every allocation
 constexpr uint8_t kPoison = 0xff;     // NaN in f32, f16 and bf16
 
-uint16_t to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t(0x7fc0u | ((u >> 16) & 0x8000u));
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return uint16_t(u >> 16);
-}
-
 void store(DType t, uint8_t* p, double v) {
   switch (t) {
-    case DType::f32: { const float f = float(v); std::memcpy(p, &f, 4); break; }
-    case DType::f16: { const _Float16 h = _Float16(v); std::memcpy(p, &h, 2); break; }
-    case DType::bf16: { const uint16_t b = to_bf16(float(v)); std::memcpy(p, &b, 2); break; }
+    case DType::f32: {
+      const float f = f32_value(v);
+      std::memcpy(p, &f, 4);
+      break;
+    }
+    case DType::f16: {
+      const uint16_t h = f16_bits(v);
+      std::memcpy(p, &h, 2);
+      break;
+    }
+    case DType::bf16: {
+      const uint16_t b = bf16_bits(v);
+      std::memcpy(p, &b, 2);
+      break;
+    }
   }
 }
 
 double load(DType t, const uint8_t* p) {
   switch (t) {
-    case DType::f32: { float f; std::memcpy(&f, p, 4); return f; }
-    case DType::f16: { _Float16 h; std::memcpy(&h, p, 2); return double(h); }
+    case DType::f32: {
+      float f;
+      std::memcpy(&f, p, 4);
+      return f;
+    }
+    case DType::f16: {
+      uint16_t h;
+      std::memcpy(&h, p, 2);
+      return f16_value(h);
+    }
     case DType::bf16: {
       uint16_t b;
       std::memcpy(&b, p, 2);
-      const uint32_t u = uint32_t(b) << 16;
-      float f;
-      std::memcpy(&f, &u, 4);
-      return f;
+      return bf16_value(b);
     }
   }
   return 0;
@@ -109,7 +119,8 @@ void Workload::add_operands() {
     return add_buffer(std::move(bytes));
   };
   auto view = [&](Buffer& b, int64_t heads_in_buffer, int64_t first_head, int64_t heads) {
-    Tensor t = contiguous(c.layout, b.host.data() + m * e, a.batch, a.seq_len, heads_in_buffer, row);
+    Tensor t =
+        contiguous(c.layout, b.host.data() + m * e, a.batch, a.seq_len, heads_in_buffer, row);
     t.data = static_cast<uint8_t*>(t.data) + first_head * t.stride_head * e;
     t.heads = heads;
     return t;
@@ -149,8 +160,8 @@ int64_t Workload::add_positions() {
   const bool dense = c.layout != Layout::thd;
   int64_t max_pos = 0;
   const int64_t max_random = sizes_.max_position > 0 ? sizes_.max_position
-                             : sizes_.table_rows > 0  ? sizes_.table_rows - 1
-                                                      : 4095;
+                             : sizes_.table_rows > 0 ? sizes_.table_rows - 1
+                                                     : 4095;
   std::uniform_int_distribution<int64_t> pick(0, max_random);
   auto random_indices = [&](int64_t n) {
     const int64_t ib = c.index_type == IndexType::i64 ? 8 : 4;
@@ -195,8 +206,8 @@ int64_t Workload::add_positions() {
 void Workload::add_tables(int64_t max_pos) {
   const Spec& c = spec_;
   Args& a = host_args_;
-  if (c.freqs != Freqs::table) return;
   const int64_t half = c.rotary_dim / 2, te = element_bytes(c.table_dtype);
+  if (c.freqs != Freqs::table || half < 1) return;  // a canonical spec has half >= 1
   const int64_t width = c.table_width == TableWidth::half ? half : c.rotary_dim;
   a.table_rows = sizes_.table_rows > 0 ? sizes_.table_rows : max_pos + 1;
   const bool combined = sizes_.combined_table && c.table_width == TableWidth::half;
@@ -267,7 +278,7 @@ void Workload::build_reference() {
       while (valid && a.cu_seqlens[b + 1] <= t) ++b;
       s = t - a.cu_seqlens[b];
     }
-    const int64_t pos = c.positions == Positions::ids        ? index_at(a.position_ids, t)
+    const int64_t pos = c.positions == Positions::ids           ? index_at(a.position_ids, t)
                         : c.positions == Positions::seq_offsets ? s + index_at(a.seq_offsets, b)
                                                                 : s + a.position_offset;
     for (int op = 0; op < 2; ++op) {
@@ -276,7 +287,8 @@ void Workload::build_reference() {
       if (!in.data) continue;
       for (int64_t h = 0; h < in.heads; ++h) {
         auto offset = [&](const Tensor& x) {
-          return (dense ? b * x.stride_batch + s * x.stride_seq : t * x.stride_seq) + h * x.stride_head;
+          return (dense ? b * x.stride_batch + s * x.stride_seq : t * x.stride_seq) +
+                 h * x.stride_head;
         };
         const uint8_t* src = static_cast<const uint8_t*>(in.data) + offset(in) * e;
         int slot = 0;
@@ -292,16 +304,20 @@ void Workload::build_reference() {
           const int64_t ib = c.style == Style::neox ? i + half : 2 * i + 1;
           double cs, sn;
           if (c.freqs == Freqs::computed) {
-            const double angle = double(pos) * std::pow(a.base, -2.0 * double(i) / double(c.rotary_dim));
+            const double angle =
+                double(pos) * std::pow(a.base, -2.0 * double(i) / double(c.rotary_dim));
             cs = std::cos(angle);
             sn = std::sin(angle);
           } else if (pos < 0 || pos >= a.table_rows) {
             cs = sn = NAN;
           } else {
-            const int64_t col = (c.table_width == TableWidth::full && c.style == Style::gptj) ? 2 * i : i;
+            const int64_t col =
+                (c.table_width == TableWidth::full && c.style == Style::gptj) ? 2 * i : i;
             const int64_t te = element_bytes(c.table_dtype);
-            cs = load(c.table_dtype, static_cast<const uint8_t*>(a.cos) + (pos * a.table_stride + col) * te);
-            sn = load(c.table_dtype, static_cast<const uint8_t*>(a.sin) + (pos * a.table_stride + col) * te);
+            cs = load(c.table_dtype,
+                      static_cast<const uint8_t*>(a.cos) + (pos * a.table_stride + col) * te);
+            sn = load(c.table_dtype,
+                      static_cast<const uint8_t*>(a.sin) + (pos * a.table_stride + col) * te);
           }
           if (c.direction == Direction::backward) sn = -sn;
           const double x = load(c.dtype, src + ia * e), y = load(c.dtype, src + ib * e);
@@ -310,7 +326,8 @@ void Workload::build_reference() {
           // computed cos/sin, then one rounding to the output dtype.
           const double arith = 0x1p-23 * (std::fabs(x * cs) + std::fabs(y * sn));
           const double arith_y = 0x1p-23 * (std::fabs(y * cs) + std::fabs(x * sn));
-          const double freq = c.freqs == Freqs::computed ? 2.5e-7 * (std::fabs(x) + std::fabs(y)) : 0.0;
+          const double freq =
+              c.freqs == Freqs::computed ? 2.5e-7 * (std::fabs(x) + std::fabs(y)) : 0.0;
           ex[size_t(dst + ia)] = rx;
           ex[size_t(dst + ib)] = ry;
           tl[size_t(dst + ia)] = arith + freq + half_ulp(c.dtype, std::fabs(rx) + arith + freq);
@@ -331,8 +348,9 @@ void Workload::upload() {
   // the device copies must start poisoned.
   if (!spec_.in_place)
     for (int idx : output_buffers_)
-      detail::check(d.MemsetD8(buffers_[size_t(idx)]->device, kPoison, buffers_[size_t(idx)]->host.size()),
-                    "cuMemsetD8");
+      detail::check(
+          d.MemsetD8(buffers_[size_t(idx)]->device, kPoison, buffers_[size_t(idx)]->host.size()),
+          "cuMemsetD8");
   // A copy from pageable memory may return before its last bytes land, and the memset runs
   // on the legacy stream: neither orders itself before a launch on a non-blocking stream
   // (the tuner's and the benchmark's), so wait for both here.
@@ -390,7 +408,10 @@ CheckReport Workload::check() {
       double value = 0, want = 0;
       if (tol < 0) {
         good = std::memcmp(g, &b.host[i * size_t(e)], size_t(e)) == 0;
-        if (!good) { value = load(spec_.dtype, g); want = load(spec_.dtype, &b.host[i * size_t(e)]); }
+        if (!good) {
+          value = load(spec_.dtype, g);
+          want = load(spec_.dtype, &b.host[i * size_t(e)]);
+        }
       } else {
         value = load(spec_.dtype, g);
         want = expect_[slot][i];
@@ -405,9 +426,9 @@ CheckReport Workload::check() {
       ++r.checked;
       if (!good) {
         if (r.mismatches == 0)
-          r.first_failure = detail::concat(spec_.key(), ": output buffer ", slot, " element ", i,
-                                           " got ", value, " expected ", want,
-                                           tol < 0 ? " (exact bytes)" : " tolerance ", tol < 0 ? 0 : tol);
+          r.first_failure = detail::concat(
+              spec_.key(), ": output buffer ", slot, " element ", i, " got ", value, " expected ",
+              want, tol < 0 ? " (exact bytes)" : " tolerance ", tol < 0 ? 0 : tol);
         ++r.mismatches;
       }
     }

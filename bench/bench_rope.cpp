@@ -12,11 +12,11 @@
 #include <string>
 #include <vector>
 
+#include "api/engine.hpp"
 #include "autotune/policy.hpp"
 #include "autotune/timing.hpp"
 #include "autotune/workload.hpp"
 #include "jit/driver.hpp"
-#include "api/engine.hpp"
 #include "jit/nvrtc.hpp"
 #include "jit/render.hpp"
 
@@ -44,7 +44,8 @@ double copy_median_us(int64_t bytes) {
     g_copy_bytes = half;
   }
   autotune::Timer timer(g_stream);
-  return timer.time([&] { d.MemcpyDtoDAsync(g_copy_dst, g_copy_src, half, g_stream); }, 3, 30).median_us;
+  return timer.time([&] { d.MemcpyDtoDAsync(g_copy_dst, g_copy_src, half, g_stream); }, 3, 30)
+      .median_us;
 }
 
 // Times `call` once per benchmark iteration (L2 flushed first) and reports the bytes, the
@@ -202,14 +203,17 @@ std::vector<Case> cases() {
   std::vector<Case> v;
   for (int64_t t : {1, 16, 64, 256, 4096, 32768})
     v.push_back(make("llama_bf16_t" + std::to_string(t), DType::bf16, 128, 128, t, 32, 8));
-  for (int32_t d : {64, 80, 96, 256}) v.push_back(make("d" + std::to_string(d), DType::bf16, d, d, 4096, 32, 8));
+  for (int32_t d : {64, 80, 96, 256})
+    v.push_back(make("d" + std::to_string(d), DType::bf16, d, d, 4096, 32, 8));
   v.push_back(make("kv1", DType::bf16, 128, 128, 4096, 32, 1));
   v.push_back(make("fp32", DType::f32, 128, 128, 8192, 32, 8));
   v.push_back(make("fp16", DType::f16, 128, 128, 4096, 64, 0));
   v.push_back(make("gptj", DType::bf16, 128, 128, 4096, 32, 8, Style::gptj));
   v.push_back(make("oop", DType::bf16, 128, 128, 4096, 32, 8, Style::neox, false));
-  v.push_back(make("computed", DType::bf16, 128, 128, 4096, 32, 8, Style::neox, true, Freqs::computed));
-  v.push_back(make("thd_uneven", DType::bf16, 128, 128, 8192, 32, 8, Style::neox, true, Freqs::table, Layout::thd));
+  v.push_back(
+      make("computed", DType::bf16, 128, 128, 4096, 32, 8, Style::neox, true, Freqs::computed));
+  v.push_back(make("thd_uneven", DType::bf16, 128, 128, 8192, 32, 8, Style::neox, true,
+                   Freqs::table, Layout::thd));
   v.push_back(make("partial_neox20b", DType::bf16, 96, 24, 4096, 64, 64));
   v.push_back(make("prefill_8x4096", DType::bf16, 128, 128, 32768, 32, 8));
   return v;
@@ -221,7 +225,8 @@ void host_overhead(benchmark::State& state, bool bare) {
   static CUfunction empty = [] {
     const detail::CompileResult cr = detail::compile(
         "#include \"rope_params.cuh\"\n"
-        "extern \"C\" __global__ void ropejit_empty(const __grid_constant__ ropejit_dev::RopeParams p) {}\n",
+        "extern \"C\" __global__ void ropejit_empty(const __grid_constant__ "
+        "ropejit_dev::RopeParams p) {}\n",
         "empty.cu", "empty", detail::target_for(api::engine().device_info(nullptr).cc));
     CUmodule m = nullptr;
     CUfunction f = nullptr;
@@ -238,8 +243,10 @@ void host_overhead(benchmark::State& state, bool bare) {
   void* kargs[] = {&params};
   int64_t n = 0;
   for (auto _ : state) {
-    if (bare) d.LaunchKernel(empty, 64, 1, 1, 8, 20, 1, 0, g_stream, kargs, nullptr);
-    else apply(c.spec, args);
+    if (bare)
+      d.LaunchKernel(empty, 64, 1, 1, 8, 20, 1, 0, g_stream, kargs, nullptr);
+    else
+      apply(c.spec, args);
     if (++n % 512 == 0) d.StreamSynchronize(g_stream);  // keep the launch queue from filling
   }
   d.StreamSynchronize(g_stream);
@@ -263,7 +270,8 @@ void jit_costs(benchmark::State& state) {
                         "rope_bshd_bf16_d128_r128_neox_pos-ids-i64_comp_qk_fwd_ip",
                         "rope_thd_bf16_d128_r128_neox_pos-offset_tab-f32-half_qk_fwd_ip",
                         "rope_bshd_f16_d64_r64_gptj_pos-offset_tab-f32-half_qk_fwd_oop"};
-  const std::string salt = "\nextern \"C\" __global__ void ropejit_bench_" +
+  const std::string salt =
+      "\nextern \"C\" __global__ void ropejit_bench_" +
       std::to_string(std::chrono::system_clock::now().time_since_epoch().count()) + "_";
   double cold = 0, cold_max = 0, first_use = 0, disk = 0, memory = 0;
   int64_t n = 0;
@@ -272,7 +280,8 @@ void jit_costs(benchmark::State& state) {
     const detail::KernelVariant v = detail::prefill_variant(s, 16);
     const detail::RenderedKernel r = detail::render(s, v);
     t0 = std::chrono::steady_clock::now();
-    detail::compile(r.source + salt + std::to_string(n) + "() {}\n", r.entry + ".cu", r.key, target);
+    detail::compile(r.source + salt + std::to_string(n) + "() {}\n", r.entry + ".cu", r.key,
+                    target);
     const double c = ms(t0);
     cold += c;
     cold_max = std::max(cold_max, c);
@@ -369,7 +378,8 @@ void run_sweep(benchmark::State& state, DType dtype, int64_t batch, int64_t seq)
   a.stream = g_stream;
   apply(spec, a);
   // q and k read and written once, plus the cos and sin rows (64 fp32 each) of every position.
-  const int64_t bytes = 2 * 2 * batch * seq * 64 * 128 * detail::element_bytes(dtype) + seq * 128 * 4;
+  const int64_t bytes =
+      2 * 2 * batch * seq * 64 * 128 * detail::element_bytes(dtype) + seq * 128 * 4;
   time_against_copy(state, bytes, [&] { apply(spec, a); });
 }
 
@@ -386,29 +396,40 @@ int main(int argc, char** argv) {
   const Info info = ropejit::info();
   benchmark::AddCustomContext("gpu", info.devices.empty() ? "?" : info.devices[0]);
   benchmark::AddCustomContext("driver", std::to_string(info.driver_version));
-  benchmark::AddCustomContext("nvrtc", std::to_string(info.nvrtc_major) + "." + std::to_string(info.nvrtc_minor));
+  benchmark::AddCustomContext(
+      "nvrtc", std::to_string(info.nvrtc_major) + "." + std::to_string(info.nvrtc_minor));
   benchmark::AddCustomContext("ropejit", info.version);
 
   benchmark::RegisterBenchmark("jit", jit_costs)->Iterations(8)->Unit(benchmark::kMillisecond);
-  benchmark::RegisterBenchmark("host/bare_launch", host_overhead, true)->Unit(benchmark::kMicrosecond);
-  benchmark::RegisterBenchmark("host/apply_cached", host_overhead, false)->Unit(benchmark::kMicrosecond);
+  benchmark::RegisterBenchmark("host/bare_launch", host_overhead, true)
+      ->Unit(benchmark::kMicrosecond);
+  benchmark::RegisterBenchmark("host/apply_cached", host_overhead, false)
+      ->Unit(benchmark::kMicrosecond);
   static const std::vector<Case> all = cases();
   for (const Case& c : all)
     benchmark::RegisterBenchmark(("rope/" + c.name).c_str(), run_case, c)
-        ->UseManualTime()->Iterations(50)->Unit(benchmark::kMicrosecond);
+        ->UseManualTime()
+        ->Iterations(50)
+        ->Unit(benchmark::kMicrosecond);
   for (int64_t t : {1, 64, 256}) {
     static std::vector<Case> graphs;
     graphs.push_back(make("graph_t" + std::to_string(t), DType::bf16, 128, 128, t, 32, 8));
-    benchmark::RegisterBenchmark(("graph/decode_t" + std::to_string(t)).c_str(), run_graph, graphs.back())
-        ->UseManualTime()->Iterations(200)->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark(("graph/decode_t" + std::to_string(t)).c_str(), run_graph,
+                                 graphs.back())
+        ->UseManualTime()
+        ->Iterations(200)
+        ->Unit(benchmark::kMicrosecond);
   }
   for (DType dtype : {DType::f16, DType::f32})
     for (int64_t batch : {1, 2, 4, 8})
       for (int64_t seq = 256; seq <= 3968; seq += 128)
         benchmark::RegisterBenchmark(("sweep/sbhd_" + std::string(to_string(dtype)) + "/b" +
-                                      std::to_string(batch) + "/s" + std::to_string(seq)).c_str(),
+                                      std::to_string(batch) + "/s" + std::to_string(seq))
+                                         .c_str(),
                                      run_sweep, dtype, batch, seq)
-            ->UseManualTime()->Iterations(20)->Unit(benchmark::kMicrosecond);
+            ->UseManualTime()
+            ->Iterations(20)
+            ->Unit(benchmark::kMicrosecond);
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

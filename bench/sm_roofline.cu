@@ -14,13 +14,13 @@
 #include <functional>
 #include <vector>
 
-#define CHECK(x)                                                                     \
-  do {                                                                               \
-    cudaError_t e_ = (x);                                                            \
-    if (e_ != cudaSuccess) {                                                         \
+#define CHECK(x)                                                                       \
+  do {                                                                                 \
+    cudaError_t e_ = (x);                                                              \
+    if (e_ != cudaSuccess) {                                                           \
       std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                  \
-    }                                                                                \
+      std::exit(1);                                                                    \
+    }                                                                                  \
   } while (0)
 
 namespace {
@@ -31,7 +31,8 @@ constexpr int kRowBytes = 8192;  // bulk-copy row: one token of 32 q heads x 128
 // kVecs 16-byte vectors per thread, all loaded before the first store. `flip` is 0 at run time:
 // in place, every word is still rewritten (a store of the value just loaded could be elided).
 template <int kVecs>
-__global__ void __launch_bounds__(kThreads) copy16(const uint4* src, uint4* dst, long long n, unsigned flip) {
+__global__ void __launch_bounds__(kThreads)
+    copy16(const uint4* src, uint4* dst, long long n, unsigned flip) {
   const long long base = (long long)blockIdx.x * kThreads * kVecs + threadIdx.x;
   uint4 v[kVecs];
 #pragma unroll
@@ -61,10 +62,11 @@ __global__ void __launch_bounds__(128) bulk_rows(const char* src, char* dst, uns
     asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&bar)));
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(&bar)),
-                 "r"(kRowBytes) : "memory");
+                 "r"(kRowBytes)
+                 : "memory");
     asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-            smem_addr(row)),
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
+            "r"(smem_addr(row)),
         "l"(s), "r"(kRowBytes), "r"(smem_addr(&bar))
         : "memory");
   }
@@ -78,8 +80,8 @@ __global__ void __launch_bounds__(128) bulk_rows(const char* src, char* dst, uns
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   __syncthreads();
   if (threadIdx.x == 0) {
-    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(d), "r"(smem_addr(row)),
-                 "r"(kRowBytes)
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(d),
+                 "r"(smem_addr(row)), "r"(kRowBytes)
                  : "memory");
     asm volatile("cp.async.bulk.commit_group;" ::: "memory");
     asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
@@ -122,7 +124,8 @@ struct Timer {
 int main() {
   cudaDeviceProp prop{};
   CHECK(cudaGetDeviceProperties(&prop, 0));
-  std::printf("%s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
+  std::printf("%s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount,
+              prop.l2CacheSize >> 20);
   Timer timer;
   std::printf("%-28s", "bytes moved (read + write)");
   const size_t sizes[] = {size_t(43) << 20, size_t(86) << 20, size_t(344) << 20};
@@ -133,16 +136,40 @@ int main() {
     std::function<void(char*, char*, size_t)> run;
   };
   const unsigned flip = 0;
-  auto grid16 = [](size_t bytes, int vecs) { return unsigned((bytes / 16 + kThreads * vecs - 1) / (kThreads * vecs)); };
+  auto grid16 = [](size_t bytes, int vecs) {
+    return unsigned((bytes / 16 + kThreads * vecs - 1) / (kThreads * vecs));
+  };
   const Row rows[] = {
-      {"driver copy (cudaMemcpy)", [](char* a, char* b, size_t n) { CHECK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice)); }},
-      {"copy, 1 x 16 B per thread", [&](char* a, char* b, size_t n) { copy16<1><<<grid16(n, 1), kThreads>>>((const uint4*)a, (uint4*)b, n / 16, flip); }},
-      {"copy, 2 x 16 B per thread", [&](char* a, char* b, size_t n) { copy16<2><<<grid16(n, 2), kThreads>>>((const uint4*)a, (uint4*)b, n / 16, flip); }},
-      {"copy, 4 x 16 B per thread", [&](char* a, char* b, size_t n) { copy16<4><<<grid16(n, 4), kThreads>>>((const uint4*)a, (uint4*)b, n / 16, flip); }},
-      {"in place, 2 x 16 B", [&](char* a, char*, size_t n) { copy16<2><<<grid16(n, 2), kThreads>>>((const uint4*)a, (uint4*)a, n / 16, flip); }},
-      {"in place, 4 x 16 B", [&](char* a, char*, size_t n) { copy16<4><<<grid16(n, 4), kThreads>>>((const uint4*)a, (uint4*)a, n / 16, flip); }},
-      {"bulk copy, 8 KiB rows", [&](char* a, char* b, size_t n) { bulk_rows<<<unsigned(n / kRowBytes), 128>>>(a, b, flip); }},
-      {"bulk in place, 8 KiB rows", [&](char* a, char*, size_t n) { bulk_rows<<<unsigned(n / kRowBytes), 128>>>(a, a, flip); }},
+      {"driver copy (cudaMemcpy)",
+       [](char* a, char* b, size_t n) {
+         CHECK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice));
+       }},
+      {"copy, 1 x 16 B per thread",
+       [&](char* a, char* b, size_t n) {
+         copy16<1><<<grid16(n, 1), kThreads>>>((const uint4*)a, (uint4*)b, n / 16, flip);
+       }},
+      {"copy, 2 x 16 B per thread",
+       [&](char* a, char* b, size_t n) {
+         copy16<2><<<grid16(n, 2), kThreads>>>((const uint4*)a, (uint4*)b, n / 16, flip);
+       }},
+      {"copy, 4 x 16 B per thread",
+       [&](char* a, char* b, size_t n) {
+         copy16<4><<<grid16(n, 4), kThreads>>>((const uint4*)a, (uint4*)b, n / 16, flip);
+       }},
+      {"in place, 2 x 16 B",
+       [&](char* a, char*, size_t n) {
+         copy16<2><<<grid16(n, 2), kThreads>>>((const uint4*)a, (uint4*)a, n / 16, flip);
+       }},
+      {"in place, 4 x 16 B",
+       [&](char* a, char*, size_t n) {
+         copy16<4><<<grid16(n, 4), kThreads>>>((const uint4*)a, (uint4*)a, n / 16, flip);
+       }},
+      {"bulk copy, 8 KiB rows",
+       [&](char* a, char* b, size_t n) {
+         bulk_rows<<<unsigned(n / kRowBytes), 128>>>(a, b, flip);
+       }},
+      {"bulk in place, 8 KiB rows",
+       [&](char* a, char*, size_t n) { bulk_rows<<<unsigned(n / kRowBytes), 128>>>(a, a, flip); }},
   };
   std::vector<std::vector<double>> us(std::size(rows));
   char *src = nullptr, *dst = nullptr;

@@ -2,12 +2,12 @@
 #include <chrono>
 #include <cstdio>
 
-#include "cli/cli.hpp"
-#include "cli/presets.hpp"
+#include "api/engine.hpp"
 #include "autotune/timing.hpp"
 #include "autotune/workload.hpp"
+#include "cli/cli.hpp"
+#include "cli/presets.hpp"
 #include "jit/driver.hpp"
-#include "api/engine.hpp"
 #include "jit/names.hpp"
 
 namespace ropejit::cli {
@@ -68,7 +68,8 @@ int run_demo(const DemoOptions& o) {
 
   const autotune::CheckReport r = w.check();
   std::printf("check vs float64: %s (%lld elements, relative L2 error %.2e, max abs error %.2e)\n",
-              r.ok ? "PASS" : "FAIL", static_cast<long long>(r.checked), r.max_rel_l2, r.max_abs_err);
+              r.ok ? "PASS" : "FAIL", static_cast<long long>(r.checked), r.max_rel_l2,
+              r.max_abs_err);
   if (!r.ok) std::printf("  first mismatch: %s\n", r.first_failure.c_str());
 
   // Time ropejit against a device copy of the same q+k bytes, in the same run.
@@ -79,7 +80,8 @@ int run_demo(const DemoOptions& o) {
   autotune::Timer timer(stream);
   const autotune::Timing rope = timer.time([&] { apply(spec, args); }, 5, 50);
   const autotune::Timing copy = timer.time(
-      [&] { detail::check(d.MemcpyDtoDAsync(dst, src, size_t(bytes / 2), stream), "copy"); }, 5, 50);
+      [&] { detail::check(d.MemcpyDtoDAsync(dst, src, size_t(bytes / 2), stream), "copy"); }, 5,
+      50);
   d.MemFree(src);
   d.MemFree(dst);
   const auto host0 = std::chrono::steady_clock::now();

@@ -1,16 +1,15 @@
 // The `ropejit` command: info, compile, demo.
 #include <CLI/CLI.hpp>
-
 #include <chrono>
 #include <cstdio>
 #include <iostream>
 #include <mutex>
 #include <thread>
 
-#include "cli/cli.hpp"
-#include "autotune/policy.hpp"
-#include "cli/presets.hpp"
 #include "api/engine.hpp"
+#include "autotune/policy.hpp"
+#include "cli/cli.hpp"
+#include "cli/presets.hpp"
 #include "jit/names.hpp"
 #include "jit/nvrtc.hpp"
 #include "jit/render.hpp"
@@ -23,7 +22,8 @@ int run_info() {
   std::printf("ropejit %s\n", i.version.c_str());
   std::printf("nvrtc        %d.%d\n", i.nvrtc_major, i.nvrtc_minor);
   if (i.driver_version)
-    std::printf("driver       CUDA %d.%d\n", i.driver_version / 1000, (i.driver_version % 1000) / 10);
+    std::printf("driver       CUDA %d.%d\n", i.driver_version / 1000,
+                (i.driver_version % 1000) / 10);
   else
     std::printf("driver       none: %s\n", i.driver_status.c_str());
   for (const std::string& d : i.devices) std::printf("gpu          %s\n", d.c_str());
@@ -45,9 +45,11 @@ int run_compile(const CompileOptions& o) {
   std::vector<Spec> specs;
   const DType dtype = detail::parse_name<DType>(o.dtype, "--dtype");
   for (const std::string& name : o.presets_)
-    for (const Spec& s : autotune::preset_specs(autotune::find_preset(name), dtype)) specs.push_back(s);
+    for (const Spec& s : autotune::preset_specs(autotune::find_preset(name), dtype))
+      specs.push_back(s);
   for (const std::string& key : o.keys) specs.push_back(parse_key(key));
-  if (specs.empty()) detail::invalid("compile needs --preset NAME, --key KEY or --from-tuning FILE");
+  if (specs.empty())
+    detail::invalid("compile needs --preset NAME, --key KEY or --from-tuning FILE");
   for (const std::string& arch : o.archs) detail::parse_arch(arch, "--arch");
 
   struct Job {
@@ -73,7 +75,9 @@ int run_compile(const CompileOptions& o) {
       std::string line;
       try {
         const std::vector<std::string> files = precompile(*job.spec, *job.arch);
-        const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+        const double ms =
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+                .count();
         line = detail::concat(*job.arch, "  ", job.spec->key(), "  ", ms, " ms  ",
                               files.empty() || files[0].empty() ? "(memory only)" : files[0]);
         std::lock_guard<std::mutex> lock(print);
@@ -93,10 +97,11 @@ int run_compile(const CompileOptions& o) {
   for (std::thread& t : threads) t.join();
   const auto after = api::engine().stats();
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("%zu keys, %zu kernels, for %zu arch(es) in %.2f s: %zu compiled, %zu from the disk cache, "
-              "%zu failed\n",
-              specs.size(), kernels, o.archs.size(), s, after.nvrtc_compiles - before.nvrtc_compiles,
-              after.disk_hits - before.disk_hits, failures);
+  std::printf(
+      "%zu keys, %zu kernels, for %zu arch(es) in %.2f s: %zu compiled, %zu from the disk cache, "
+      "%zu failed\n",
+      specs.size(), kernels, o.archs.size(), s, after.nvrtc_compiles - before.nvrtc_compiles,
+      after.disk_hits - before.disk_hits, failures);
   return failures ? 1 : 0;
 }
 
@@ -110,7 +115,8 @@ int main(int argc, char** argv) {
   app.add_subcommand("info", "Library, NVRTC and driver versions, GPUs, kernel cache");
 
   CompileOptions co;
-  CLI::App* compile = app.add_subcommand("compile", "Precompile keys into the disk cache (no GPU needed)");
+  CLI::App* compile =
+      app.add_subcommand("compile", "Precompile keys into the disk cache (no GPU needed)");
   compile->add_option("--arch", co.archs, "Target architectures, e.g. sm_90 (repeatable)")
       ->delimiter(',');
   compile->add_option("--preset", co.presets_, "Model preset (repeatable)")->delimiter(',');
@@ -121,7 +127,8 @@ int main(int argc, char** argv) {
   compile->add_option("--from-tuning", from_tuning, "Precompile every kernel a tuning file names");
 
   TuneOptions to;
-  CLI::App* tune = app.add_subcommand("tune", "Time launch configurations on this GPU; write the tuning file");
+  CLI::App* tune =
+      app.add_subcommand("tune", "Time launch configurations on this GPU; write the tuning file");
   tune->add_option("--preset", to.presets, "Model preset (repeatable)")->delimiter(',');
   tune->add_option("--heads", to.heads, "Explicit shape: q heads[,k heads]")->delimiter(',');
   CLI::Option* key = tune->add_option(
@@ -129,13 +136,16 @@ int main(int argc, char** argv) {
       "Kernel key(s) to tune with --heads, any axis (out of place, backward, table dtype, ...)");
   // The shape options build one key; --key gives it whole.
   tune->add_option("--head-dim", to.head_dim, "head_dim for --heads")->excludes(key);
-  tune->add_option("--rotary-dim", to.rotary_dim, "rotary_dim for --heads (0: head_dim)")->excludes(key);
-  tune->add_option("--dtype", to.dtype, "q/k dtype: f32, f16, bf16 (also of presets)")->excludes(key);
+  tune->add_option("--rotary-dim", to.rotary_dim, "rotary_dim for --heads (0: head_dim)")
+      ->excludes(key);
+  tune->add_option("--dtype", to.dtype, "q/k dtype: f32, f16, bf16 (also of presets)")
+      ->excludes(key);
   tune->add_option("--layout", to.layout, "bshd, sbhd, bhsd, thd")->excludes(key);
   tune->add_option("--style", to.style, "neox, gptj")->excludes(key);
   tune->add_option("--positions", to.positions, "offset, seqoff, ids")->excludes(key);
   tune->add_option("--freqs", to.freqs, "tab, comp")->excludes(key);
-  tune->add_option("--tokens", to.tokens, "Token counts to tune (bucketed to powers of two)")->delimiter(',');
+  tune->add_option("--tokens", to.tokens, "Token counts to tune (bucketed to powers of two)")
+      ->delimiter(',');
   tune->add_option("--out", to.out, "Tuning file (default: $ROPEJIT_TUNING_FILE or the cache dir)");
   tune->add_flag("--dry-run", to.dry_run, "List the candidates; needs no GPU");
   tune->add_option("--top", to.top, "Also print the N fastest candidates of each entry")
@@ -146,7 +156,8 @@ int main(int argc, char** argv) {
   source->add_option("key", source_key, "Kernel key")->required();
 
   DemoOptions demo;
-  CLI::App* demo_cmd = app.add_subcommand("demo", "JIT, run and check against float64, print times");
+  CLI::App* demo_cmd =
+      app.add_subcommand("demo", "JIT, run and check against float64, print times");
   demo_cmd->add_option("--preset", demo.preset, "Model preset");
   demo_cmd->add_option("--tokens", demo.tokens, "Tokens (batch 1)");
   demo_cmd->add_option("--dtype", demo.dtype, "q/k dtype: f32, f16, bf16");
@@ -159,8 +170,7 @@ int main(int argc, char** argv) {
     if (app.got_subcommand(tune)) return run_tune(to);
     if (app.got_subcommand(source)) {
       const Spec spec = parse_key(source_key);
-      std::fputs(detail::render(spec, detail::prefill_variant(spec, 16)).source.c_str(),
-                 stdout);
+      std::fputs(detail::render(spec, detail::prefill_variant(spec, 16)).source.c_str(), stdout);
       return 0;
     }
     if (app.got_subcommand(demo_cmd)) return run_demo(demo);

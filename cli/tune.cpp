@@ -3,18 +3,17 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <set>
 
-#include <nlohmann/json.hpp>
-
+#include "api/engine.hpp"
 #include "autotune/candidates.hpp"
-#include "cli/cli.hpp"
 #include "autotune/policy.hpp"
-#include "cli/presets.hpp"
 #include "autotune/tuner.hpp"
 #include "autotune/tuning_cache.hpp"
+#include "cli/cli.hpp"
+#include "cli/presets.hpp"
 #include "jit/driver.hpp"
-#include "api/engine.hpp"
 #include "jit/names.hpp"
 #include "jit/nvrtc.hpp"
 
@@ -40,12 +39,14 @@ std::vector<Job> jobs_for(const TuneOptions& o) {
   for (const std::string& name : o.presets) {
     const autotune::Preset& p = autotune::find_preset(name);
     for (const Spec& s : autotune::preset_specs(p, dtype))
-      if (s.direction == Direction::forward && s.in_place) jobs.push_back({s, p.q_heads, p.kv_heads});
+      if (s.direction == Direction::forward && s.in_place)
+        jobs.push_back({s, p.q_heads, p.kv_heads});
   }
   if (!o.keys.empty() && o.heads.empty()) detail::invalid("--key needs --heads Q[,K]");
   if (!o.heads.empty()) {
     if (o.heads.size() > 2 || o.heads[0] < 1 || (o.heads.size() == 2 && o.heads[1] < 0))
-      detail::invalid("--heads (", heads_text(o.heads), ") must be Q or Q,K with Q >= 1 and K >= 0");
+      detail::invalid("--heads (", heads_text(o.heads),
+                      ") must be Q or Q,K with Q >= 1 and K >= 0");
     std::vector<Spec> specs;
     for (const std::string& key : o.keys) {
       try {
@@ -88,10 +89,12 @@ void print_top(const autotune::TuneReport& r, int32_t top) {
   std::vector<const autotune::CandidateResult*> ok;
   for (const autotune::CandidateResult& c : r.results)
     if (c.rejected.empty()) ok.push_back(&c);
-  std::stable_sort(ok.begin(), ok.end(), [](const auto* a, const auto* b) { return a->median_us < b->median_us; });
+  std::stable_sort(ok.begin(), ok.end(),
+                   [](const auto* a, const auto* b) { return a->median_us < b->median_us; });
   for (size_t i = 0; i < ok.size() && i < size_t(top); ++i)
     std::printf("    %-24s %8.2f us  %5.1f%% of copy  %.3fx best\n", ok[i]->config.name().c_str(),
-                ok[i]->median_us, 100.0 * r.copy_us / ok[i]->median_us, ok[i]->median_us / ok[0]->median_us);
+                ok[i]->median_us, 100.0 * r.copy_us / ok[i]->median_us,
+                ok[i]->median_us / ok[0]->median_us);
 }
 
 }  // namespace
@@ -132,24 +135,29 @@ int run_tune(const TuneOptions& o) {
       const autotune::TuneReport r = autotune::tune(j.spec, b, j.q_heads, j.k_heads);
       cache.put(r.best);
       rows.push_back({r.best, r.copy_us});
-      std::printf("[%zu/%zu] %s  bucket %lld: %s %.2f us (default %.2f us), %zu candidates, %d rejected\n",
-                  rows.size(), total, j.spec.key().c_str(), static_cast<long long>(b),
-                  r.best.config.name().c_str(), r.best.median_us, r.best.default_us, r.results.size(),
-                  r.rejected);
+      std::printf(
+          "[%zu/%zu] %s  bucket %lld: %s %.2f us (default %.2f us), %zu candidates, %d rejected\n",
+          rows.size(), total, j.spec.key().c_str(), static_cast<long long>(b),
+          r.best.config.name().c_str(), r.best.median_us, r.best.default_us, r.results.size(),
+          r.rejected);
       print_top(r, o.top);
       std::fflush(stdout);
     }
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("\n| key | bucket | heads | best config | us | GB/s | %% of copy | speedup vs default |\n");
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf(
+      "\n| key | bucket | heads | best config | us | GB/s | %% of copy | speedup vs default |\n");
   std::printf("|---|---|---|---|---|---|---|---|\n");
   for (const Row& r : rows)
     std::printf("| %s | %lld | %d/%d | %s | %.2f | %.0f | %.0f%% | %.2fx |\n", r.e.key.c_str(),
-                static_cast<long long>(r.e.bucket), r.e.q_heads, r.e.k_heads, r.e.config.name().c_str(),
-                r.e.median_us, r.e.gbps, 100.0 * r.copy_us / r.e.median_us, r.e.default_us / r.e.median_us);
+                static_cast<long long>(r.e.bucket), r.e.q_heads, r.e.k_heads,
+                r.e.config.name().c_str(), r.e.median_us, r.e.gbps,
+                100.0 * r.copy_us / r.e.median_us, r.e.default_us / r.e.median_us);
   const std::string path = o.out.empty() ? autotune::default_tuning_path() : o.out;
   if (path.empty()) detail::invalid("no tuning file: set --out FILE or ROPEJIT_TUNING_FILE");
   cache.save(path);
-  std::printf("\ntuned %zu entries in %.1f s; wrote/merged %s\n", rows.size(), seconds, path.c_str());
+  std::printf("\ntuned %zu entries in %.1f s; wrote/merged %s\n", rows.size(), seconds,
+              path.c_str());
   return 0;
 }
 
@@ -179,15 +187,18 @@ int run_compile_from_tuning(const std::string& file) {
   for (const autotune::TuningEntry& e : cache.entries()) add(e.key, e.config.kernel);
   const size_t tuned = kernels.size();
   for (const autotune::TuningEntry& e : cache.entries())
-    for (const detail::KernelVariant& v : detail::default_variants(parse_key(e.key), 16)) add(e.key, v);
+    for (const detail::KernelVariant& v : detail::default_variants(parse_key(e.key), 16))
+      add(e.key, v);
   for (const auto& [key, variant] : kernels) {
     std::string path;
     api::engine().image(parse_key(key), variant, target, &path);
-    std::printf("%s  %s  %s\n", key.c_str(), variant.name().c_str(), path.empty() ? "(memory only)" : path.c_str());
+    std::printf("%s  %s  %s\n", key.c_str(), variant.name().c_str(),
+                path.empty() ? "(memory only)" : path.c_str());
   }
-  std::printf("%zu entries: %zu tuned kernels and %zu more of those keys' defaults, for %s (%s), in %s\n",
-              cache.entries().size(), tuned, kernels.size() - tuned, fp.gpu_name.c_str(), target.c_str(),
-              api::engine().disk().dir().c_str());
+  std::printf(
+      "%zu entries: %zu tuned kernels and %zu more of those keys' defaults, for %s (%s), in %s\n",
+      cache.entries().size(), tuned, kernels.size() - tuned, fp.gpu_name.c_str(), target.c_str(),
+      api::engine().disk().dir().c_str());
   return 0;
 }
 

@@ -44,7 +44,7 @@ bool make_private_dirs(const std::string& dir, std::string* why) {
     }
     partial += '/';
   }
-  struct stat st{};
+  struct stat st {};
   if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
     *why = concat(dir, " is not a directory");
     return false;
@@ -54,11 +54,13 @@ bool make_private_dirs(const std::string& dir, std::string* why) {
 
 bool write_file_atomically(const std::string& path, const std::string& bytes, std::string* why) {
   const size_t slash = path.rfind('/');
-  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  const std::string dir = slash == std::string::npos ? "."
+                          : slash == 0               ? "/"
+                                                     : path.substr(0, slash);
   std::random_device rd;
-  const std::string tmp = concat(dir, "/.", path.substr(slash + 1), ".", ::getpid(), ".",
-                                 std::hash<std::thread::id>()(std::this_thread::get_id()), ".",
-                                 rd(), ".tmp");
+  const std::string tmp =
+      concat(dir, "/.", path.substr(slash + 1), ".", ::getpid(), ".",
+             std::hash<std::thread::id>()(std::this_thread::get_id()), ".", rd(), ".tmp");
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0) {
     *why = std::strerror(errno);

@@ -32,16 +32,16 @@ struct Dim {
 // Checks one operand's strides, that its rows never overlap (for operands that are written),
 // and that its largest element offset fits in 64-bit byte arithmetic. Returns the alignment
 // (bytes) its pointer and strides allow.
-int32_t check_operand(const char* name, const Tensor& t, bool dense, int64_t batch,
-                      int64_t seq, int64_t heads, const Spec& c, bool written) {
+int32_t check_operand(const char* name, const Tensor& t, bool dense, int64_t batch, int64_t seq,
+                      int64_t heads, const Spec& c, bool written) {
   const int64_t elem = element_bytes(c.dtype);
   if (!t.data) invalid(name, ".data is null");
   if (reinterpret_cast<uintptr_t>(t.data) % uint64_t(elem) != 0)
     invalid(name, ".data (", t.data, ") is not aligned to its ", elem, "-byte elements");
-  if (t.heads != heads)
-    invalid(name, ".heads (", t.heads, ") must be ", heads);
+  if (t.heads != heads) invalid(name, ".heads (", t.heads, ") must be ", heads);
   // Fixed-size arrays: this runs on every call, which must not allocate.
-  std::array<Dim, 3> dims = {Dim{t.stride_seq, seq, "stride_seq"}, Dim{t.stride_head, heads, "stride_head"},
+  std::array<Dim, 3> dims = {Dim{t.stride_seq, seq, "stride_seq"},
+                             Dim{t.stride_head, heads, "stride_head"},
                              Dim{t.stride_batch, dense ? batch : 1, "stride_batch"}};
   if (seq == 0) return 16;  // no elements: nothing is read or written
   int64_t max_offset = c.head_dim;
@@ -50,7 +50,8 @@ int32_t check_operand(const char* name, const Tensor& t, bool dense, int64_t bat
     int64_t span = 0;
     if (d.count > 1 && (__builtin_mul_overflow(d.stride, d.count - 1, &span) ||
                         __builtin_add_overflow(max_offset, span, &max_offset)))
-      invalid(name, ".", d.name, " (", d.stride, ") times ", d.count - 1, " overflows 64-bit offsets");
+      invalid(name, ".", d.name, " (", d.stride, ") times ", d.count - 1,
+              " overflows 64-bit offsets");
   }
   int64_t max_bytes = 0;
   if (__builtin_mul_overflow(max_offset, elem, &max_bytes))
@@ -59,7 +60,8 @@ int32_t check_operand(const char* name, const Tensor& t, bool dense, int64_t bat
     // Rows of head_dim elements must not overlap: sorted by stride, each stride must step
     // over everything spanned by the smaller ones.
     std::array<Dim, 3> live = dims;
-    std::sort(live.begin(), live.end(), [](const Dim& a, const Dim& b) { return a.stride < b.stride; });
+    std::sort(live.begin(), live.end(),
+              [](const Dim& a, const Dim& b) { return a.stride < b.stride; });
     int64_t extent = c.head_dim;
     for (const Dim& d : live) {
       if (d.count <= 1) continue;
@@ -96,7 +98,8 @@ CallShape check_call(const Spec& c, const Args& a) {
     invalid("token count (", tokens, ") exceeds ", kMaxTokens, "; split the call");
   shape.tokens = tokens;
 
-  if (a.q.heads < 1 || a.q.heads > INT32_MAX / 2) invalid("args.q.heads (", a.q.heads, ") must be >= 1");
+  if (a.q.heads < 1 || a.q.heads > INT32_MAX / 2)
+    invalid("args.q.heads (", a.q.heads, ") must be >= 1");
   const bool has_k = a.k.data != nullptr;
   if (!has_k && a.k.heads != 0)
     invalid("args.k.heads (", a.k.heads, ") is set but args.k.data is null");
@@ -108,11 +111,14 @@ CallShape check_call(const Spec& c, const Args& a) {
   const int64_t seq = dense ? a.seq_len : tokens;
   int32_t align = check_operand("args.q", a.q, dense, a.batch, seq, a.q.heads, c, c.in_place);
   if (has_k)
-    align = std::min(align, check_operand("args.k", a.k, dense, a.batch, seq, a.k.heads, c, c.in_place));
+    align = std::min(align,
+                     check_operand("args.k", a.k, dense, a.batch, seq, a.k.heads, c, c.in_place));
   if (!c.in_place) {
-    align = std::min(align, check_operand("args.q_out", a.q_out, dense, a.batch, seq, a.q.heads, c, true));
+    align = std::min(align,
+                     check_operand("args.q_out", a.q_out, dense, a.batch, seq, a.q.heads, c, true));
     if (has_k)
-      align = std::min(align, check_operand("args.k_out", a.k_out, dense, a.batch, seq, a.k.heads, c, true));
+      align = std::min(
+          align, check_operand("args.k_out", a.k_out, dense, a.batch, seq, a.k.heads, c, true));
     else if (a.k_out.data)
       invalid("args.k_out.data is set but args.k.data is null");
   }
@@ -126,7 +132,8 @@ CallShape check_call(const Spec& c, const Args& a) {
   if (needs_cu) {
     if (!a.cu_seqlens) invalid("args.cu_seqlens is null but layout thd needs it");
     if (reinterpret_cast<uintptr_t>(a.cu_seqlens) % 4 != 0)
-      invalid("args.cu_seqlens (", static_cast<const void*>(a.cu_seqlens), ") is not 4-byte aligned");
+      invalid("args.cu_seqlens (", static_cast<const void*>(a.cu_seqlens),
+              ") is not 4-byte aligned");
     if (a.batch < 1) invalid("args.batch (", a.batch, ") must be >= 1 with cu_seqlens");
   }
   if (c.positions == Positions::seq_offsets)
@@ -148,9 +155,11 @@ CallShape check_call(const Spec& c, const Args& a) {
     if (a.table_rows < 1) invalid("args.table_rows (", a.table_rows, ") must be >= 1");
     const int64_t stride = a.table_stride == 0 ? width : a.table_stride;
     if (stride < width)
-      invalid("args.table_stride (", a.table_stride, ") is smaller than the row width (", width, ")");
+      invalid("args.table_stride (", a.table_stride, ") is smaller than the row width (", width,
+              ")");
     int64_t span = 0;
-    if (__builtin_mul_overflow(a.table_rows, stride, &span) || __builtin_mul_overflow(span, telem, &span))
+    if (__builtin_mul_overflow(a.table_rows, stride, &span) ||
+        __builtin_mul_overflow(span, telem, &span))
       invalid("args.table_rows (", a.table_rows, ") * table_stride overflows");
     shape.table_align =
         low_alignment(reinterpret_cast<uintptr_t>(a.cos) | reinterpret_cast<uintptr_t>(a.sin) |
@@ -158,8 +167,8 @@ CallShape check_call(const Spec& c, const Args& a) {
     if (c.positions == Positions::offset && dense && tokens > 0 &&
         a.position_offset > a.table_rows - a.seq_len)
       invalid("positions up to ", a.position_offset + a.seq_len - 1, " (position_offset ",
-              a.position_offset, " + seq_len ", a.seq_len, " - 1) are beyond the table (table_rows ",
-              a.table_rows, ")");
+              a.position_offset, " + seq_len ", a.seq_len,
+              " - 1) are beyond the table (table_rows ", a.table_rows, ")");
   } else if (!(std::isfinite(a.base) && a.base > 1.0)) {
     invalid("args.base (", a.base, ") must be a finite number > 1");
   }

@@ -11,6 +11,7 @@ namespace ropejit::detail {
 CallShape check_call(const Spec& canonical, const Args& args);
 
 // The kernel argument block for a checked call.
-ropejit_dev::RopeParams make_params(const Spec& canonical, const Args& args, const CallShape& shape);
+ropejit_dev::RopeParams make_params(const Spec& canonical, const Args& args,
+                                    const CallShape& shape);
 
 }  // namespace ropejit::detail

@@ -14,6 +14,7 @@
 #include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -23,7 +24,6 @@
 #include "jit/atomic_file.hpp"
 #include "jit/embedded.hpp"
 #include "jit/errors.hpp"
-#include <xxhash.h>
 
 namespace ropejit::detail {
 namespace {
@@ -151,7 +151,9 @@ std::string DiskCache::status() const {
   return disabled_reason_.empty() ? "disabled after a failed write" : disabled_reason_;
 }
 
-std::string DiskCache::path_for(const std::string& hash) const { return dir_ + "/" + hash + kSuffix; }
+std::string DiskCache::path_for(const std::string& hash) const {
+  return dir_ + "/" + hash + kSuffix;
+}
 
 bool DiskCache::load(const std::string& hash, const std::string& key, CacheEntry* out) const {
   if (dir_.empty()) return false;
@@ -167,8 +169,8 @@ bool DiskCache::load(const std::string& hash, const std::string& key, CacheEntry
     ok = false;
   }
   if (!ok) {
-    warn_once("cache-entry-" + hash, concat("ignoring cache entry ", path_for(hash), " (", why,
-                                            "); recompiling ", key));
+    warn_once("cache-entry-" + hash,
+              concat("ignoring cache entry ", path_for(hash), " (", why, "); recompiling ", key));
     return false;
   }
   *out = std::move(e);
@@ -196,7 +198,8 @@ size_t DiskCache::count_entries() const {
   const size_t suffix = std::strlen(kSuffix);
   while (const dirent* e = readdir(d)) {
     const size_t len = std::strlen(e->d_name);
-    if (e->d_name[0] != '.' && len > suffix && std::strcmp(e->d_name + len - suffix, kSuffix) == 0) ++n;
+    if (e->d_name[0] != '.' && len > suffix && std::strcmp(e->d_name + len - suffix, kSuffix) == 0)
+      ++n;
   }
   closedir(d);
   return n;

@@ -30,12 +30,12 @@ Loaded load() {
   }
   Driver& d = out.driver;
   std::string& e = out.error;
-#define ROPEJIT_RESOLVE(name)                                                              \
-  d.name = reinterpret_cast<decltype(d.name)>(dlsym(lib, ROPEJIT_ABI_NAME(cu##name)));   \
-  if (!d.name) {                                                                         \
-    e = concat("the CUDA driver has no entry point ", ROPEJIT_ABI_NAME(cu##name),          \
-               " (driver older than this build's CUDA ", CUDA_VERSION / 1000, ")");     \
-    return out;                                                                          \
+#define ROPEJIT_RESOLVE(name)                                                          \
+  d.name = reinterpret_cast<decltype(d.name)>(dlsym(lib, ROPEJIT_ABI_NAME(cu##name))); \
+  if (!d.name) {                                                                       \
+    e = concat("the CUDA driver has no entry point ", ROPEJIT_ABI_NAME(cu##name),      \
+               " (driver older than this build's CUDA ", CUDA_VERSION / 1000, ")");    \
+    return out;                                                                        \
   }
   ROPEJIT_DRIVER_ENTRY_POINTS(ROPEJIT_RESOLVE)
 #undef ROPEJIT_RESOLVE

@@ -12,20 +12,21 @@ namespace ropejit::detail {
 // looked up by the ABI name cuda.h maps it to (cuMemAlloc -> cuMemAlloc_v2, ...).
 // cuGetProcAddress is not used on purpose: it returns the newest version of a symbol, whose
 // signature can differ from the header's (CUDA 13: cuCtxSynchronize -> _v2(CUcontext)).
-#define ROPEJIT_DRIVER_ENTRY_POINTS(X)                                                   \
-  X(Init) X(DriverGetVersion) X(GetErrorString) X(DeviceGetCount) X(DeviceGet) \
-  X(DeviceGetName) X(DeviceGetAttribute) X(DevicePrimaryCtxRetain) X(CtxGetCurrent) \
-  X(CtxSetCurrent) X(CtxGetDevice) X(CtxPushCurrent) X(CtxPopCurrent) \
-  X(PointerGetAttribute) X(ModuleLoadData) X(ModuleGetFunction) X(FuncGetAttribute) \
-  X(LaunchKernel) X(StreamIsCapturing) \
-  X(MemAlloc) X(MemFree) X(MemcpyHtoD) X(MemcpyDtoH) X(MemcpyDtoDAsync) X(MemsetD8) \
-  X(MemsetD8Async) X(StreamCreate) X(StreamDestroy) X(StreamSynchronize) \
-  X(StreamBeginCapture) X(StreamEndCapture) X(GraphInstantiateWithFlags) X(GraphLaunch) \
-  X(GraphExecDestroy) X(GraphDestroy) X(EventCreate) X(EventDestroy) X(EventRecord) \
-  X(EventSynchronize) X(EventElapsedTime) X(CtxSynchronize)
+// clang-format off
+#define ROPEJIT_DRIVER_ENTRY_POINTS(X) \
+  X(Init) X(DriverGetVersion) X(GetErrorString) X(DeviceGetCount) X(DeviceGet) X(DeviceGetName)   \
+  X(DeviceGetAttribute) X(DevicePrimaryCtxRetain) X(CtxGetCurrent) X(CtxSetCurrent)               \
+  X(CtxGetDevice) X(CtxPushCurrent) X(CtxPopCurrent) X(PointerGetAttribute) X(ModuleLoadData)     \
+  X(ModuleGetFunction) X(FuncGetAttribute) X(LaunchKernel) X(StreamIsCapturing) X(MemAlloc)       \
+  X(MemFree) X(MemcpyHtoD) X(MemcpyDtoH) X(MemcpyDtoDAsync) X(MemsetD8) X(MemsetD8Async)          \
+  X(StreamCreate) X(StreamDestroy) X(StreamSynchronize) X(StreamBeginCapture)                     \
+  X(StreamEndCapture) X(GraphInstantiateWithFlags) X(GraphLaunch) X(GraphExecDestroy)             \
+  X(GraphDestroy) X(EventCreate) X(EventDestroy) X(EventRecord) X(EventSynchronize)               \
+  X(EventElapsedTime) X(CtxSynchronize)
+// clang-format on
 
 struct Driver {
-#define ROPEJIT_DECLARE(name) decltype(&cu##name) name;
+#define ROPEJIT_DECLARE(name) decltype(&cu##name) name;  // NOLINT(bugprone-macro-parentheses)
   ROPEJIT_DRIVER_ENTRY_POINTS(ROPEJIT_DECLARE)
 #undef ROPEJIT_DECLARE
 };

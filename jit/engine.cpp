@@ -70,9 +70,9 @@ void mix(uint64_t& h, uint64_t v) { h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + 
 uint64_t hash_spec(const void* ctx, const Spec& s) {
   uint64_t h = std::hash<const void*>()(ctx);
   mix(h, uint64_t(s.layout) | uint64_t(s.dtype) << 4 | uint64_t(s.style) << 8 |
-      uint64_t(s.positions) << 12 | uint64_t(s.index_type) << 16 | uint64_t(s.freqs) << 20 |
-      uint64_t(s.table_dtype) << 24 | uint64_t(s.table_width) << 28 |
-      uint64_t(s.direction) << 32 | uint64_t(s.in_place) << 36 | uint64_t(s.fusion) << 40);
+             uint64_t(s.positions) << 12 | uint64_t(s.index_type) << 16 | uint64_t(s.freqs) << 20 |
+             uint64_t(s.table_dtype) << 24 | uint64_t(s.table_width) << 28 |
+             uint64_t(s.direction) << 32 | uint64_t(s.in_place) << 36 | uint64_t(s.fusion) << 40);
   mix(h, uint64_t(uint32_t(s.head_dim)) << 32 | uint32_t(s.rotary_dim));
   return h;
 }
@@ -131,7 +131,8 @@ const CacheEntry& Engine::image(const Spec& c, const KernelVariant& variant,
   std::call_once(slot->once, [&] {
     const RenderedKernel r = render(c, variant);
     const NvrtcVersion nv = nvrtc_version();
-    const std::string hash = content_hash(r.source, compile_options(target), target, nv.major, nv.minor);
+    const std::string hash =
+        content_hash(r.source, compile_options(target), target, nv.major, nv.minor);
     if (disk_.load(hash, ident, &slot->entry)) {
       slot->path = disk_.path_for(hash);
       std::lock_guard<std::mutex> lock(stats_mutex_);
@@ -174,7 +175,8 @@ bool Engine::sibling_failed(const std::string& ident) const {
   return failed_siblings_.count(ident) > 0;
 }
 
-bool Engine::image_requested(const Spec& c, const KernelVariant& variant, const std::string& target) const {
+bool Engine::image_requested(const Spec& c, const KernelVariant& variant,
+                             const std::string& target) const {
   std::lock_guard<std::mutex> lock(images_mutex_);
   return images_.count(image_ident(c, variant, target)) > 0;
 }
@@ -208,8 +210,8 @@ const DeviceInfo& Engine::device_info(CUcontext ctx) {
   return devices_.emplace(ctx, std::move(info)).first->second;  // nodes never move or die
 }
 
-const Engine::LoadedFunction& Engine::function(CUcontext ctx, const Spec& c, const KernelVariant& variant,
-                                        CUstream stream) {
+const Engine::LoadedFunction& Engine::function(CUcontext ctx, const Spec& c,
+                                               const KernelVariant& variant, CUstream stream) {
   const FunctionKey key{ctx, c, variant};
   FunctionSlot* slot = nullptr;  // slots are never erased, so the pointer outlives the lock
   {
@@ -328,9 +330,12 @@ void Engine::load_siblings(CUcontext ctx, const Spec& c, const std::vector<Kerne
 
 const Engine::Plan& Engine::plan(CUcontext ctx, const Spec& c, const CallShape& shape,
                                  CUstream stream) {
-  const PlanKey key{ctx,           c,
-                    token_bucket(shape.tokens), shape.q_heads,
-                    shape.k_heads, shape.align_bytes,
+  const PlanKey key{ctx,
+                    c,
+                    token_bucket(shape.tokens),
+                    shape.q_heads,
+                    shape.k_heads,
+                    shape.align_bytes,
                     shape.table_align};
   if (const Plan* known = find_plan(key)) return *known;
   // Decided outside any lock: the policy may read the tuning file, or tune (which launches

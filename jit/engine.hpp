@@ -125,15 +125,17 @@ class Engine {
   LaunchConfig choose_config(const Spec& canonical, const CallShape& shape,
                              const DeviceInfo& device, bool capturing);
   std::vector<KernelVariant> sibling_variants(const Spec& canonical, const CallShape& shape,
-                                              const DeviceInfo& device, const KernelVariant& chosen);
+                                              const DeviceInfo& device,
+                                              const KernelVariant& chosen);
   void load_siblings(CUcontext ctx, const Spec& canonical,
                      const std::vector<KernelVariant>& siblings,
                      std::vector<std::future<void>>& compiling, const std::string& target,
                      CUstream stream);
   const LoadedFunction& function(CUcontext ctx, const Spec& canonical, const KernelVariant& variant,
-                          CUstream stream);
+                                 CUstream stream);
   // Whether image() was already asked for this variant (compiled, loaded, or under way).
-  bool image_requested(const Spec& canonical, const KernelVariant& variant, const std::string& target) const;
+  bool image_requested(const Spec& canonical, const KernelVariant& variant,
+                       const std::string& target) const;
   // Whether preparing this image as another shape's kernel failed before (not tried again).
   bool sibling_failed(const std::string& ident) const;
 

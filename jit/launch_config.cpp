@@ -29,7 +29,8 @@ int32_t max_vec(const Spec& c, int32_t align_bytes) {
   const int32_t tail = c.head_dim - c.rotary_dim;
   for (int32_t vec = 16 / elem; vec >= 1; vec /= 2) {
     if (vec * elem > align_bytes) continue;
-    const bool style_ok = c.style == Style::neox ? pairs % vec == 0 : (vec >= 2 && c.rotary_dim % vec == 0);
+    const bool style_ok =
+        c.style == Style::neox ? pairs % vec == 0 : (vec >= 2 && c.rotary_dim % vec == 0);
     const bool tail_ok = c.in_place || tail % vec == 0;
     if (style_ok && tail_ok) return vec;
   }
@@ -52,6 +53,7 @@ int32_t table_vector_bytes(const Spec& c, int32_t vec) {
 
 int32_t chunks(const Spec& c, int32_t vec) {
   const int32_t per_chunk = c.style == Style::neox ? vec : vec / 2;  // pairs per chunk
+  if (per_chunk < 1) return 0;  // gptj needs whole pairs: no such kernel (variant_problem)
   const int32_t rot = (c.rotary_dim / 2) / per_chunk;
   const int32_t tail = c.in_place ? 0 : (c.head_dim - c.rotary_dim) / vec;
   return rot + tail;
@@ -61,7 +63,8 @@ std::string variant_problem(const Spec& c, const KernelVariant& k) {
   const int32_t elem = element_bytes(c.dtype);
   if (k.vec < 1 || k.vec > 8 || (k.vec & (k.vec - 1)))
     return concat("vec (", k.vec, ") must be 1, 2, 4 or 8");
-  if (k.vec * elem > 16) return concat("vec (", k.vec, ") exceeds 16 bytes of ", to_string(c.dtype));
+  if (k.vec * elem > 16)
+    return concat("vec (", k.vec, ") exceeds 16 bytes of ", to_string(c.dtype));
   if (c.style == Style::neox ? (c.rotary_dim / 2) % k.vec != 0
                              : (k.vec < 2 || c.rotary_dim % k.vec != 0))
     return concat("vec (", k.vec, ") is wider than ", c.key(), " allows (", max_vec(c, 16),
@@ -110,7 +113,8 @@ std::string illegal_reason(const Spec& c, const CallShape& shape, const LaunchCo
     return concat("vector table loads need cos, sin and the table row stride aligned to ",
                   table_vector_bytes(c, k.vec), " bytes, the call has ", shape.table_align);
   const int32_t heads = shape.q_heads + shape.k_heads;
-  if (cfg.rows > std::max(heads, 1)) return concat("rows ", cfg.rows, " exceed the ", heads, " heads");
+  if (cfg.rows > std::max(heads, 1))
+    return concat("rows ", cfg.rows, " exceed the ", heads, " heads");
   const int64_t threads = int64_t(chunks(c, k.vec)) * cfg.rows * cfg.tokens_per_block;
   if (cfg.blocks_per_sm > 0 && threads * cfg.blocks_per_sm > device.max_threads_per_sm)
     return "persistent blocks do not fit on one SM";
@@ -147,7 +151,8 @@ KernelVariant decode_variant(const Spec& c, int32_t align_bytes, int32_t table_a
 
 std::vector<KernelVariant> default_variants(const Spec& c, int32_t align_bytes,
                                             int32_t table_align) {
-  return {prefill_variant(c, align_bytes, table_align), decode_variant(c, align_bytes, table_align)};
+  return {prefill_variant(c, align_bytes, table_align),
+          decode_variant(c, align_bytes, table_align)};
 }
 
 int64_t shared_bytes(const Spec& c, const LaunchConfig& cfg) {

@@ -12,11 +12,11 @@ namespace ropejit::detail {
 template <class E>
 struct Names;
 
-#define ROPEJIT_NAMES(E, ...)                                                    \
-  template <>                                                                  \
-  struct Names<E> {                                                            \
-    static constexpr std::pair<E, const char*> kTable[] = {__VA_ARGS__};       \
-    static constexpr const char* kWhat = #E;                                   \
+#define ROPEJIT_NAMES(E, ...)                                            \
+  template <>                                                            \
+  struct Names<E> {                                                      \
+    static constexpr std::pair<E, const char*> kTable[] = {__VA_ARGS__}; \
+    static constexpr const char* kWhat = #E;                             \
   };
 
 ROPEJIT_NAMES(Layout, {Layout::bshd, "bshd"}, {Layout::sbhd, "sbhd"}, {Layout::bhsd, "bhsd"},

@@ -5,8 +5,8 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <sstream>
 #include <memory>
+#include <sstream>
 
 #include "jit/embedded.hpp"
 #include "jit/errors.hpp"
@@ -80,9 +80,8 @@ CompileResult compile(const std::string& source, const std::string& name, const 
   check_nvrtc(nvrtcCreateProgram(&prog, source.c_str(), name.c_str(), int(header_text.size()),
                                  header_text.data(), header_names.data()),
               "nvrtcCreateProgram");
-  std::unique_ptr<nvrtcProgram, void (*)(nvrtcProgram*)> guard(&prog, [](nvrtcProgram* p) {
-    nvrtcDestroyProgram(p);
-  });
+  std::unique_ptr<nvrtcProgram, void (*)(nvrtcProgram*)> guard(
+      &prog, [](nvrtcProgram* p) { nvrtcDestroyProgram(p); });
 
   const std::vector<std::string> options = compile_options(target);
   std::vector<const char*> opts;

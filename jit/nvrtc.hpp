@@ -8,9 +8,9 @@
 namespace ropejit::detail {
 
 struct CompileResult {
-  std::string image;    // cubin, or NUL-terminated PTX when `is_ptx`
+  std::string image;  // cubin, or NUL-terminated PTX when `is_ptx`
   bool is_ptx = false;
-  std::string log;      // NVRTC's log (warnings), may be empty
+  std::string log;  // NVRTC's log (warnings), may be empty
 };
 
 struct NvrtcVersion {

@@ -19,7 +19,8 @@ std::string substitute(const std::string& text, const std::map<std::string, std:
     if (close == std::string::npos) fail(ErrorCode::internal, "unterminated {{ in entry template");
     const std::string name = text.substr(open + 2, close - open - 2);
     const auto it = vars.find(name);
-    if (it == vars.end()) fail(ErrorCode::internal, "entry template variable {{", name, "}} is unbound");
+    if (it == vars.end())
+      fail(ErrorCode::internal, "entry template variable {{", name, "}} is unbound");
     out.append(text, pos, open - pos);
     out += it->second;
     pos = close + 2;

@@ -22,7 +22,8 @@ constexpr int32_t kMaxHeadDim = 512;
 
 template <class E>
 void check_enum(E v, const char* field) {
-  if (!detail::is_valid(v)) detail::invalid("spec.", field, " (", static_cast<int32_t>(v), ") is not a known value");
+  if (!detail::is_valid(v))
+    detail::invalid("spec.", field, " (", static_cast<int32_t>(v), ") is not a known value");
 }
 
 }  // namespace
@@ -62,8 +63,8 @@ bool operator==(const Spec& a, const Spec& b) {
   return a.layout == b.layout && a.dtype == b.dtype && a.head_dim == b.head_dim &&
          a.rotary_dim == b.rotary_dim && a.style == b.style && a.positions == b.positions &&
          a.index_type == b.index_type && a.freqs == b.freqs && a.table_dtype == b.table_dtype &&
-         a.table_width == b.table_width && a.direction == b.direction &&
-         a.in_place == b.in_place && a.fusion == b.fusion;
+         a.table_width == b.table_width && a.direction == b.direction && a.in_place == b.in_place &&
+         a.fusion == b.fusion;
 }
 
 // Field order is part of the persisted format (cache entries and tuning files name keys):
@@ -76,7 +77,8 @@ std::string Spec::key() const {
      << c.rotary_dim << '_' << to_string(c.style) << "_pos-" << to_string(c.positions);
   if (c.positions != Positions::offset) os << '-' << to_string(c.index_type);
   os << '_' << to_string(c.freqs);
-  if (c.freqs == Freqs::table) os << '-' << to_string(c.table_dtype) << '-' << to_string(c.table_width);
+  if (c.freqs == Freqs::table)
+    os << '-' << to_string(c.table_dtype) << '-' << to_string(c.table_width);
   os << '_' << to_string(c.fusion) << '_' << to_string(c.direction) << '_'
      << (c.in_place ? "ip" : "oop");
   return os.str();
@@ -87,7 +89,10 @@ namespace {
 std::vector<std::string> split(const std::string& s, char sep) {
   std::vector<std::string> out(1);
   for (char ch : s) {
-    if (ch == sep) out.emplace_back(); else out.back() += ch;
+    if (ch == sep)
+      out.emplace_back();
+    else
+      out.back() += ch;
   }
   return out;
 }
@@ -117,7 +122,8 @@ Spec parse_key(const std::string& key) {
   s.rotary_dim = parse_dim(f[4], 'r', key);
   s.style = detail::parse_name<Style>(f[5], "key style");
   const std::vector<std::string> pos = split(f[6], '-');
-  if (pos.size() < 2 || pos[0] != "pos") detail::invalid("key '", key, "': bad positions field '", f[6], "'");
+  if (pos.size() < 2 || pos[0] != "pos")
+    detail::invalid("key '", key, "': bad positions field '", f[6], "'");
   s.positions = detail::parse_name<Positions>(pos[1], "key positions");
   if (s.positions != Positions::offset) {
     if (pos.size() != 3) detail::invalid("key '", key, "': positions field needs an index type");
@@ -136,9 +142,11 @@ Spec parse_key(const std::string& key) {
   }
   s.fusion = detail::parse_name<Fusion>(f[8], "key fusion");
   s.direction = detail::parse_name<Direction>(f[9], "key direction");
-  if (f[10] != "ip" && f[10] != "oop") detail::invalid("key '", key, "': last field must be ip or oop");
+  if (f[10] != "ip" && f[10] != "oop")
+    detail::invalid("key '", key, "': last field must be ip or oop");
   s.in_place = f[10] == "ip";
-  if (s.key() != key) detail::invalid("key '", key, "' is not canonical (expected '", s.key(), "')");
+  if (s.key() != key)
+    detail::invalid("key '", key, "' is not canonical (expected '", s.key(), "')");
   return s;
 }
 

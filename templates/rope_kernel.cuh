@@ -40,7 +40,7 @@ struct TokenPlace {
 struct TokenRows {
   const char* in;
   char* out;
-  long long in_head;   // bytes between heads
+  long long in_head;  // bytes between heads
   long long out_head;
 };
 template <class Cfg>
@@ -77,7 +77,10 @@ struct RopeKernel {
       }
       while (hi - lo > 1) {
         const long long mid = (lo + hi) >> 1;
-        if (__ldg(cu + mid) <= t) lo = mid; else hi = mid;
+        if (__ldg(cu + mid) <= t)
+          lo = mid;
+        else
+          hi = mid;
       }
       tp.b = lo;
       tp.s = t - __ldg(cu + lo);
@@ -105,17 +108,17 @@ struct RopeKernel {
   }
 
   static __device__ __forceinline__ long long position(const RopeParams& p, const TokenPlace& tp,
-                                                      long long t) {
+                                                       long long t) {
     if (Cfg::kPosMode == kPosIds) return load_index<Cfg::kIdx64>(p.positions, id_index(p, tp, t));
-    const long long offset = Cfg::kPosMode == kPosSeqOffsets
-                                 ? load_index<Cfg::kIdx64>(p.positions, tp.b)
-                                 : p.pos_offset;
+    const long long offset =
+        Cfg::kPosMode == kPosSeqOffsets ? load_index<Cfg::kIdx64>(p.positions, tp.b) : p.pos_offset;
     return tp.s + offset;
   }
 
   static __device__ __forceinline__ TokenRows rows_of(const HeadOperand& o, const TokenPlace& tp,
-                                                     long long t) {
-    const long long in_off = Cfg::kPacked ? t * o.stride_seq : tp.b * o.stride_batch + tp.s * o.stride_seq;
+                                                      long long t) {
+    const long long in_off =
+        Cfg::kPacked ? t * o.stride_seq : tp.b * o.stride_batch + tp.s * o.stride_seq;
     const long long out_off =
         Cfg::kPacked ? t * o.out_stride_seq : tp.b * o.out_stride_batch + tp.s * o.out_stride_seq;
     TokenRows r;
@@ -145,8 +148,8 @@ struct RopeKernel {
       // Full-width tables repeat each frequency: neox as [f, f], gptj as f0 f0 f1 f1 ...
       const bool strided = Cfg::kTableFull && !Cfg::kNeox;
       typedef typename Elem<Cfg::kTableDType>::Raw TRaw;
-      constexpr int kPerLoad = (16 / int(sizeof(TRaw))) < kPairsPerChunk ? 16 / int(sizeof(TRaw))
-                                                                         : kPairsPerChunk;
+      constexpr int kPerLoad =
+          (16 / int(sizeof(TRaw))) < kPairsPerChunk ? 16 / int(sizeof(TRaw)) : kPairsPerChunk;
       // kTableVec: the host checked that cos, sin and the row stride allow these vectors.
       if (!strided && Cfg::kTableVec) {
         const TRaw* c = static_cast<const TRaw*>(p.cos) + row + first;
@@ -181,7 +184,8 @@ struct RopeKernel {
     }
   }
 
-  static __device__ __forceinline__ void rotate(Vec& lo, Vec& hi, const float* cs, const float* sn) {
+  static __device__ __forceinline__ void rotate(Vec& lo, Vec& hi, const float* cs,
+                                                const float* sn) {
     if (Cfg::kNeox) {
 #pragma unroll
       for (int j = 0; j < Cfg::kVec; ++j) {
@@ -218,8 +222,8 @@ struct RopeKernel {
     for (int j = 0; j < kHpt; ++j) {
       const int h = h0 + j * th.rows;
       const bool is_k = h >= th.q_heads;
-      b.src[j] = (is_k ? th.k.in : th.q.in) + (is_k ? h - th.q_heads : h) *
-                 (is_k ? th.k.in_head : th.q.in_head) + th.col;
+      b.src[j] = (is_k ? th.k.in : th.q.in) +
+                 (is_k ? h - th.q_heads : h) * (is_k ? th.k.in_head : th.q.in_head) + th.col;
       if (h < th.total_heads) {
         b.lo[j].load(b.src[j]);
         if (th.two_vectors) b.hi[j].load(b.src[j] + kPartner);
@@ -235,9 +239,11 @@ struct RopeKernel {
       if (h < th.total_heads) {
         // In place, the output is the input (same pointer and strides, checked on the host).
         const bool is_k = h >= th.q_heads;
-        char* dst = Cfg::kInPlace ? const_cast<char*>(b.src[j])
-                                  : (is_k ? th.k.out : th.q.out) + (is_k ? h - th.q_heads : h) *
-                                    (is_k ? th.k.out_head : th.q.out_head) + th.col;
+        char* dst = Cfg::kInPlace
+                        ? const_cast<char*>(b.src[j])
+                        : (is_k ? th.k.out : th.q.out) +
+                              (is_k ? h - th.q_heads : h) * (is_k ? th.k.out_head : th.q.out_head) +
+                              th.col;
         if (turn) rotate(b.lo[j], b.hi[j], cs, sn);
         b.lo[j].store(dst);
         if (th.two_vectors) b.hi[j].store(dst + kPartner);
@@ -284,8 +290,8 @@ struct RopeKernel {
       const bool live = t < p.tokens;
       const TokenPlace tp = live ? locate(p, t) : TokenPlace{0, 0, false};
       // In place, a pass-through chunk or a token outside every sequence has nothing to change.
-      const bool work = live && (!Cfg::kInPlace || (tp.valid && rot_chunk)) &&
-                        int(threadIdx.y) < th.total_heads;
+      const bool work =
+          live && (!Cfg::kInPlace || (tp.valid && rot_chunk)) && int(threadIdx.y) < th.total_heads;
       const bool turn = tp.valid && rot_chunk;
       int h0 = threadIdx.y;
       if (work) {

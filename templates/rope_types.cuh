@@ -12,15 +12,18 @@ typedef unsigned long long u64;
 
 enum : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
 
-template <int kDType> struct Elem;
+template <int kDType>
+struct Elem;
 
-template <> struct Elem<kF32> {
+template <>
+struct Elem<kF32> {
   typedef float Raw;
   static __device__ __forceinline__ float load(Raw r) { return r; }
   static __device__ __forceinline__ Raw store(float f) { return f; }
 };
 
-template <> struct Elem<kF16> {
+template <>
+struct Elem<kF16> {
   typedef u16 Raw;
   static __device__ __forceinline__ float load(Raw r) {
     float f;
@@ -34,7 +37,8 @@ template <> struct Elem<kF16> {
   }
 };
 
-template <> struct Elem<kBF16> {
+template <>
+struct Elem<kBF16> {
   typedef u16 Raw;
   static __device__ __forceinline__ float load(Raw r) { return __uint_as_float(u32(r) << 16); }
   static __device__ __forceinline__ Raw store(float f) {
@@ -53,15 +57,29 @@ template <> struct Elem<kBF16> {
 };
 
 // The machine word that moves kBytes at once; kBytes is 2, 4, 8 or 16.
-template <int kBytes> struct Word;
-template <> struct Word<2> { typedef u16 type; };
-template <> struct Word<4> { typedef u32 type; };
-template <> struct Word<8> { typedef uint2 type; };
-template <> struct Word<16> { typedef uint4 type; };
+template <int kBytes>
+struct Word;
+template <>
+struct Word<2> {
+  typedef u16 type;
+};
+template <>
+struct Word<4> {
+  typedef u32 type;
+};
+template <>
+struct Word<8> {
+  typedef uint2 type;
+};
+template <>
+struct Word<16> {
+  typedef uint4 type;
+};
 
 // N elements of one dtype viewed as one aligned machine word, so a load or store is a
 // single LDG/STG of sizeof(Raw) * N bytes.
-template <int kDType, int N> union Pack {
+template <int kDType, int N>
+union Pack {
   typedef typename Elem<kDType>::Raw Raw;
   typedef typename Word<int(sizeof(Raw)) * N>::type W;
   W w;

@@ -13,7 +13,8 @@
 int main(int argc, char** argv) {
   bool listing = false;
   for (int i = 1; i < argc; ++i)
-    if (std::strstr(argv[i], "list") || std::strcmp(argv[i], "-ltc") == 0 || std::strcmp(argv[i], "-lts") == 0)
+    if (std::strstr(argv[i], "list") || std::strcmp(argv[i], "-ltc") == 0 ||
+        std::strcmp(argv[i], "-lts") == 0)
       listing = true;
   if (!listing) {
     std::string why;

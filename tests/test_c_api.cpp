@@ -35,7 +35,8 @@ TEST_CASE("C errors: status code plus a message naming the argument") {
   s.head_dim = 7;
   char key[128];
   CHECK(ropejit_key(&s, key, sizeof key) == ROPEJIT_ERROR_INVALID_ARGUMENT);
-  CHECK(std::string(ropejit_last_error()) == "ropejit: spec.head_dim (7) must be even and in [2, 512]");
+  CHECK(std::string(ropejit_last_error()) ==
+        "ropejit: spec.head_dim (7) must be even and in [2, 512]");
   CHECK(ropejit_apply(nullptr, nullptr) == ROPEJIT_ERROR_INVALID_ARGUMENT);
   CHECK(std::string(ropejit_last_error()) == "ropejit: spec is null");
 

@@ -75,7 +75,8 @@ TEST_CASE("bad pointers, sizes and strides are named") {
   CHECK(rejection(s, a) == "ropejit: args.q.data is null");
   a = valid_args(s);
   a.q.data = fake(0x100001);
-  CHECK(rejection(s, a).find("args.q.data (0x100001) is not aligned to its 2-byte elements") != std::string::npos);
+  CHECK(rejection(s, a).find("args.q.data (0x100001) is not aligned to its 2-byte elements") !=
+        std::string::npos);
   a = valid_args(s);
   a.q.stride_head = 64;  // heads of 128 elements 64 apart overlap
   CHECK(rejection(s, a) == "ropejit: args.q.stride_head (64) makes rows overlap (needs >= 128)");
@@ -97,7 +98,8 @@ TEST_CASE("bad pointers, sizes and strides are named") {
   a = valid_args(s);
   a.batch = int64_t(1) << 20;
   a.seq_len = int64_t(1) << 20;
-  CHECK(rejection(s, a) == "ropejit: token count (1099511627776) exceeds 2147483647; split the call");
+  CHECK(rejection(s, a) ==
+        "ropejit: token count (1099511627776) exceeds 2147483647; split the call");
   a.batch = int64_t(1) << 40;
   a.seq_len = int64_t(1) << 30;
   CHECK(rejection(s, a).find("overflows") != std::string::npos);
@@ -123,7 +125,8 @@ TEST_CASE("positions and tables") {
   Args a = valid_args(s);
   a.position_offset = 4090;  // positions 4090..4096 but the table has 4096 rows
   CHECK(rejection(s, a) ==
-        "ropejit: positions up to 4096 (position_offset 4090 + seq_len 7 - 1) are beyond the table (table_rows 4096)");
+        "ropejit: positions up to 4096 (position_offset 4090 + seq_len 7 - 1) are beyond the table "
+        "(table_rows 4096)");
   a.position_offset = -1;
   CHECK(rejection(s, a) == "ropejit: args.position_offset (-1) must be >= 0");
   a = valid_args(s);
@@ -131,7 +134,8 @@ TEST_CASE("positions and tables") {
   CHECK(rejection(s, a) == "ropejit: args.cos is null but freqs is tab");
   a = valid_args(s);
   a.sin = fake(0x600002);
-  CHECK(rejection(s, a).find("args.sin (0x600002) is not aligned to its 4-byte elements") != std::string::npos);
+  CHECK(rejection(s, a).find("args.sin (0x600002) is not aligned to its 4-byte elements") !=
+        std::string::npos);
   a = valid_args(s);
   a.table_rows = 0;
   CHECK(rejection(s, a) == "ropejit: args.table_rows (0) must be >= 1");
@@ -144,7 +148,9 @@ TEST_CASE("positions and tables") {
   a = valid_args(ids);
   CHECK(rejection(ids, a) == "ropejit: args.position_ids is null but positions is ids");
   a.position_ids = fake(0x700004);  // int64 ids need 8-byte alignment
-  CHECK(rejection(ids, a).find("args.position_ids (0x700004) is not aligned to its 8-byte elements") != std::string::npos);
+  CHECK(rejection(ids, a).find(
+            "args.position_ids (0x700004) is not aligned to its 8-byte elements") !=
+        std::string::npos);
 
   Spec seqoff = s;
   seqoff.positions = Positions::seq_offsets;
@@ -172,6 +178,7 @@ TEST_CASE("gptj needs pair-aligned operands") {
   s.style = Style::gptj;
   Args a = valid_args(s);
   a.q.data = fake(0x100002);
-  CHECK(rejection(s, a).find("gptj needs q/k pointers and strides aligned to a pair of elements (4 bytes)") !=
+  CHECK(rejection(s, a).find(
+            "gptj needs q/k pointers and strides aligned to a pair of elements (4 bytes)") !=
         std::string::npos);
 }

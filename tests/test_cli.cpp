@@ -108,9 +108,11 @@ TEST_CASE("ropejit demo without a GPU compiles and says the GPU part was skipped
   CHECK(has(r, "GPU part SKIPPED: the CUDA driver (libcuda.so.1) could not be loaded"));
 }
 
-TEST_CASE("ropejit compile --from-tuning: the tuned kernels and their keys' defaults, no GPU needed") {
+TEST_CASE(
+    "ropejit compile --from-tuning: the tuned kernels and their keys' defaults, no GPU needed") {
   const std::string file = ropejit::testing::temp_dir() + "/warm-start.json";
-  const ropejit::Spec c = ropejit::parse_key("rope_bshd_f16_d64_r64_neox_pos-offset_tab-f32-half_qk_fwd_ip");
+  const ropejit::Spec c =
+      ropejit::parse_key("rope_bshd_f16_d64_r64_neox_pos-offset_tab-f32-half_qk_fwd_ip");
   ropejit::autotune::TuningCache cache;
   ropejit::autotune::Fingerprint fp;
   fp.gpu_name = "Warm Start GPU";
@@ -135,7 +137,9 @@ TEST_CASE("ropejit compile --from-tuning: the tuned kernels and their keys' defa
   const Run r = run("compile --from-tuning " + file);
   INFO(r.output);
   CHECK(r.status == 0);
-  CHECK(has(r, "2 entries: 1 tuned kernels and 2 more of those keys' defaults, for Warm Start GPU (sm_80)"));
+  CHECK(has(
+      r,
+      "2 entries: 1 tuned kernels and 2 more of those keys' defaults, for Warm Start GPU (sm_80)"));
   CHECK(has(r, (c.key() + "  v8h4t256  ").c_str()));
   CHECK(has(r, (c.key() + "  v8h2t512  ").c_str()));
   CHECK(has(r, (c.key() + "  v8h1t512  ").c_str()));
@@ -149,12 +153,14 @@ TEST_CASE("ROPEJIT_NVRTC_FLAGS: appended to the compile, part of the cache key")
   CHECK(has(r, "0 compiled, 2 from the disk cache"));
   // Other options are another cache entry: compiled again, not served from the first.
   r = ropejit::testing::run_command("ROPEJIT_NVRTC_FLAGS='--Ofast-compile=min' " +
-                                    std::string(ROPEJIT_CLI_PATH) + " compile --arch sm_90 --key " + key);
+                                    std::string(ROPEJIT_CLI_PATH) + " compile --arch sm_90 --key " +
+                                    key);
   INFO(r.output);
   CHECK(r.status == 0);
   CHECK(has(r, "2 compiled, 0 from the disk cache"));
   r = ropejit::testing::run_command("ROPEJIT_NVRTC_FLAGS='--no-such-flag' " +
-                                    std::string(ROPEJIT_CLI_PATH) + " compile --arch sm_90 --key " + key);
+                                    std::string(ROPEJIT_CLI_PATH) + " compile --arch sm_90 --key " +
+                                    key);
   CHECK(r.status != 0);
   CHECK(has(r, "unrecognized option --no-such-flag"));
   CHECK(has(r, "1 failed"));

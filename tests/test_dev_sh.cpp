@@ -36,10 +36,10 @@ class StandIn {
 
   // Runs `tools/dev.sh ARGS` from another working directory, with ctest replaced by `echo`.
   CommandResult dev_sh(const std::string& args) const {
-    return ropejit::testing::run_command(
-        "cd / && PATH='" + bin_ + "':\"$PATH\" ROPEJIT_BUILD_DIR=" + name_ +
-        " ROPEJIT_SKIP_BUILD=1 ROPEJIT_CTEST='echo CTEST' bash '" + ROPEJIT_SOURCE_DIR +
-        "/tools/dev.sh' " + args);
+    return ropejit::testing::run_command("cd / && PATH='" + bin_ +
+                                         "':\"$PATH\" ROPEJIT_BUILD_DIR=" + name_ +
+                                         " ROPEJIT_SKIP_BUILD=1 ROPEJIT_CTEST='echo CTEST' bash '" +
+                                         ROPEJIT_SOURCE_DIR + "/tools/dev.sh' " + args);
   }
   const std::string& dir() const { return dir_; }
 

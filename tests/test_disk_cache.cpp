@@ -61,7 +61,10 @@ TEST_CASE("defective entries decode as misses with a reason") {
   version[8] = 9;
   CHECK_FALSE(decode_entry(version, &out, &why));
   CHECK(why == "format version 9 (this library reads 1)");
-  CHECK_FALSE(decode_entry("\x7f" "ELF not an entry at all, but long enough to have a header", &out, &why));
+  CHECK_FALSE(
+      decode_entry("\x7f"
+                   "ELF not an entry at all, but long enough to have a header",
+                   &out, &why));
   CHECK(why == "not a ropejit cache entry");
 }
 
@@ -80,7 +83,7 @@ TEST_CASE("store, hit, foreign, corrupt and truncated entries") {
   const std::string dir = temp_dir() + "/nested/cache";
   DiskCache cache(dir);
   REQUIRE(cache.enabled());
-  struct stat st{};
+  struct stat st {};
   REQUIRE(stat(dir.c_str(), &st) == 0);
   CHECK((st.st_mode & 0777) == 0700);
 
@@ -151,7 +154,10 @@ TEST_CASE("several processes publishing one entry never expose a partial file") 
     if (bytes.empty()) continue;  // not published yet
     CacheEntry out;
     std::string why;
-    if (decode_entry(bytes, &out, &why)) ++hits; else ++torn;
+    if (decode_entry(bytes, &out, &why))
+      ++hits;
+    else
+      ++torn;
   }
   for (pid_t pid : pids) {
     int status = 0;

@@ -11,10 +11,10 @@
 #include <thread>
 #include <vector>
 
+#include "api/engine.hpp"
 #include "autotune/policy.hpp"
 #include "autotune/workload.hpp"
 #include "gpu_helpers.hpp"
-#include "api/engine.hpp"
 
 using namespace ropejit;
 
@@ -27,9 +27,12 @@ struct Case {
 
 std::vector<Case> matrix_cases() {
   const int dims[5][2] = {{64, 32}, {80, 32}, {96, 24}, {128, 64}, {256, 20}};  // partial widths
-  const struct { DType dtype; TableWidth width; } tables[6] = {
-      {DType::f32, TableWidth::half}, {DType::f32, TableWidth::full}, {DType::bf16, TableWidth::half},
-      {DType::f16, TableWidth::full}, {DType::bf16, TableWidth::full}, {DType::f16, TableWidth::half}};
+  const struct {
+    DType dtype;
+    TableWidth width;
+  } tables[6] = {{DType::f32, TableWidth::half},  {DType::f32, TableWidth::full},
+                 {DType::bf16, TableWidth::half}, {DType::f16, TableWidth::full},
+                 {DType::bf16, TableWidth::full}, {DType::f16, TableWidth::half}};
   std::vector<Case> out;
   uint64_t n = 0;
   for (Layout layout : {Layout::bshd, Layout::sbhd, Layout::bhsd, Layout::thd})
@@ -102,7 +105,8 @@ TEST_SUITE("gpu") {
           w.upload();
           apply(w.spec(), w.args());  // decode-sized: the one-head kernel, or two when needed
           const autotune::CheckReport r = w.check();
-          if (!r.ok) failure = r.first_failure + " (" + std::to_string(r.mismatches) + " mismatches)";
+          if (!r.ok)
+            failure = r.first_failure + " (" + std::to_string(r.mismatches) + " mismatches)";
           // The same call through the heuristic's prefill kernel, two heads per thread.
           const Spec c = w.spec().canonical();
           const Args args = w.args();
@@ -115,7 +119,8 @@ TEST_SUITE("gpu") {
             api::engine().launch(c, args, shape, &two);
             const autotune::CheckReport r2 = w.check();
             if (!r2.ok)
-              failure = two.name() + ": " + r2.first_failure + " (" + std::to_string(r2.mismatches) + " mismatches)";
+              failure = two.name() + ": " + r2.first_failure + " (" +
+                        std::to_string(r2.mismatches) + " mismatches)";
             else
               ++two_heads;
           }
@@ -132,7 +137,8 @@ TEST_SUITE("gpu") {
       }
     };
     std::vector<std::thread> threads;
-    for (unsigned t = 0; t < std::max(2u, std::thread::hardware_concurrency()); ++t) threads.emplace_back(worker);
+    for (unsigned t = 0; t < std::max(2u, std::thread::hardware_concurrency()); ++t)
+      threads.emplace_back(worker);
     for (std::thread& t : threads) t.join();
     for (const std::string& f : failures) FAIL_CHECK(f);
     const detail::EngineStats st = api::engine().stats();

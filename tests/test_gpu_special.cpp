@@ -8,10 +8,10 @@
 #include <thread>
 #include <vector>
 
+#include "api/engine.hpp"
 #include "autotune/workload.hpp"
 #include "gpu_helpers.hpp"
 #include "test_util.hpp"
-#include "api/engine.hpp"
 
 using namespace ropejit;
 using detail::check;
@@ -20,7 +20,9 @@ namespace {
 
 struct DeviceBuffer {
   CUdeviceptr ptr = 0;
-  explicit DeviceBuffer(size_t bytes) { check(detail::driver().MemAlloc(&ptr, bytes), "cuMemAlloc"); }
+  explicit DeviceBuffer(size_t bytes) {
+    check(detail::driver().MemAlloc(&ptr, bytes), "cuMemAlloc");
+  }
   ~DeviceBuffer() { detail::driver().MemFree(ptr); }
   void* get() const { return reinterpret_cast<void*>(ptr); }
 };
@@ -85,7 +87,8 @@ TEST_SUITE("gpu") {
     std::vector<float> rows(size_t(kSeq * kDim));
     for (size_t i = 0; i < rows.size(); ++i) rows[i] = float(std::sin(double(i) * 0.37) + 0.01);
     for (int64_t b = 0; b < 2; ++b)
-      check(d.MemcpyHtoD(buf.ptr + CUdeviceptr(b * stride_batch * 4), rows.data(), rows.size() * 4), "upload");
+      check(d.MemcpyHtoD(buf.ptr + CUdeviceptr(b * stride_batch * 4), rows.data(), rows.size() * 4),
+            "upload");
     Args a;
     a.batch = 2;
     a.seq_len = kSeq;
@@ -99,14 +102,17 @@ TEST_SUITE("gpu") {
     check(d.CtxSynchronize(), "kernel");
     for (int64_t b = 0; b < 2; ++b) {
       std::vector<float> got(rows.size());
-      check(d.MemcpyDtoH(got.data(), buf.ptr + CUdeviceptr(b * stride_batch * 4), got.size() * 4), "download");
+      check(d.MemcpyDtoH(got.data(), buf.ptr + CUdeviceptr(b * stride_batch * 4), got.size() * 4),
+            "download");
       double worst = 0;
       for (int64_t t = 0; t < kSeq; ++t)
         for (int64_t i = 0; i < kDim / 2; ++i) {
           const double angle = double(t + 5) * std::pow(10000.0, -2.0 * double(i) / kDim);
           const double x = rows[size_t(t * kDim + i)], y = rows[size_t(t * kDim + i + kDim / 2)];
-          worst = std::max(worst, std::fabs(got[size_t(t * kDim + i)] - (x * std::cos(angle) - y * std::sin(angle))));
-          worst = std::max(worst, std::fabs(got[size_t(t * kDim + i + kDim / 2)] - (y * std::cos(angle) + x * std::sin(angle))));
+          worst = std::max(worst, std::fabs(got[size_t(t * kDim + i)] -
+                                            (x * std::cos(angle) - y * std::sin(angle))));
+          worst = std::max(worst, std::fabs(got[size_t(t * kDim + i + kDim / 2)] -
+                                            (y * std::cos(angle) + x * std::sin(angle))));
         }
       INFO("sequence ", b);
       CHECK(worst < 1e-6);
@@ -212,7 +218,8 @@ TEST_SUITE("gpu") {
     CHECK(after.module_loads == before.module_loads);
   }
 
-  TEST_CASE("table positions outside the table poison their token instead of reading out of bounds") {
+  TEST_CASE(
+      "table positions outside the table poison their token instead of reading out of bounds") {
     testing::use_primary_context();
     Spec s;
     s.positions = Positions::ids;
@@ -228,7 +235,8 @@ TEST_SUITE("gpu") {
   }
 
   TEST_CASE("ropejit demo runs and passes on the GPU") {
-    const testing::CommandResult r = testing::run_command(ROPEJIT_CLI_PATH " demo --preset llama3-8b --tokens 512");
+    const testing::CommandResult r =
+        testing::run_command(ROPEJIT_CLI_PATH " demo --preset llama3-8b --tokens 512");
     const std::string& out = r.output;
     INFO(out);
     CHECK(r.status == 0);

@@ -8,12 +8,12 @@
 #include <optional>
 #include <string>
 
+#include "api/engine.hpp"
 #include "autotune/candidates.hpp"
 #include "autotune/policy.hpp"
-#include "autotune/tuning_cache.hpp"
 #include "autotune/tuner.hpp"
+#include "autotune/tuning_cache.hpp"
 #include "autotune/workload.hpp"
-#include "api/engine.hpp"
 #include "gpu_helpers.hpp"
 #include "test_util.hpp"
 
@@ -53,8 +53,8 @@ TEST_SUITE("gpu") {
       CHECK(r.best.median_us > 0);
       CHECK(r.best.median_us <= r.best.default_us);
       CHECK(r.copy_us > 0);
-      MESSAGE(std::string(key), ": ", r.results.size(), " candidates, best ", r.best.config.name(), " ",
-              r.best.median_us, " us, default ", r.best.default_us, " us");
+      MESSAGE(std::string(key), ": ", r.results.size(), " candidates, best ", r.best.config.name(),
+              " ", r.best.median_us, " us, default ", r.best.default_us, " us");
     }
   }
 
@@ -62,18 +62,21 @@ TEST_SUITE("gpu") {
     const std::string file = temp_file("tuning.json");
     const std::string env = "ROPEJIT_TUNING_FILE=" + file + " ";
     const Run tune = run_command(env + ROPEJIT_CLI_PATH +
-                         " tune --heads 32,8 --positions ids --freqs comp --tokens 64");
+                                 " tune --heads 32,8 --positions ids --freqs comp --tokens 64");
     INFO(tune.output);
     REQUIRE(tune.status == 0);
-    CHECK(tune.output.find("| rope_bshd_bf16_d128_r128_neox_pos-ids-i64_comp_qk_fwd_ip | 64 | 32/8 |") !=
+    CHECK(tune.output.find(
+              "| rope_bshd_bf16_d128_r128_neox_pos-ids-i64_comp_qk_fwd_ip | 64 | 32/8 |") !=
           std::string::npos);
     // Frozen mode turns a missing entry into an error, so a passing demo proves the entry was
     // found and used, and that nothing was tuned.
-    const Run use = run_command(env + "ROPEJIT_TUNING=frozen " + ROPEJIT_CLI_PATH + " demo --preset llama3-8b --tokens 64");
+    const Run use = run_command(env + "ROPEJIT_TUNING=frozen " + ROPEJIT_CLI_PATH +
+                                " demo --preset llama3-8b --tokens 64");
     INFO(use.output);
     CHECK(use.status == 0);
     CHECK(use.output.find("check vs float64: PASS") != std::string::npos);
-    const Run miss = run_command(env + "ROPEJIT_TUNING=frozen " + ROPEJIT_CLI_PATH + " demo --preset llama3-8b --tokens 300");
+    const Run miss = run_command(env + "ROPEJIT_TUNING=frozen " + ROPEJIT_CLI_PATH +
+                                 " demo --preset llama3-8b --tokens 300");
     CHECK(miss.status != 0);
     CHECK(miss.output.find("no tuned configuration for") != std::string::npos);
   }
@@ -148,8 +151,9 @@ TEST_SUITE("gpu") {
     cache.put(e);
     cache.save(file);
     // The policy reads its tuning file once per process; ctest runs each case in its own.
-    REQUIRE_MESSAGE(autotune::select_config(c, decode, dev, false) == *other,
-                    "the tuning file was read before this test wrote it: run this case in its own process");
+    REQUIRE_MESSAGE(
+        autotune::select_config(c, decode, dev, false) == *other,
+        "the tuning file was read before this test wrote it: run this case in its own process");
 
     autotune::Sizes z = testing::dense_sizes(1, 4096, 32, 8);
     autotune::Workload prefill(s, z);
@@ -177,7 +181,8 @@ TEST_SUITE("gpu") {
 
   TEST_CASE("ropejit tune --preset llama3-8b end to end") {
     const std::string file = temp_file("llama.json");
-    const Run r = run_command("ROPEJIT_TUNING_FILE=" + file + " " + ROPEJIT_CLI_PATH + " tune --preset llama3-8b");
+    const Run r = run_command("ROPEJIT_TUNING_FILE=" + file + " " + ROPEJIT_CLI_PATH +
+                              " tune --preset llama3-8b");
     INFO(r.output);
     CHECK(r.status == 0);
     CHECK(r.output.find("| key | bucket | heads | best config |") != std::string::npos);
@@ -185,7 +190,7 @@ TEST_SUITE("gpu") {
     // Reported, not asserted: timings are benchmarks (the budget is one minute).
     MESSAGE("ropejit tune --preset llama3-8b took ", r.seconds, " s");
     const Run again = run_command("ROPEJIT_CACHE_DIR=" + file + ".cubins " + ROPEJIT_CLI_PATH +
-                          " compile --from-tuning " + file);
+                                  " compile --from-tuning " + file);
     CHECK(again.status == 0);
     CHECK(again.output.find("40 entries: ") != std::string::npos);
     CHECK(again.output.find("of those keys' defaults, for NVIDIA") != std::string::npos);

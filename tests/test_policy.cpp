@@ -5,8 +5,8 @@
 
 #include <algorithm>
 #include <set>
-#include <vector>
 #include <string>
+#include <vector>
 
 #include "autotune/candidates.hpp"
 #include "autotune/policy.hpp"
@@ -39,8 +39,9 @@ detail::CallShape shape_of(int64_t tokens, int32_t q, int32_t k, int32_t align =
 
 TEST_CASE("candidates: legal, unique, heuristic first, pruned to the device") {
   const detail::DeviceInfo dev = fake_gpu("Candidates GPU");
-  for (const Spec& s : {Spec{}, parse_key("rope_thd_f32_d80_r32_gptj_pos-ids-i32_comp_qk_bwd_oop"),
-                        parse_key("rope_bshd_f16_d512_r512_neox_pos-offset_tab-f32-half_qk_fwd_ip")}) {
+  for (const Spec& s :
+       {Spec{}, parse_key("rope_thd_f32_d80_r32_gptj_pos-ids-i32_comp_qk_bwd_oop"),
+        parse_key("rope_bshd_f16_d512_r512_neox_pos-offset_tab-f32-half_qk_fwd_ip")}) {
     const Spec c = s.canonical();
     for (int64_t tokens : {1, 64, 4096}) {
       const detail::CallShape shape = shape_of(tokens, 32, 8);
@@ -57,7 +58,8 @@ TEST_CASE("candidates: legal, unique, heuristic first, pruned to the device") {
     }
   }
   // One head: no candidate may ask for more head rows than there are heads.
-  for (const detail::LaunchConfig& cfg : autotune::candidates(Spec{}.canonical(), shape_of(8, 1, 0), dev))
+  for (const detail::LaunchConfig& cfg :
+       autotune::candidates(Spec{}.canonical(), shape_of(8, 1, 0), dev))
     CHECK(cfg.rows == 1);
 }
 
@@ -230,7 +232,8 @@ TEST_CASE("policy: tuned entry, fallback, frozen and off") {
           autotune::heuristic_config(c, shape_of(50, 32, 4), dev));  // other heads
     // A less aligned call cannot use 16-byte vectors: the heuristic's narrower variant.
     const detail::CallShape unaligned = shape_of(50, 32, 8, 4);
-    CHECK(autotune::select_config(c, unaligned, dev, false) == autotune::heuristic_config(c, unaligned, dev));
+    CHECK(autotune::select_config(c, unaligned, dev, false) ==
+          autotune::heuristic_config(c, unaligned, dev));
     // A misaligned table cannot use the tuned (vector-table) kernel either.
     detail::CallShape odd_table = shape;
     odd_table.table_align = 4;
@@ -245,7 +248,8 @@ TEST_CASE("policy: tuned entry, fallback, frozen and off") {
     ScopedEnv mode("ROPEJIT_TUNING", std::nullopt);
     const std::vector<detail::KernelVariant> own = detail::default_variants(c, 16);
     REQUIRE(std::find(own.begin(), own.end(), tuned.kernel) == own.end());
-    const std::vector<detail::KernelVariant> all = autotune::policy_variants(c, shape_of(5000, 32, 8), dev);
+    const std::vector<detail::KernelVariant> all =
+        autotune::policy_variants(c, shape_of(5000, 32, 8), dev);
     CHECK(all == std::vector<detail::KernelVariant>{own[0], own[1], tuned.kernel});
     CHECK(autotune::policy_variants(c, shape_of(1, 2, 0), dev) == all);
     const detail::CallShape unaligned = shape_of(5000, 32, 8, 4);
@@ -266,8 +270,9 @@ TEST_CASE("policy: tuned entry, fallback, frozen and off") {
   }
   {
     ScopedEnv mode("ROPEJIT_TUNING", "sometimes");
-    CHECK_THROWS_WITH_AS(autotune::tuning_mode(),
-                         "ropejit: ROPEJIT_TUNING ('sometimes') must be one of: off, use, auto, frozen", Error);
+    CHECK_THROWS_WITH_AS(
+        autotune::tuning_mode(),
+        "ropejit: ROPEJIT_TUNING ('sometimes') must be one of: off, use, auto, frozen", Error);
   }
   {
     ScopedEnv tune("ROPEJIT_AUTOTUNE", "1");
@@ -280,11 +285,11 @@ TEST_CASE("policy: tuned entry, fallback, frozen and off") {
 }
 
 TEST_CASE("ropejit tune --dry-run lists candidates without a GPU") {
-  const ropejit::testing::CommandResult r =
-      ropejit::testing::run_command(std::string(ROPEJIT_CLI_PATH) + " tune --preset phi-2 --tokens 64 --dry-run");
+  const ropejit::testing::CommandResult r = ropejit::testing::run_command(
+      std::string(ROPEJIT_CLI_PATH) + " tune --preset phi-2 --tokens 64 --dry-run");
   const std::string& out = r.output;
   CHECK(r.status == 0);
-  CHECK(out.find("rope_bshd_bf16_d80_r32_neox_pos-offset_tab-f32-half_qk_fwd_ip  bucket 64  heads 32/32:") !=
-        std::string::npos);
+  CHECK(out.find("rope_bshd_bf16_d80_r32_neox_pos-offset_tab-f32-half_qk_fwd_ip  bucket 64  heads "
+                 "32/32:") != std::string::npos);
   CHECK(out.find("    v8h4t256_r") != std::string::npos);
 }

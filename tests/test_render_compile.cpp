@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "api/engine.hpp"
+#include "autotune/policy.hpp"
 #include "jit/nvrtc.hpp"
 #include "jit/render.hpp"
-#include "autotune/policy.hpp"
 
 using namespace ropejit;
 using detail::KernelVariant;
@@ -24,9 +24,9 @@ struct DimPair {
 };
 
 // Axis values of the key. Table dtype and width form one axis with computed frequencies.
-const std::vector<DimPair> kDims = {{64, 64},  {64, 32},  {80, 80},  {80, 32},  {96, 96},
-                                    {96, 24},  {128, 128}, {128, 64}, {256, 256}, {256, 20},
-                                    {512, 512}, {112, 112}};
+const std::vector<DimPair> kDims = {{64, 64},   {64, 32},  {80, 80},   {80, 32},
+                                    {96, 96},   {96, 24},  {128, 128}, {128, 64},
+                                    {256, 256}, {256, 20}, {512, 512}, {112, 112}};
 struct FreqChoice {
   Freqs freqs;
   DType dtype;
@@ -45,7 +45,8 @@ const std::vector<PosChoice> kPositions = {{Positions::offset, IndexType::i64},
                                            {Positions::seq_offsets, IndexType::i64},
                                            {Positions::ids, IndexType::i32},
                                            {Positions::ids, IndexType::i64}};
-const std::vector<int> kSizes = {4, 3, int(kDims.size()), 2, int(kPositions.size()), int(kFreqs.size()), 2, 2};
+const std::vector<int> kSizes = {
+    4, 3, int(kDims.size()), 2, int(kPositions.size()), int(kFreqs.size()), 2, 2};
 
 Spec spec_of(const std::vector<int>& v) {
   Spec s;
@@ -90,7 +91,8 @@ std::vector<std::vector<int>> covering_array() {
       row[size_t(seed[2])] = seed[3];
       size_t gain = 0;
       for (size_t a = 0; a < n; ++a)
-        for (size_t b = a + 1; b < n; ++b) gain += uncovered.count({int(a), row[a], int(b), row[b]});
+        for (size_t b = a + 1; b < n; ++b)
+          gain += uncovered.count({int(a), row[a], int(b), row[b]});
       if (gain > best_gain) {
         best_gain = gain;
         best = row;
@@ -203,9 +205,11 @@ TEST_CASE("covering array of the key matrix compiles for sm_80 and sm_90") {
     }
   };
   std::vector<std::thread> threads;
-  for (unsigned t = 0; t < std::max(2u, std::thread::hardware_concurrency()); ++t) threads.emplace_back(worker);
+  for (unsigned t = 0; t < std::max(2u, std::thread::hardware_concurrency()); ++t)
+    threads.emplace_back(worker);
   for (std::thread& t : threads) t.join();
   for (size_t i = 0; i < errors.size(); ++i)
-    CHECK_MESSAGE(errors[i].empty(), jobs[i / 2].first.key(), " ", jobs[i / 2].second.name(), ": ", errors[i]);
+    CHECK_MESSAGE(errors[i].empty(), jobs[i / 2].first.key(), " ", jobs[i / 2].second.name(), ": ",
+                  errors[i]);
   CHECK(failures == 0);
 }

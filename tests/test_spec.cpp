@@ -32,7 +32,8 @@ TEST_CASE("spec validation names the field and value") {
   s = Spec{};
   s.head_dim = 64;
   s.rotary_dim = 96;
-  CHECK(error_of(s) == "ropejit: spec.rotary_dim (96) must be even and <= head_dim (64); 0 means head_dim");
+  CHECK(error_of(s) ==
+        "ropejit: spec.rotary_dim (96) must be even and <= head_dim (64); 0 means head_dim");
   s.rotary_dim = 33;
   CHECK(error_of(s).find("spec.rotary_dim (33)") != std::string::npos);
   s.rotary_dim = -2;
@@ -111,15 +112,19 @@ TEST_CASE("parse_key round-trips every axis and rejects others") {
           CHECK(back.key() == s.key());
         }
   CHECK_THROWS_WITH_AS(parse_key("rope_bshd"), doctest::Contains("is not a ropejit key"), Error);
-  CHECK_THROWS_WITH_AS(parse_key("rope_xyz_bf16_d128_r128_neox_pos-offset_tab-f32-half_qk_fwd_ip"),
-                       doctest::Contains("key layout ('xyz') must be one of: bshd, sbhd, bhsd, thd"), Error);
+  CHECK_THROWS_WITH_AS(
+      parse_key("rope_xyz_bf16_d128_r128_neox_pos-offset_tab-f32-half_qk_fwd_ip"),
+      doctest::Contains("key layout ('xyz') must be one of: bshd, sbhd, bhsd, thd"), Error);
   CHECK_THROWS_WITH_AS(parse_key("rope_bshd_bf16_d127_r128_neox_pos-offset_tab-f32-half_qk_fwd_ip"),
                        doctest::Contains("spec.head_dim (127)"), Error);
-  CHECK_THROWS_WITH_AS(parse_key("rope_bshd_bf16_d128_r128_neox_pos-offset-i32_tab-f32-half_qk_fwd_ip"),
-                       doctest::Contains("bad positions field"), Error);
-  CHECK_THROWS_WITH_AS(parse_key("rope_bshd_bf16_d128_r128_neox_pos-offset_comp-f32-half_qk_fwd_ip"),
-                       doctest::Contains("bad freqs field"), Error);
-  CHECK_THROWS_AS(parse_key("rope_bshd_bf16_d128_r128_neox_pos-offset_tab-f32-half_qk_fwd_inplace"), Error);
+  CHECK_THROWS_WITH_AS(
+      parse_key("rope_bshd_bf16_d128_r128_neox_pos-offset-i32_tab-f32-half_qk_fwd_ip"),
+      doctest::Contains("bad positions field"), Error);
+  CHECK_THROWS_WITH_AS(
+      parse_key("rope_bshd_bf16_d128_r128_neox_pos-offset_comp-f32-half_qk_fwd_ip"),
+      doctest::Contains("bad freqs field"), Error);
+  CHECK_THROWS_AS(parse_key("rope_bshd_bf16_d128_r128_neox_pos-offset_tab-f32-half_qk_fwd_inplace"),
+                  Error);
 }
 
 TEST_CASE("contiguous strides per layout") {

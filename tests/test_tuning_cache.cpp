@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "autotune/tuning_cache.hpp"
-#include "test_util.hpp"
 #include "jit/disk_cache.hpp"
+#include "test_util.hpp"
 
 using namespace ropejit;
 using namespace ropejit::autotune;
@@ -186,7 +186,7 @@ TEST_CASE("tuning cache: save and load round trip") {
   const std::string path = dir + "/tuning.json";
   const TuningCache c = golden_cache();
   c.save(path);
-  struct stat st{};
+  struct stat st {};
   REQUIRE(stat(dir.c_str(), &st) == 0);
   CHECK((st.st_mode & 0777) == 0700);
   CHECK(list_dir(dir) == std::vector<std::string>{"tuning.json"});  // no temp files left
@@ -338,9 +338,7 @@ TEST_CASE("tuning cache: invalid entries are ignored and the rest kept") {
   const std::string dir = temp_dir();
   const json good = sample_json();
   using Edit = std::function<void(json&)>;
-  auto set = [](const char* field, json v) -> Edit {
-    return [=](json& e) { e[field] = v; };
-  };
+  auto set = [](const char* field, json v) -> Edit { return [=](json& e) { e[field] = v; }; };
   auto set_config = [](const char* field, json v) -> Edit {
     return [=](json& e) { e["config"][field] = v; };
   };

@@ -20,10 +20,16 @@ class ScopedEnv {
  public:
   ScopedEnv(const char* name, std::optional<std::string> value) : name_(name) {
     if (const char* old = std::getenv(name)) old_ = old;
-    if (value) setenv(name, value->c_str(), 1); else unsetenv(name);
+    if (value)
+      setenv(name, value->c_str(), 1);
+    else
+      unsetenv(name);
   }
   ~ScopedEnv() {
-    if (old_) setenv(name_, old_->c_str(), 1); else unsetenv(name_);
+    if (old_)
+      setenv(name_, old_->c_str(), 1);
+    else
+      unsetenv(name_);
   }
   ScopedEnv(const ScopedEnv&) = delete;
   ScopedEnv& operator=(const ScopedEnv&) = delete;
@@ -61,8 +67,8 @@ inline void write_file(const std::string& path, const std::string& bytes) {
 }
 
 struct CommandResult {
-  int status;           // exit code, -1 when killed by a signal
-  std::string output;   // stdout and stderr together
+  int status;          // exit code, -1 when killed by a signal
+  std::string output;  // stdout and stderr together
   double seconds;
 };
 

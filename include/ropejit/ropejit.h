@@ -27,7 +27,12 @@ typedef enum {
   ROPEJIT_ERROR_INTERNAL = 5
 } ropejit_status;
 
-enum { ROPEJIT_LAYOUT_BSHD = 0, ROPEJIT_LAYOUT_SBHD = 1, ROPEJIT_LAYOUT_BHSD = 2, ROPEJIT_LAYOUT_THD = 3 };
+enum {
+  ROPEJIT_LAYOUT_BSHD = 0,
+  ROPEJIT_LAYOUT_SBHD = 1,
+  ROPEJIT_LAYOUT_BHSD = 2,
+  ROPEJIT_LAYOUT_THD = 3
+};
 enum { ROPEJIT_F32 = 0, ROPEJIT_F16 = 1, ROPEJIT_BF16 = 2 };
 enum { ROPEJIT_NEOX = 0, ROPEJIT_GPTJ = 1 };
 enum { ROPEJIT_POS_OFFSET = 0, ROPEJIT_POS_SEQ_OFFSETS = 1, ROPEJIT_POS_IDS = 2 };
@@ -66,8 +71,8 @@ ROPEJIT_API void ropejit_spec_init(ropejit_spec* spec);
 ROPEJIT_API void ropejit_args_init(ropejit_args* args);
 
 /* Contiguous strides for a layout (thd: `batch` ignored, `seq` = tokens). */
-ROPEJIT_API ropejit_tensor ropejit_contiguous(int32_t layout, void* data, int64_t batch, int64_t seq,
-                                  int64_t heads, int64_t head_dim);
+ROPEJIT_API ropejit_tensor ropejit_contiguous(int32_t layout, void* data, int64_t batch,
+                                              int64_t seq, int64_t heads, int64_t head_dim);
 
 /* Applies RoPE; on error nothing is launched and ropejit_last_error() says why. */
 ROPEJIT_API ropejit_status ropejit_apply(const ropejit_spec* spec, const ropejit_args* args);

@@ -150,11 +150,11 @@ std::vector<std::string> precompile(const Spec& spec, const std::string& arch);
 struct Info {
   std::string version;
   int nvrtc_major = 0, nvrtc_minor = 0;
-  std::string cache_dir;      // empty when caching is memory-only
-  std::string cache_status;   // "ok" or why the disk cache is off
+  std::string cache_dir;     // empty when caching is memory-only
+  std::string cache_status;  // "ok" or why the disk cache is off
   size_t cache_entries = 0;
-  int driver_version = 0;     // 0 when no driver could be loaded
-  std::string driver_status;  // "ok" or the reason
+  int driver_version = 0;            // 0 when no driver could be loaded
+  std::string driver_status;         // "ok" or the reason
   std::vector<std::string> devices;  // "NVIDIA H100 80GB HBM3 (sm_90, 132 SMs)"
 };
 Info info();

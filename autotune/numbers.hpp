@@ -1,0 +1,33 @@
+// The number formats kernels read and write, on the host: exact rounding of float64 values to
+// fp16, bf16 and FP8 e4m3 bits (round to nearest even, once), and back. The float64 references
+// (workload.cpp) build tables and expected bytes with these, so they must be right to the bit.
+#pragma once
+
+#include <cstdint>
+
+namespace ropejit::autotune {
+
+// IEEE binary16: overflow rounds to infinity, NaN to the quiet NaN 0x7e00 (sign kept).
+uint16_t f16_bits(double v);
+double f16_value(uint16_t bits);
+
+// bfloat16 (float32's top half): overflow rounds to infinity, NaN to 0x7fc0 (sign kept).
+uint16_t bf16_bits(double v);
+double bf16_value(uint16_t bits);
+
+// float32, rounded once from float64.
+float f32_value(double v);
+
+// FP8 e4m3 (OCP "E4M3FN": bias 7, no infinities, S.1111.111 is NaN, largest finite 448),
+// saturating as the kernels' conversions do: values beyond ±448 (infinities too) become ±448,
+// NaN becomes 0x7f (sign kept).
+uint8_t e4m3_bits(double v);
+double e4m3_value(uint8_t bits);
+constexpr double kE4m3Max = 448.0;
+
+// Rounds v to the nearest value with `mantissa` fraction bits whose normal exponents start at
+// `min_exponent` (subnormals below, with the same quantum), ties to even. No overflow handling:
+// the caller decides what happens above its largest finite value. NaN and zero pass through.
+double round_to_format(double v, int mantissa, int min_exponent);
+
+}  // namespace ropejit::autotune

@@ -1,0 +1,85 @@
+// Host rounding to fp16, bf16 and FP8 e4m3 (autotune/numbers.hpp): the float64 references build
+// expected bytes with it, so it is checked against known encodings and, for fp16 where the
+// compiler has _Float16, against the compiler's own conversion.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "autotune/numbers.hpp"
+
+using namespace ropejit::autotune;
+
+TEST_CASE("e4m3: known encodings, saturation, subnormals, ties to even, NaN") {
+  CHECK(e4m3_bits(0.0) == 0x00);
+  CHECK(e4m3_bits(-0.0) == 0x80);
+  CHECK(e4m3_bits(1.0) == 0x38);
+  CHECK(e4m3_bits(-2.0) == 0xc0);
+  CHECK(e4m3_bits(448.0) == 0x7e);
+  CHECK(e4m3_bits(464.0) == 0x7e);  // would round to 480, the NaN pattern: saturates
+  CHECK(e4m3_bits(1e9) == 0x7e);
+  CHECK(e4m3_bits(-HUGE_VAL) == 0xfe);  // satfinite: infinities become the largest finite
+  CHECK(e4m3_bits(NAN) == 0x7f);
+  CHECK(e4m3_bits(0x1p-9) == 0x01);    // smallest subnormal
+  CHECK(e4m3_bits(0x1p-10) == 0x00);   // half of it: a tie, to even (zero)
+  CHECK(e4m3_bits(0x1.8p-9) == 0x02);  // 1.5 quanta: a tie, to even (2)
+  CHECK(e4m3_bits(0x1.cp-7) == 0x07);  // largest subnormal 7 * 2^-9
+  CHECK(e4m3_bits(0x1p-6) == 0x08);    // smallest normal
+  CHECK(e4m3_bits(1.0625) == 0x38);    // 1 + 1/16: a tie between 1 and 1.125, to even
+  CHECK(e4m3_bits(1.1875) == 0x3a);    // 1 + 3/16: a tie between 1.125 and 1.25, to even
+  for (int b = 0; b < 256; ++b) {
+    const double v = e4m3_value(uint8_t(b));
+    if ((b & 0x7f) == 0x7f) {
+      CHECK(std::isnan(v));
+      continue;
+    }
+    CHECK(e4m3_bits(v) == b);  // every finite encoding round-trips
+  }
+  CHECK(e4m3_value(0x7e) == 448.0);
+  CHECK(e4m3_value(0x01) == 0x1p-9);
+}
+
+TEST_CASE("fp16: known encodings and the compiler's conversion") {
+  CHECK(f16_bits(1.0) == 0x3c00);
+  CHECK(f16_bits(65504.0) == 0x7bff);
+  CHECK(f16_bits(65519.99) == 0x7bff);
+  CHECK(f16_bits(65520.0) == 0x7c00);  // the tie above the largest finite rounds to infinity
+  CHECK(f16_bits(-0x1p-24) == 0x8001);
+  CHECK(f16_bits(0x1p-25) == 0x0000);  // tie to even: zero
+  CHECK((f16_bits(NAN) & 0x7fff) == 0x7e00);
+  CHECK(f16_value(0x7bff) == 65504.0);
+  CHECK(std::isinf(f16_value(0xfc00)));
+  for (int b = 0; b < 65536; ++b) {
+    const double v = f16_value(uint16_t(b));
+    if (!std::isnan(v)) CHECK(f16_bits(v) == b);
+  }
+#if defined(__FLT16_MAX__) && !defined(__clang__)
+  std::mt19937_64 rng(7);
+  std::uniform_real_distribution<double> mant(1.0, 2.0);
+  std::uniform_int_distribution<int> exp(-30, 17);
+  for (int i = 0; i < 200000; ++i) {
+    const double v = std::ldexp(mant(rng), exp(rng)) * (i % 2 ? -1 : 1);
+    const _Float16 h = _Float16(v);
+    uint16_t want;
+    std::memcpy(&want, &h, 2);
+    REQUIRE(f16_bits(v) == want);
+  }
+#endif
+}
+
+TEST_CASE("bf16: rounded once from float64, not through float32") {
+  CHECK(bf16_bits(1.0) == 0x3f80);
+  CHECK(bf16_bits(-2.0) == 0xc000);
+  // 1 + 2^-8 is a tie between 1 and 1 + 2^-7: to even (1). Just above it, from float64, the
+  // value rounds up, although float32 would first round it to the tie.
+  CHECK(bf16_bits(1.0 + 0x1p-8) == 0x3f80);
+  CHECK(bf16_bits(1.0 + 0x1p-8 + 0x1p-40) == 0x3f81);
+  CHECK(bf16_bits(0x1.fefp127) == 0x7f7f);
+  CHECK(bf16_bits(0x1.ffp127) == 0x7f80);
+  CHECK(bf16_value(0x3f81) == 1.0 + 0x1p-7);
+  for (int b = 0; b < 65536; ++b) {
+    const double v = bf16_value(uint16_t(b));
+    if (!std::isnan(v)) CHECK(bf16_bits(v) == b);
+  }
+}
