@@ -24,7 +24,11 @@ ropejit::Spec to_spec(const ropejit_spec& s) {
   o.table_dtype = ropejit::DType(s.table_dtype);
   o.table_width = ropejit::TableWidth(s.table_width);
   o.direction = ropejit::Direction(s.direction);
-  o.in_place = s.in_place != 0;
+  if (s.in_place != 0 && s.in_place != 1)
+    throw ropejit::Error(
+        ropejit::ErrorCode::invalid_argument,
+        "ropejit: spec.in_place (" + std::to_string(s.in_place) + ") must be 0 or 1");
+  o.in_place = s.in_place == 1;
   o.fusion = ropejit::Fusion(s.fusion);
   return o;
 }
@@ -97,11 +101,23 @@ void ropejit_args_init(ropejit_args* args) {
   args->base = ropejit::Args().base;
 }
 
+ropejit_status ropejit_make_contiguous(int32_t layout, void* data, int64_t batch, int64_t seq,
+                                       int64_t heads, int64_t head_dim, ropejit_tensor* out) {
+  if (!out) return null_argument("out");
+  return guarded([&] {
+    const ropejit::Tensor t =
+        ropejit::contiguous(ropejit::Layout(layout), data, batch, seq, heads, head_dim);
+    *out = ropejit_tensor{t.data, t.heads, t.stride_batch, t.stride_seq, t.stride_head};
+  });
+}
+
 ropejit_tensor ropejit_contiguous(int32_t layout, void* data, int64_t batch, int64_t seq,
                                   int64_t heads, int64_t head_dim) {
-  const ropejit::Tensor t =
-      ropejit::contiguous(ropejit::Layout(layout), data, batch, seq, heads, head_dim);
-  return ropejit_tensor{t.data, t.heads, t.stride_batch, t.stride_seq, t.stride_head};
+  ropejit_tensor t{};
+  if (ropejit_make_contiguous(layout, data, batch, seq, heads, head_dim, &t) != ROPEJIT_OK)
+    t = ropejit_tensor{};  // data NULL: a later ropejit_apply() fails; ropejit_last_error() says
+                           // why
+  return t;
 }
 
 ropejit_status ropejit_apply(const ropejit_spec* spec, const ropejit_args* args) {

@@ -92,7 +92,8 @@ TuningMode tuning_mode() {
   if (v == "use") return TuningMode::use;
   if (v == "auto") return TuningMode::autotune;
   if (v == "frozen") return TuningMode::frozen;
-  detail::invalid("ROPEJIT_TUNING ('", v, "') must be one of: off, use, auto, frozen");
+  detail::invalid("ROPEJIT_TUNING ('", detail::clipped(v),
+                  "') must be one of: off, use, auto, frozen");
 }
 
 size_t tunings_performed() { return g_tunings.load(); }

@@ -16,9 +16,9 @@
 #include <sstream>
 #include <tuple>
 
-#include "jit/atomic_file.hpp"
 #include "jit/disk_cache.hpp"
 #include "jit/errors.hpp"
+#include "jit/files.hpp"
 
 namespace ropejit::autotune {
 namespace {
@@ -27,6 +27,8 @@ using detail::concat;
 using nlohmann::json;
 
 constexpr int64_t kMaxBucket = int64_t(1) << 31;
+constexpr size_t kMaxTuningFileBytes = size_t(16) << 20;  // ~40,000 entries
+constexpr size_t kMaxJsonDepth = 16;
 constexpr int32_t kMaxHeads = 65536;
 
 const char* const kTopFields[] = {"schema", "fingerprint", "entries"};
@@ -60,7 +62,7 @@ class Fields {
     for (const auto& item : obj.items()) {
       if (std::find_if(names, names + N, [&](const char* n) { return item.key() == n; }) ==
           names + N) {
-        fail(concat("unknown field '", prefix_, item.key(), "'"));
+        fail(concat("unknown field '", prefix_, detail::clipped(item.key()), "'"));
         return;
       }
     }
@@ -80,7 +82,8 @@ class Fields {
     if (!v.is_number_integer()) return wrong_type(name, "an integer", v);
     // Unsigned values above INT64_MAX would wrap when read as int64_t.
     if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(hi))
-      return fail(concat("field '", prefix_, name, "' (", v.dump(), ") is out of range"));
+      return fail(
+          concat("field '", prefix_, name, "' (", detail::clipped(v.dump()), ") is out of range"));
     const int64_t x = v.get<int64_t>();
     if (x < lo || x > hi)
       return fail(concat("field '", prefix_, name, "' (", x, ") is out of range"));
@@ -169,27 +172,47 @@ struct FileContents {
   std::vector<std::pair<size_t, std::string>> entry_problems;  // index, why
 };
 
-FileContents read_tuning_file(const std::string& path, const Fingerprint& here) {
+// Deepest nesting of arrays and objects in JSON text (strings skipped), counted before parsing
+// so that a hostile file (100,000 nested '[') is refused instead of exhausting the stack.
+size_t nesting_depth(const std::string& text) {
+  size_t depth = 0, deepest = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char ch = text[i];
+    if (in_string) {
+      if (ch == '\\')
+        ++i;
+      else if (ch == '"')
+        in_string = false;
+    } else if (ch == '"') {
+      in_string = true;
+    } else if (ch == '[' || ch == '{') {
+      deepest = std::max(deepest, ++depth);
+    } else if ((ch == ']' || ch == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
+// Where `here` is null, the file's own fingerprint is taken (no GPU check): what
+// `ropejit compile --from-tuning` needs to prepare caches for another machine's GPU.
+FileContents read_tuning_file(const std::string& path, const Fingerprint* here) {
   FileContents out;
   if (path.empty()) return out;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0 && errno == ENOENT) return out;  // never tuned: not worth a warning
+  const detail::FileRead file = detail::read_regular_file(path, kMaxTuningFileBytes);
+  if (file.status == detail::ReadStatus::missing) return out;  // never tuned: no warning
   out.state = FileState::rejected;
-  if (fd < 0) {
-    out.why = concat("cannot open: ", std::strerror(errno));
+  if (file.status != detail::ReadStatus::ok) {
+    out.why = file.why;
     return out;
   }
-  std::string text;
-  char buf[1 << 16];
-  for (;;) {
-    const ssize_t n = ::read(fd, buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) out.why = concat("cannot read: ", std::strerror(errno));
-    if (n <= 0) break;
-    text.append(buf, size_t(n));
+  const std::string& text = file.bytes;
+  if (const size_t depth = nesting_depth(text); depth > kMaxJsonDepth) {
+    out.why = concat("JSON nested ", depth, " levels deep; a tuning file needs ", 4, ", at most ",
+                     kMaxJsonDepth, " are read");
+    return out;
   }
-  ::close(fd);
-  if (!out.why.empty()) return out;
 
   json doc;
   try {
@@ -222,9 +245,9 @@ FileContents read_tuning_file(const std::string& path, const Fingerprint& here) 
     out.why = concat("field 'entries' must be an array, got ", type_of(doc.at("entries")));
     return out;
   }
-  if (!out.fingerprint.same_gpu(here)) {
+  if (here && !out.fingerprint.same_gpu(*here)) {
     out.state = FileState::other_gpu;
-    out.why = concat("tuned on ", describe(out.fingerprint), ", this GPU is ", describe(here));
+    out.why = concat("tuned on ", describe(out.fingerprint), ", this GPU is ", describe(*here));
     return out;
   }
   out.state = FileState::ok;
@@ -296,7 +319,7 @@ std::string invalid_entry_reason(const TuningEntry& e) {
 TuningCache TuningCache::load(const std::string& path, const Fingerprint& here) {
   TuningCache cache;
   cache.fingerprint_ = here;
-  FileContents file = read_tuning_file(path, here);
+  FileContents file = read_tuning_file(path, &here);
   auto warn = [&](const std::string& message) {
     cache.warnings_.push_back(message);
     detail::warn_once("tuning:" + message, message);
@@ -315,6 +338,23 @@ TuningCache TuningCache::load(const std::string& path, const Fingerprint& here) 
       for (const TuningEntry& e : file.entries) cache.put(e);
       break;
   }
+  return cache;
+}
+
+TuningCache TuningCache::load_as_tuned(const std::string& path) {
+  const FileContents file = read_tuning_file(path, nullptr);
+  if (file.state == FileState::missing) detail::invalid("tuning file ", path, " does not exist");
+  if (file.state != FileState::ok)
+    detail::invalid("tuning file ", path, " cannot be used: ", file.why);
+  TuningCache cache;
+  cache.fingerprint_ = file.fingerprint;
+  for (const auto& [index, why] : file.entry_problems) {
+    const std::string message =
+        concat("ignoring entry ", index, " of tuning file ", path, " (", why, ")");
+    cache.warnings_.push_back(message);
+    detail::warn_once("tuning:" + message, message);
+  }
+  for (const TuningEntry& e : file.entries) cache.put(e);
   return cache;
 }
 
@@ -378,7 +418,7 @@ json TuningCache::to_json() const {
 void TuningCache::save(const std::string& path) const {
   if (path.empty()) detail::invalid("cannot write tuning file: the path is empty");
   TuningCache merged = *this;
-  const FileContents old = read_tuning_file(path, fingerprint_);
+  const FileContents old = read_tuning_file(path, &fingerprint_);
   if (old.state == FileState::ok) {
     for (const TuningEntry& e : old.entries)
       if (!merged.find(e.key, e.bucket, e.q_heads, e.k_heads)) merged.put(e);

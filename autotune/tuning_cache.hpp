@@ -41,7 +41,9 @@ struct TuningEntry {
 
 class TuningCache {
  public:
-  // Reads `path`. Missing file: empty cache, no warning. Unreadable/corrupt JSON or wrong
+  // Reads `path` (a regular file of at most 16 MiB, JSON nested at most 16 deep; anything else,
+  // such as a pipe or a link to /dev/zero, is refused without blocking or reading it). Missing
+  // file: empty cache, no warning. Unreadable/corrupt JSON or wrong
   // schema version: empty cache + one warning (warn_once) naming the file and the reason.
   // File for another GPU (fingerprint.same_gpu false): empty cache + warning. Each entry is
   // validated strictly: unknown fields, missing fields, wrong types, or out-of-range values
@@ -49,6 +51,11 @@ class TuningCache {
   // still load. The result's fingerprint is the file's when its entries were accepted (it
   // records where they were measured), else `here`.
   static TuningCache load(const std::string& path, const Fingerprint& here);
+
+  // Reads `path` for the GPU it was tuned on, whatever this machine has (preparing caches for
+  // another machine). Throws Error(invalid_argument) naming the path when the file is missing,
+  // unreadable or not a tuning file; bad entries are skipped with warnings, as load() does.
+  static TuningCache load_as_tuned(const std::string& path);
 
   const Fingerprint& fingerprint() const { return fingerprint_; }
   void set_fingerprint(const Fingerprint& f) { fingerprint_ = f; }

@@ -39,7 +39,17 @@ struct TuneOptions {
 // candidates without a GPU.
 int run_tune(const TuneOptions& options);
 
-// Precompiles every kernel a tuning file names into the kernel cache (cluster warm start).
-int run_compile_from_tuning(const std::string& file);
+struct CompileOptions {
+  std::vector<std::string> archs;  // default: sm_90, or the tuning file's GPU
+  std::vector<std::string> presets;
+  std::vector<std::string> keys;
+  std::string from_tuning;  // a tuning file: its kernels and its keys' defaults
+  std::string dtype = "bf16";
+  unsigned jobs = 0;  // 0: one per core
+};
+
+// Precompiles kernels into the disk cache (no GPU needed), one line per kernel. Exit code 1
+// when a kernel failed or nothing could be saved (the disk cache is off).
+int run_compile(const CompileOptions& options);
 
 }  // namespace ropejit::cli

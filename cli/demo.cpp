@@ -20,7 +20,7 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 int run_demo(const DemoOptions& o) {
-  const autotune::Preset& p = autotune::find_preset(o.preset);
+  const Preset& p = find_preset(o.preset);
   if (o.tokens < 1) detail::invalid("--tokens (", o.tokens, ") must be >= 1");
   Spec spec;
   spec.dtype = detail::parse_name<DType>(o.dtype, "--dtype");

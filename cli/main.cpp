@@ -3,8 +3,6 @@
 #include <chrono>
 #include <cstdio>
 #include <iostream>
-#include <mutex>
-#include <thread>
 
 #include "api/engine.hpp"
 #include "autotune/policy.hpp"
@@ -33,78 +31,6 @@ int run_info() {
   return 0;
 }
 
-struct CompileOptions {
-  std::vector<std::string> archs{"sm_90"};
-  std::vector<std::string> presets_;
-  std::vector<std::string> keys;
-  std::string dtype = "bf16";
-  unsigned jobs = 0;
-};
-
-int run_compile(const CompileOptions& o) {
-  std::vector<Spec> specs;
-  const DType dtype = detail::parse_name<DType>(o.dtype, "--dtype");
-  for (const std::string& name : o.presets_)
-    for (const Spec& s : autotune::preset_specs(autotune::find_preset(name), dtype))
-      specs.push_back(s);
-  for (const std::string& key : o.keys) specs.push_back(parse_key(key));
-  if (specs.empty())
-    detail::invalid("compile needs --preset NAME, --key KEY or --from-tuning FILE");
-  for (const std::string& arch : o.archs) detail::parse_arch(arch, "--arch");
-
-  struct Job {
-    const Spec* spec;
-    const std::string* arch;
-  };
-  std::vector<Job> jobs;
-  for (const std::string& arch : o.archs)
-    for (const Spec& s : specs) jobs.push_back({&s, &arch});
-  const auto before = api::engine().stats();
-  const auto t0 = std::chrono::steady_clock::now();
-  std::mutex print;
-  size_t next = 0, failures = 0, kernels = 0;
-  auto worker = [&] {
-    while (true) {
-      Job job;
-      {
-        std::lock_guard<std::mutex> lock(print);
-        if (next == jobs.size()) return;
-        job = jobs[next++];
-      }
-      const auto start = std::chrono::steady_clock::now();
-      std::string line;
-      try {
-        const std::vector<std::string> files = precompile(*job.spec, *job.arch);
-        const double ms =
-            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-                .count();
-        line = detail::concat(*job.arch, "  ", job.spec->key(), "  ", ms, " ms  ",
-                              files.empty() || files[0].empty() ? "(memory only)" : files[0]);
-        std::lock_guard<std::mutex> lock(print);
-        kernels += files.size();
-      } catch (const Error& e) {
-        line = detail::concat(*job.arch, "  ", job.spec->key(), "  FAILED: ", e.what());
-        std::lock_guard<std::mutex> lock(print);
-        ++failures;
-      }
-      std::lock_guard<std::mutex> lock(print);
-      std::puts(line.c_str());
-    }
-  };
-  const unsigned n = o.jobs ? o.jobs : std::max(1u, std::thread::hardware_concurrency());
-  std::vector<std::thread> threads;
-  for (unsigned i = 0; i < n; ++i) threads.emplace_back(worker);
-  for (std::thread& t : threads) t.join();
-  const auto after = api::engine().stats();
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf(
-      "%zu keys, %zu kernels, for %zu arch(es) in %.2f s: %zu compiled, %zu from the disk cache, "
-      "%zu failed\n",
-      specs.size(), kernels, o.archs.size(), s, after.nvrtc_compiles - before.nvrtc_compiles,
-      after.disk_hits - before.disk_hits, failures);
-  return failures ? 1 : 0;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -115,16 +41,21 @@ int main(int argc, char** argv) {
   app.add_subcommand("info", "Library, NVRTC and driver versions, GPUs, kernel cache");
 
   CompileOptions co;
+  co.archs.clear();
   CLI::App* compile =
       app.add_subcommand("compile", "Precompile keys into the disk cache (no GPU needed)");
-  compile->add_option("--arch", co.archs, "Target architectures, e.g. sm_90 (repeatable)")
+  compile
+      ->add_option(
+          "--arch", co.archs,
+          "Target architectures, e.g. sm_80,sm_90 (default sm_90, or the tuning file's GPU)")
       ->delimiter(',');
-  compile->add_option("--preset", co.presets_, "Model preset (repeatable)")->delimiter(',');
+  compile->add_option("--preset", co.presets, "Model preset (repeatable)")->delimiter(',');
   compile->add_option("--key", co.keys, "Explicit kernel key (repeatable)");
   compile->add_option("--dtype", co.dtype, "q/k dtype for presets: f32, f16, bf16");
-  compile->add_option("-j,--jobs", co.jobs, "Compiler threads (default: all cores)");
-  std::string from_tuning;
-  compile->add_option("--from-tuning", from_tuning, "Precompile every kernel a tuning file names");
+  compile->add_option("-j,--jobs", co.jobs, "Compiler threads, 1..256 (default: all cores)")
+      ->check(CLI::Range(1, 256));
+  compile->add_option("--from-tuning", co.from_tuning,
+                      "Precompile every kernel a tuning file names, and its keys' defaults");
 
   TuneOptions to;
   CLI::App* tune =
@@ -162,11 +93,28 @@ int main(int argc, char** argv) {
   demo_cmd->add_option("--tokens", demo.tokens, "Tokens (batch 1)");
   demo_cmd->add_option("--dtype", demo.dtype, "q/k dtype: f32, f16, bf16");
 
-  CLI11_PARSE(app, argc, argv);
+  // A first word that names no command gets a message naming it, and every usage error exits 2.
+  if (argc > 1 && argv[1][0] != '-') {
+    bool known = false;
+    std::string names;
+    for (const CLI::App* sub : app.get_subcommands({})) {
+      known = known || sub->get_name() == argv[1];
+      names += (names.empty() ? "" : ", ") + sub->get_name();
+    }
+    if (!known) {
+      std::fprintf(stderr, "ropejit: unknown command '%s' (commands: %s; see --help)\n",
+                   detail::clipped(argv[1]).c_str(), names.c_str());
+      return 2;
+    }
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
   try {
     if (app.got_subcommand("info")) return run_info();
-    if (app.got_subcommand(compile))
-      return from_tuning.empty() ? run_compile(co) : run_compile_from_tuning(from_tuning);
+    if (app.got_subcommand(compile)) return run_compile(co);
     if (app.got_subcommand(tune)) return run_tune(to);
     if (app.got_subcommand(source)) {
       const Spec spec = parse_key(source_key);

@@ -3,7 +3,7 @@
 
 #include "jit/errors.hpp"
 
-namespace ropejit::autotune {
+namespace ropejit::cli {
 
 const std::vector<Preset>& presets() {
   static const std::vector<Preset> list = {
@@ -23,7 +23,7 @@ const Preset& find_preset(const std::string& name) {
     if (p.name == name) return p;
     known += (known.empty() ? "" : ", ") + p.name;
   }
-  detail::invalid("--preset ('", name, "') is not a known preset: ", known);
+  detail::invalid("--preset ('", detail::clipped(name), "') is not a known preset: ", known);
 }
 
 std::vector<Spec> preset_specs(const Preset& p, DType dtype) {
@@ -48,4 +48,4 @@ std::vector<Spec> preset_specs(const Preset& p, DType dtype) {
   return out;
 }
 
-}  // namespace ropejit::autotune
+}  // namespace ropejit::cli

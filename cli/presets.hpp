@@ -6,7 +6,7 @@
 
 #include "ropejit/ropejit.hpp"
 
-namespace ropejit::autotune {
+namespace ropejit::cli {
 
 struct Preset {
   std::string name;
@@ -26,4 +26,4 @@ const Preset& find_preset(const std::string& name);
 // fp32 half-width table and computed frequencies; forward and backward; in and out of place.
 std::vector<Spec> preset_specs(const Preset& p, DType dtype);
 
-}  // namespace ropejit::autotune
+}  // namespace ropejit::cli

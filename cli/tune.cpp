@@ -37,16 +37,19 @@ std::vector<Job> jobs_for(const TuneOptions& o) {
   const DType dtype = detail::parse_name<DType>(o.dtype, "--dtype");
   std::vector<Job> jobs;
   for (const std::string& name : o.presets) {
-    const autotune::Preset& p = autotune::find_preset(name);
-    for (const Spec& s : autotune::preset_specs(p, dtype))
+    const Preset& p = find_preset(name);
+    for (const Spec& s : preset_specs(p, dtype))
       if (s.direction == Direction::forward && s.in_place)
         jobs.push_back({s, p.q_heads, p.kv_heads});
   }
   if (!o.keys.empty() && o.heads.empty()) detail::invalid("--key needs --heads Q[,K]");
   if (!o.heads.empty()) {
-    if (o.heads.size() > 2 || o.heads[0] < 1 || (o.heads.size() == 2 && o.heads[1] < 0))
+    constexpr int32_t kMaxHeads = 65536;  // what a tuning entry may hold
+    if (o.heads.size() > 2 || o.heads[0] < 1 || o.heads[0] > kMaxHeads ||
+        (o.heads.size() == 2 && (o.heads[1] < 0 || o.heads[1] > kMaxHeads)))
       detail::invalid("--heads (", heads_text(o.heads),
-                      ") must be Q or Q,K with Q >= 1 and K >= 0");
+                      ") must be Q or Q,K with 1 <= Q <= ", kMaxHeads,
+                      " and 0 <= K <= ", kMaxHeads);
     std::vector<Spec> specs;
     for (const std::string& key : o.keys) {
       try {
@@ -158,47 +161,6 @@ int run_tune(const TuneOptions& o) {
   cache.save(path);
   std::printf("\ntuned %zu entries in %.1f s; wrote/merged %s\n", rows.size(), seconds,
               path.c_str());
-  return 0;
-}
-
-int run_compile_from_tuning(const std::string& file) {
-  std::ifstream in(file);
-  if (!in) detail::invalid("--from-tuning (", file, "): cannot read the file");
-  autotune::Fingerprint fp;
-  try {
-    const nlohmann::json j = nlohmann::json::parse(in);
-    const nlohmann::json& f = j.at("fingerprint");
-    fp.gpu_name = f.at("gpu").get<std::string>();
-    fp.cc = f.at("cc").get<int>();
-    fp.sm_count = f.at("sm_count").get<int>();
-  } catch (const nlohmann::json::exception& e) {
-    detail::invalid("--from-tuning (", file, ") is not a tuning file: ", e.what());
-  }
-  // Load with the file's own GPU, so any machine can prepare caches for that GPU.
-  const autotune::TuningCache cache = autotune::TuningCache::load(file, fp);
-  const std::string target = detail::target_for(fp.cc);
-  // The tuned kernels, and the heuristic's two of every key named (a key's first use prepares
-  // those too, for the shapes the file does not cover).
-  std::vector<std::pair<std::string, detail::KernelVariant>> kernels;
-  std::set<std::string> seen;
-  auto add = [&](const std::string& key, const detail::KernelVariant& v) {
-    if (seen.insert(key + "__" + v.name()).second) kernels.emplace_back(key, v);
-  };
-  for (const autotune::TuningEntry& e : cache.entries()) add(e.key, e.config.kernel);
-  const size_t tuned = kernels.size();
-  for (const autotune::TuningEntry& e : cache.entries())
-    for (const detail::KernelVariant& v : detail::default_variants(parse_key(e.key), 16))
-      add(e.key, v);
-  for (const auto& [key, variant] : kernels) {
-    std::string path;
-    api::engine().image(parse_key(key), variant, target, &path);
-    std::printf("%s  %s  %s\n", key.c_str(), variant.name().c_str(),
-                path.empty() ? "(memory only)" : path.c_str());
-  }
-  std::printf(
-      "%zu entries: %zu tuned kernels and %zu more of those keys' defaults, for %s (%s), in %s\n",
-      cache.entries().size(), tuned, kernels.size() - tuned, fp.gpu_name.c_str(), target.c_str(),
-      api::engine().disk().dir().c_str());
   return 0;
 }
 

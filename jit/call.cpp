@@ -7,6 +7,7 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <utility>
 
 #include "jit/errors.hpp"
 
@@ -28,52 +29,113 @@ struct Dim {
   int64_t count;
   const char* name;
 };
+using Dims = std::array<Dim, 3>;
+
+// The first dimension whose stride does not step over everything the smaller strides span
+// (rows of head_dim elements would then overlap), or null; `needed` gets the stride it needed.
+const Dim* overlapping_dim(const Dims& dims, int64_t head_dim, int64_t* needed) {
+  Dims live = dims;
+  std::sort(live.begin(), live.end(),
+            [](const Dim& a, const Dim& b) { return a.stride < b.stride; });
+  int64_t extent = head_dim;
+  for (const Dim& d : live) {
+    if (d.count <= 1) continue;
+    if (d.stride < extent) {
+      *needed = extent;
+      for (const Dim& original : dims)
+        if (original.name == d.name) return &original;
+    }
+    extent = d.stride * (d.count - 1) + extent;
+  }
+  return nullptr;
+}
+
+// One operand as checked: its strides, the bytes it spans, whether the call writes it.
+struct Operand {
+  const char* name = nullptr;
+  const Tensor* tensor = nullptr;
+  Dims dims{};
+  uintptr_t first = 0, end = 0;  // bytes [first, end); empty for an operand without elements
+  bool written = false;
+};
 
 // Checks one operand's strides, that its rows never overlap (for operands that are written),
 // and that its largest element offset fits in 64-bit byte arithmetic. Returns the alignment
-// (bytes) its pointer and strides allow.
+// (bytes) its pointer and strides allow; fills `op`.
 int32_t check_operand(const char* name, const Tensor& t, bool dense, int64_t batch, int64_t seq,
-                      int64_t heads, const Spec& c, bool written) {
+                      int64_t heads, const Spec& c, bool written, Operand* op) {
   const int64_t elem = element_bytes(c.dtype);
   if (!t.data) invalid(name, ".data is null");
   if (reinterpret_cast<uintptr_t>(t.data) % uint64_t(elem) != 0)
     invalid(name, ".data (", t.data, ") is not aligned to its ", elem, "-byte elements");
   if (t.heads != heads) invalid(name, ".heads (", t.heads, ") must be ", heads);
   // Fixed-size arrays: this runs on every call, which must not allocate.
-  std::array<Dim, 3> dims = {Dim{t.stride_seq, seq, "stride_seq"},
-                             Dim{t.stride_head, heads, "stride_head"},
-                             Dim{t.stride_batch, dense ? batch : 1, "stride_batch"}};
+  const Dims dims = {Dim{t.stride_seq, seq, "stride_seq"}, Dim{t.stride_head, heads, "stride_head"},
+                     Dim{t.stride_batch, dense ? batch : 1, "stride_batch"}};
+  *op = Operand{name, &t, dims, 0, 0, written};
   if (seq == 0) return 16;  // no elements: nothing is read or written
-  int64_t max_offset = c.head_dim;
+  int64_t end_offset = c.head_dim;
   for (const Dim& d : dims) {
     if (d.stride < 0) invalid(name, ".", d.name, " (", d.stride, ") must be >= 0");
     int64_t span = 0;
     if (d.count > 1 && (__builtin_mul_overflow(d.stride, d.count - 1, &span) ||
-                        __builtin_add_overflow(max_offset, span, &max_offset)))
+                        __builtin_add_overflow(end_offset, span, &end_offset)))
       invalid(name, ".", d.name, " (", d.stride, ") times ", d.count - 1,
               " overflows 64-bit offsets");
   }
-  int64_t max_bytes = 0;
-  if (__builtin_mul_overflow(max_offset, elem, &max_bytes))
-    invalid(name, ": largest offset (", max_offset, " elements) overflows 64-bit byte offsets");
-  if (written) {
-    // Rows of head_dim elements must not overlap: sorted by stride, each stride must step
-    // over everything spanned by the smaller ones.
-    std::array<Dim, 3> live = dims;
-    std::sort(live.begin(), live.end(),
-              [](const Dim& a, const Dim& b) { return a.stride < b.stride; });
-    int64_t extent = c.head_dim;
-    for (const Dim& d : live) {
-      if (d.count <= 1) continue;
-      if (d.stride < extent)
-        invalid(name, ".", d.name, " (", d.stride, ") makes rows overlap (needs >= ", extent, ")");
-      extent = d.stride * (d.count - 1) + extent;
-    }
-  }
+  int64_t end_bytes = 0;
+  if (__builtin_mul_overflow(end_offset, elem, &end_bytes) ||
+      reinterpret_cast<uintptr_t>(t.data) > UINTPTR_MAX - uint64_t(end_bytes))
+    invalid(name, ": largest offset (", end_offset, " elements) overflows 64-bit byte offsets");
+  op->first = reinterpret_cast<uintptr_t>(t.data);
+  op->end = op->first + uint64_t(end_bytes);
+  int64_t needed = 0;
+  if (written)
+    if (const Dim* d = overlapping_dim(dims, c.head_dim, &needed))
+      invalid(name, ".", d->name, " (", d->stride, ") makes rows overlap (needs >= ", needed, ")");
   int32_t align = low_alignment(reinterpret_cast<uintptr_t>(t.data));
   for (const Dim& d : dims)
     if (d.count > 1) align = std::min(align, low_alignment(uint64_t(d.stride * elem)));
   return align;
+}
+
+// Whether two operands whose byte spans intersect still share no element: views of different
+// heads of one tensor, such as q and k in a packed QKV projection output. That holds when their
+// strides are equal, b starts a whole number of heads after a, their head ranges do not meet,
+// and one tensor covering both head ranges has rows that never overlap.
+bool distinct_heads(const Operand& a, const Operand& b, int64_t head_dim, int64_t elem) {
+  for (size_t i = 0; i < a.dims.size(); ++i)
+    if (a.dims[i].stride != b.dims[i].stride && (a.dims[i].count > 1 || b.dims[i].count > 1))
+      return false;
+  const int64_t head_bytes = a.dims[1].stride * elem;
+  const int64_t delta = int64_t(b.first - a.first);  // two's complement: negative when b < a
+  if (head_bytes <= 0 || delta % head_bytes != 0) return false;
+  const int64_t shift = delta / head_bytes;  // b's head 0 is a's head `shift`
+  const int64_t a_heads = a.dims[1].count, b_heads = b.dims[1].count;
+  if (shift < a_heads && -shift < b_heads) return false;  // the head ranges meet
+  Dims both = a.dims;
+  both[1].count = std::max(a_heads, shift + b_heads) - std::min<int64_t>(0, shift);
+  int64_t needed = 0;
+  return overlapping_dim(both, head_dim, &needed) == nullptr;
+}
+
+// Rejects a written operand that shares memory with any other operand of the call.
+void check_no_overlap(const Operand* ops, size_t n, int64_t head_dim, int64_t elem) {
+  for (size_t i = 0; i < n; ++i)
+    for (size_t j = i + 1; j < n; ++j) {
+      const Operand& a = ops[i];
+      const Operand& b = ops[j];
+      if (!(a.written || b.written) || a.first == a.end || b.first == b.end) continue;
+      if (a.end <= b.first || b.end <= a.first) continue;
+      const bool a_first = a.first <= b.first;
+      if (distinct_heads(a_first ? a : b, a_first ? b : a, head_dim, elem)) continue;
+      invalid(a.name, " and ", b.name, " overlap in memory (", a.name, " spans [",
+              reinterpret_cast<const void*>(a.first), ", ", reinterpret_cast<const void*>(a.end),
+              "), ", b.name, " [", reinterpret_cast<const void*>(b.first), ", ",
+              reinterpret_cast<const void*>(b.end), ")) and ",
+              a.written && b.written ? "both are" : "one is",
+              " written; give each its own memory (or distinct heads of one tensor)");
+    }
 }
 
 void check_index_pointer(const void* p, IndexType t, const char* name, const char* why) {
@@ -98,30 +160,44 @@ CallShape check_call(const Spec& c, const Args& a) {
     invalid("token count (", tokens, ") exceeds ", kMaxTokens, "; split the call");
   shape.tokens = tokens;
 
-  if (a.q.heads < 1 || a.q.heads > INT32_MAX / 2)
-    invalid("args.q.heads (", a.q.heads, ") must be >= 1");
+  constexpr int64_t kMaxHeads = int64_t(1) << 30;  // q + k heads stay below 2^31
+  if (a.q.heads < 1 || a.q.heads > kMaxHeads)
+    invalid("args.q.heads (", a.q.heads, ") must be in [1, 2^30]");
   const bool has_k = a.k.data != nullptr;
   if (!has_k && a.k.heads != 0)
     invalid("args.k.heads (", a.k.heads, ") is set but args.k.data is null");
-  if (has_k && (a.k.heads < 1 || a.k.heads > INT32_MAX / 2))
-    invalid("args.k.heads (", a.k.heads, ") must be >= 1");
+  if (has_k && (a.k.heads < 1 || a.k.heads > kMaxHeads))
+    invalid("args.k.heads (", a.k.heads, ") must be in [1, 2^30]");
   shape.q_heads = int32_t(a.q.heads);
   shape.k_heads = has_k ? int32_t(a.k.heads) : 0;
 
   const int64_t seq = dense ? a.seq_len : tokens;
-  int32_t align = check_operand("args.q", a.q, dense, a.batch, seq, a.q.heads, c, c.in_place);
+  std::array<Operand, 4> ops{};
+  size_t n_ops = 0;
+  int32_t align =
+      check_operand("args.q", a.q, dense, a.batch, seq, a.q.heads, c, c.in_place, &ops[n_ops++]);
   if (has_k)
-    align = std::min(align,
-                     check_operand("args.k", a.k, dense, a.batch, seq, a.k.heads, c, c.in_place));
-  if (!c.in_place) {
-    align = std::min(align,
-                     check_operand("args.q_out", a.q_out, dense, a.batch, seq, a.q.heads, c, true));
+    align = std::min(align, check_operand("args.k", a.k, dense, a.batch, seq, a.k.heads, c,
+                                          c.in_place, &ops[n_ops++]));
+  if (c.in_place) {
+    // In place, q and k are the outputs: an output tensor given too would be silently ignored.
+    for (const auto& [t, name] :
+         {std::pair{&a.q_out, "args.q_out"}, std::pair{&a.k_out, "args.k_out"}})
+      if (t->data)
+        invalid(name,
+                ".data is set but spec.in_place is true (in place, q and k are written); "
+                "set spec.in_place = false to write ",
+                name);
+  } else {
+    align = std::min(align, check_operand("args.q_out", a.q_out, dense, a.batch, seq, a.q.heads, c,
+                                          true, &ops[n_ops++]));
     if (has_k)
-      align = std::min(
-          align, check_operand("args.k_out", a.k_out, dense, a.batch, seq, a.k.heads, c, true));
+      align = std::min(align, check_operand("args.k_out", a.k_out, dense, a.batch, seq, a.k.heads,
+                                            c, true, &ops[n_ops++]));
     else if (a.k_out.data)
       invalid("args.k_out.data is set but args.k.data is null");
   }
+  check_no_overlap(ops.data(), n_ops, c.head_dim, element_bytes(c.dtype));
   shape.align_bytes = align;
   if (max_vec(c, align) == 0)
     invalid("gptj needs q/k pointers and strides aligned to a pair of elements (",
@@ -142,6 +218,11 @@ CallShape check_call(const Spec& c, const Args& a) {
     check_index_pointer(a.position_ids, c.index_type, "args.position_ids", "positions is ids");
   if (c.positions == Positions::offset && a.position_offset < 0)
     invalid("args.position_offset (", a.position_offset, ") must be >= 0");
+  // Positions are position_offset + an index below `tokens`: keep them far from int64 overflow.
+  constexpr int64_t kMaxPosition = int64_t(1) << 62;
+  if (c.positions == Positions::offset && a.position_offset > kMaxPosition - tokens)
+    invalid("args.position_offset (", a.position_offset, ") + ", tokens,
+            " tokens exceeds the largest position (2^62)");
 
   // Frequencies.
   if (c.freqs == Freqs::table) {
@@ -165,7 +246,7 @@ CallShape check_call(const Spec& c, const Args& a) {
         low_alignment(reinterpret_cast<uintptr_t>(a.cos) | reinterpret_cast<uintptr_t>(a.sin) |
                       uint64_t(stride * telem));
     if (c.positions == Positions::offset && dense && tokens > 0 &&
-        a.position_offset > a.table_rows - a.seq_len)
+        a.position_offset > a.table_rows - a.seq_len)  // no overflow: both are checked above
       invalid("positions up to ", a.position_offset + a.seq_len - 1, " (position_offset ",
               a.position_offset, " + seq_len ", a.seq_len,
               " - 1) are beyond the table (table_rows ", a.table_rows, ")");

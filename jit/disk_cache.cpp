@@ -12,18 +12,19 @@
 #include "jit/disk_cache.hpp"
 
 #include <dirent.h>
+#include <errno.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
 
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <sstream>
 
-#include "jit/atomic_file.hpp"
 #include "jit/embedded.hpp"
 #include "jit/errors.hpp"
+#include "jit/files.hpp"
+#include "jit/nvrtc.hpp"
 
 namespace ropejit::detail {
 namespace {
@@ -31,6 +32,8 @@ namespace {
 constexpr char kMagic[8] = {'R', 'J', 'K', 'E', 'R', 'N', 'E', 'L'};
 constexpr size_t kHeaderBytes = 40;
 constexpr const char* kSuffix = ".rjk";
+constexpr size_t kMaxEntryBytes = size_t(64) << 20;  // cubins of RoPE kernels are ~10-100 KB
+constexpr long kStaleTempSeconds = 3600;             // a writer's temp file lives milliseconds
 
 void put_u32(std::string& s, uint32_t v) {
   for (int i = 0; i < 4; ++i) s.push_back(char((v >> (8 * i)) & 0xff));
@@ -78,8 +81,8 @@ bool decode_entry(const std::string& b, CacheEntry* out, std::string* why) {
     *why = concat("format version ", version, " (this library reads ", kCacheFormatVersion, ")");
     return false;
   }
-  if (flags > 1 || key_len > 4096 || image_len != b.size() - kHeaderBytes - key_len ||
-      b.size() < kHeaderBytes + key_len) {
+  if (flags > 1 || key_len > 4096 || b.size() < kHeaderBytes + key_len ||
+      image_len != b.size() - kHeaderBytes - key_len) {
     *why = "truncated or inconsistent header";
     return false;
   }
@@ -134,12 +137,21 @@ DiskCache::DiskCache(std::string dir) : dir_(std::move(dir)) {
     return;
   }
   std::string why;
+  struct stat st {};
   if (!make_private_dirs(dir_, &why)) {
     disabled_reason_ = why;
-  } else if (access(dir_.c_str(), W_OK | X_OK) != 0) {
+  } else if (::stat(dir_.c_str(), &st) != 0) {
+    disabled_reason_ = concat("cannot stat ", dir_, ": ", std::strerror(errno));
+  } else if (const std::string distrust = untrusted_reason(st.st_uid, st.st_mode);
+             !distrust.empty()) {
+    // Another user who can write here could plant a cubin this process would run.
+    disabled_reason_ = concat(dir_, " is ", distrust, "; refusing to use it");
+  } else if (::access(dir_.c_str(), W_OK | X_OK) != 0) {
     disabled_reason_ = concat(dir_, " is not writable");
   } else {
+    trusted_ = true;
     enabled_ = true;
+    remove_stale_temp_files(dir_, kStaleTempSeconds);
     return;
   }
   warn_once("cache-dir", concat("kernel cache directory unusable (", disabled_reason_,
@@ -156,14 +168,15 @@ std::string DiskCache::path_for(const std::string& hash) const {
 }
 
 bool DiskCache::load(const std::string& hash, const std::string& key, CacheEntry* out) const {
-  if (dir_.empty()) return false;
-  std::ifstream in(path_for(hash), std::ios::binary);
-  if (!in) return false;  // a plain miss
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  std::string why;
+  if (!trusted_) return false;
+  const FileRead file = read_regular_file(path_for(hash), kMaxEntryBytes);
+  if (file.status == ReadStatus::missing) return false;  // a plain miss
+  std::string why = file.why;
   CacheEntry e;
-  bool ok = decode_entry(ss.str(), &e, &why);
+  bool ok = file.status == ReadStatus::ok;
+  if (ok) why = untrusted_reason(file.owner, file.mode);
+  ok = ok && why.empty() && decode_entry(file.bytes, &e, &why);
+  if (ok) ok = (why = image_problem(e.image, e.is_ptx)).empty();
   if (ok && e.key != key) {
     why = "made for " + e.key;
     ok = false;
@@ -178,7 +191,7 @@ bool DiskCache::load(const std::string& hash, const std::string& key, CacheEntry
 }
 
 std::string DiskCache::store(const std::string& hash, const CacheEntry& entry) {
-  if (!enabled()) return {};
+  if (!enabled() || !image_problem(entry.image, entry.is_ptx).empty()) return {};
   const std::string path = path_for(hash);
   std::string why;
   if (!write_file_atomically(path, encode_entry(entry), &why)) {

@@ -19,7 +19,8 @@ struct CacheEntry {
 
 // Serialized entry bytes (header + key + image); exposed for the golden-file test.
 std::string encode_entry(const CacheEntry& entry);
-// Parses entry bytes into `out`; false with `why` set on any defect.
+// Parses entry bytes into `out`; false with `why` set on any defect of the format. (Whether the
+// image is loadable is DiskCache's question: image_problem() in jit/nvrtc.hpp.)
 bool decode_entry(const std::string& bytes, CacheEntry* out, std::string* why);
 
 // Stable hex hash of everything that determines a compiled image.
@@ -32,8 +33,9 @@ class DiskCache {
   // set to "off" (or empty) disables the disk cache.
   static std::string default_dir();
 
-  // Creates `dir` (mode 0700) if needed; an unusable directory leaves the cache disabled with
-  // one warning.
+  // Creates `dir` (mode 0700) if needed; an unusable directory, or one not owned by this user
+  // or writable by group or others, leaves the cache disabled (memory only) with one warning.
+  // Removes temp files that killed writers left there more than an hour ago.
   explicit DiskCache(std::string dir);
 
   bool enabled() const { return enabled_.load(); }
@@ -41,16 +43,19 @@ class DiskCache {
   std::string status() const;
   std::string path_for(const std::string& hash) const;
 
-  // True and `out` filled when the entry for `hash` is present, intact and made for `key`.
+  // True and `out` filled when the entry for `hash` is a regular file owned by this user, not
+  // writable by others, intact, holding a loadable-looking image, and made for `key`. Anything
+  // else is a miss (with one warning when the file exists).
   bool load(const std::string& hash, const std::string& key, CacheEntry* out) const;
   // Publishes an entry; returns its path, or "" when the directory is not writable (the
-  // cache then turns itself off with one warning).
+  // cache then turns itself off with one warning) or the image is not loadable (never stored).
   std::string store(const std::string& hash, const CacheEntry& entry);
   size_t count_entries() const;
 
  private:
   std::string dir_;
   std::string disabled_reason_;  // set only by the constructor
+  bool trusted_ = false;         // the directory passed the ownership check: entries are read
   std::atomic<bool> enabled_{false};
 };
 

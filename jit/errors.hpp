@@ -15,6 +15,14 @@ std::string concat(const Parts&... parts) {
   return os.str();
 }
 
+// `text` for an error message, cut to its first 64 characters (and its length) when longer:
+// messages quote what the caller passed, which may be anything.
+inline std::string clipped(const std::string& text) {
+  constexpr size_t kShown = 64;
+  if (text.size() <= kShown) return text;
+  return concat(text.substr(0, kShown), "... (", text.size(), " characters)");
+}
+
 template <class... Parts>
 [[noreturn]] void fail(ErrorCode code, const Parts&... parts) {
   throw Error(code, concat("ropejit: ", parts...));

@@ -54,7 +54,7 @@ E parse_name(const std::string& text, const std::string& what) {
     if (text == name) return value;
     choices += choices.empty() ? name : std::string(", ") + name;
   }
-  invalid(what, " ('", text, "') must be one of: ", choices);
+  invalid(what, " ('", clipped(text), "') must be one of: ", choices);
 }
 
 }  // namespace ropejit::detail

@@ -5,8 +5,10 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <sstream>
+#include <utility>
 
 #include "jit/embedded.hpp"
 #include "jit/errors.hpp"
@@ -26,6 +28,27 @@ std::vector<int> supported_archs() {
   return archs;
 }
 
+// Why an NVRTC option would change what is built rather than how, or null. Such options
+// (e.g. -arch=sm_80 under an sm_90 key, or -dlto, which yields LTO IR instead of a cubin) would
+// store images the key does not describe.
+const char* target_changing(const std::string& option) {
+  static const std::pair<const char*, const char*> kRefused[] = {
+      {"--gpu-architecture", "sets the target architecture"},
+      {"-arch", "sets the target architecture"},
+      {"--dlink-time-opt", "asks for link-time IR instead of a cubin"},
+      {"-dlto", "asks for link-time IR instead of a cubin"},
+      {"--relocatable-device-code", "asks for relocatable code that needs a device link"},
+      {"-rdc", "asks for relocatable code that needs a device link"},
+      {"--extensible-whole-program", "asks for code that needs a device link"},
+      {"-ewp", "asks for code that needs a device link"},
+  };
+  for (const auto& [name, why] : kRefused) {
+    const size_t n = std::strlen(name);
+    if (option.compare(0, n, name) == 0 && (option.size() == n || option[n] == '=')) return why;
+  }
+  return nullptr;
+}
+
 }  // namespace
 
 NvrtcVersion nvrtc_version() {
@@ -35,9 +58,10 @@ NvrtcVersion nvrtc_version() {
 }
 
 int parse_arch(const std::string& arch, const char* what) {
-  if (arch.size() < 5 || arch.size() > 7 || arch.compare(0, 3, "sm_") != 0 ||
+  // sm_ then 2 or 3 digits without a leading zero: sm_80, sm_90, sm_100, sm_120.
+  if (arch.size() < 5 || arch.size() > 6 || arch.compare(0, 3, "sm_") != 0 || arch[3] == '0' ||
       arch.find_first_not_of("0123456789", 3) != std::string::npos)
-    invalid(what, " ('", arch, "') must look like sm_90");
+    invalid(what, " ('", clipped(arch), "') must look like sm_90");
   return std::stoi(arch.substr(3));
 }
 
@@ -64,9 +88,28 @@ std::vector<std::string> compile_options(const std::string& target) {
   // of the cache key like every option.
   if (const char* extra = std::getenv("ROPEJIT_NVRTC_FLAGS")) {
     std::istringstream words(extra);
-    for (std::string w; words >> w;) options.push_back(w);
+    for (std::string w; words >> w;) {
+      if (const char* what = target_changing(w))
+        invalid("ROPEJIT_NVRTC_FLAGS: '", clipped(w), "' ", what,
+                "; ropejit chooses the target per device and caches what it built under it, so "
+                "such options are refused");
+      options.push_back(w);
+    }
   }
   return options;
+}
+
+std::string image_problem(const std::string& image, bool is_ptx) {
+  if (image.empty()) return "empty image";
+  if (is_ptx) {
+    if (image.back() != '\0' || image.find(".version") == std::string::npos)
+      return "not NUL-terminated PTX text";
+  } else if (image.size() < 64 || image.compare(0, 4,
+                                                "\x7f"
+                                                "ELF") != 0) {
+    return "not an ELF cubin";
+  }
+  return {};
 }
 
 CompileResult compile(const std::string& source, const std::string& name, const std::string& key,
@@ -111,6 +154,12 @@ CompileResult compile(const std::string& source, const std::string& name, const 
     check_nvrtc(nvrtcGetCUBINSize(prog, &size), "nvrtcGetCUBINSize");
     out.image.resize(size);
     check_nvrtc(nvrtcGetCUBIN(prog, out.image.data()), "nvrtcGetCUBIN");
+  }
+  if (const std::string bad = image_problem(out.image, out.is_ptx); !bad.empty()) {
+    std::string opt_line;
+    for (const std::string& o : options) opt_line += " " + o;
+    fail(ErrorCode::compile, "NVRTC compiled ", key, " for ", target,
+         " but gave no loadable image (", bad, ")\noptions:", opt_line);
   }
   return out;
 }

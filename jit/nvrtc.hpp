@@ -25,8 +25,16 @@ int parse_arch(const std::string& arch, const char* what);
 // "compute_XY" (PTX for the driver to finish) when `cc` is newer than NVRTC supports.
 std::string target_for(int cc);
 
-// The NVRTC options used for `target` (part of every cache entry's content hash).
+// The NVRTC options used for `target` (part of every cache entry's content hash):
+// ropejit's, then ROPEJIT_NVRTC_FLAGS. Throws Error(invalid_argument) when those flags try to
+// change what is built (the target architecture, link-time IR, relocatable code), which would
+// put images under keys that do not describe them.
 std::vector<std::string> compile_options(const std::string& target);
+
+// "" when `image` can be handed to cuModuleLoadData: an ELF cubin, or NUL-terminated PTX text;
+// else why not. compile() never returns anything else, and the disk cache treats such an entry
+// as a miss.
+std::string image_problem(const std::string& image, bool is_ptx);
 
 // Compiles `source` (named `name` in diagnostics) with the embedded headers. Throws
 // Error(compile) carrying `key`, the full log and the options on failure.

@@ -1,5 +1,7 @@
 // Spec validation, canonical form and the one canonical key string per specialization.
+#include <cstring>
 #include <sstream>
+#include <utility>
 #include <vector>
 
 #include "jit/names.hpp"
@@ -29,6 +31,11 @@ void check_enum(E v, const char* field) {
 }  // namespace
 
 void Spec::validate() const {
+  // A bool holding anything but 0 or 1 (memset, a C caller's int) is a bug in the caller.
+  unsigned char in_place_byte = 0;
+  std::memcpy(&in_place_byte, &in_place, 1);
+  if (in_place_byte > 1)
+    detail::invalid("spec.in_place (", int(in_place_byte), ") must be true or false");
   check_enum(layout, "layout");
   check_enum(dtype, "dtype");
   check_enum(style, "style");
@@ -99,11 +106,13 @@ std::vector<std::string> split(const std::string& s, char sep) {
 
 int32_t parse_dim(const std::string& field, char prefix, const std::string& key) {
   if (field.size() < 2 || field[0] != prefix || field.size() > 5)
-    detail::invalid("key '", key, "': expected ", prefix, "<number>, got '", field, "'");
+    detail::invalid("key '", detail::clipped(key), "': expected ", prefix, "<number>, got '",
+                    detail::clipped(field), "'");
   int32_t v = 0;
   for (size_t i = 1; i < field.size(); ++i) {
     if (field[i] < '0' || field[i] > '9')
-      detail::invalid("key '", key, "': expected ", prefix, "<number>, got '", field, "'");
+      detail::invalid("key '", detail::clipped(key), "': expected ", prefix, "<number>, got '",
+                      detail::clipped(field), "'");
     v = v * 10 + (field[i] - '0');
   }
   return v;
@@ -114,7 +123,8 @@ int32_t parse_dim(const std::string& field, char prefix, const std::string& key)
 Spec parse_key(const std::string& key) {
   const std::vector<std::string> f = split(key, '_');
   if (f.size() != 11 || f[0] != "rope")
-    detail::invalid("key '", key, "' is not a ropejit key (rope_<layout>_<dtype>_d.._r.._...)");
+    detail::invalid("key '", detail::clipped(key),
+                    "' is not a ropejit key (rope_<layout>_<dtype>_d.._r.._...)");
   Spec s;
   s.layout = detail::parse_name<Layout>(f[1], "key layout");
   s.dtype = detail::parse_name<DType>(f[2], "key dtype");
@@ -123,35 +133,52 @@ Spec parse_key(const std::string& key) {
   s.style = detail::parse_name<Style>(f[5], "key style");
   const std::vector<std::string> pos = split(f[6], '-');
   if (pos.size() < 2 || pos[0] != "pos")
-    detail::invalid("key '", key, "': bad positions field '", f[6], "'");
+    detail::invalid("key '", detail::clipped(key), "': bad positions field '",
+                    detail::clipped(f[6]), "'");
   s.positions = detail::parse_name<Positions>(pos[1], "key positions");
   if (s.positions != Positions::offset) {
-    if (pos.size() != 3) detail::invalid("key '", key, "': positions field needs an index type");
+    if (pos.size() != 3)
+      detail::invalid("key '", detail::clipped(key), "': positions field needs an index type");
     s.index_type = detail::parse_name<IndexType>(pos[2], "key index type");
   } else if (pos.size() != 2) {
-    detail::invalid("key '", key, "': bad positions field '", f[6], "'");
+    detail::invalid("key '", detail::clipped(key), "': bad positions field '",
+                    detail::clipped(f[6]), "'");
   }
   const std::vector<std::string> fr = split(f[7], '-');
   s.freqs = detail::parse_name<Freqs>(fr[0], "key freqs");
   if (s.freqs == Freqs::table) {
-    if (fr.size() != 3) detail::invalid("key '", key, "': table field needs dtype and width");
+    if (fr.size() != 3)
+      detail::invalid("key '", detail::clipped(key), "': table field needs dtype and width");
     s.table_dtype = detail::parse_name<DType>(fr[1], "key table dtype");
     s.table_width = detail::parse_name<TableWidth>(fr[2], "key table width");
   } else if (fr.size() != 1) {
-    detail::invalid("key '", key, "': bad freqs field '", f[7], "'");
+    detail::invalid("key '", detail::clipped(key), "': bad freqs field '", detail::clipped(f[7]),
+                    "'");
   }
   s.fusion = detail::parse_name<Fusion>(f[8], "key fusion");
   s.direction = detail::parse_name<Direction>(f[9], "key direction");
   if (f[10] != "ip" && f[10] != "oop")
-    detail::invalid("key '", key, "': last field must be ip or oop");
+    detail::invalid("key '", detail::clipped(key), "': last field must be ip or oop");
   s.in_place = f[10] == "ip";
   if (s.key() != key)
-    detail::invalid("key '", key, "' is not canonical (expected '", s.key(), "')");
+    detail::invalid("key '", detail::clipped(key), "' is not canonical (expected '", s.key(), "')");
   return s;
 }
 
 Tensor contiguous(Layout layout, void* data, int64_t batch, int64_t seq, int64_t heads,
                   int64_t head_dim) {
+  const std::pair<const char*, int64_t> sizes[] = {
+      {"batch", batch}, {"seq", seq}, {"heads", heads}, {"head_dim", head_dim}};
+  for (const auto& [name, v] : sizes)
+    if (v < 0) detail::invalid("contiguous: ", name, " (", v, ") must be >= 0");
+  if (!detail::is_valid(layout))
+    detail::invalid("contiguous: layout (", static_cast<int32_t>(layout), ") is not a known value");
+  // Every stride is a product of some of the sizes; all of them at once must fit in int64.
+  int64_t all = head_dim;
+  for (const int64_t v : {heads, seq, layout == Layout::thd ? int64_t(1) : batch})
+    if (__builtin_mul_overflow(all, v, &all))
+      detail::invalid("contiguous: batch (", batch, ") x seq (", seq, ") x heads (", heads,
+                      ") x head_dim (", head_dim, ") overflows int64");
   Tensor t;
   t.data = data;
   t.heads = heads;

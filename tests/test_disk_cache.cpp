@@ -31,6 +31,15 @@ CacheEntry sample_entry() {
   return e;
 }
 
+// An entry the cache hands out: its image looks like a cubin (an ELF file).
+CacheEntry loadable_entry() {
+  CacheEntry e = sample_entry();
+  e.image.replace(0, 4,
+                  "\x7f"
+                  "ELF");
+  return e;
+}
+
 }  // namespace
 
 TEST_CASE("entry format v1 is frozen by a golden file") {
@@ -87,7 +96,7 @@ TEST_CASE("store, hit, foreign, corrupt and truncated entries") {
   REQUIRE(stat(dir.c_str(), &st) == 0);
   CHECK((st.st_mode & 0777) == 0700);
 
-  const CacheEntry e = sample_entry();
+  const CacheEntry e = loadable_entry();
   CacheEntry out;
   CHECK_FALSE(cache.load("00ff", e.key, &out));  // plain miss
   const std::string path = cache.store("00ff", e);
@@ -113,12 +122,12 @@ TEST_CASE("unusable directories degrade to memory-only caching") {
   DiskCache under_file(base + "/file/cache");
   CHECK_FALSE(under_file.enabled());
   CHECK(under_file.status().find("cannot create") != std::string::npos);
-  CHECK(under_file.store("00ff", sample_entry()).empty());
+  CHECK(under_file.store("00ff", loadable_entry()).empty());
 
   DiskCache vanishing(base + "/gone");
   REQUIRE(vanishing.enabled());
   REQUIRE(rmdir((base + "/gone").c_str()) == 0);
-  CHECK(vanishing.store("00ff", sample_entry()).empty());  // write fails: turns itself off
+  CHECK(vanishing.store("00ff", loadable_entry()).empty());  // write fails: turns itself off
   CHECK_FALSE(vanishing.enabled());
 
   if (geteuid() != 0) {  // root ignores permission bits
@@ -132,8 +141,8 @@ TEST_CASE("unusable directories degrade to memory-only caching") {
 
 TEST_CASE("several processes publishing one entry never expose a partial file") {
   const std::string dir = temp_dir();
-  CacheEntry e = sample_entry();
-  e.image.assign(size_t(1) << 20, 'z');  // large enough that a torn write would show
+  CacheEntry e = loadable_entry();
+  e.image.resize(size_t(1) << 20, 'z');  // large enough that a torn write would show
   constexpr int kWriters = 4;
   std::vector<pid_t> pids;
   for (int w = 0; w < kWriters; ++w) {

@@ -70,7 +70,13 @@ typedef struct {
 ROPEJIT_API void ropejit_spec_init(ropejit_spec* spec);
 ROPEJIT_API void ropejit_args_init(ropejit_args* args);
 
-/* Contiguous strides for a layout (thd: `batch` ignored, `seq` = tokens). */
+/* Contiguous strides for a layout (thd: `batch` ignored, `seq` = tokens) into *out. Fails, with
+ * *out untouched, for negative sizes or sizes whose product overflows int64. */
+ROPEJIT_API ropejit_status ropejit_make_contiguous(int32_t layout, void* data, int64_t batch,
+                                                   int64_t seq, int64_t heads, int64_t head_dim,
+                                                   ropejit_tensor* out);
+/* The same as a value: on failure an all-zero tensor (data NULL, so that ropejit_apply() refuses
+ * it) and ropejit_last_error() says why. */
 ROPEJIT_API ropejit_tensor ropejit_contiguous(int32_t layout, void* data, int64_t batch,
                                               int64_t seq, int64_t heads, int64_t head_dim);
 

@@ -92,7 +92,8 @@ struct Tensor {
 };
 
 // Strides of a contiguous tensor in `layout` (for thd, `batch` is ignored and `seq` is the
-// number of tokens).
+// number of tokens). Throws Error(invalid_argument) for negative sizes or sizes whose product
+// overflows int64.
 Tensor contiguous(Layout layout, void* data, int64_t batch, int64_t seq, int64_t heads,
                   int64_t head_dim);
 

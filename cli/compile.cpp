@@ -1,0 +1,158 @@
+// `ropejit compile`: kernels into the disk cache without a GPU, from presets, keys or a tuning
+// file, one line per kernel.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <mutex>
+#include <set>
+#include <system_error>
+#include <thread>
+
+#include "api/engine.hpp"
+#include "autotune/tuning_cache.hpp"
+#include "cli/cli.hpp"
+#include "cli/presets.hpp"
+#include "jit/names.hpp"
+#include "jit/nvrtc.hpp"
+
+namespace ropejit::cli {
+namespace {
+
+struct Kernel {
+  Spec spec;
+  detail::KernelVariant variant;
+  std::string target;  // "sm_90"
+};
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// The default variants (aligned q/k and tables) of every key, for every target: what a key's
+// first use prepares, and what `precompile()` builds.
+std::vector<Kernel> default_kernels(const std::vector<Spec>& specs,
+                                    const std::vector<std::string>& targets) {
+  std::vector<Kernel> out;
+  for (const std::string& target : targets)
+    for (const Spec& s : specs)
+      for (const detail::KernelVariant& v : detail::default_variants(s, 16))
+        out.push_back({s, v, target});
+  return out;
+}
+
+// Every kernel a tuning file names, and its keys' defaults (a key's first use prepares those
+// too, for the shapes the file does not cover), for the file's GPU or the given targets.
+std::vector<Kernel> tuning_file_kernels(const std::string& file,
+                                        const std::vector<std::string>& targets,
+                                        std::string* about) {
+  const autotune::TuningCache cache = autotune::TuningCache::load_as_tuned(file);
+  const autotune::Fingerprint& fp = cache.fingerprint();
+  std::vector<std::string> chosen = targets;
+  if (chosen.empty()) chosen.push_back(detail::target_for(fp.cc));
+  std::vector<Kernel> out;
+  std::set<std::string> seen;
+  auto add = [&](const Spec& s, const detail::KernelVariant& v, const std::string& target) {
+    if (seen.insert(s.key() + "__" + v.name() + "@" + target).second) out.push_back({s, v, target});
+  };
+  for (const std::string& target : chosen) {
+    for (const autotune::TuningEntry& e : cache.entries()) add(parse_key(e.key), e.config.kernel, target);
+    for (const autotune::TuningEntry& e : cache.entries())
+      for (const detail::KernelVariant& v : detail::default_variants(parse_key(e.key), 16))
+        add(parse_key(e.key), v, target);
+  }
+  *about = detail::concat(cache.entries().size(), " tuning entries for ", fp.gpu_name, " (sm_",
+                          fp.cc, ")");
+  return out;
+}
+
+// Compiles `kernels` on up to `threads` threads (fewer when the system gives fewer), printing
+// one line per kernel as it finishes. Returns the number that failed.
+size_t compile_all(const std::vector<Kernel>& kernels, unsigned threads) {
+  std::mutex mutex;
+  size_t next = 0, failures = 0;
+  auto worker = [&] {
+    for (;;) {
+      const Kernel* k = nullptr;
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        if (next == kernels.size()) return;
+        k = &kernels[next++];
+      }
+      const auto start = std::chrono::steady_clock::now();
+      std::string line;
+      try {
+        std::string path;
+        api::engine().image(k->spec, k->variant, k->target, &path);
+        line = detail::concat(k->target, "  ", k->spec.key(), "  ", k->variant.name(), "  ",
+                              ms_since(start), " ms  ", path.empty() ? "(memory only)" : path);
+      } catch (const Error& e) {
+        line = detail::concat(k->target, "  ", k->spec.key(), "  ", k->variant.name(),
+                              "  FAILED: ", e.what());
+        std::lock_guard<std::mutex> lock(mutex);
+        ++failures;
+      }
+      std::lock_guard<std::mutex> lock(mutex);
+      std::puts(line.c_str());
+      std::fflush(stdout);
+    }
+  };
+  std::vector<std::thread> pool;
+  for (unsigned i = 0; i < threads; ++i) {
+    try {
+      pool.emplace_back(worker);
+    } catch (const std::system_error&) {
+      break;  // the system gives no more threads: work with those it gave
+    }
+  }
+  if (pool.empty()) worker();  // not even one: compile on this thread
+  for (std::thread& t : pool) t.join();
+  return failures;
+}
+
+}  // namespace
+
+int run_compile(const CompileOptions& o) {
+  const bool from_tuning = !o.from_tuning.empty();
+  if (from_tuning && (!o.presets.empty() || !o.keys.empty()))
+    detail::invalid("--from-tuning takes the keys from the tuning file; drop --preset and --key");
+  std::vector<std::string> targets;
+  for (const std::string& arch : o.archs)
+    targets.push_back(detail::target_for(detail::parse_arch(arch, "--arch")));
+  std::vector<Kernel> kernels;
+  std::string about;
+  if (from_tuning) {
+    kernels = tuning_file_kernels(o.from_tuning, targets, &about);
+  } else {
+    std::vector<Spec> specs;
+    const DType dtype = detail::parse_name<DType>(o.dtype, "--dtype");
+    for (const std::string& name : o.presets)
+      for (const Spec& s : preset_specs(find_preset(name), dtype)) specs.push_back(s);
+    for (const std::string& key : o.keys) specs.push_back(parse_key(key));
+    if (specs.empty())
+      detail::invalid("compile needs --preset NAME, --key KEY or --from-tuning FILE");
+    if (targets.empty()) targets.push_back("sm_90");
+    kernels = default_kernels(specs, targets);
+    about = detail::concat(specs.size(), " keys");
+  }
+  for (const Kernel& k : kernels) detail::compile_options(k.target);  // bad ROPEJIT_NVRTC_FLAGS: once
+  detail::Engine& engine = api::engine();
+  const detail::EngineStats before = engine.stats();
+  const auto t0 = std::chrono::steady_clock::now();
+  const unsigned threads = o.jobs ? o.jobs : std::max(1u, std::thread::hardware_concurrency());
+  const size_t failures = compile_all(kernels, threads);
+  const detail::EngineStats after = engine.stats();
+  std::printf("%s: %zu kernels in %.2f s: %zu compiled, %zu from the disk cache, %zu failed\n",
+              about.c_str(), kernels.size(), ms_since(t0) / 1000,
+              after.nvrtc_compiles - before.nvrtc_compiles, after.disk_hits - before.disk_hits,
+              failures);
+  if (!engine.disk().enabled()) {
+    std::fprintf(stderr,
+                 "ropejit: compile: nothing was saved: the disk cache is off (%s); set "
+                 "ROPEJIT_CACHE_DIR to a directory of yours\n",
+                 engine.disk().status().c_str());
+    return 1;
+  }
+  return failures ? 1 : 0;
+}
+
+}  // namespace ropejit::cli

@@ -1,0 +1,190 @@
+// Private directories, bounded non-blocking reads, ownership checks and atomic replacement
+// (kernel cache entries, tuning files, model configs).
+#include "jit/files.hpp"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <functional>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "jit/errors.hpp"
+
+namespace ropejit::detail {
+namespace {
+
+bool write_all(int fd, const std::string& bytes) {
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    done += size_t(n);
+  }
+  return true;
+}
+
+constexpr const char* kTempSuffix = ".tmp";
+
+// The file a chain of symbolic links at `path` ends at (at most 40 links, as the kernel
+// allows); `path` itself when it is no link.
+std::string resolve_links(std::string path) {
+  for (int i = 0; i < 40; ++i) {
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) != 0 || !S_ISLNK(st.st_mode)) return path;
+    std::string target(PATH_MAX, '\0');
+    const ssize_t n = ::readlink(path.c_str(), target.data(), target.size());
+    if (n <= 0 || size_t(n) >= target.size()) return path;
+    target.resize(size_t(n));
+    if (target[0] != '/') {
+      const size_t slash = path.rfind('/');
+      if (slash != std::string::npos) target = path.substr(0, slash + 1) + target;
+    }
+    path = target;
+  }
+  return path;
+}
+
+}  // namespace
+
+std::string untrusted_reason(uid_t owner, mode_t mode) {
+  if (owner != ::geteuid())
+    return concat("owned by uid ", owner, ", not by this user (uid ", ::geteuid(), ")");
+  if (mode & (S_IWGRP | S_IWOTH))
+    return concat("writable by ", (mode & S_IWOTH) ? "others" : "its group", " (mode ", std::oct,
+                  (mode & 07777), ")");
+  return {};
+}
+
+FileRead read_regular_file(const std::string& path, size_t max_bytes) {
+  FileRead out;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT || errno == ENOTDIR) return out;
+    out.status = ReadStatus::refused;
+    out.why = concat("cannot open: ", std::strerror(errno));
+    return out;
+  }
+  out.status = ReadStatus::refused;
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    out.why = concat("cannot stat: ", std::strerror(errno));
+  } else if (!S_ISREG(st.st_mode)) {
+    out.why = S_ISDIR(st.st_mode)                          ? "is a directory"
+              : S_ISFIFO(st.st_mode)                       ? "is a named pipe, not a regular file"
+              : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "is a device, not a regular file"
+                                                           : "is not a regular file";
+  } else if (uint64_t(st.st_size) > max_bytes) {
+    out.why = concat("is ", st.st_size, " bytes, more than the ", max_bytes, " allowed");
+  } else {
+    out.owner = st.st_uid;
+    out.mode = st.st_mode;
+    // Reads until end of file, stopping one byte past the limit: a file that grew since fstat
+    // is noticed, and nothing reads without bound.
+    char buf[1 << 16];
+    for (;;) {
+      const ssize_t n = ::read(fd, buf, sizeof buf);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        out.why = concat("cannot read: ", std::strerror(errno));
+        break;
+      }
+      if (n == 0) break;
+      out.bytes.append(buf, size_t(n));
+      if (out.bytes.size() > max_bytes) {
+        out.why = concat("is more than the ", max_bytes, " bytes allowed");
+        break;
+      }
+    }
+    if (out.why.empty()) out.status = ReadStatus::ok;
+  }
+  ::close(fd);
+  if (out.status != ReadStatus::ok) out.bytes.clear();
+  return out;
+}
+
+bool make_private_dirs(const std::string& dir, std::string* why) {
+  std::string partial = !dir.empty() && dir[0] == '/' ? "/" : "";
+  std::stringstream ss(dir);
+  std::string part;
+  while (std::getline(ss, part, '/')) {
+    if (part.empty()) continue;
+    partial += part;
+    if (::mkdir(partial.c_str(), 0700) != 0 && errno != EEXIST) {
+      *why = concat("cannot create ", partial, ": ", std::strerror(errno));
+      return false;
+    }
+    partial += '/';
+  }
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    *why = concat(dir, " is not a directory");
+    return false;
+  }
+  return true;
+}
+
+bool write_file_atomically(const std::string& link_or_path, const std::string& bytes,
+                           std::string* why) {
+  const std::string path = resolve_links(link_or_path);
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "."
+                          : slash == 0               ? "/"
+                                                     : path.substr(0, slash);
+  std::random_device rd;
+  const std::string tmp =
+      concat(dir, "/.", path.substr(slash + 1), ".", ::getpid(), ".",
+             std::hash<std::thread::id>()(std::this_thread::get_id()), ".", rd(), kTempSuffix);
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    *why = std::strerror(errno);
+    return false;
+  }
+  int err = 0;
+  if (!write_all(fd, bytes) || ::fsync(fd) != 0) err = errno != 0 ? errno : EIO;
+  if (::close(fd) != 0 && err == 0) err = errno;
+  if (err == 0 && std::rename(tmp.c_str(), path.c_str()) != 0) err = errno;
+  if (err != 0) {
+    ::unlink(tmp.c_str());
+    *why = std::strerror(err);
+    return false;
+  }
+  // Make the rename itself durable; best effort, the file is complete either way.
+  if (const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+  return true;
+}
+
+int remove_stale_temp_files(const std::string& dir, long seconds) {
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return 0;
+  const time_t now = ::time(nullptr);
+  const size_t suffix = std::strlen(kTempSuffix);
+  int removed = 0;
+  while (const dirent* e = ::readdir(d)) {
+    const size_t len = std::strlen(e->d_name);
+    if (e->d_name[0] != '.' || len <= suffix + 1 ||
+        std::strcmp(e->d_name + len - suffix, kTempSuffix) != 0)
+      continue;
+    const std::string path = dir + "/" + e->d_name;
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid())
+      continue;
+    if (now - st.st_mtime >= seconds && ::unlink(path.c_str()) == 0) ++removed;
+  }
+  ::closedir(d);
+  return removed;
+}
+
+}  // namespace ropejit::detail

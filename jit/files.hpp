@@ -1,0 +1,50 @@
+// Files that other processes and users may touch: private directories, reads that never block
+// or run away, ownership checks, and atomic replacement.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <string>
+
+namespace ropejit::detail {
+
+// mkdir -p; every directory it creates gets mode 0700. False with `why` on failure.
+bool make_private_dirs(const std::string& dir, std::string* why);
+
+// "" when a file or directory with this owner and mode may be trusted by this process: owned by
+// its effective user, not writable by group or others (the rule OpenSSH applies to its keys and
+// configuration), else why not.
+std::string untrusted_reason(uid_t owner, mode_t mode);
+
+enum class ReadStatus {
+  ok,       // `bytes` holds the whole file
+  missing,  // no such file
+  refused,  // exists but was not read: `why` says so (not a regular file, too large, ...)
+};
+
+struct FileRead {
+  ReadStatus status = ReadStatus::missing;
+  std::string bytes;
+  std::string why;
+  uid_t owner = 0;
+  mode_t mode = 0;
+};
+
+// Reads `path` if it is a regular file of at most `max_bytes`. Never blocks and never reads
+// without bound: it opens with O_NONBLOCK and checks the opened descriptor (a named pipe,
+// a device such as /dev/zero reached through a symlink, or a directory is refused), then
+// reads at most max_bytes + 1 bytes.
+FileRead read_regular_file(const std::string& path, size_t max_bytes);
+
+// Replaces `path` with `bytes` so that readers see the old file or the whole new one: a unique
+// temp file in the same directory (rename is atomic only within one file system), fsync,
+// rename, then fsync of the directory. When `path` is a symbolic link, the file it points to
+// is replaced and the link kept. False with `why` (errno text) on failure.
+bool write_file_atomically(const std::string& path, const std::string& bytes, std::string* why);
+
+// Removes this user's temp files of write_file_atomically() in `dir` older than `seconds`:
+// what a writer killed between creating and renaming leaves behind. Returns how many.
+int remove_stale_temp_files(const std::string& dir, long seconds);
+
+}  // namespace ropejit::detail
