@@ -197,17 +197,24 @@ size_t nesting_depth(const std::string& text) {
 
 // Where `here` is null, the file's own fingerprint is taken (no GPU check): what
 // `ropejit compile --from-tuning` needs to prepare caches for another machine's GPU.
+FileContents parse_tuning_text(const std::string& text, const Fingerprint* here);
+
 FileContents read_tuning_file(const std::string& path, const Fingerprint* here) {
   FileContents out;
   if (path.empty()) return out;
   const detail::FileRead file = detail::read_regular_file(path, kMaxTuningFileBytes);
   if (file.status == detail::ReadStatus::missing) return out;  // never tuned: no warning
-  out.state = FileState::rejected;
   if (file.status != detail::ReadStatus::ok) {
+    out.state = FileState::rejected;
     out.why = file.why;
     return out;
   }
-  const std::string& text = file.bytes;
+  return parse_tuning_text(file.bytes, here);
+}
+
+FileContents parse_tuning_text(const std::string& text, const Fingerprint* here) {
+  FileContents out;
+  out.state = FileState::rejected;
   if (const size_t depth = nesting_depth(text); depth > kMaxJsonDepth) {
     out.why = concat("JSON nested ", depth, " levels deep; a tuning file needs ", 4, ", at most ",
                      kMaxJsonDepth, " are read");
@@ -338,6 +345,17 @@ TuningCache TuningCache::load(const std::string& path, const Fingerprint& here) 
       for (const TuningEntry& e : file.entries) cache.put(e);
       break;
   }
+  return cache;
+}
+
+TuningCache TuningCache::parse(const std::string& text, const Fingerprint& here) {
+  const FileContents file = parse_tuning_text(text, &here);
+  if (file.state != FileState::ok) detail::invalid("not a usable tuning file: ", file.why);
+  TuningCache cache;
+  cache.fingerprint_ = file.fingerprint;
+  for (const auto& [index, why] : file.entry_problems)
+    cache.warnings_.push_back(concat("ignoring entry ", index, " (", why, ")"));
+  for (const TuningEntry& e : file.entries) cache.put(e);
   return cache;
 }
 

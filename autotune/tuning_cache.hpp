@@ -52,6 +52,11 @@ class TuningCache {
   // records where they were measured), else `here`.
   static TuningCache load(const std::string& path, const Fingerprint& here);
 
+  // Parses tuning-file text as load() does, without warnings on stderr: bad entries are listed in
+  // warnings(); a text that is no usable tuning file (or one for another GPU) throws
+  // Error(invalid_argument). For tests and the fuzzer.
+  static TuningCache parse(const std::string& text, const Fingerprint& here);
+
   // Reads `path` for the GPU it was tuned on, whatever this machine has (preparing caches for
   // another machine). Throws Error(invalid_argument) naming the path when the file is missing,
   // unreadable or not a tuning file; bad entries are skipped with warnings, as load() does.

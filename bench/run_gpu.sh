@@ -8,6 +8,8 @@
 #   bench/run_gpu.sh OUTDIR roofline   plain SM copies and bulk copies against the driver's copy
 #   bench/run_gpu.sh OUTDIR graphcfg   graph-replayed decode per forced launch configuration
 #   bench/run_gpu.sh OUTDIR profile "CASE[:tuned] ..."   Nsight Compute reports (ncu_*.txt)
+#   bench/run_gpu.sh OUTDIR against DIR   the heuristic's rope/graph rows of this tree and of
+#     another checkout DIR (e.g. `git worktree add .base REV`), built alike, runs alternated
 #   bench/run_gpu.sh OUTDIR flags "NVRTC OPTIONS"   kernel speed and cold compile with extra NVRTC
 #     options against the defaults, heuristic launches, runs alternated A B A B (flags_*.json)
 # bench: tuned run (bench.json), heuristic-only run (bench_untuned.json), torch comparison
@@ -41,8 +43,16 @@ shapes=("$base --tokens 4096 --head-dim 64" "$base --tokens 4096 --head-dim 80"
         "--heads 32,8 --tokens 4096 --key rope_bshd_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_qk_fwd_oop")
 
 if [ "$what" = tests ] || [ "$what" = all ]; then
-  (cd $build && ctest -L gpu -V) > "$out/gpu_tests.log" 2>&1
-  grep -E "MESSAGE|tests passed|tests failed|\*\*\*Failed|ERROR" "$out/gpu_tests.log" | cut -c1-240
+  # The README's test command (CPU and GPU suites), then compute-sanitizer over the matrix's
+  # sanitizer subset: memcheck (out-of-bounds and misaligned accesses), racecheck (shared-memory
+  # hazards of the computed-frequency path), initcheck (reads of uninitialized device memory).
+  ROPEJIT_BUILD_DIR=$build tools/dev.sh test > "$out/gpu_tests.log" 2>&1
+  grep -E "dev.sh:|MESSAGE|tests passed|tests failed|\*\*\*Failed|ERROR" "$out/gpu_tests.log" | cut -c1-240
+  for tool in memcheck racecheck initcheck; do
+    compute-sanitizer --tool $tool --error-exitcode 99 \
+      $build/tests/ropejit_gpu_tests "--test-case=sanitizer subset*" > "$out/sanitizer_$tool.log" 2>&1
+    echo "compute-sanitizer $tool: exit $? ($(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$out/sanitizer_$tool.log" | tail -1))"
+  done
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
   $build/ropejit tune --preset llama3-8b --out "$out/tuning.json" > "$out/tune.txt" 2>&1
@@ -121,6 +131,24 @@ if [ "$what" = graphcfg ]; then
   # Graph-replayed decode with forced launch configurations (bench/graph_configs.py).
   gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oE "H100|H200" | tr A-Z a-z)
   python3 bench/graph_configs.py --like "bench/tuning_$gpu.json" --bench $build/bench/ropejit_bench | tee "$out/graph_configs.txt"
+fi
+if [ "$what" = against ]; then
+  other=${3:?against mode needs the other checkout's directory}
+  if ! { cmake -S "$other" -B "$other/build-gpu" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+           -DCMAKE_PREFIX_PATH=$PWD/.deps/usr -DROPEJIT_BUILD_TESTS=OFF -DROPEJIT_BUILD_CLI=OFF &&
+         cmake --build "$other/build-gpu" -j "$(nproc)" --target ropejit_bench; } > /tmp/ropejit-other.log 2>&1; then
+    grep -E "error|Error" /tmp/ropejit-other.log | head -20
+    exit 1
+  fi
+  for round in 1 2; do
+    for side in this other; do
+      bench=$build/bench/ropejit_bench; [ $side = other ] && bench=$other/build-gpu/bench/ropejit_bench
+      ROPEJIT_CACHE_DIR=/tmp/ropejit-cache-$side ROPEJIT_TUNING=off $bench \
+        --benchmark_filter='^(rope|graph)/' --benchmark_out="$out/against_${side}_$round.json" \
+        --benchmark_out_format=json --benchmark_counters_tabular=true > "$out/against_${side}_$round.txt" 2>&1
+      grep -E "^(rope|graph)" "$out/against_${side}_$round.txt" | cut -c1-200 | sed "s/^/$side $round: /"
+    done
+  done
 fi
 if [ "$what" = flags ]; then
   flags=${3:?flags mode needs the NVRTC options to compare}

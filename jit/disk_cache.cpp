@@ -81,7 +81,7 @@ bool decode_entry(const std::string& b, CacheEntry* out, std::string* why) {
     *why = concat("format version ", version, " (this library reads ", kCacheFormatVersion, ")");
     return false;
   }
-  if (flags > 1 || key_len > 4096 || b.size() < kHeaderBytes + key_len ||
+  if (flags > 1 || get_le(b, 20, 4) != 0 || key_len > 4096 || b.size() < kHeaderBytes + key_len ||
       image_len != b.size() - kHeaderBytes - key_len) {
     *why = "truncated or inconsistent header";
     return false;

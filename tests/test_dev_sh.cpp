@@ -19,7 +19,7 @@ bool has(const CommandResult& r, const std::string& text) {
 
 // A build folder inside the source tree (relative ROPEJIT_BUILD_DIR, as users set it) holding a
 // stand-in `ropejit` whose `info` prints `info_output`; a bin folder with a stand-in
-// `nvidia-smi` printing `smi_output` (none when empty). Both are removed at scope exit.
+// `nvidia-smi` listing `smi_output` (no GPU when empty). Both are removed at scope exit.
 class StandIn {
  public:
   StandIn(const std::string& info_output, const std::string& smi_output) {
@@ -28,7 +28,10 @@ class StandIn {
     bin_ = ropejit::testing::temp_dir();
     REQUIRE(ropejit::testing::run_command("mkdir -p '" + dir_ + "'").status == 0);
     script(dir_ + "/ropejit", "printf '%s\\n' '" + info_output + "'");
-    if (!smi_output.empty()) script(bin_ + "/nvidia-smi", "printf '%s\\n' '" + smi_output + "'");
+    // Always a stand-in nvidia-smi, so that a real one (on a GPU host) never answers instead.
+    script(bin_ + "/nvidia-smi", smi_output.empty()
+                                     ? std::string("echo 'No devices were found'; exit 6")
+                                     : "printf '%s\\n' '" + smi_output + "'");
   }
   ~StandIn() { ropejit::testing::run_command("rm -rf '" + dir_ + "'"); }
   StandIn(const StandIn&) = delete;

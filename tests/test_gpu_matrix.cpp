@@ -87,66 +87,81 @@ std::vector<Case> matrix_cases() {
   return out;
 }
 
+// Runs `cases` on `threads` threads, each through the heuristic's kernel for its call and again
+// through the two-heads-per-thread prefill kernel; checks every result against float64.
+void run_cases(const std::vector<Case>& cases, unsigned threads) {
+  std::atomic<size_t> next{0}, passed{0}, failed{0}, two_heads{0};
+  std::mutex mutex;
+  std::vector<std::string> failures;
+  auto worker = [&] {
+    const detail::DeviceInfo& device = api::engine().device_info(testing::use_primary_context());
+    for (size_t i; (i = next++) < cases.size();) {
+      std::string failure;
+      try {
+        autotune::Workload w(cases[i].spec, cases[i].sizes);
+        w.upload();
+        apply(w.spec(), w.args());  // decode-sized: the one-head kernel, or two when needed
+        const autotune::CheckReport r = w.check();
+        if (!r.ok)
+          failure = r.first_failure + " (" + std::to_string(r.mismatches) + " mismatches)";
+        // The same call through the heuristic's prefill kernel, two heads per thread.
+        const Spec c = w.spec().canonical();
+        const Args args = w.args();
+        const detail::CallShape shape = detail::check_call(c, args);
+        detail::LaunchConfig two;
+        two.kernel = detail::prefill_variant(c, shape.align_bytes, shape.table_align);
+        two.rows = std::max(1, (shape.q_heads + shape.k_heads + 1) / 2);
+        if (failure.empty() && detail::illegal_reason(c, shape, two, device).empty()) {
+          w.upload();
+          api::engine().launch(c, args, shape, &two);
+          const autotune::CheckReport r2 = w.check();
+          if (!r2.ok)
+            failure = two.name() + ": " + r2.first_failure + " (" +
+                      std::to_string(r2.mismatches) + " mismatches)";
+          else
+            ++two_heads;
+        }
+      } catch (const std::exception& e) {
+        failure = cases[i].spec.key() + ": " + e.what();
+      }
+      if (failure.empty()) {
+        ++passed;
+      } else {
+        ++failed;
+        std::lock_guard<std::mutex> lock(mutex);
+        if (failures.size() < 25) failures.push_back(failure);
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  for (unsigned t = 0; t < threads; ++t) pool.emplace_back(worker);
+  for (std::thread& t : pool) t.join();
+  for (const std::string& f : failures) FAIL_CHECK(f);
+  const detail::EngineStats st = api::engine().stats();
+  MESSAGE(cases.size(), " cases: ", passed.load(), " passed, ", failed.load(), " failed (",
+          two_heads.load(), " also with two heads per thread); ", st.nvrtc_compiles,
+          " kernels compiled, ", st.disk_hits, " from the disk cache");
+  CHECK(failed == 0);
+  CHECK(passed == cases.size());
+  CHECK(two_heads == cases.size());
+}
+
 }  // namespace
 
 TEST_SUITE("gpu") {
   TEST_CASE("matrix: every variant matches the float64 reference") {
     testing::use_primary_context();
-    const std::vector<Case> cases = matrix_cases();
-    std::atomic<size_t> next{0}, passed{0}, failed{0}, two_heads{0};
-    std::mutex mutex;
-    std::vector<std::string> failures;
-    auto worker = [&] {
-      const detail::DeviceInfo& device = api::engine().device_info(testing::use_primary_context());
-      for (size_t i; (i = next++) < cases.size();) {
-        std::string failure;
-        try {
-          autotune::Workload w(cases[i].spec, cases[i].sizes);
-          w.upload();
-          apply(w.spec(), w.args());  // decode-sized: the one-head kernel, or two when needed
-          const autotune::CheckReport r = w.check();
-          if (!r.ok)
-            failure = r.first_failure + " (" + std::to_string(r.mismatches) + " mismatches)";
-          // The same call through the heuristic's prefill kernel, two heads per thread.
-          const Spec c = w.spec().canonical();
-          const Args args = w.args();
-          const detail::CallShape shape = detail::check_call(c, args);
-          detail::LaunchConfig two;
-          two.kernel = detail::prefill_variant(c, shape.align_bytes, shape.table_align);
-          two.rows = std::max(1, (shape.q_heads + shape.k_heads + 1) / 2);
-          if (failure.empty() && detail::illegal_reason(c, shape, two, device).empty()) {
-            w.upload();
-            api::engine().launch(c, args, shape, &two);
-            const autotune::CheckReport r2 = w.check();
-            if (!r2.ok)
-              failure = two.name() + ": " + r2.first_failure + " (" +
-                        std::to_string(r2.mismatches) + " mismatches)";
-            else
-              ++two_heads;
-          }
-        } catch (const std::exception& e) {
-          failure = cases[i].spec.key() + ": " + e.what();
-        }
-        if (failure.empty()) {
-          ++passed;
-        } else {
-          ++failed;
-          std::lock_guard<std::mutex> lock(mutex);
-          if (failures.size() < 25) failures.push_back(failure);
-        }
-      }
-    };
-    std::vector<std::thread> threads;
-    for (unsigned t = 0; t < std::max(2u, std::thread::hardware_concurrency()); ++t)
-      threads.emplace_back(worker);
-    for (std::thread& t : threads) t.join();
-    for (const std::string& f : failures) FAIL_CHECK(f);
-    const detail::EngineStats st = api::engine().stats();
-    MESSAGE(cases.size(), " cases: ", passed.load(), " passed, ", failed.load(), " failed (",
-            two_heads.load(), " also with two heads per thread); ", st.nvrtc_compiles,
-            " kernels compiled, ", st.disk_hits, " from the disk cache");
-    CHECK(failed == 0);
-    CHECK(passed == cases.size());
-    CHECK(two_heads == cases.size());
+    run_cases(matrix_cases(), std::max(2u, std::thread::hardware_concurrency()));
+  }
+
+  // What bench/run_gpu.sh runs under compute-sanitizer (memcheck, racecheck, initcheck): every
+  // 61st case of the matrix, which still visits every layout, dtype, style, position mode,
+  // frequency source, direction and both in and out of place.
+  TEST_CASE("sanitizer subset: a spread of the matrix on two threads") {
+    testing::use_primary_context();
+    std::vector<Case> subset;
+    const std::vector<Case> all = matrix_cases();
+    for (size_t i = 0; i < all.size(); i += 61) subset.push_back(all[i]);
+    run_cases(subset, 2);
   }
 }
