@@ -133,7 +133,7 @@ if [ "$what" = graphcfg ]; then
   python3 bench/graph_configs.py --like "bench/tuning_$gpu.json" --bench $build/bench/ropejit_bench | tee "$out/graph_configs.txt"
 fi
 if [ "$what" = against ]; then
-  other=${3:?against mode needs the other checkout's directory}
+  other=${3:?against mode needs the directory of the other checkout}
   if ! { cmake -S "$other" -B "$other/build-gpu" -G Ninja -DCMAKE_BUILD_TYPE=Release \
            -DCMAKE_PREFIX_PATH=$PWD/.deps/usr -DROPEJIT_BUILD_TESTS=OFF -DROPEJIT_BUILD_CLI=OFF &&
          cmake --build "$other/build-gpu" -j "$(nproc)" --target ropejit_bench; } > /tmp/ropejit-other.log 2>&1; then

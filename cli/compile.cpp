@@ -55,7 +55,8 @@ std::vector<Kernel> tuning_file_kernels(const std::string& file,
     if (seen.insert(s.key() + "__" + v.name() + "@" + target).second) out.push_back({s, v, target});
   };
   for (const std::string& target : chosen) {
-    for (const autotune::TuningEntry& e : cache.entries()) add(parse_key(e.key), e.config.kernel, target);
+    for (const autotune::TuningEntry& e : cache.entries())
+      add(parse_key(e.key), e.config.kernel, target);
     for (const autotune::TuningEntry& e : cache.entries())
       for (const detail::KernelVariant& v : detail::default_variants(parse_key(e.key), 16))
         add(parse_key(e.key), v, target);
@@ -134,7 +135,8 @@ int run_compile(const CompileOptions& o) {
     kernels = default_kernels(specs, targets);
     about = detail::concat(specs.size(), " keys");
   }
-  for (const Kernel& k : kernels) detail::compile_options(k.target);  // bad ROPEJIT_NVRTC_FLAGS: once
+  for (const Kernel& k : kernels)
+    detail::compile_options(k.target);  // bad ROPEJIT_NVRTC_FLAGS: once
   detail::Engine& engine = api::engine();
   const detail::EngineStats before = engine.stats();
   const auto t0 = std::chrono::steady_clock::now();

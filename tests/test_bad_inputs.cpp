@@ -28,10 +28,15 @@ struct Buffers {
   std::vector<uint8_t> q, k, q_out, k_out, cos, sin, ids, seqoff, cu;
   Buffers() {
     const std::pair<std::vector<uint8_t>*, size_t> all[] = {
-        {&q, kBatch * kSeq * kQHeads * kDim * 2}, {&k, kBatch * kSeq * kKHeads * kDim * 2},
-        {&q_out, kBatch * kSeq * kQHeads * kDim * 2}, {&k_out, kBatch * kSeq * kKHeads * kDim * 2},
-        {&cos, kRows * kDim / 2 * 4}, {&sin, kRows * kDim / 2 * 4}, {&ids, kBatch * kSeq * 8},
-        {&seqoff, kBatch * 8}, {&cu, (kBatch + 1) * 4}};
+        {&q, kBatch * kSeq * kQHeads * kDim * 2},
+        {&k, kBatch * kSeq * kKHeads * kDim * 2},
+        {&q_out, kBatch * kSeq * kQHeads * kDim * 2},
+        {&k_out, kBatch * kSeq * kKHeads * kDim * 2},
+        {&cos, kRows * kDim / 2 * 4},
+        {&sin, kRows * kDim / 2 * 4},
+        {&ids, kBatch * kSeq * 8},
+        {&seqoff, kBatch * 8},
+        {&cu, (kBatch + 1) * 4}};
     uint8_t fill = 0x11;
     for (const auto& [buffer, bytes] : all) {
       buffer->assign(bytes + 64, fill);  // 64 spare bytes: room for misaligned views
@@ -84,38 +89,78 @@ std::vector<Row> cpp_rows() {
   };
   // --- the spec
   for (int32_t d : {0, -2, 7, 514, 1 << 30})
-    add("head_dim " + std::to_string(d), [d](Call& c, Buffers&) { c.spec.head_dim = d; },
+    add(
+        "head_dim " + std::to_string(d), [d](Call& c, Buffers&) { c.spec.head_dim = d; },
         "must be even and in [2, 512]");
   for (int32_t r : {130, 3, -4, 129})
-    add("rotary_dim " + std::to_string(r), [r](Call& c, Buffers&) { c.spec.rotary_dim = r; },
+    add(
+        "rotary_dim " + std::to_string(r), [r](Call& c, Buffers&) { c.spec.rotary_dim = r; },
         "must be even and <= head_dim (128)");
-  add("layout 9", [](Call& c, Buffers&) { c.spec.layout = Layout(9); }, "spec.layout (9) is not a known value");
-  add("dtype 7", [](Call& c, Buffers&) { c.spec.dtype = DType(7); }, "spec.dtype (7) is not a known value");
-  add("style -1", [](Call& c, Buffers&) { c.spec.style = Style(-1); }, "spec.style (-1) is not a known value");
-  add("positions 4", [](Call& c, Buffers&) { c.spec.positions = Positions(4); }, "spec.positions (4)");
-  add("index_type 3", [](Call& c, Buffers&) { c.spec.index_type = IndexType(3); }, "spec.index_type (3)");
-  add("freqs 2", [](Call& c, Buffers&) { c.spec.freqs = Freqs(2); }, "spec.freqs (2)");
-  add("table_dtype 9", [](Call& c, Buffers&) { c.spec.table_dtype = DType(9); }, "spec.table_dtype (9)");
-  add("table_width 2", [](Call& c, Buffers&) { c.spec.table_width = TableWidth(2); }, "spec.table_width (2)");
-  add("direction 2", [](Call& c, Buffers&) { c.spec.direction = Direction(2); }, "spec.direction (2)");
-  add("fusion 1", [](Call& c, Buffers&) { c.spec.fusion = Fusion(1); }, "spec.fusion (1)");
+  add(
+      "layout 9", [](Call& c, Buffers&) { c.spec.layout = Layout(9); },
+      "spec.layout (9) is not a known value");
+  add(
+      "dtype 7", [](Call& c, Buffers&) { c.spec.dtype = DType(7); },
+      "spec.dtype (7) is not a known value");
+  add(
+      "style -1", [](Call& c, Buffers&) { c.spec.style = Style(-1); },
+      "spec.style (-1) is not a known value");
+  add(
+      "positions 4", [](Call& c, Buffers&) { c.spec.positions = Positions(4); },
+      "spec.positions (4)");
+  add(
+      "index_type 3", [](Call& c, Buffers&) { c.spec.index_type = IndexType(3); },
+      "spec.index_type (3)");
+  add(
+      "freqs 2", [](Call& c, Buffers&) { c.spec.freqs = Freqs(2); }, "spec.freqs (2)");
+  add(
+      "table_dtype 9", [](Call& c, Buffers&) { c.spec.table_dtype = DType(9); },
+      "spec.table_dtype (9)");
+  add(
+      "table_width 2", [](Call& c, Buffers&) { c.spec.table_width = TableWidth(2); },
+      "spec.table_width (2)");
+  add(
+      "direction 2", [](Call& c, Buffers&) { c.spec.direction = Direction(2); },
+      "spec.direction (2)");
+  add(
+      "fusion 1", [](Call& c, Buffers&) { c.spec.fusion = Fusion(1); }, "spec.fusion (1)");
   // --- sizes
-  add("batch 0", [](Call& c, Buffers&) { c.args.batch = 0; }, "args.batch (0) must be >= 1");
-  add("batch -1", [](Call& c, Buffers&) { c.args.batch = -1; }, "args.batch (-1) must be >= 1");
-  add("seq_len -1", [](Call& c, Buffers&) { c.args.seq_len = -1; }, "args.seq_len (-1) must be >= 0");
-  add("batch x seq overflows", [](Call& c, Buffers&) { c.args.batch = c.args.seq_len = int64_t(1) << 40; },
-      "overflows");
-  add("2^31 tokens", [](Call& c, Buffers&) { c.args.batch = 1; c.args.seq_len = int64_t(1) << 31; },
+  add(
+      "batch 0", [](Call& c, Buffers&) { c.args.batch = 0; }, "args.batch (0) must be >= 1");
+  add(
+      "batch -1", [](Call& c, Buffers&) { c.args.batch = -1; }, "args.batch (-1) must be >= 1");
+  add(
+      "seq_len -1", [](Call& c, Buffers&) { c.args.seq_len = -1; },
+      "args.seq_len (-1) must be >= 0");
+  add(
+      "batch x seq overflows",
+      [](Call& c, Buffers&) { c.args.batch = c.args.seq_len = int64_t(1) << 40; }, "overflows");
+  add(
+      "2^31 tokens",
+      [](Call& c, Buffers&) {
+        c.args.batch = 1;
+        c.args.seq_len = int64_t(1) << 31;
+      },
       "token count (2147483648) exceeds 2147483647");
-  add("thd batch -1", [](Call& c, Buffers&) { c.spec.layout = Layout::thd; c.args.batch = -1; },
+  add(
+      "thd batch -1",
+      [](Call& c, Buffers&) {
+        c.spec.layout = Layout::thd;
+        c.args.batch = -1;
+      },
       "args.batch (-1) must be >= 0");
   for (int64_t h : {int64_t(0), int64_t(-1), int64_t(1) << 31, int64_t(1) << 40})
-    add("q.heads " + std::to_string(h), [h](Call& c, Buffers&) { c.args.q.heads = h; },
+    add(
+        "q.heads " + std::to_string(h), [h](Call& c, Buffers&) { c.args.q.heads = h; },
         "must be in [1, 2^30]");
-  add("k.heads 2^31", [](Call& c, Buffers&) { c.args.k.heads = int64_t(1) << 31; },
+  add(
+      "k.heads 2^31", [](Call& c, Buffers&) { c.args.k.heads = int64_t(1) << 31; },
       "args.k.heads (2147483648) must be in [1, 2^30]");
-  add("k.heads 0 with k.data", [](Call& c, Buffers&) { c.args.k.heads = 0; }, "args.k.heads (0) must be in [1, 2^30]");
-  add("k.heads without k.data", [](Call& c, Buffers&) { c.args.k.data = nullptr; },
+  add(
+      "k.heads 0 with k.data", [](Call& c, Buffers&) { c.args.k.heads = 0; },
+      "args.k.heads (0) must be in [1, 2^30]");
+  add(
+      "k.heads without k.data", [](Call& c, Buffers&) { c.args.k.data = nullptr; },
       "args.k.heads (2) is set but args.k.data is null");
   // --- each operand's pointer, heads and strides (out of place, so all four exist)
   struct Member {
@@ -127,151 +172,265 @@ std::vector<Row> cpp_rows() {
     const std::string n = m.name;
     const auto ptr = m.tensor;
     if (n != "args.k")  // a null k is a call without k (tested above)
-      add(n + ".data null", [ptr](Call& c, Buffers& b) { c.out_of_place(b); (c.args.*ptr).data = nullptr; },
+      add(
+          n + ".data null",
+          [ptr](Call& c, Buffers& b) {
+            c.out_of_place(b);
+            (c.args.*ptr).data = nullptr;
+          },
           ".data is null");
-    add(n + ".data misaligned", [ptr](Call& c, Buffers& b) {
-      c.out_of_place(b);
-      (c.args.*ptr).data = shifted((c.args.*ptr).data, 1);
-    }, "is not aligned to its 2-byte elements");
-    add(n + ".heads off by one", [ptr](Call& c, Buffers& b) {
-      c.out_of_place(b);
-      if (&(c.args.*ptr) == &c.args.k) c.args.k_out.heads += 1; else (c.args.*ptr).heads += 1;
-    }, ".heads (");
+    add(
+        n + ".data misaligned",
+        [ptr](Call& c, Buffers& b) {
+          c.out_of_place(b);
+          (c.args.*ptr).data = shifted((c.args.*ptr).data, 1);
+        },
+        "is not aligned to its 2-byte elements");
+    add(
+        n + ".heads off by one",
+        [ptr](Call& c, Buffers& b) {
+          c.out_of_place(b);
+          if (&(c.args.*ptr) == &c.args.k)
+            c.args.k_out.heads += 1;
+          else
+            (c.args.*ptr).heads += 1;
+        },
+        ".heads (");
     for (const auto& [field, label] : {std::pair{&Tensor::stride_seq, "stride_seq"},
                                        std::pair{&Tensor::stride_head, "stride_head"},
                                        std::pair{&Tensor::stride_batch, "stride_batch"}}) {
       const auto f = field;
-      add(n + "." + label + " -8", [ptr, f](Call& c, Buffers& b) {
-        c.out_of_place(b);
-        (c.args.*ptr).*f = -8;
-      }, "(-8) must be >= 0");
-      add(n + "." + label + " huge", [ptr, f](Call& c, Buffers& b) {
-        c.out_of_place(b);
-        (c.args.*ptr).*f = INT64_MAX / 2;
-      }, "overflows 64-bit");
+      add(
+          n + "." + label + " -8",
+          [ptr, f](Call& c, Buffers& b) {
+            c.out_of_place(b);
+            (c.args.*ptr).*f = -8;
+          },
+          "(-8) must be >= 0");
+      add(
+          n + "." + label + " huge",
+          [ptr, f](Call& c, Buffers& b) {
+            c.out_of_place(b);
+            (c.args.*ptr).*f = INT64_MAX / 2;
+          },
+          "overflows 64-bit");
     }
   }
   // Rows of written operands must not overlap: in place q and k, out of place the outputs.
   for (const Member m : {Member{"args.q", &Args::q}, Member{"args.k", &Args::k}})
-    add(std::string(m.name) + " rows overlap in place", [ptr = m.tensor](Call& c, Buffers&) {
-      (c.args.*ptr).stride_head = 64;
-    }, "stride_head (64) makes rows overlap (needs >= 128)");
+    add(
+        std::string(m.name) + " rows overlap in place",
+        [ptr = m.tensor](Call& c, Buffers&) { (c.args.*ptr).stride_head = 64; },
+        "stride_head (64) makes rows overlap (needs >= 128)");
   for (const Member m : {Member{"args.q_out", &Args::q_out}, Member{"args.k_out", &Args::k_out}})
-    add(std::string(m.name) + " rows overlap", [ptr = m.tensor](Call& c, Buffers& b) {
-      c.out_of_place(b);
-      (c.args.*ptr).stride_seq = 100;
-    }, "makes rows overlap");
+    add(
+        std::string(m.name) + " rows overlap",
+        [ptr = m.tensor](Call& c, Buffers& b) {
+          c.out_of_place(b);
+          (c.args.*ptr).stride_seq = 100;
+        },
+        "makes rows overlap");
   // --- operands sharing memory
-  add("in place: k is q", [](Call& c, Buffers&) { c.args.k = c.args.q; c.args.k.heads = kKHeads; },
+  add(
+      "in place: k is q",
+      [](Call& c, Buffers&) {
+        c.args.k = c.args.q;
+        c.args.k.heads = kKHeads;
+      },
       "args.q and args.k overlap in memory");
-  add("in place: k two elements into q", [](Call& c, Buffers&) {
-    c.args.k = c.args.q;
-    c.args.k.heads = kKHeads;
-    c.args.k.data = shifted(c.args.q.data, 4);
-  }, "args.q and args.k overlap in memory");
-  add("in place: k is q's last heads", [](Call& c, Buffers&) {
-    c.args.k = c.args.q;
-    c.args.k.heads = kKHeads;
-    c.args.k.data = shifted(c.args.q.data, 2 * kDim * 2);  // heads 2, 3 of q
-  }, "args.q and args.k overlap in memory");
-  add("out of place: q_out is q", [](Call& c, Buffers& b) { c.out_of_place(b); c.args.q_out = c.args.q; },
+  add(
+      "in place: k two elements into q",
+      [](Call& c, Buffers&) {
+        c.args.k = c.args.q;
+        c.args.k.heads = kKHeads;
+        c.args.k.data = shifted(c.args.q.data, 4);
+      },
+      "args.q and args.k overlap in memory");
+  add(
+      "in place: k is q's last heads",
+      [](Call& c, Buffers&) {
+        c.args.k = c.args.q;
+        c.args.k.heads = kKHeads;
+        c.args.k.data = shifted(c.args.q.data, 2 * kDim * 2);  // heads 2, 3 of q
+      },
+      "args.q and args.k overlap in memory");
+  add(
+      "out of place: q_out is q",
+      [](Call& c, Buffers& b) {
+        c.out_of_place(b);
+        c.args.q_out = c.args.q;
+      },
       "args.q and args.q_out overlap in memory");
-  add("out of place: k_out is k", [](Call& c, Buffers& b) { c.out_of_place(b); c.args.k_out = c.args.k; },
+  add(
+      "out of place: k_out is k",
+      [](Call& c, Buffers& b) {
+        c.out_of_place(b);
+        c.args.k_out = c.args.k;
+      },
       "args.k and args.k_out overlap in memory");
-  add("out of place: q_out is k's memory", [](Call& c, Buffers& b) {
-    c.out_of_place(b);
-    c.args.q_out.data = c.args.k.data;
-  }, "args.k and args.q_out overlap in memory");
-  add("out of place: k_out inside q_out", [](Call& c, Buffers& b) {
-    c.out_of_place(b);
-    c.args.k_out.data = shifted(c.args.q_out.data, 2 * kDim * 2 + 2);
-  }, "args.q_out and args.k_out overlap in memory");
-  add("in place with q_out set", [](Call& c, Buffers& b) { c.args.q_out.data = b.q_out.data(); },
+  add(
+      "out of place: q_out is k's memory",
+      [](Call& c, Buffers& b) {
+        c.out_of_place(b);
+        c.args.q_out.data = c.args.k.data;
+      },
+      "args.k and args.q_out overlap in memory");
+  add(
+      "out of place: k_out inside q_out",
+      [](Call& c, Buffers& b) {
+        c.out_of_place(b);
+        c.args.k_out.data = shifted(c.args.q_out.data, 2 * kDim * 2 + 2);
+      },
+      "args.q_out and args.k_out overlap in memory");
+  add(
+      "in place with q_out set", [](Call& c, Buffers& b) { c.args.q_out.data = b.q_out.data(); },
       "args.q_out.data is set but spec.in_place is true");
-  add("in place with k_out set", [](Call& c, Buffers& b) { c.args.k_out.data = b.k_out.data(); },
+  add(
+      "in place with k_out set", [](Call& c, Buffers& b) { c.args.k_out.data = b.k_out.data(); },
       "args.k_out.data is set but spec.in_place is true");
-  add("k_out without k", [](Call& c, Buffers& b) {
-    c.out_of_place(b);
-    c.args.k = Tensor{};
-  }, "args.k_out.data is set but args.k.data is null");
-  add("gptj with odd element pointers", [](Call& c, Buffers&) {
-    c.spec.style = Style::gptj;
-    c.args.q.data = shifted(c.args.q.data, 2);
-  }, "gptj needs q/k pointers and strides aligned to a pair of elements (4 bytes)");
+  add(
+      "k_out without k",
+      [](Call& c, Buffers& b) {
+        c.out_of_place(b);
+        c.args.k = Tensor{};
+      },
+      "args.k_out.data is set but args.k.data is null");
+  add(
+      "gptj with odd element pointers",
+      [](Call& c, Buffers&) {
+        c.spec.style = Style::gptj;
+        c.args.q.data = shifted(c.args.q.data, 2);
+      },
+      "gptj needs q/k pointers and strides aligned to a pair of elements (4 bytes)");
   // --- positions
-  add("thd without cu_seqlens", [](Call& c, Buffers&) {
-    c.spec.layout = Layout::thd;
-    c.args.cu_seqlens = nullptr;
-  }, "args.cu_seqlens is null but layout thd needs it");
-  add("thd cu_seqlens misaligned", [](Call& c, Buffers& b) {
-    c.spec.layout = Layout::thd;
-    c.args.cu_seqlens = reinterpret_cast<const int32_t*>(b.cu.data() + 2);
-  }, "is not 4-byte aligned");
-  add("thd without sequences", [](Call& c, Buffers&) { c.spec.layout = Layout::thd; c.args.batch = 0; },
+  add(
+      "thd without cu_seqlens",
+      [](Call& c, Buffers&) {
+        c.spec.layout = Layout::thd;
+        c.args.cu_seqlens = nullptr;
+      },
+      "args.cu_seqlens is null but layout thd needs it");
+  add(
+      "thd cu_seqlens misaligned",
+      [](Call& c, Buffers& b) {
+        c.spec.layout = Layout::thd;
+        c.args.cu_seqlens = reinterpret_cast<const int32_t*>(b.cu.data() + 2);
+      },
+      "is not 4-byte aligned");
+  add(
+      "thd without sequences",
+      [](Call& c, Buffers&) {
+        c.spec.layout = Layout::thd;
+        c.args.batch = 0;
+      },
       "args.batch (0) must be >= 1 with cu_seqlens");
-  add("seqoff null", [](Call& c, Buffers&) {
-    c.spec.positions = Positions::seq_offsets;
-    c.args.seq_offsets = nullptr;
-  }, "args.seq_offsets is null but positions is seqoff");
-  add("seqoff i64 misaligned", [](Call& c, Buffers& b) {
-    c.spec.positions = Positions::seq_offsets;
-    c.args.seq_offsets = b.seqoff.data() + 4;
-  }, "is not aligned to its 8-byte elements");
-  add("ids null", [](Call& c, Buffers&) {
-    c.spec.positions = Positions::ids;
-    c.args.position_ids = nullptr;
-  }, "args.position_ids is null but positions is ids");
-  add("ids i64 misaligned", [](Call& c, Buffers& b) {
-    c.spec.positions = Positions::ids;
-    c.args.position_ids = b.ids.data() + 4;
-  }, "is not aligned to its 8-byte elements");
-  add("ids i32 misaligned", [](Call& c, Buffers& b) {
-    c.spec.positions = Positions::ids;
-    c.spec.index_type = IndexType::i32;
-    c.args.position_ids = b.ids.data() + 2;
-  }, "is not aligned to its 4-byte elements");
-  add("position_offset -1", [](Call& c, Buffers&) { c.args.position_offset = -1; },
+  add(
+      "seqoff null",
+      [](Call& c, Buffers&) {
+        c.spec.positions = Positions::seq_offsets;
+        c.args.seq_offsets = nullptr;
+      },
+      "args.seq_offsets is null but positions is seqoff");
+  add(
+      "seqoff i64 misaligned",
+      [](Call& c, Buffers& b) {
+        c.spec.positions = Positions::seq_offsets;
+        c.args.seq_offsets = b.seqoff.data() + 4;
+      },
+      "is not aligned to its 8-byte elements");
+  add(
+      "ids null",
+      [](Call& c, Buffers&) {
+        c.spec.positions = Positions::ids;
+        c.args.position_ids = nullptr;
+      },
+      "args.position_ids is null but positions is ids");
+  add(
+      "ids i64 misaligned",
+      [](Call& c, Buffers& b) {
+        c.spec.positions = Positions::ids;
+        c.args.position_ids = b.ids.data() + 4;
+      },
+      "is not aligned to its 8-byte elements");
+  add(
+      "ids i32 misaligned",
+      [](Call& c, Buffers& b) {
+        c.spec.positions = Positions::ids;
+        c.spec.index_type = IndexType::i32;
+        c.args.position_ids = b.ids.data() + 2;
+      },
+      "is not aligned to its 4-byte elements");
+  add(
+      "position_offset -1", [](Call& c, Buffers&) { c.args.position_offset = -1; },
       "args.position_offset (-1) must be >= 0");
-  add("position_offset INT64_MAX, computed", [](Call& c, Buffers&) {
-    c.spec.freqs = Freqs::computed;
-    c.args.position_offset = INT64_MAX;
-  }, "args.position_offset (9223372036854775807) + 6 tokens exceeds the largest position (2^62)");
-  add("position_offset INT64_MAX, table", [](Call& c, Buffers&) { c.args.position_offset = INT64_MAX; },
+  add(
+      "position_offset INT64_MAX, computed",
+      [](Call& c, Buffers&) {
+        c.spec.freqs = Freqs::computed;
+        c.args.position_offset = INT64_MAX;
+      },
+      "args.position_offset (9223372036854775807) + 6 tokens exceeds the largest position (2^62)");
+  add(
+      "position_offset INT64_MAX, table",
+      [](Call& c, Buffers&) { c.args.position_offset = INT64_MAX; },
       "args.position_offset (9223372036854775807) + 6 tokens exceeds");
-  add("positions beyond the table", [](Call& c, Buffers&) { c.args.position_offset = 14; },
-      "positions up to 16 (position_offset 14 + seq_len 3 - 1) are beyond the table (table_rows 16)");
+  add(
+      "positions beyond the table", [](Call& c, Buffers&) { c.args.position_offset = 14; },
+      "positions up to 16 (position_offset 14 + seq_len 3 - 1) are beyond the table (table_rows "
+      "16)");
   // --- tables
-  add("cos null", [](Call& c, Buffers&) { c.args.cos = nullptr; }, "args.cos is null but freqs is tab");
-  add("sin null", [](Call& c, Buffers&) { c.args.sin = nullptr; }, "args.sin is null but freqs is tab");
-  add("cos misaligned", [](Call& c, Buffers& b) { c.args.cos = b.cos.data() + 2; },
+  add(
+      "cos null", [](Call& c, Buffers&) { c.args.cos = nullptr; },
+      "args.cos is null but freqs is tab");
+  add(
+      "sin null", [](Call& c, Buffers&) { c.args.sin = nullptr; },
+      "args.sin is null but freqs is tab");
+  add(
+      "cos misaligned", [](Call& c, Buffers& b) { c.args.cos = b.cos.data() + 2; },
       "is not aligned to its 4-byte elements");
-  add("sin misaligned", [](Call& c, Buffers& b) { c.args.sin = b.sin.data() + 1; },
+  add(
+      "sin misaligned", [](Call& c, Buffers& b) { c.args.sin = b.sin.data() + 1; },
       "is not aligned to its 4-byte elements");
-  add("f16 table misaligned", [](Call& c, Buffers& b) {
-    c.spec.table_dtype = DType::f16;
-    c.args.cos = b.cos.data() + 1;
-  }, "is not aligned to its 2-byte elements");
+  add(
+      "f16 table misaligned",
+      [](Call& c, Buffers& b) {
+        c.spec.table_dtype = DType::f16;
+        c.args.cos = b.cos.data() + 1;
+      },
+      "is not aligned to its 2-byte elements");
   for (int64_t n : {int64_t(0), int64_t(-1)})
-    add("table_rows " + std::to_string(n), [n](Call& c, Buffers&) { c.args.table_rows = n; },
+    add(
+        "table_rows " + std::to_string(n), [n](Call& c, Buffers&) { c.args.table_rows = n; },
         "must be >= 1");
-  add("table_stride below the row", [](Call& c, Buffers&) { c.args.table_stride = 32; },
+  add(
+      "table_stride below the row", [](Call& c, Buffers&) { c.args.table_stride = 32; },
       "args.table_stride (32) is smaller than the row width (64)");
-  add("full table_stride below the row", [](Call& c, Buffers&) {
-    c.spec.table_width = TableWidth::full;
-    c.args.table_stride = 64;
-  }, "args.table_stride (64) is smaller than the row width (128)");
-  add("table_stride negative", [](Call& c, Buffers&) { c.args.table_stride = -64; },
+  add(
+      "full table_stride below the row",
+      [](Call& c, Buffers&) {
+        c.spec.table_width = TableWidth::full;
+        c.args.table_stride = 64;
+      },
+      "args.table_stride (64) is smaller than the row width (128)");
+  add(
+      "table_stride negative", [](Call& c, Buffers&) { c.args.table_stride = -64; },
       "args.table_stride (-64) is smaller");
-  add("table rows x stride overflows", [](Call& c, Buffers&) {
-    c.args.table_rows = int64_t(1) << 40;
-    c.args.table_stride = int64_t(1) << 40;
-  }, "* table_stride overflows");
+  add(
+      "table rows x stride overflows",
+      [](Call& c, Buffers&) {
+        c.args.table_rows = int64_t(1) << 40;
+        c.args.table_stride = int64_t(1) << 40;
+      },
+      "* table_stride overflows");
   // --- computed frequencies
   for (double base : {1.0, 0.5, -2.0, 0.0, double(NAN), double(INFINITY)})
-    add("base " + std::to_string(base), [base](Call& c, Buffers&) {
-      c.spec.freqs = Freqs::computed;
-      c.args.base = base;
-    }, "must be a finite number > 1");
+    add(
+        "base " + std::to_string(base),
+        [base](Call& c, Buffers&) {
+          c.spec.freqs = Freqs::computed;
+          c.args.base = base;
+        },
+        "must be a finite number > 1");
   return rows;
 }
 
@@ -332,7 +491,8 @@ TEST_CASE("the table's harness sees a valid call get past validation") {
     } catch (const Error& e) {
       message = e.what();
       INFO(message);
-      CHECK((e.code() == ErrorCode::no_driver || message.find("is not device memory") != std::string::npos));
+      CHECK((e.code() == ErrorCode::no_driver ||
+             message.find("is not device memory") != std::string::npos));
     }
     CHECK_FALSE(message.empty());
   }
@@ -347,10 +507,10 @@ TEST_CASE("bad-input table, C API: status, message, nothing written") {
   ropejit_args_init(&args);
   args.batch = kBatch;
   args.seq_len = kSeq;
-  REQUIRE(ropejit_make_contiguous(ROPEJIT_LAYOUT_BSHD, b.q.data(), kBatch, kSeq, kQHeads, kDim, &args.q) ==
-          ROPEJIT_OK);
-  REQUIRE(ropejit_make_contiguous(ROPEJIT_LAYOUT_BSHD, b.k.data(), kBatch, kSeq, kKHeads, kDim, &args.k) ==
-          ROPEJIT_OK);
+  REQUIRE(ropejit_make_contiguous(ROPEJIT_LAYOUT_BSHD, b.q.data(), kBatch, kSeq, kQHeads, kDim,
+                                  &args.q) == ROPEJIT_OK);
+  REQUIRE(ropejit_make_contiguous(ROPEJIT_LAYOUT_BSHD, b.k.data(), kBatch, kSeq, kKHeads, kDim,
+                                  &args.k) == ROPEJIT_OK);
   args.cos = b.cos.data();
   args.sin = b.sin.data();
   args.table_rows = kRows;
@@ -365,45 +525,86 @@ TEST_CASE("bad-input table, C API: status, message, nothing written") {
        ROPEJIT_ERROR_INVALID_ARGUMENT, "spec is null"},
       {"null args", [](ropejit_spec s, ropejit_args) { return ropejit_apply(&s, nullptr); },
        ROPEJIT_ERROR_INVALID_ARGUMENT, "args is null"},
-      {"in_place 7", [](ropejit_spec s, ropejit_args a) { s.in_place = 7; return ropejit_apply(&s, &a); },
+      {"in_place 7",
+       [](ropejit_spec s, ropejit_args a) {
+         s.in_place = 7;
+         return ropejit_apply(&s, &a);
+       },
        ROPEJIT_ERROR_INVALID_ARGUMENT, "spec.in_place (7) must be 0 or 1"},
-      {"in_place -1", [](ropejit_spec s, ropejit_args a) { s.in_place = -1; return ropejit_apply(&s, &a); },
+      {"in_place -1",
+       [](ropejit_spec s, ropejit_args a) {
+         s.in_place = -1;
+         return ropejit_apply(&s, &a);
+       },
        ROPEJIT_ERROR_INVALID_ARGUMENT, "spec.in_place (-1) must be 0 or 1"},
-      {"layout 99", [](ropejit_spec s, ropejit_args a) { s.layout = 99; return ropejit_apply(&s, &a); },
+      {"layout 99",
+       [](ropejit_spec s, ropejit_args a) {
+         s.layout = 99;
+         return ropejit_apply(&s, &a);
+       },
        ROPEJIT_ERROR_INVALID_ARGUMENT, "spec.layout (99) is not a known value"},
-      {"dtype -3", [](ropejit_spec s, ropejit_args a) { s.dtype = -3; return ropejit_apply(&s, &a); },
+      {"dtype -3",
+       [](ropejit_spec s, ropejit_args a) {
+         s.dtype = -3;
+         return ropejit_apply(&s, &a);
+       },
        ROPEJIT_ERROR_INVALID_ARGUMENT, "spec.dtype (-3) is not a known value"},
-      {"q.heads 2^31", [](ropejit_spec s, ropejit_args a) { a.q.heads = int64_t(1) << 31; return ropejit_apply(&s, &a); },
+      {"q.heads 2^31",
+       [](ropejit_spec s, ropejit_args a) {
+         a.q.heads = int64_t(1) << 31;
+         return ropejit_apply(&s, &a);
+       },
        ROPEJIT_ERROR_INVALID_ARGUMENT, "args.q.heads (2147483648) must be in [1, 2^30]"},
-      {"overlapping q and k", [](ropejit_spec s, ropejit_args a) { a.k.data = a.q.data; return ropejit_apply(&s, &a); },
+      {"overlapping q and k",
+       [](ropejit_spec s, ropejit_args a) {
+         a.k.data = a.q.data;
+         return ropejit_apply(&s, &a);
+       },
        ROPEJIT_ERROR_INVALID_ARGUMENT, "args.q and args.k overlap in memory"},
-      {"key into a short buffer", [](ropejit_spec s, ropejit_args) { char buf[8]; return ropejit_key(&s, buf, sizeof buf); },
+      {"key into a short buffer",
+       [](ropejit_spec s, ropejit_args) {
+         char buf[8];
+         return ropejit_key(&s, buf, sizeof buf);
+       },
        ROPEJIT_ERROR_INVALID_ARGUMENT, "size (8) is too small for key"},
       {"key into null", [](ropejit_spec s, ropejit_args) { return ropejit_key(&s, nullptr, 100); },
        ROPEJIT_ERROR_INVALID_ARGUMENT, "buf is null"},
-      {"precompile sm_0090", [](ropejit_spec s, ropejit_args) { return ropejit_precompile(&s, "sm_0090"); },
+      {"precompile sm_0090",
+       [](ropejit_spec s, ropejit_args) { return ropejit_precompile(&s, "sm_0090"); },
        ROPEJIT_ERROR_INVALID_ARGUMENT, "arch ('sm_0090') must look like sm_90"},
-      {"precompile a 10,000-character arch", [](ropejit_spec s, ropejit_args) {
+      {"precompile a 10,000-character arch",
+       [](ropejit_spec s, ropejit_args) {
          const std::string arch = "sm_" + std::string(9997, '9');
          return ropejit_precompile(&s, arch.c_str());
-       }, ROPEJIT_ERROR_INVALID_ARGUMENT, "(10000 characters)') must look like sm_90"},
-      {"precompile null arch", [](ropejit_spec s, ropejit_args) { return ropejit_precompile(&s, nullptr); },
+       },
+       ROPEJIT_ERROR_INVALID_ARGUMENT, "(10000 characters)') must look like sm_90"},
+      {"precompile null arch",
+       [](ropejit_spec s, ropejit_args) { return ropejit_precompile(&s, nullptr); },
        ROPEJIT_ERROR_INVALID_ARGUMENT, "arch is null"},
-      {"contiguous overflow", [](ropejit_spec, ropejit_args) {
+      {"contiguous overflow",
+       [](ropejit_spec, ropejit_args) {
          ropejit_tensor t;
-         return ropejit_make_contiguous(ROPEJIT_LAYOUT_BSHD, nullptr, int64_t(1) << 40, int64_t(1) << 40, 8, 128, &t);
-       }, ROPEJIT_ERROR_INVALID_ARGUMENT, "x head_dim (128) overflows int64"},
-      {"contiguous negative heads", [](ropejit_spec, ropejit_args) {
+         return ropejit_make_contiguous(ROPEJIT_LAYOUT_BSHD, nullptr, int64_t(1) << 40,
+                                        int64_t(1) << 40, 8, 128, &t);
+       },
+       ROPEJIT_ERROR_INVALID_ARGUMENT, "x head_dim (128) overflows int64"},
+      {"contiguous negative heads",
+       [](ropejit_spec, ropejit_args) {
          ropejit_tensor t;
          return ropejit_make_contiguous(ROPEJIT_LAYOUT_THD, nullptr, 1, 4, -8, 128, &t);
-       }, ROPEJIT_ERROR_INVALID_ARGUMENT, "contiguous: heads (-8) must be >= 0"},
-      {"contiguous bad layout", [](ropejit_spec, ropejit_args) {
+       },
+       ROPEJIT_ERROR_INVALID_ARGUMENT, "contiguous: heads (-8) must be >= 0"},
+      {"contiguous bad layout",
+       [](ropejit_spec, ropejit_args) {
          ropejit_tensor t;
          return ropejit_make_contiguous(7, nullptr, 1, 4, 8, 128, &t);
-       }, ROPEJIT_ERROR_INVALID_ARGUMENT, "contiguous: layout (7) is not a known value"},
-      {"contiguous null out", [](ropejit_spec, ropejit_args) {
+       },
+       ROPEJIT_ERROR_INVALID_ARGUMENT, "contiguous: layout (7) is not a known value"},
+      {"contiguous null out",
+       [](ropejit_spec, ropejit_args) {
          return ropejit_make_contiguous(0, nullptr, 1, 4, 8, 128, nullptr);
-       }, ROPEJIT_ERROR_INVALID_ARGUMENT, "out is null"},
+       },
+       ROPEJIT_ERROR_INVALID_ARGUMENT, "out is null"},
   };
   for (const CRow& row : rows) {
     INFO(std::string(row.name));

@@ -102,8 +102,7 @@ void run_cases(const std::vector<Case>& cases, unsigned threads) {
         w.upload();
         apply(w.spec(), w.args());  // decode-sized: the one-head kernel, or two when needed
         const autotune::CheckReport r = w.check();
-        if (!r.ok)
-          failure = r.first_failure + " (" + std::to_string(r.mismatches) + " mismatches)";
+        if (!r.ok) failure = r.first_failure + " (" + std::to_string(r.mismatches) + " mismatches)";
         // The same call through the heuristic's prefill kernel, two heads per thread.
         const Spec c = w.spec().canonical();
         const Args args = w.args();
@@ -116,8 +115,8 @@ void run_cases(const std::vector<Case>& cases, unsigned threads) {
           api::engine().launch(c, args, shape, &two);
           const autotune::CheckReport r2 = w.check();
           if (!r2.ok)
-            failure = two.name() + ": " + r2.first_failure + " (" +
-                      std::to_string(r2.mismatches) + " mismatches)";
+            failure = two.name() + ": " + r2.first_failure + " (" + std::to_string(r2.mismatches) +
+                      " mismatches)";
           else
             ++two_heads;
         }

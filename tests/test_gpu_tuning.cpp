@@ -191,8 +191,9 @@ TEST_SUITE("gpu") {
     MESSAGE("ropejit tune --preset llama3-8b took ", r.seconds, " s");
     const Run again = run_command("ROPEJIT_CACHE_DIR=" + file + ".cubins " + ROPEJIT_CLI_PATH +
                                   " compile --from-tuning " + file);
+    INFO(again.output);
     CHECK(again.status == 0);
-    CHECK(again.output.find("40 entries: ") != std::string::npos);
-    CHECK(again.output.find("of those keys' defaults, for NVIDIA") != std::string::npos);
+    CHECK(again.output.find("40 tuning entries for NVIDIA") != std::string::npos);
+    CHECK(again.output.find(", 0 failed") != std::string::npos);
   }
 }

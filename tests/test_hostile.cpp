@@ -44,7 +44,10 @@ autotune::Fingerprint some_gpu() {
 detail::CacheEntry loadable(const std::string& key) {
   detail::CacheEntry e;
   e.key = key;
-  e.image = std::string("\x7f" "ELF") + std::string(200, 'x');
+  e.image = std::string(
+                "\x7f"
+                "ELF") +
+            std::string(200, 'x');
   return e;
 }
 
@@ -60,9 +63,8 @@ TEST_CASE("files that are not regular files are refused without blocking or read
   REQUIRE(mkdir((dir + "/dir").c_str(), 0700) == 0);
   write_file(dir + "/big", std::string(5000, 'x'));
   const std::pair<const char*, const char*> cases[] = {
-      {"zero", "is a device"},        {"random", "is a device"},
-      {"pipe", "is a named pipe"},    {"dir", "is a directory"},
-      {"big", "more than the 4096"},
+      {"zero", "is a device"},   {"random", "is a device"},     {"pipe", "is a named pipe"},
+      {"dir", "is a directory"}, {"big", "more than the 4096"},
   };
   for (const auto& [name, why] : cases) {
     const detail::FileRead r = detail::read_regular_file(dir + "/" + name, 4096);
@@ -107,12 +109,14 @@ TEST_CASE("a tuning file nested 100,000 levels deep is refused before parsing") 
   REQUIRE(c.warnings().size() == 1);
   CHECK(contains(c.warnings()[0], "JSON nested 100000 levels deep"));
   // Brackets inside strings are text, not nesting.
-  write_file(path, R"({"schema": 1, "fingerprint": "[[[[[[[[[[[[[[[[[[[[[[[[[[[[", "entries": []})");
+  write_file(path,
+             R"({"schema": 1, "fingerprint": "[[[[[[[[[[[[[[[[[[[[[[[[[[[[", "entries": []})");
   const autotune::TuningCache s = autotune::TuningCache::load(path, some_gpu());
   REQUIRE(s.warnings().size() == 1);
   CHECK(contains(s.warnings()[0], "field 'fingerprint.gpu'") == false);
   CHECK(contains(s.warnings()[0], "nested") == false);
-  const CommandResult r = cli("compile --from-tuning " + path.substr(0, path.size() - 10) + "/deep.json");
+  const CommandResult r =
+      cli("compile --from-tuning " + path.substr(0, path.size() - 10) + "/deep.json");
   CHECK(r.status == 2);
   write_file(path, std::string(100000, '[') + std::string(100000, ']'));
   const CommandResult deep = cli("compile --from-tuning " + path);
@@ -277,7 +281,8 @@ TEST_CASE("the command names what is wrong and exits 2") {
       {"compile --key " + std::string(kKey) + " -j 100000", "--jobs: Value 100000 not in range"},
       {"compile --from-tuning " + tuning + " --key " + kKey, "--from-tuning takes the keys"},
       {"compile --from-tuning " + tuning + " --preset phi-2", "--from-tuning takes the keys"},
-      {"compile --arch sm_0090 --key " + std::string(kKey), "--arch ('sm_0090') must look like sm_90"},
+      {"compile --arch sm_0090 --key " + std::string(kKey),
+       "--arch ('sm_0090') must look like sm_90"},
       {"compile --arch sm_" + std::string(10000, '9') + " --key " + kKey, "(10003 characters)"},
       {"tune --heads 100000 --dry-run", "--heads (100000) must be Q or Q,K with 1 <= Q <= 65536"},
       {"tune --heads 32,70000 --dry-run", "0 <= K <= 65536"},
@@ -298,7 +303,8 @@ TEST_CASE("the command names what is wrong and exits 2") {
 }
 
 TEST_CASE("compile says when nothing could be saved") {
-  for (const char* env : {"ROPEJIT_CACHE_DIR=off", "env -u ROPEJIT_CACHE_DIR -u HOME -u XDG_CACHE_HOME"}) {
+  for (const char* env :
+       {"ROPEJIT_CACHE_DIR=off", "env -u ROPEJIT_CACHE_DIR -u HOME -u XDG_CACHE_HOME"}) {
     const CommandResult r = cli(std::string("compile --key ") + kKey, env);
     INFO(env, ": ", r.output);
     CHECK(r.status == 1);
