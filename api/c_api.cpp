@@ -30,6 +30,10 @@ ropejit::Spec to_spec(const ropejit_spec& s) {
         "ropejit: spec.in_place (" + std::to_string(s.in_place) + ") must be 0 or 1");
   o.in_place = s.in_place == 1;
   o.fusion = ropejit::Fusion(s.fusion);
+  o.norm = ropejit::Norm(s.norm);
+  o.out_store = ropejit::Store(s.out_store);
+  o.cache = ropejit::KvCache(s.cache);
+  o.cache_store = ropejit::Store(s.cache_store);
   return o;
 }
 
@@ -55,6 +59,44 @@ ropejit::Args to_args(const ropejit_args& a) {
   o.table_rows = a.table_rows;
   o.base = a.base;
   o.stream = a.stream;
+  ropejit::RopeScaling& r = o.scaling;
+  r.factor = a.scaling.factor;
+  r.low_freq_factor = a.scaling.low_freq_factor;
+  r.high_freq_factor = a.scaling.high_freq_factor;
+  r.original_max_positions = a.scaling.original_max_positions;
+  r.beta_fast = a.scaling.beta_fast;
+  r.beta_slow = a.scaling.beta_slow;
+  r.mscale = a.scaling.mscale;
+  r.mscale_all_dim = a.scaling.mscale_all_dim;
+  r.attention_factor = a.scaling.attention_factor;
+  r.truncate = a.scaling.truncate != 0;
+  r.short_factor = a.scaling.short_factor;
+  r.long_factor = a.scaling.long_factor;
+  r.seq_len = a.scaling.seq_len;
+  for (int i = 0; i < 3; ++i) o.mrope_section[i] = a.mrope_section[i];
+  o.mrope_interleaved = a.mrope_interleaved != 0;
+  o.v = to_tensor(a.v);
+  o.q_norm_weight = a.q_norm_weight;
+  o.k_norm_weight = a.k_norm_weight;
+  o.norm_eps = a.norm_eps;
+  o.out_quant_scale = a.out_quant_scale;
+  ropejit::KvCacheArgs& c = o.cache;
+  c.k = a.cache.k;
+  c.v = a.cache.v;
+  c.pages = a.cache.pages;
+  c.page_size = a.cache.page_size;
+  c.stride_page = a.cache.stride_page;
+  c.stride_slot = a.cache.stride_slot;
+  c.stride_head = a.cache.stride_head;
+  c.slot_mapping = a.cache.slot_mapping;
+  c.indptr = a.cache.indptr;
+  c.indices = a.cache.indices;
+  c.num_indices = a.cache.num_indices;
+  c.last_page_len = a.cache.last_page_len;
+  c.seq_lens = a.cache.seq_lens;
+  c.k_quant_scale = a.cache.k_quant_scale;
+  c.v_quant_scale = a.cache.v_quant_scale;
+  c.skipped = a.cache.skipped;
   return o;
 }
 
@@ -87,18 +129,43 @@ extern "C" {
 void ropejit_spec_init(ropejit_spec* spec) {
   if (!spec) return;
   const ropejit::Spec d;
-  *spec = ropejit_spec{int32_t(d.layout),      int32_t(d.dtype),     d.head_dim,
-                       d.rotary_dim,           int32_t(d.style),     int32_t(d.positions),
-                       int32_t(d.index_type),  int32_t(d.freqs),     int32_t(d.table_dtype),
-                       int32_t(d.table_width), int32_t(d.direction), d.in_place ? 1 : 0,
-                       int32_t(d.fusion)};
+  *spec = ropejit_spec{int32_t(d.layout),      int32_t(d.dtype),      d.head_dim,
+                       d.rotary_dim,           int32_t(d.style),      int32_t(d.positions),
+                       int32_t(d.index_type),  int32_t(d.freqs),      int32_t(d.table_dtype),
+                       int32_t(d.table_width), int32_t(d.direction),  d.in_place ? 1 : 0,
+                       int32_t(d.fusion),      int32_t(d.norm),       int32_t(d.out_store),
+                       int32_t(d.cache),       int32_t(d.cache_store)};
 }
 
 void ropejit_args_init(ropejit_args* args) {
   if (!args) return;
   std::memset(args, 0, sizeof *args);
-  args->batch = 1;
-  args->base = ropejit::Args().base;
+  const ropejit::Args d;
+  args->batch = d.batch;
+  args->base = d.base;
+  const ropejit::RopeScaling& r = d.scaling;
+  args->scaling = ropejit_scaling{r.factor,
+                                  r.low_freq_factor,
+                                  r.high_freq_factor,
+                                  r.original_max_positions,
+                                  r.beta_fast,
+                                  r.beta_slow,
+                                  r.mscale,
+                                  r.mscale_all_dim,
+                                  r.attention_factor,
+                                  r.truncate ? 1 : 0,
+                                  nullptr,
+                                  nullptr,
+                                  r.seq_len};
+  args->norm_eps = d.norm_eps;
+  args->out_quant_scale = d.out_quant_scale;
+  args->cache.k_quant_scale = d.cache.k_quant_scale;
+  args->cache.v_quant_scale = d.cache.v_quant_scale;
+}
+
+void ropejit_struct_sizes(size_t* spec, size_t* args) {
+  if (spec) *spec = sizeof(ropejit_spec);
+  if (args) *args = sizeof(ropejit_args);
 }
 
 ropejit_status ropejit_make_contiguous(int32_t layout, void* data, int64_t batch, int64_t seq,

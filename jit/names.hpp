@@ -24,12 +24,19 @@ ROPEJIT_NAMES(Layout, {Layout::bshd, "bshd"}, {Layout::sbhd, "sbhd"}, {Layout::b
 ROPEJIT_NAMES(DType, {DType::f32, "f32"}, {DType::f16, "f16"}, {DType::bf16, "bf16"})
 ROPEJIT_NAMES(Style, {Style::neox, "neox"}, {Style::gptj, "gptj"})
 ROPEJIT_NAMES(Positions, {Positions::offset, "offset"}, {Positions::seq_offsets, "seqoff"},
-              {Positions::ids, "ids"})
+              {Positions::ids, "ids"}, {Positions::mrope, "mrope"})
 ROPEJIT_NAMES(IndexType, {IndexType::i32, "i32"}, {IndexType::i64, "i64"})
-ROPEJIT_NAMES(Freqs, {Freqs::table, "tab"}, {Freqs::computed, "comp"})
+ROPEJIT_NAMES(Freqs, {Freqs::table, "tab"}, {Freqs::computed, "comp"}, {Freqs::linear, "linear"},
+              {Freqs::dynamic_ntk, "ntk"}, {Freqs::llama3, "llama3"}, {Freqs::yarn, "yarn"},
+              {Freqs::longrope, "longrope"})
 ROPEJIT_NAMES(TableWidth, {TableWidth::half, "half"}, {TableWidth::full, "full"})
 ROPEJIT_NAMES(Direction, {Direction::forward, "fwd"}, {Direction::backward, "bwd"})
-ROPEJIT_NAMES(Fusion, {Fusion::qk, "qk"})
+ROPEJIT_NAMES(Fusion, {Fusion::qk, "qk"}, {Fusion::q, "q"})
+ROPEJIT_NAMES(Norm, {Norm::none, "none"}, {Norm::rms, "rms"}, {Norm::rms_one_plus, "rms1p"},
+              {Norm::rms_all_heads, "rmsall"})
+ROPEJIT_NAMES(KvCache, {KvCache::none, "none"}, {KvCache::contiguous, "cont"},
+              {KvCache::paged, "paged"}, {KvCache::slots, "slots"})
+ROPEJIT_NAMES(Store, {Store::same, "same"}, {Store::e4m3, "e4m3"})
 #undef ROPEJIT_NAMES
 
 template <class E>

@@ -17,6 +17,9 @@ const char* to_string(Freqs v) { return detail::name_of(v); }
 const char* to_string(TableWidth v) { return detail::name_of(v); }
 const char* to_string(Direction v) { return detail::name_of(v); }
 const char* to_string(Fusion v) { return detail::name_of(v); }
+const char* to_string(Norm v) { return detail::name_of(v); }
+const char* to_string(KvCache v) { return detail::name_of(v); }
+const char* to_string(Store v) { return detail::name_of(v); }
 
 namespace {
 
@@ -46,12 +49,36 @@ void Spec::validate() const {
   check_enum(table_width, "table_width");
   check_enum(direction, "direction");
   check_enum(fusion, "fusion");
+  check_enum(norm, "norm");
+  check_enum(out_store, "out_store");
+  check_enum(cache, "cache");
+  check_enum(cache_store, "cache_store");
   if (head_dim <= 0 || head_dim % 2 != 0 || head_dim > kMaxHeadDim)
     detail::invalid("spec.head_dim (", head_dim, ") must be even and in [2, ", kMaxHeadDim, "]");
   const int32_t rot = rotary_dim == 0 ? head_dim : rotary_dim;
   if (rot < 0 || rot % 2 != 0 || rot > head_dim)
     detail::invalid("spec.rotary_dim (", rotary_dim, ") must be even and <= head_dim (", head_dim,
                     "); 0 means head_dim");
+  // The fusion axes' combinations.
+  if (fusion == Fusion::q && cache == KvCache::none)
+    detail::invalid("spec.fusion (q) writes k only into the KV cache, but spec.cache is none");
+  if (out_store != Store::same && in_place)
+    detail::invalid("spec.out_store (", to_string(out_store),
+                    ") needs spec.in_place = false: q (and k) are written to q_out (k_out)");
+  if (cache_store != Store::same && cache == KvCache::none)
+    detail::invalid("spec.cache_store (", to_string(cache_store),
+                    ") needs a KV cache (spec.cache)");
+  const bool fused = norm != Norm::none || out_store != Store::same || cache != KvCache::none ||
+                     fusion != Fusion::qk;
+  if (fused && direction == Direction::backward)
+    detail::invalid(
+        "spec.direction (bwd) is for plain RoPE gradients; the fused stages (norm, "
+        "FP8 outputs, KV cache) run forward only");
+}
+
+bool Spec::fused() const {
+  return norm != Norm::none || out_store != Store::same || cache != KvCache::none ||
+         fusion != Fusion::qk;
 }
 
 Spec Spec::canonical() const {
@@ -59,10 +86,11 @@ Spec Spec::canonical() const {
   Spec c = *this;
   if (c.rotary_dim == 0) c.rotary_dim = c.head_dim;
   if (c.positions == Positions::offset) c.index_type = IndexType::i64;
-  if (c.freqs == Freqs::computed) {
+  if (c.freqs != Freqs::table) {
     c.table_dtype = DType::f32;
     c.table_width = TableWidth::half;
   }
+  if (c.cache == KvCache::none) c.cache_store = Store::same;
   return c;
 }
 
@@ -71,23 +99,34 @@ bool operator==(const Spec& a, const Spec& b) {
          a.rotary_dim == b.rotary_dim && a.style == b.style && a.positions == b.positions &&
          a.index_type == b.index_type && a.freqs == b.freqs && a.table_dtype == b.table_dtype &&
          a.table_width == b.table_width && a.direction == b.direction && a.in_place == b.in_place &&
-         a.fusion == b.fusion;
+         a.fusion == b.fusion && a.norm == b.norm && a.out_store == b.out_store &&
+         a.cache == b.cache && a.cache_store == b.cache_store;
 }
 
 // Field order is part of the persisted format (cache entries and tuning files name keys):
-// rope_<layout>_<dtype>_d<D>_r<R>_<style>_pos-<mode>[-<idx>]_<freqs>[-<tdtype>-<width>]
-//      _<fusion>_<direction>_<ip|oop>
+// rope_<layout>_<dtype>_d<D>_r<R>_<style>_pos-<mode>[-<idx>]_<freqs>_<fusion>_<direction>_<ip|oop>
+//   freqs:  tab-<tdtype>-<width> | comp | comp-<variant>
+//   fusion: qk | <qk|q>[-n<norm>][-o<store>][-c<cache>[-<store>]]   (fused stages, in order)
 std::string Spec::key() const {
   const Spec c = canonical();
   std::ostringstream os;
   os << "rope_" << to_string(c.layout) << '_' << to_string(c.dtype) << "_d" << c.head_dim << "_r"
      << c.rotary_dim << '_' << to_string(c.style) << "_pos-" << to_string(c.positions);
   if (c.positions != Positions::offset) os << '-' << to_string(c.index_type);
-  os << '_' << to_string(c.freqs);
   if (c.freqs == Freqs::table)
-    os << '-' << to_string(c.table_dtype) << '-' << to_string(c.table_width);
-  os << '_' << to_string(c.fusion) << '_' << to_string(c.direction) << '_'
-     << (c.in_place ? "ip" : "oop");
+    os << "_tab-" << to_string(c.table_dtype) << '-' << to_string(c.table_width);
+  else if (c.freqs == Freqs::computed)
+    os << "_comp";
+  else
+    os << "_comp-" << to_string(c.freqs);
+  os << '_' << to_string(c.fusion);
+  if (c.norm != Norm::none) os << "-n" << to_string(c.norm);
+  if (c.out_store != Store::same) os << "-o" << to_string(c.out_store);
+  if (c.cache != KvCache::none) {
+    os << "-c" << to_string(c.cache);
+    if (c.cache_store != Store::same) os << '-' << to_string(c.cache_store);
+  }
+  os << '_' << to_string(c.direction) << '_' << (c.in_place ? "ip" : "oop");
   return os.str();
 }
 
@@ -145,17 +184,40 @@ Spec parse_key(const std::string& key) {
                     detail::clipped(f[6]), "'");
   }
   const std::vector<std::string> fr = split(f[7], '-');
-  s.freqs = detail::parse_name<Freqs>(fr[0], "key freqs");
-  if (s.freqs == Freqs::table) {
+  if (fr[0] == "tab") {
     if (fr.size() != 3)
       detail::invalid("key '", detail::clipped(key), "': table field needs dtype and width");
+    s.freqs = Freqs::table;
     s.table_dtype = detail::parse_name<DType>(fr[1], "key table dtype");
     s.table_width = detail::parse_name<TableWidth>(fr[2], "key table width");
-  } else if (fr.size() != 1) {
+  } else if (fr[0] == "comp" && fr.size() <= 2) {
+    s.freqs = fr.size() == 1 ? Freqs::computed
+                             : detail::parse_name<Freqs>(fr[1], "key frequency variant");
+    if (s.freqs == Freqs::table || (fr.size() == 2 && s.freqs == Freqs::computed))
+      detail::invalid("key '", detail::clipped(key), "': bad freqs field '", detail::clipped(f[7]),
+                      "'");
+  } else {
     detail::invalid("key '", detail::clipped(key), "': bad freqs field '", detail::clipped(f[7]),
                     "'");
   }
-  s.fusion = detail::parse_name<Fusion>(f[8], "key fusion");
+  const std::vector<std::string> fu = split(f[8], '-');
+  s.fusion = detail::parse_name<Fusion>(fu[0], "key fusion");
+  for (size_t i = 1; i < fu.size(); ++i) {
+    const std::string& t = fu[i];
+    const std::string rest = t.size() > 1 ? t.substr(1) : std::string();
+    const char tag = t.empty() ? '\0' : t[0];
+    if (tag == 'n') {
+      s.norm = detail::parse_name<Norm>(rest, "key norm");
+    } else if (tag == 'o') {
+      s.out_store = detail::parse_name<Store>(rest, "key output store");
+    } else if (tag == 'c') {
+      s.cache = detail::parse_name<KvCache>(rest, "key cache");
+      if (i + 1 < fu.size() && fu[i + 1] == "e4m3") s.cache_store = Store::e4m3, ++i;
+    } else {
+      detail::invalid("key '", detail::clipped(key), "': bad fusion field '", detail::clipped(f[8]),
+                      "'");
+    }
+  }
   s.direction = detail::parse_name<Direction>(f[9], "key direction");
   if (f[10] != "ip" && f[10] != "oop")
     detail::invalid("key '", detail::clipped(key), "': last field must be ip or oop");

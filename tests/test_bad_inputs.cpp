@@ -112,7 +112,7 @@ std::vector<Row> cpp_rows() {
       "index_type 3", [](Call& c, Buffers&) { c.spec.index_type = IndexType(3); },
       "spec.index_type (3)");
   add(
-      "freqs 2", [](Call& c, Buffers&) { c.spec.freqs = Freqs(2); }, "spec.freqs (2)");
+      "freqs 7", [](Call& c, Buffers&) { c.spec.freqs = Freqs(7); }, "spec.freqs (7)");
   add(
       "table_dtype 9", [](Call& c, Buffers&) { c.spec.table_dtype = DType(9); },
       "spec.table_dtype (9)");
@@ -123,7 +123,32 @@ std::vector<Row> cpp_rows() {
       "direction 2", [](Call& c, Buffers&) { c.spec.direction = Direction(2); },
       "spec.direction (2)");
   add(
-      "fusion 1", [](Call& c, Buffers&) { c.spec.fusion = Fusion(1); }, "spec.fusion (1)");
+      "fusion 2", [](Call& c, Buffers&) { c.spec.fusion = Fusion(2); }, "spec.fusion (2)");
+  add(
+      "norm 4", [](Call& c, Buffers&) { c.spec.norm = Norm(4); }, "spec.norm (4)");
+  add(
+      "out_store 2", [](Call& c, Buffers&) { c.spec.out_store = Store(2); }, "spec.out_store (2)");
+  add(
+      "cache -1", [](Call& c, Buffers&) { c.spec.cache = KvCache(-1); }, "spec.cache (-1)");
+  add(
+      "cache_store 5", [](Call& c, Buffers&) { c.spec.cache_store = Store(5); },
+      "spec.cache_store (5)");
+  add(
+      "k only to a cache that is not there", [](Call& c, Buffers&) { c.spec.fusion = Fusion::q; },
+      "spec.fusion (q) writes k only into the KV cache, but spec.cache is none");
+  add(
+      "e4m3 outputs in place", [](Call& c, Buffers&) { c.spec.out_store = Store::e4m3; },
+      "spec.out_store (e4m3) needs spec.in_place = false");
+  add(
+      "e4m3 cache without a cache", [](Call& c, Buffers&) { c.spec.cache_store = Store::e4m3; },
+      "spec.cache_store (e4m3) needs a KV cache");
+  add(
+      "fused backward",
+      [](Call& c, Buffers&) {
+        c.spec.norm = Norm::rms;
+        c.spec.direction = Direction::backward;
+      },
+      "spec.direction (bwd) is for plain RoPE gradients");
   // --- sizes
   add(
       "batch 0", [](Call& c, Buffers&) { c.args.batch = 0; }, "args.batch (0) must be >= 1");

@@ -35,21 +35,76 @@ enum {
 };
 enum { ROPEJIT_F32 = 0, ROPEJIT_F16 = 1, ROPEJIT_BF16 = 2 };
 enum { ROPEJIT_NEOX = 0, ROPEJIT_GPTJ = 1 };
-enum { ROPEJIT_POS_OFFSET = 0, ROPEJIT_POS_SEQ_OFFSETS = 1, ROPEJIT_POS_IDS = 2 };
+enum {
+  ROPEJIT_POS_OFFSET = 0,
+  ROPEJIT_POS_SEQ_OFFSETS = 1,
+  ROPEJIT_POS_IDS = 2,
+  ROPEJIT_POS_MROPE = 3
+};
 enum { ROPEJIT_I32 = 0, ROPEJIT_I64 = 1 };
-enum { ROPEJIT_FREQS_TABLE = 0, ROPEJIT_FREQS_COMPUTED = 1 };
+enum {
+  ROPEJIT_FREQS_TABLE = 0,
+  ROPEJIT_FREQS_COMPUTED = 1,
+  ROPEJIT_FREQS_LINEAR = 2,
+  ROPEJIT_FREQS_DYNAMIC_NTK = 3,
+  ROPEJIT_FREQS_LLAMA3 = 4,
+  ROPEJIT_FREQS_YARN = 5,
+  ROPEJIT_FREQS_LONGROPE = 6
+};
 enum { ROPEJIT_TABLE_HALF = 0, ROPEJIT_TABLE_FULL = 1 };
 enum { ROPEJIT_FORWARD = 0, ROPEJIT_BACKWARD = 1 };
+enum { ROPEJIT_FUSION_QK = 0, ROPEJIT_FUSION_Q = 1 };
+enum {
+  ROPEJIT_NORM_NONE = 0,
+  ROPEJIT_NORM_RMS = 1,
+  ROPEJIT_NORM_RMS_ONE_PLUS = 2,
+  ROPEJIT_NORM_RMS_ALL_HEADS = 3
+};
+enum {
+  ROPEJIT_CACHE_NONE = 0,
+  ROPEJIT_CACHE_CONTIGUOUS = 1,
+  ROPEJIT_CACHE_PAGED = 2,
+  ROPEJIT_CACHE_SLOTS = 3
+};
+enum { ROPEJIT_STORE_SAME = 0, ROPEJIT_STORE_E4M3 = 1 };
 
+/* Fields are only ever appended, so older callers' layouts stay a prefix. */
 typedef struct {
   int32_t layout, dtype, head_dim, rotary_dim, style, positions, index_type, freqs;
   int32_t table_dtype, table_width, direction, in_place, fusion;
+  int32_t norm, out_store, cache, cache_store;
 } ropejit_spec;
 
 typedef struct {
   void* data;
   int64_t heads, stride_batch, stride_seq, stride_head;
 } ropejit_tensor;
+
+/* Frequency scaling parameters: ropejit::RopeScaling. */
+typedef struct {
+  double factor, low_freq_factor, high_freq_factor;
+  int64_t original_max_positions;
+  double beta_fast, beta_slow, mscale, mscale_all_dim, attention_factor;
+  int32_t truncate;
+  const double* short_factor;
+  const double* long_factor;
+  int64_t seq_len;
+} ropejit_scaling;
+
+/* The KV cache of a fused call: ropejit::KvCacheArgs. */
+typedef struct {
+  void* k;
+  void* v;
+  int64_t pages, page_size, stride_page, stride_slot, stride_head;
+  const int64_t* slot_mapping;
+  const int32_t* indptr;
+  const int32_t* indices;
+  int64_t num_indices;
+  const int32_t* last_page_len;
+  const int32_t* seq_lens;
+  float k_quant_scale, v_quant_scale;
+  int32_t* skipped;
+} ropejit_kv_cache;
 
 typedef struct {
   int64_t batch, seq_len;
@@ -63,10 +118,20 @@ typedef struct {
   int64_t table_stride, table_rows;
   double base;
   void* stream;
+  /* Appended after version 0.1.0's layout. */
+  ropejit_scaling scaling;
+  int32_t mrope_section[3];
+  int32_t mrope_interleaved;
+  ropejit_tensor v;
+  const void* q_norm_weight;
+  const void* k_norm_weight;
+  double norm_eps;
+  float out_quant_scale;
+  ropejit_kv_cache cache;
 } ropejit_args;
 
 /* Fill with the C++ defaults (bshd, bf16, d128, neox, offset positions, f32 half table,
- * forward, in place; base 10000). */
+ * forward, in place, nothing fused; base 10000, the scaling and norm defaults, quant scales 1). */
 ROPEJIT_API void ropejit_spec_init(ropejit_spec* spec);
 ROPEJIT_API void ropejit_args_init(ropejit_args* args);
 
@@ -93,6 +158,10 @@ ROPEJIT_API ropejit_status ropejit_precompile(const ropejit_spec* spec, const ch
 ROPEJIT_API const char* ropejit_last_error(void);
 
 ROPEJIT_API const char* ropejit_version(void);
+
+/* sizeof(ropejit_spec) and sizeof(ropejit_args) as this library was built: bindings (ctypes,
+ * cffi) check their own layouts against them. */
+ROPEJIT_API void ropejit_struct_sizes(size_t* spec, size_t* args);
 
 #ifdef __cplusplus
 }

@@ -24,17 +24,47 @@ enum class Style : int32_t { neox = 0, gptj = 1 };
 // offset: position = index in sequence + Args::position_offset.
 // seq_offsets: position = index in sequence + Args::seq_offsets[sequence] (device tensor).
 // ids: position = Args::position_ids[token] (device tensor).
-enum class Positions : int32_t { offset = 0, seq_offsets = 1, ids = 2 };
+// mrope: three positions per token (temporal, height, width; Qwen2-VL), Args::position_ids
+//   [3][tokens]; rotary pair i takes the position of its section (Args::mrope_section).
+enum class Positions : int32_t { offset = 0, seq_offsets = 1, ids = 2, mrope = 3 };
 enum class IndexType : int32_t { i32 = 0, i64 = 1 };
-// table: cos/sin read from Args::cos / Args::sin; computed: from Args::base in the kernel.
-enum class Freqs : int32_t { table = 0, computed = 1 };
+// table: cos/sin read from Args::cos / Args::sin. computed: from Args::base in the kernel,
+// θ_i = base^(-2i/R). The others are computed too, with the frequencies of a scaling variant
+// (parameters in Args::scaling, so changing them compiles nothing):
+//   linear: position interpolation, θ_i / factor;
+//   dynamic_ntk: base rescaled from the sequence length (Args::scaling.seq_len);
+//   llama3: Llama 3.1/3.2 (factor, low/high frequency factors, original max positions);
+//   yarn: YaRN (factor, beta_fast/beta_slow, original max positions, mscale, mscale_all_dim),
+//     cos and sin scaled by its attention factor;
+//   longrope: LongRoPE / Phi-3 "su" (short or long per-pair factors by sequence length, attention
+//     factor).
+enum class Freqs : int32_t {
+  table = 0,
+  computed = 1,
+  linear = 2,
+  dynamic_ntk = 3,
+  llama3 = 4,
+  yarn = 5,
+  longrope = 6,
+};
 // half: a row holds R/2 values (flash-attn, vLLM cos_sin_cache); full: R values, each
 // frequency repeated (HF rotate_half tables for neox, repeat_interleave for gptj).
 enum class TableWidth : int32_t { half = 0, full = 1 };
 enum class Direction : int32_t { forward = 0, backward = 1 };
-// What one launch does besides rotating: today q and k together (k optional). Next axes:
-// QKV split, KV-cache append, QK-norm, FP8 output.
-enum class Fusion : int32_t { qk = 0 };
+// Which of q and k the launch writes back (in place, or to q_out / k_out): both, or q only, when
+// k goes only into the KV cache (Spec::cache).
+enum class Fusion : int32_t { qk = 0, q = 1 };
+// QK-norm before RoPE, in fp32: x / sqrt(mean(x^2) + eps) * w over each q and k head (rms;
+// Qwen3), with w + 1 (rms_one_plus; Gemma 3), or over all q (and all k) heads of a token with
+// one weight per element of the projection (rms_all_heads; OLMo2).
+enum class Norm : int32_t { none = 0, rms = 1, rms_one_plus = 2, rms_all_heads = 3 };
+// The KV cache k (and v) are appended to: none; contiguous ([sequence][position][head][d] at each
+// sequence's current length); paged (a page table: indptr / indices / last_page_len, as
+// FlashInfer); slots (a flat slot per token, as vLLM's slot_mapping; negative: not written).
+enum class KvCache : int32_t { none = 0, contiguous = 1, paged = 2, slots = 3 };
+// How an output is stored: in the activation dtype, or FP8 e4m3 (value * quant scale, rounded to
+// nearest even, saturating to +-448).
+enum class Store : int32_t { same = 0, e4m3 = 1 };
 
 struct Spec {
   Layout layout = Layout::bshd;
@@ -50,9 +80,15 @@ struct Spec {
   Direction direction = Direction::forward;
   bool in_place = true;
   Fusion fusion = Fusion::qk;
+  Norm norm = Norm::none;
+  Store out_store = Store::same;  // q_out / k_out (out of place only)
+  KvCache cache = KvCache::none;
+  Store cache_store = Store::same;
 
-  // Throws Error naming the first invalid field.
+  // Throws Error naming the first invalid field (or combination of fields).
   void validate() const;
+  // Whether any fused stage is on (norm, FP8 outputs, KV cache, k only to the cache).
+  bool fused() const;
   // Same kernel, canonical field values (rotary_dim resolved, unused axes reset), so that
   // two specs compare equal exactly when they select the same kernel.
   Spec canonical() const;
@@ -76,6 +112,9 @@ const char* to_string(Freqs v);
 const char* to_string(TableWidth v);
 const char* to_string(Direction v);
 const char* to_string(Fusion v);
+const char* to_string(Norm v);
+const char* to_string(KvCache v);
+const char* to_string(Store v);
 
 // ---------------------------------------------------------------------------------------
 // Call arguments: device pointers, sizes, strides (in elements), stream.
@@ -97,6 +136,49 @@ struct Tensor {
 Tensor contiguous(Layout layout, void* data, int64_t batch, int64_t seq, int64_t heads,
                   int64_t head_dim);
 
+// Frequency scaling parameters (Hugging Face `rope_scaling` / `rope_parameters`), for the
+// scaled Freqs values. Fields a variant does not use are ignored.
+struct RopeScaling {
+  double factor = 1.0;                   // linear, dynamic_ntk, llama3, yarn, longrope
+  double low_freq_factor = 1.0;          // llama3
+  double high_freq_factor = 4.0;         // llama3
+  int64_t original_max_positions = 0;    // llama3, yarn, longrope, dynamic_ntk
+  double beta_fast = 32.0;               // yarn
+  double beta_slow = 1.0;                // yarn
+  double mscale = 0.0;                   // yarn (DeepSeek): 0 when not given
+  double mscale_all_dim = 0.0;           // yarn (DeepSeek): 0 when not given
+  double attention_factor = 0.0;         // yarn, longrope: 0 = from the variant's definition
+  bool truncate = true;                  // yarn: round the correction range to whole dimensions
+  const double* short_factor = nullptr;  // longrope: rotary_dim / 2 factors (host memory)
+  const double* long_factor = nullptr;   // longrope: rotary_dim / 2 factors (host memory)
+  int64_t seq_len = 0;  // dynamic_ntk, longrope: the sequence length that picks the scaling
+};
+
+// The KV cache a fused call appends k and v to (Spec::cache). Strides in elements of the
+// cache's dtype (the activation dtype, or bytes for e4m3); NHD pages are [page][slot][head][d],
+// HND pages [page][head][slot][d]: both are just strides.
+struct KvCacheArgs {
+  void* k = nullptr;      // device memory
+  void* v = nullptr;      // may be null: only k is appended
+  int64_t pages = 0;      // pages (paged, slots), or sequences (contiguous)
+  int64_t page_size = 0;  // tokens per page, or per sequence (contiguous)
+  int64_t stride_page = 0;
+  int64_t stride_slot = 0;
+  int64_t stride_head = 0;
+  const int64_t* slot_mapping = nullptr;   // slots: [tokens] flat slot page * page_size + offset
+  const int32_t* indptr = nullptr;         // paged: [batch + 1] ranges of indices per sequence
+  const int32_t* indices = nullptr;        // paged: page numbers
+  int64_t num_indices = 0;                 // paged: entries in indices
+  const int32_t* last_page_len = nullptr;  // paged: tokens in each sequence's last page, after
+                                           // the append
+  const int32_t* seq_lens = nullptr;       // contiguous: tokens each sequence held before
+  float k_quant_scale = 1.0f;              // cache_store e4m3: stored = value * scale
+  float v_quant_scale = 1.0f;
+  // Optional device counter: tokens whose slot or page (read on the device) fell outside the
+  // cache; they are not written. A negative slot is not counted: it means "do not write".
+  int32_t* skipped = nullptr;
+};
+
 struct Args {
   int64_t batch = 1;    // sequences; thd: entries of cu_seqlens minus one
   int64_t seq_len = 0;  // tokens per sequence; thd: total tokens
@@ -112,8 +194,18 @@ struct Args {
   const void* sin = nullptr;
   int64_t table_stride = 0;  // elements between rows; 0: the row width of the spec
   int64_t table_rows = 0;    // positions the table covers; device positions outside give NaN
-  double base = 10000.0;     // Freqs::computed
-  void* stream = nullptr;    // CUstream; nullptr is the legacy default stream
+  double base = 10000.0;     // computed frequencies (Freqs other than table)
+  RopeScaling scaling;       // Freqs linear .. longrope
+  int32_t mrope_section[3] = {0, 0, 0};  // Positions::mrope: rotary pairs per position row
+  bool mrope_interleaved = false;        // sections interleaved pair by pair (Qwen3-VL)
+  // Fused keys.
+  Tensor v;                             // appended to the cache next to k (KvCache other than none)
+  const void* q_norm_weight = nullptr;  // Norm: [head_dim] ([q heads * head_dim] for all heads)
+  const void* k_norm_weight = nullptr;  //   in the activation dtype
+  double norm_eps = 1e-6;
+  float out_quant_scale = 1.0f;  // out_store e4m3: q_out / k_out = value * scale
+  KvCacheArgs cache;
+  void* stream = nullptr;  // CUstream; nullptr is the legacy default stream
 };
 
 // ---------------------------------------------------------------------------------------
