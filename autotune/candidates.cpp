@@ -20,7 +20,7 @@ std::vector<detail::LaunchConfig> candidates(const Spec& c, const detail::CallSh
   add(heuristic_config(c, shape, device));
   const int32_t vec = detail::max_vec(c, shape.align_bytes);
   const int32_t x = detail::chunks(c, vec);
-  const int32_t heads = std::max(shape.q_heads + shape.k_heads, 1);
+  const int32_t heads = std::max(shape.q_heads + shape.k_heads + shape.v_heads, 1);
   for (int32_t hpt : {1, 2, 4, 8}) {
     const int32_t full = (heads + hpt - 1) / hpt;  // rows that cover every head in one pass
     for (int32_t threads : {128, 256, 512}) {

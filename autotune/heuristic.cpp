@@ -39,12 +39,14 @@ detail::LaunchConfig heuristic_config(const Spec& c, const detail::CallShape& sh
   cfg.kernel = detail::prefill_variant(c, shape.align_bytes, shape.table_align);
   const int32_t x = detail::chunks(c, cfg.kernel.vec);
   const int32_t max_rows = std::max(1, cfg.kernel.max_threads / x);
-  const int32_t heads = std::max(shape.q_heads + shape.k_heads, 1);
+  const int32_t heads = std::max(shape.q_heads + shape.k_heads + shape.v_heads, 1);
   // Decided on the token bucket, as the plan that remembers this choice is keyed by it.
   const bool decode =
       detail::token_bucket(shape.tokens) <= kDecodeBlocksPerSm * std::max(device.sm_count, 1);
-  const bool two_passes =
-      device.memory_gbps / std::max(device.sm_count, 1) >= kTwoPassGbpsPerSm && (x & (x - 1)) == 0;
+  // A norm over all heads needs every q and k head in the block's first pass.
+  const bool two_passes = c.norm != Norm::rms_all_heads &&
+                          device.memory_gbps / std::max(device.sm_count, 1) >= kTwoPassGbpsPerSm &&
+                          (x & (x - 1)) == 0;
   const int32_t heads_per_row = decode ? 1 : kHeadsPerThread * (two_passes ? 2 : 1);
   cfg.rows = std::min(max_rows, (heads + heads_per_row - 1) / heads_per_row);
   if (decode && cfg.rows == heads)  // a thread for every head: the one-head kernel

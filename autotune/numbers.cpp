@@ -87,4 +87,52 @@ double e4m3_value(uint8_t bits) {
   return decode(exp_field, frac, bits & 0x80, 3, 7);
 }
 
+double load_value(DType t, const uint8_t* p) {
+  switch (t) {
+    case DType::f32: {
+      float f;
+      std::memcpy(&f, p, 4);
+      return f;
+    }
+    case DType::f16: {
+      uint16_t h;
+      std::memcpy(&h, p, 2);
+      return f16_value(h);
+    }
+    case DType::bf16: {
+      uint16_t b;
+      std::memcpy(&b, p, 2);
+      return bf16_value(b);
+    }
+  }
+  return 0;
+}
+
+void store_value(DType t, uint8_t* p, double v) {
+  switch (t) {
+    case DType::f32: {
+      const float f = f32_value(v);
+      std::memcpy(p, &f, 4);
+      break;
+    }
+    case DType::f16: {
+      const uint16_t h = f16_bits(v);
+      std::memcpy(p, &h, 2);
+      break;
+    }
+    case DType::bf16: {
+      const uint16_t b = bf16_bits(v);
+      std::memcpy(p, &b, 2);
+      break;
+    }
+  }
+}
+
+double half_ulp(DType t, double x) {
+  const int mant = t == DType::f32 ? 23 : t == DType::f16 ? 10 : 7;
+  const double tiny = t == DType::f32 ? 0x1p-150 : t == DType::f16 ? 0x1p-25 : 0x1p-134;
+  if (x == 0) return tiny;
+  return std::max(tiny, std::ldexp(1.0, std::ilogb(x) - mant - 1));
+}
+
 }  // namespace ropejit::autotune

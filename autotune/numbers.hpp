@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "ropejit/ropejit.hpp"
+
 namespace ropejit::autotune {
 
 // IEEE binary16: overflow rounds to infinity, NaN to the quiet NaN 0x7e00 (sign kept).
@@ -29,5 +31,12 @@ constexpr double kE4m3Max = 448.0;
 // `min_exponent` (subnormals below, with the same quantum), ties to even. No overflow handling:
 // the caller decides what happens above its largest finite value. NaN and zero pass through.
 double round_to_format(double v, int mantissa, int min_exponent);
+
+// One element of `dtype` at `p`, read as a double, or written from one (rounded once).
+double load_value(DType dtype, const uint8_t* p);
+void store_value(DType dtype, uint8_t* p, double v);
+
+// Half an ulp of `dtype` at magnitude x: the error of one correct rounding.
+double half_ulp(DType dtype, double x);
 
 }  // namespace ropejit::autotune

@@ -20,66 +20,27 @@ namespace {
 constexpr int64_t kGuardBytes = 256;  // poisoned bytes after every allocation
 constexpr uint8_t kPoison = 0xff;     // NaN in f32, f16 and bf16
 
-void store(DType t, uint8_t* p, double v) {
-  switch (t) {
-    case DType::f32: {
-      const float f = f32_value(v);
-      std::memcpy(p, &f, 4);
-      break;
-    }
-    case DType::f16: {
-      const uint16_t h = f16_bits(v);
-      std::memcpy(p, &h, 2);
-      break;
-    }
-    case DType::bf16: {
-      const uint16_t b = bf16_bits(v);
-      std::memcpy(p, &b, 2);
-      break;
-    }
-  }
-}
-
-double load(DType t, const uint8_t* p) {
-  switch (t) {
-    case DType::f32: {
-      float f;
-      std::memcpy(&f, p, 4);
-      return f;
-    }
-    case DType::f16: {
-      uint16_t h;
-      std::memcpy(&h, p, 2);
-      return f16_value(h);
-    }
-    case DType::bf16: {
-      uint16_t b;
-      std::memcpy(&b, p, 2);
-      return bf16_value(b);
-    }
-  }
-  return 0;
-}
-
-// Half an ulp of dtype at magnitude x: the error of one correct rounding.
-double half_ulp(DType t, double x) {
-  const int mant = t == DType::f32 ? 23 : t == DType::f16 ? 10 : 7;
-  const double tiny = t == DType::f32 ? 0x1p-150 : t == DType::f16 ? 0x1p-25 : 0x1p-134;
-  if (x == 0) return tiny;
-  return std::max(tiny, std::ldexp(1.0, std::ilogb(x) - mant - 1));
-}
-
 }  // namespace
-
-struct Workload::Buffer {
-  std::vector<uint8_t> host;
-  CUdeviceptr device = 0;
-};
 
 Workload::Buffer& Workload::add_buffer(std::vector<uint8_t> host) {
   host.resize(host.size() + kGuardBytes, kPoison);
   buffers_.push_back(new Buffer{std::move(host), 0});
   return *buffers_.back();
+}
+
+int Workload::buffer_index(const void* host) const {
+  const uint8_t* p = static_cast<const uint8_t*>(host);
+  for (size_t i = 0; i < buffers_.size(); ++i)
+    if (p >= buffers_[i]->host.data() && p < buffers_[i]->host.data() + buffers_[i]->host.size())
+      return int(i);
+  detail::fail(ErrorCode::internal, "workload: pointer outside its buffers");
+}
+
+void Workload::add_output(const void* host, int kind, bool poison) {
+  const int b = buffer_index(host);
+  for (const Output& o : outputs_)
+    if (o.buffer == b) return;  // packed q/k/v: one buffer, listed once
+  outputs_.push_back({b, kind, poison});
 }
 
 Workload::~Workload() {
@@ -102,20 +63,22 @@ Workload::Workload(const Spec& spec, const Sizes& sizes)
   host_args_.base = sizes.base;
   add_operands();
   add_tables(add_positions());
+  if (spec_.fused()) add_fusion();
 }
 
-// q/k inputs: one packed buffer (q heads, k heads, an untouched v) or one buffer each;
-// out-of-place outputs are separate, contiguous and poisoned.
+// q/k (and v) inputs: one packed buffer (q heads, k heads, v heads) or one buffer each;
+// out-of-place outputs are separate, contiguous and poisoned (e4m3 for FP8 stores).
 void Workload::add_operands() {
   const Spec& c = spec_;
   Args& a = host_args_;
   const int64_t e = element_bytes(c.dtype);
   const int64_t D = c.head_dim, row = D + sizes_.head_gap, m = sizes_.misalign_elems;
   const int32_t hq = sizes_.q_heads, hk = sizes_.k_heads;
+  const bool with_v = c.cache != KvCache::none && sizes_.with_v && hk > 0;
   std::uniform_real_distribution<double> uni(-1.0, 1.0);
   auto make_input = [&](int64_t heads) -> Buffer& {
     std::vector<uint8_t> bytes(size_t((tokens_ * heads * row + m) * e));
-    for (size_t i = 0; i < bytes.size(); i += size_t(e)) store(c.dtype, &bytes[i], uni(rng_));
+    for (size_t i = 0; i < bytes.size(); i += size_t(e)) store_value(c.dtype, &bytes[i], uni(rng_));
     return add_buffer(std::move(bytes));
   };
   auto view = [&](Buffer& b, int64_t heads_in_buffer, int64_t first_head, int64_t heads) {
@@ -125,32 +88,31 @@ void Workload::add_operands() {
     t.heads = heads;
     return t;
   };
-  std::vector<int> inputs;
   if (sizes_.packed_qkv) {
     const int64_t heads = hq + 2 * hk;
     Buffer& b = make_input(heads);
-    inputs.push_back(int(buffers_.size()) - 1);
     a.q = view(b, heads, 0, hq);
     if (hk) a.k = view(b, heads, hq, hk);
+    if (with_v) a.v = view(b, heads, hq + hk, hk);
   } else {
     a.q = view(make_input(hq), hq, 0, hq);
-    inputs.push_back(int(buffers_.size()) - 1);
-    if (hk) {
-      a.k = view(make_input(hk), hk, 0, hk);
-      inputs.push_back(int(buffers_.size()) - 1);
-    }
+    if (hk) a.k = view(make_input(hk), hk, 0, hk);
+    if (with_v) a.v = view(make_input(hk), hk, 0, hk);
   }
-  if (c.in_place) {
-    output_buffers_ = inputs;
-    return;
-  }
+  // In place, the inputs are the outputs (a packed buffer's untouched heads are checked too).
+  add_output(a.q.data, int(c.dtype), false);
+  if (hk) add_output(a.k.data, int(c.dtype), false);
+  if (c.in_place) return;
+  const int64_t out_elem = c.out_store == Store::e4m3 ? 1 : e;
+  const int out_kind = c.out_store == Store::e4m3 ? kE4m3 : int(c.dtype);
   auto make_output = [&](int64_t heads) -> Tensor {
-    Buffer& b = add_buffer(std::vector<uint8_t>(size_t((tokens_ * heads * D + m) * e), kPoison));
-    output_buffers_.push_back(int(buffers_.size()) - 1);
-    return contiguous(c.layout, b.host.data() + m * e, a.batch, a.seq_len, heads, D);
+    Buffer& b =
+        add_buffer(std::vector<uint8_t>(size_t((tokens_ * heads * D + m) * out_elem), kPoison));
+    add_output(b.host.data(), out_kind, true);
+    return contiguous(c.layout, b.host.data() + m * out_elem, a.batch, a.seq_len, heads, D);
   };
   a.q_out = make_output(hq);
-  if (hk) a.k_out = make_output(hk);
+  if (hk && c.fusion == Fusion::qk) a.k_out = make_output(hk);
 }
 
 // cu_seqlens (thd), then the positions of the key's mode; returns the largest position used.
@@ -220,8 +182,8 @@ void Workload::add_tables(int64_t max_pos) {
                                                                : col / 2;
         const double angle =
             double(r) * std::pow(sizes_.base, -2.0 * double(pair) / double(c.rotary_dim));
-        store(c.table_dtype, base + (r * a.table_stride + col) * te,
-              is_sin ? std::sin(angle) : std::cos(angle));
+        store_value(c.table_dtype, base + (r * a.table_stride + col) * te,
+                    is_sin ? std::sin(angle) : std::cos(angle));
       }
   };
   if (combined) {
@@ -240,117 +202,19 @@ void Workload::add_tables(int64_t max_pos) {
   a.sin = bs.host.data();
 }
 
-void Workload::build_reference() {
-  const Spec& c = spec_;
-  const Args& a = host_args_;
-  const bool dense = c.layout != Layout::thd;
-  const int64_t e = element_bytes(c.dtype), half = c.rotary_dim / 2;
-  expect_.clear();
-  tol_.clear();
-  for (int idx : output_buffers_) {
-    const size_t n = buffers_[size_t(idx)]->host.size() / size_t(e);
-    expect_.emplace_back(n, 0.0);
-    tol_.emplace_back(n, -1.0);
-  }
-  // Output element index of a host pointer inside output buffer `slot`.
-  auto locate = [&](const uint8_t* p, int* slot) {
-    for (size_t i = 0; i < output_buffers_.size(); ++i) {
-      const std::vector<uint8_t>& h = buffers_[size_t(output_buffers_[i])]->host;
-      if (p >= h.data() && p < h.data() + h.size()) {
-        *slot = int(i);
-        return (p - h.data()) / e;
-      }
-    }
-    detail::fail(ErrorCode::internal, "workload reference: pointer outside the outputs");
-  };
-  auto index_at = [&](const void* base, int64_t i) -> int64_t {
-    if (c.index_type == IndexType::i64) return static_cast<const int64_t*>(base)[i];
-    return static_cast<const int32_t*>(base)[i];
-  };
-  for (int64_t t = 0; t < tokens_; ++t) {
-    int64_t b = 0, s = t;
-    bool valid = true;
-    if (dense) {
-      b = t / a.seq_len;
-      s = t % a.seq_len;
-    } else if (c.positions != Positions::ids) {
-      valid = t >= a.cu_seqlens[0] && t < a.cu_seqlens[a.batch];
-      while (valid && a.cu_seqlens[b + 1] <= t) ++b;
-      s = t - a.cu_seqlens[b];
-    }
-    const int64_t pos = c.positions == Positions::ids           ? index_at(a.position_ids, t)
-                        : c.positions == Positions::seq_offsets ? s + index_at(a.seq_offsets, b)
-                                                                : s + a.position_offset;
-    for (int op = 0; op < 2; ++op) {
-      const Tensor& in = op == 0 ? a.q : a.k;
-      const Tensor& out = c.in_place ? in : (op == 0 ? a.q_out : a.k_out);
-      if (!in.data) continue;
-      for (int64_t h = 0; h < in.heads; ++h) {
-        auto offset = [&](const Tensor& x) {
-          return (dense ? b * x.stride_batch + s * x.stride_seq : t * x.stride_seq) +
-                 h * x.stride_head;
-        };
-        const uint8_t* src = static_cast<const uint8_t*>(in.data) + offset(in) * e;
-        int slot = 0;
-        const int64_t dst = locate(static_cast<const uint8_t*>(out.data) + offset(out) * e, &slot);
-        std::vector<double>& ex = expect_[size_t(slot)];
-        std::vector<double>& tl = tol_[size_t(slot)];
-        std::vector<uint8_t>& exact = buffers_[size_t(output_buffers_[size_t(slot)])]->host;
-        if (!c.in_place)  // pass-through elements: the input's bytes, copied exactly
-          std::memcpy(&exact[size_t(dst * e)], src, size_t(c.head_dim * e));
-        if (!valid) continue;
-        for (int64_t i = 0; i < half; ++i) {
-          const int64_t ia = c.style == Style::neox ? i : 2 * i;
-          const int64_t ib = c.style == Style::neox ? i + half : 2 * i + 1;
-          double cs, sn;
-          if (c.freqs == Freqs::computed) {
-            const double angle =
-                double(pos) * std::pow(a.base, -2.0 * double(i) / double(c.rotary_dim));
-            cs = std::cos(angle);
-            sn = std::sin(angle);
-          } else if (pos < 0 || pos >= a.table_rows) {
-            cs = sn = NAN;
-          } else {
-            const int64_t col =
-                (c.table_width == TableWidth::full && c.style == Style::gptj) ? 2 * i : i;
-            const int64_t te = element_bytes(c.table_dtype);
-            cs = load(c.table_dtype,
-                      static_cast<const uint8_t*>(a.cos) + (pos * a.table_stride + col) * te);
-            sn = load(c.table_dtype,
-                      static_cast<const uint8_t*>(a.sin) + (pos * a.table_stride + col) * te);
-          }
-          if (c.direction == Direction::backward) sn = -sn;
-          const double x = load(c.dtype, src + ia * e), y = load(c.dtype, src + ib * e);
-          const double rx = x * cs - y * sn, ry = y * cs + x * sn;
-          // fp32 arithmetic (product + fma, generously 1 ulp each), the 2.5e-7 bound on
-          // computed cos/sin, then one rounding to the output dtype.
-          const double arith = 0x1p-23 * (std::fabs(x * cs) + std::fabs(y * sn));
-          const double arith_y = 0x1p-23 * (std::fabs(y * cs) + std::fabs(x * sn));
-          const double freq =
-              c.freqs == Freqs::computed ? 2.5e-7 * (std::fabs(x) + std::fabs(y)) : 0.0;
-          ex[size_t(dst + ia)] = rx;
-          ex[size_t(dst + ib)] = ry;
-          tl[size_t(dst + ia)] = arith + freq + half_ulp(c.dtype, std::fabs(rx) + arith + freq);
-          tl[size_t(dst + ib)] = arith_y + freq + half_ulp(c.dtype, std::fabs(ry) + arith_y + freq);
-        }
-      }
-    }
-  }
-}
-
 void Workload::upload() {
   const detail::Driver& d = detail::driver();
   for (Buffer* b : buffers_) {
     if (!b->device) detail::check(d.MemAlloc(&b->device, b->host.size()), "cuMemAlloc");
     detail::check(d.MemcpyHtoD(b->device, b->host.data(), b->host.size()), "cuMemcpyHtoD");
   }
-  // Output buffers of out-of-place calls hold the expected pass-through bytes on the host;
-  // the device copies must start poisoned.
-  if (!spec_.in_place)
-    for (int idx : output_buffers_)
-      detail::check(
-          d.MemsetD8(buffers_[size_t(idx)]->device, kPoison, buffers_[size_t(idx)]->host.size()),
-          "cuMemsetD8");
+  // Out-of-place outputs hold the expected bytes on the host; their device copies start
+  // poisoned. Counters start at zero.
+  for (const Output& o : outputs_) {
+    const Buffer& b = *buffers_[size_t(o.buffer)];
+    if (o.poison) detail::check(d.MemsetD8(b.device, kPoison, b.host.size()), "cuMemsetD8");
+    if (o.kind == kI32) detail::check(d.MemsetD8(b.device, 0, b.host.size()), "cuMemsetD8");
+  }
   // A copy from pageable memory may return before its last bytes land, and the memset runs
   // on the legacy stream: neither orders itself before a launch on a non-blocking stream
   // (the tuner's and the benchmark's), so wait for both here.
@@ -376,6 +240,18 @@ Args Workload::args(void* stream) const {
   a.cu_seqlens = static_cast<const int32_t*>(device(a.cu_seqlens));
   a.cos = device(a.cos);
   a.sin = device(a.sin);
+  a.v.data = device(a.v.data);
+  a.q_norm_weight = device(a.q_norm_weight);
+  a.k_norm_weight = device(a.k_norm_weight);
+  KvCacheArgs& k = a.cache;
+  k.k = device(k.k);
+  k.v = device(k.v);
+  k.slot_mapping = static_cast<const int64_t*>(device(k.slot_mapping));
+  k.indptr = static_cast<const int32_t*>(device(k.indptr));
+  k.indices = static_cast<const int32_t*>(device(k.indices));
+  k.last_page_len = static_cast<const int32_t*>(device(k.last_page_len));
+  k.seq_lens = static_cast<const int32_t*>(device(k.seq_lens));
+  k.skipped = static_cast<int32_t*>(device(k.skipped));
   a.stream = stream;
   return a;
 }
@@ -383,23 +259,40 @@ Args Workload::args(void* stream) const {
 const std::vector<std::vector<uint8_t>>& Workload::download() {
   const detail::Driver& d = detail::driver();
   detail::check(d.CtxSynchronize(), "kernel execution (cuCtxSynchronize)");
-  downloaded_.resize(output_buffers_.size());
-  for (size_t slot = 0; slot < output_buffers_.size(); ++slot) {
-    const Buffer& b = *buffers_[size_t(output_buffers_[slot])];
+  downloaded_.resize(outputs_.size());
+  for (size_t slot = 0; slot < outputs_.size(); ++slot) {
+    const Buffer& b = *buffers_[size_t(outputs_[slot].buffer)];
     downloaded_[slot].resize(b.host.size());
     detail::check(d.MemcpyDtoH(downloaded_[slot].data(), b.device, b.host.size()), "cuMemcpyDtoH");
   }
   return downloaded_;
 }
 
+namespace {
+
+int64_t kind_bytes(int kind) { return kind == 3 ? 1 : kind == 4 ? 4 : element_bytes(DType(kind)); }
+
+double kind_value(int kind, const uint8_t* p) {
+  if (kind == 3) return e4m3_value(*p);
+  if (kind == 4) {
+    int32_t v;
+    std::memcpy(&v, p, 4);
+    return v;
+  }
+  return load_value(DType(kind), p);
+}
+
+}  // namespace
+
 CheckReport Workload::check() {
   if (expect_.empty()) build_reference();
   download();
-  const int64_t e = element_bytes(spec_.dtype);
   CheckReport r;
   double err2 = 0, ref2 = 0;
-  for (size_t slot = 0; slot < output_buffers_.size(); ++slot) {
-    const Buffer& b = *buffers_[size_t(output_buffers_[slot])];
+  for (size_t slot = 0; slot < outputs_.size(); ++slot) {
+    const Output& o = outputs_[slot];
+    const int64_t e = kind_bytes(o.kind);
+    const Buffer& b = *buffers_[size_t(o.buffer)];
     const std::vector<uint8_t>& got = downloaded_[slot];
     for (size_t i = 0; i < got.size() / size_t(e); ++i) {
       const double tol = tol_[slot][i];
@@ -409,11 +302,25 @@ CheckReport Workload::check() {
       if (tol < 0) {
         good = std::memcmp(g, &b.host[i * size_t(e)], size_t(e)) == 0;
         if (!good) {
-          value = load(spec_.dtype, g);
-          want = load(spec_.dtype, &b.host[i * size_t(e)]);
+          value = kind_value(o.kind, g);
+          want = kind_value(o.kind, &b.host[i * size_t(e)]);
+        }
+      } else if (o.kind == kE4m3) {
+        // Either rounding of the interval's ends (the kernel's fp32 value lies inside it): the
+        // bits are exact wherever the interval holds no rounding boundary.
+        want = expect_[slot][i];
+        value = e4m3_value(*g);
+        const uint8_t lo = e4m3_bits(want - tol), hi = e4m3_bits(want + tol);
+        const double vlo = e4m3_value(lo), vhi = e4m3_value(hi);
+        good = std::isnan(want) ? std::isnan(value)
+                                : *g == lo || *g == hi || (value > vlo && value < vhi);
+        if (!std::isnan(want)) {
+          const double err = std::fabs(value - want);
+          err2 += std::isnan(err) ? INFINITY : err * err;
+          ref2 += want * want;
         }
       } else {
-        value = load(spec_.dtype, g);
+        value = kind_value(o.kind, g);
         want = expect_[slot][i];
         const double err = std::fabs(value - want);
         good = std::isnan(want) ? std::isnan(value) : err <= tol;
@@ -426,9 +333,13 @@ CheckReport Workload::check() {
       ++r.checked;
       if (!good) {
         if (r.mismatches == 0)
-          r.first_failure = detail::concat(
-              spec_.key(), ": output buffer ", slot, " element ", i, " got ", value, " expected ",
-              want, tol < 0 ? " (exact bytes)" : " tolerance ", tol < 0 ? 0 : tol);
+          r.first_failure =
+              detail::concat(spec_.key(), ": output buffer ", slot, " (",
+                             o.kind == kE4m3  ? "e4m3"
+                             : o.kind == kI32 ? "counter"
+                                              : "values",
+                             ") element ", i, " got ", value, " expected ", want,
+                             tol < 0 ? " (exact bytes)" : " tolerance ", tol < 0 ? 0 : tol);
         ++r.mismatches;
       }
     }
@@ -441,9 +352,23 @@ CheckReport Workload::check() {
 int64_t Workload::bytes_moved() const {
   const Spec& c = spec_;
   const int64_t e = element_bytes(c.dtype);
-  const int64_t heads = sizes_.q_heads + sizes_.k_heads;
-  const int64_t per_head = c.in_place ? 2 * c.rotary_dim * e : 2 * c.head_dim * e;
-  int64_t bytes = tokens_ * heads * per_head;
+  int64_t bytes = 0;
+  if (!c.fused()) {
+    const int64_t heads = sizes_.q_heads + sizes_.k_heads;
+    const int64_t per_head = c.in_place ? 2 * c.rotary_dim * e : 2 * c.head_dim * e;
+    bytes = tokens_ * heads * per_head;
+  } else {
+    // Whole heads: q, k (and v) read once; q (and k) written once in their output's dtype;
+    // k (and v) written once more into the cache.
+    const int64_t D = c.head_dim, hq = sizes_.q_heads, hk = sizes_.k_heads;
+    const int64_t hv = host_args_.v.data ? hk : 0;
+    const int64_t out_e = c.out_store == Store::e4m3 ? 1 : e;
+    const int64_t cache_e = c.cache_store == Store::e4m3 ? 1 : e;
+    const int64_t written_k = c.fusion == Fusion::qk ? hk : 0;
+    bytes = tokens_ * D * ((hq + hk + hv) * e + (hq + written_k) * out_e);
+    if (c.cache != KvCache::none) bytes += tokens_ * D * (hk + hv) * cache_e;
+    if (c.norm != Norm::none) bytes += 2 * D * e;
+  }
   if (c.freqs == Freqs::table) bytes += tokens_ * c.rotary_dim * element_bytes(c.table_dtype);
   if (c.positions == Positions::ids) bytes += tokens_ * (c.index_type == IndexType::i64 ? 8 : 4);
   return bytes;

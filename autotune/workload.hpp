@@ -1,6 +1,8 @@
 // A RoPE problem that owns its data: random host inputs, device buffers with poisoned
 // outputs and guard regions, and a float64 CPU reference to check results against. Used by
 // the GPU tests, `ropejit demo`, the tuner (which never touches callers' data) and bench/.
+// Fused keys add v, QK-norm weights, FP8 outputs and a KV cache (guard elements after every
+// page, every byte the call does not address checked unchanged).
 #pragma once
 
 #include <cstdint>
@@ -19,7 +21,7 @@ struct Sizes {
   int64_t padding_tokens = 0;     // thd: tokens after the last sequence (left unchanged)
   int32_t q_heads = 3;
   int32_t k_heads = 1;          // 0: no k
-  bool packed_qkv = false;      // q, k (and an untouched v) interleaved in one buffer
+  bool packed_qkv = false;      // q, k and v interleaved in one buffer
   int64_t head_gap = 0;         // extra elements between heads (strided views)
   int32_t misalign_elems = 0;   // shift every tensor by this many elements
   int64_t position_offset = 0;  // Positions::offset
@@ -28,13 +30,25 @@ struct Sizes {
   bool combined_table = false;  // half-width cos|sin in one row (vLLM cos_sin_cache)
   double base = 10000.0;
   uint64_t seed = 1;
+
+  // Fused keys.
+  bool with_v = true;  // a KV-cache call also appends v
+  double norm_eps = 1e-6;
+  float out_quant_scale = 1.0f;  // e4m3 q_out / k_out
+  float k_quant_scale = 1.0f;    // e4m3 cache
+  float v_quant_scale = 1.0f;
+  int64_t page_size = 16;     // tokens per cache page (contiguous: derived from the lengths)
+  bool cache_hnd = false;     // pages [head][slot][d] instead of [slot][head][d]
+  int64_t page_gap = 8;       // guard elements after every page, checked untouched
+  int32_t bad_tokens = 0;     // tokens whose slot or page is outside the cache (skipped, counted)
+  int32_t padding_slots = 0;  // slots: tokens with slot -1 (not written, not counted)
 };
 
 struct CheckReport {
   bool ok = true;
   int64_t checked = 0;  // elements compared
   int64_t mismatches = 0;
-  double max_rel_l2 = 0;  // relative L2 error of rotated elements against float64
+  double max_rel_l2 = 0;  // relative L2 error of computed elements against float64
   double max_abs_err = 0;
   std::string first_failure;  // operand, element, got, expected, tolerance
 };
@@ -51,27 +65,47 @@ class Workload {
   int64_t tokens() const { return tokens_; }
 
   // Allocates device buffers and uploads inputs, with outputs poisoned (NaN bytes). Calling
-  // it again restores the inputs and re-poisons the outputs.
+  // it again restores the inputs (and the cache's initial bytes) and re-poisons the outputs.
   void upload();
   // Arguments pointing at the device buffers.
   Args args(void* stream = nullptr) const;
-  // Copies outputs back and compares every byte of every output allocation (guards and
-  // gaps included) with the float64 reference (built on first use: 16 bytes per element).
+  // Copies outputs back and compares every byte of every output allocation (guards, gaps and
+  // untouched cache bytes included) with the float64 reference (built on first use).
   CheckReport check();
   // Waits for the device and returns the raw bytes of every output allocation (the tuner's
   // bit-identity comparison, which needs no reference).
   const std::vector<std::vector<uint8_t>>& download();
 
-  // Bytes a kernel must move: q and k read and written once, plus table rows read.
+  // Bytes a kernel must move: q and k (and v, and the cache writes) once, plus table rows.
   int64_t bytes_moved() const;
 
  private:
-  struct Buffer;
+  struct Buffer {
+    std::vector<uint8_t> host;
+    unsigned long long device = 0;  // CUdeviceptr
+  };
+  // What check() compares: a buffer, its element kind (a DType value, kE4m3 or kI32), and
+  // whether its device copy starts poisoned (outputs) or as the host bytes (in-place inputs,
+  // caches, counters).
+  struct Output {
+    int buffer;
+    int kind;
+    bool poison;
+  };
+  static constexpr int kE4m3 = 3;
+  static constexpr int kI32 = 4;
+
   Buffer& add_buffer(std::vector<uint8_t> host);
-  // The constructor's steps: q/k (and outputs), positions, tables.
+  int buffer_index(const void* host) const;
+  void add_output(const void* host, int kind, bool poison);
+  // The constructor's steps: q/k/v (and outputs), positions, tables, then the fused stages'
+  // weights and KV cache with its addressing.
   void add_operands();
   int64_t add_positions();
   void add_tables(int64_t max_position);
+  void add_fusion();
+  void add_cache();
+  // The reference (autotune/reference.cpp).
   void build_reference();
 
   Spec spec_;
@@ -79,9 +113,11 @@ class Workload {
   std::mt19937_64 rng_;
   int64_t tokens_ = 0;
   std::vector<Buffer*> buffers_;
-  Args host_args_;                   // pointers into host copies
-  std::vector<int> output_buffers_;  // indices into buffers_ checked by check()
-  // Per output buffer: expected double value and tolerance (< 0: byte-exact).
+  Args host_args_;  // pointers into host copies
+  std::vector<Output> outputs_;
+  // Per output: expected double value and tolerance (< 0: byte-exact against the host copy;
+  // for e4m3 elements, the interval around the value that the kernel's fp32 result may fall in
+  // before rounding).
   std::vector<std::vector<double>> expect_, tol_;
   std::vector<std::vector<uint8_t>> downloaded_;
 };

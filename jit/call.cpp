@@ -7,6 +7,7 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <tuple>
 #include <utility>
 
 #include "jit/errors.hpp"
@@ -53,28 +54,25 @@ const Dim* overlapping_dim(const Dims& dims, int64_t head_dim, int64_t* needed) 
 // One operand as checked: its strides, the bytes it spans, whether the call writes it.
 struct Operand {
   const char* name = nullptr;
-  const Tensor* tensor = nullptr;
   Dims dims{};
+  int64_t elem = 0;              // bytes per element
   uintptr_t first = 0, end = 0;  // bytes [first, end); empty for an operand without elements
   bool written = false;
 };
 
-// Checks one operand's strides, that its rows never overlap (for operands that are written),
-// and that its largest element offset fits in 64-bit byte arithmetic. Returns the alignment
-// (bytes) its pointer and strides allow; fills `op`.
-int32_t check_operand(const char* name, const Tensor& t, bool dense, int64_t batch, int64_t seq,
-                      int64_t heads, const Spec& c, bool written, Operand* op) {
-  const int64_t elem = element_bytes(c.dtype);
-  if (!t.data) invalid(name, ".data is null");
-  if (reinterpret_cast<uintptr_t>(t.data) % uint64_t(elem) != 0)
-    invalid(name, ".data (", t.data, ") is not aligned to its ", elem, "-byte elements");
-  if (t.heads != heads) invalid(name, ".heads (", t.heads, ") must be ", heads);
-  // Fixed-size arrays: this runs on every call, which must not allocate.
-  const Dims dims = {Dim{t.stride_seq, seq, "stride_seq"}, Dim{t.stride_head, heads, "stride_head"},
-                     Dim{t.stride_batch, dense ? batch : 1, "stride_batch"}};
-  *op = Operand{name, &t, dims, 0, 0, written};
-  if (seq == 0) return 16;  // no elements: nothing is read or written
-  int64_t end_offset = c.head_dim;
+// Checks a strided operand of rows of `row` elements: pointer alignment, non-negative strides,
+// no 64-bit overflow of its largest offset, and (when written) rows that never overlap. Returns
+// the largest vector width, in its own elements, that its pointer and strides allow (<= 16
+// bytes); fills `op`.
+int32_t check_strided(const char* name, const void* data, const Dims& dims, int64_t row,
+                      int64_t elem, bool written, Operand* op) {
+  if (!data) invalid(name, ".data is null");
+  if (reinterpret_cast<uintptr_t>(data) % uint64_t(elem) != 0)
+    invalid(name, ".data (", data, ") is not aligned to its ", elem, "-byte elements");
+  *op = Operand{name, dims, elem, 0, 0, written};
+  for (const Dim& d : dims)
+    if (d.count == 0) return int32_t(16 / elem);  // no elements: nothing is read or written
+  int64_t end_offset = row;
   for (const Dim& d : dims) {
     if (d.stride < 0) invalid(name, ".", d.name, " (", d.stride, ") must be >= 0");
     int64_t span = 0;
@@ -85,42 +83,60 @@ int32_t check_operand(const char* name, const Tensor& t, bool dense, int64_t bat
   }
   int64_t end_bytes = 0;
   if (__builtin_mul_overflow(end_offset, elem, &end_bytes) ||
-      reinterpret_cast<uintptr_t>(t.data) > UINTPTR_MAX - uint64_t(end_bytes))
+      reinterpret_cast<uintptr_t>(data) > UINTPTR_MAX - uint64_t(end_bytes))
     invalid(name, ": largest offset (", end_offset, " elements) overflows 64-bit byte offsets");
-  op->first = reinterpret_cast<uintptr_t>(t.data);
+  op->first = reinterpret_cast<uintptr_t>(data);
   op->end = op->first + uint64_t(end_bytes);
   int64_t needed = 0;
   if (written)
-    if (const Dim* d = overlapping_dim(dims, c.head_dim, &needed))
+    if (const Dim* d = overlapping_dim(dims, row, &needed))
       invalid(name, ".", d->name, " (", d->stride, ") makes rows overlap (needs >= ", needed, ")");
-  int32_t align = low_alignment(reinterpret_cast<uintptr_t>(t.data));
+  int32_t align = low_alignment(reinterpret_cast<uintptr_t>(data));
   for (const Dim& d : dims)
     if (d.count > 1) align = std::min(align, low_alignment(uint64_t(d.stride * elem)));
-  return align;
+  return int32_t(align / elem);
+}
+
+// A q/k/v tensor (or output) of the call: [batch, seq, heads, head_dim] or [tokens, heads, d].
+int32_t check_operand(const char* name, const Tensor& t, bool dense, int64_t batch, int64_t seq,
+                      int64_t heads, const Spec& c, int64_t elem, bool written, Operand* op) {
+  if (t.data && t.heads != heads) invalid(name, ".heads (", t.heads, ") must be ", heads);
+  const Dims dims = {Dim{t.stride_seq, seq, "stride_seq"}, Dim{t.stride_head, heads, "stride_head"},
+                     Dim{t.stride_batch, dense ? batch : 1, "stride_batch"}};
+  return check_strided(name, t.data, dims, c.head_dim, elem, written, op);
 }
 
 // Whether two operands whose byte spans intersect still share no element: views of different
-// heads of one tensor, such as q and k in a packed QKV projection output. That holds when their
-// strides are equal, b starts a whole number of heads after a, their head ranges do not meet,
-// and one tensor covering both head ranges has rows that never overlap.
-bool distinct_heads(const Operand& a, const Operand& b, int64_t head_dim, int64_t elem) {
+// heads (or tokens, or pages) of one tensor, such as q and k in a packed QKV projection output,
+// or k and v pages interleaved in one cache. That holds when their strides and element sizes
+// are equal, b starts a whole number of steps of one axis after a, their ranges on that axis do
+// not meet, and one tensor covering both ranges has rows that never overlap.
+bool distinct_rows(const Operand& a, const Operand& b, int64_t row) {
+  if (a.elem != b.elem) return false;
   for (size_t i = 0; i < a.dims.size(); ++i)
     if (a.dims[i].stride != b.dims[i].stride && (a.dims[i].count > 1 || b.dims[i].count > 1))
       return false;
-  const int64_t head_bytes = a.dims[1].stride * elem;
   const int64_t delta = int64_t(b.first - a.first);  // two's complement: negative when b < a
-  if (head_bytes <= 0 || delta % head_bytes != 0) return false;
-  const int64_t shift = delta / head_bytes;  // b's head 0 is a's head `shift`
-  const int64_t a_heads = a.dims[1].count, b_heads = b.dims[1].count;
-  if (shift < a_heads && -shift < b_heads) return false;  // the head ranges meet
-  Dims both = a.dims;
-  both[1].count = std::max(a_heads, shift + b_heads) - std::min<int64_t>(0, shift);
-  int64_t needed = 0;
-  return overlapping_dim(both, head_dim, &needed) == nullptr;
+  for (size_t axis = 0; axis < a.dims.size(); ++axis) {
+    const int64_t step = a.dims[axis].stride * a.elem;
+    if (step <= 0 || delta % step != 0) continue;
+    const int64_t shift = delta / step;  // b's index 0 on this axis is a's index `shift`
+    const int64_t na = a.dims[axis].count, nb = b.dims[axis].count;
+    bool same_elsewhere = true;
+    for (size_t i = 0; i < a.dims.size(); ++i)
+      same_elsewhere = same_elsewhere && (i == axis || a.dims[i].count == b.dims[i].count);
+    if (!same_elsewhere || (shift < na && -shift < nb)) continue;  // the ranges meet
+    Dims both = a.dims;
+    both[axis].count = std::max(na, shift + nb) - std::min<int64_t>(0, shift);
+    int64_t needed = 0;
+    if (overlapping_dim(both, row, &needed) == nullptr) return true;
+  }
+  return false;
 }
 
-// Rejects a written operand that shares memory with any other operand of the call.
-void check_no_overlap(const Operand* ops, size_t n, int64_t head_dim, int64_t elem) {
+// Rejects a written operand that shares memory with any other operand of the call. Rows are
+// head_dim elements in every operand of a call.
+void check_no_overlap(const Operand* ops, size_t n, int64_t row) {
   for (size_t i = 0; i < n; ++i)
     for (size_t j = i + 1; j < n; ++j) {
       const Operand& a = ops[i];
@@ -128,7 +144,7 @@ void check_no_overlap(const Operand* ops, size_t n, int64_t head_dim, int64_t el
       if (!(a.written || b.written) || a.first == a.end || b.first == b.end) continue;
       if (a.end <= b.first || b.end <= a.first) continue;
       const bool a_first = a.first <= b.first;
-      if (distinct_heads(a_first ? a : b, a_first ? b : a, head_dim, elem)) continue;
+      if (distinct_rows(a_first ? a : b, a_first ? b : a, row)) continue;
       invalid(a.name, " and ", b.name, " overlap in memory (", a.name, " spans [",
               reinterpret_cast<const void*>(a.first), ", ", reinterpret_cast<const void*>(a.end),
               "), ", b.name, " [", reinterpret_cast<const void*>(b.first), ", ",
@@ -145,44 +161,65 @@ void check_index_pointer(const void* p, IndexType t, const char* name, const cha
     invalid(name, " (", p, ") is not aligned to its ", bytes, "-byte elements");
 }
 
-}  // namespace
+// Every memory region a call touches, as checked so far (a fixed array: checking runs on every
+// call, which must not allocate).
+struct Operands {
+  std::array<Operand, 10> ops{};
+  size_t n = 0;
+  int32_t vec = 16;  // the widest vector (activation elements) every operand allows
+  Operand* next() { return &ops[n++]; }
+  void allow(int32_t elements) { vec = std::min(vec, elements); }
+};
 
-CallShape check_call(const Spec& c, const Args& a) {
-  // Keys of the axes whose kernels are still being built (tracked in the issues).
-  if (c.fused() || c.positions == Positions::mrope ||
-      (c.freqs != Freqs::table && c.freqs != Freqs::computed))
-    fail(ErrorCode::invalid_argument, c.key(), ": this axis value has no kernel in this build yet");
+// Tokens and heads.
+void check_sizes(const Spec& c, const Args& a, CallShape* shape) {
   const bool dense = c.layout != Layout::thd;
   if (dense && a.batch < 1) invalid("args.batch (", a.batch, ") must be >= 1");
   if (!dense && a.batch < 0) invalid("args.batch (", a.batch, ") must be >= 0");
   if (a.seq_len < 0) invalid("args.seq_len (", a.seq_len, ") must be >= 0");
-  CallShape shape;
   int64_t tokens = a.seq_len;
   if (dense && __builtin_mul_overflow(a.batch, a.seq_len, &tokens))
     invalid("args.batch (", a.batch, ") * args.seq_len (", a.seq_len, ") overflows");
   if (tokens > kMaxTokens)
     invalid("token count (", tokens, ") exceeds ", kMaxTokens, "; split the call");
-  shape.tokens = tokens;
+  shape->tokens = tokens;
 
-  constexpr int64_t kMaxHeads = int64_t(1) << 30;  // q + k heads stay below 2^31
+  constexpr int64_t kMaxHeads = int64_t(1) << 29;  // q + k + v heads stay below 2^31
   if (a.q.heads < 1 || a.q.heads > kMaxHeads)
-    invalid("args.q.heads (", a.q.heads, ") must be in [1, 2^30]");
+    invalid("args.q.heads (", a.q.heads, ") must be in [1, 2^29]");
   const bool has_k = a.k.data != nullptr;
   if (!has_k && a.k.heads != 0)
     invalid("args.k.heads (", a.k.heads, ") is set but args.k.data is null");
   if (has_k && (a.k.heads < 1 || a.k.heads > kMaxHeads))
-    invalid("args.k.heads (", a.k.heads, ") must be in [1, 2^30]");
-  shape.q_heads = int32_t(a.q.heads);
-  shape.k_heads = has_k ? int32_t(a.k.heads) : 0;
+    invalid("args.k.heads (", a.k.heads, ") must be in [1, 2^29]");
+  shape->q_heads = int32_t(a.q.heads);
+  shape->k_heads = has_k ? int32_t(a.k.heads) : 0;
+  if (c.cache != KvCache::none && !has_k)
+    invalid("args.k.data is null but spec.cache is ", to_string(c.cache),
+            ": k is what the cache receives");
+  if (a.v.data && c.cache == KvCache::none)
+    invalid("args.v.data is set but spec.cache is none: v goes only to a KV cache");
+  if (!a.v.data && a.v.heads != 0)
+    invalid("args.v.heads (", a.v.heads, ") is set but args.v.data is null");
+  shape->v_heads = a.v.data ? shape->k_heads : 0;
+}
 
-  const int64_t seq = dense ? a.seq_len : tokens;
-  std::array<Operand, 4> ops{};
-  size_t n_ops = 0;
-  int32_t align =
-      check_operand("args.q", a.q, dense, a.batch, seq, a.q.heads, c, c.in_place, &ops[n_ops++]);
+// q, k, v and the outputs: strides, alignment, rows that never overlap.
+void check_tensors(const Spec& c, const Args& a, const CallShape& shape, Operands* o) {
+  const bool dense = c.layout != Layout::thd;
+  const int64_t seq = dense ? a.seq_len : shape.tokens;
+  const int64_t elem = element_bytes(c.dtype);
+  const int64_t out_elem = c.out_store == Store::e4m3 ? 1 : elem;
+  const bool has_k = shape.k_heads > 0;
+  const bool k_written = c.fusion == Fusion::qk;
+  o->allow(
+      check_operand("args.q", a.q, dense, a.batch, seq, a.q.heads, c, elem, c.in_place, o->next()));
   if (has_k)
-    align = std::min(align, check_operand("args.k", a.k, dense, a.batch, seq, a.k.heads, c,
-                                          c.in_place, &ops[n_ops++]));
+    o->allow(check_operand("args.k", a.k, dense, a.batch, seq, a.k.heads, c, elem,
+                           c.in_place && k_written, o->next()));
+  if (a.v.data)
+    o->allow(
+        check_operand("args.v", a.v, dense, a.batch, seq, a.k.heads, c, elem, false, o->next()));
   if (c.in_place) {
     // In place, q and k are the outputs: an output tensor given too would be silently ignored.
     for (const auto& [t, name] :
@@ -192,25 +229,30 @@ CallShape check_call(const Spec& c, const Args& a) {
                 ".data is set but spec.in_place is true (in place, q and k are written); "
                 "set spec.in_place = false to write ",
                 name);
-  } else {
-    align = std::min(align, check_operand("args.q_out", a.q_out, dense, a.batch, seq, a.q.heads, c,
-                                          true, &ops[n_ops++]));
-    if (has_k)
-      align = std::min(align, check_operand("args.k_out", a.k_out, dense, a.batch, seq, a.k.heads,
-                                            c, true, &ops[n_ops++]));
-    else if (a.k_out.data)
-      invalid("args.k_out.data is set but args.k.data is null");
+    return;
   }
-  check_no_overlap(ops.data(), n_ops, c.head_dim, element_bytes(c.dtype));
-  shape.align_bytes = align;
-  if (max_vec(c, align) == 0)
-    invalid("gptj needs q/k pointers and strides aligned to a pair of elements (",
-            2 * element_bytes(c.dtype), " bytes); the call allows ", align);
+  // Widths count elements whatever their size: an e4m3 output allows vec elements at vec-byte
+  // alignment.
+  o->allow(check_operand("args.q_out", a.q_out, dense, a.batch, seq, a.q.heads, c, out_elem, true,
+                         o->next()));
+  if (has_k && k_written)
+    o->allow(check_operand("args.k_out", a.k_out, dense, a.batch, seq, a.k.heads, c, out_elem, true,
+                           o->next()));
+  else if (a.k_out.data)
+    invalid("args.k_out.data is set but ",
+            has_k ? "spec.fusion is q: k is written only to the cache" : "args.k.data is null");
+}
 
-  // Positions.
-  const bool needs_cu = !dense && c.positions != Positions::ids;
+// Where positions come from: offsets, per-sequence offsets, ids, cu_seqlens.
+void check_positions(const Spec& c, const Args& a, const CallShape& shape) {
+  const bool dense = c.layout != Layout::thd;
+  // A cache addressed by sequence needs each token's sequence, which thd finds in cu_seqlens.
+  const bool by_sequence = c.cache == KvCache::paged || c.cache == KvCache::contiguous;
+  const bool needs_cu = !dense && (c.positions != Positions::ids || by_sequence);
   if (needs_cu) {
-    if (!a.cu_seqlens) invalid("args.cu_seqlens is null but layout thd needs it");
+    if (!a.cu_seqlens)
+      invalid("args.cu_seqlens is null but layout thd needs it",
+              c.positions == Positions::ids ? " (the KV cache is addressed by sequence)" : "");
     if (reinterpret_cast<uintptr_t>(a.cu_seqlens) % 4 != 0)
       invalid("args.cu_seqlens (", static_cast<const void*>(a.cu_seqlens),
               ") is not 4-byte aligned");
@@ -224,48 +266,141 @@ CallShape check_call(const Spec& c, const Args& a) {
     invalid("args.position_offset (", a.position_offset, ") must be >= 0");
   // Positions are position_offset + an index below `tokens`: keep them far from int64 overflow.
   constexpr int64_t kMaxPosition = int64_t(1) << 62;
-  if (c.positions == Positions::offset && a.position_offset > kMaxPosition - tokens)
-    invalid("args.position_offset (", a.position_offset, ") + ", tokens,
+  if (c.positions == Positions::offset && a.position_offset > kMaxPosition - shape.tokens)
+    invalid("args.position_offset (", a.position_offset, ") + ", shape.tokens,
             " tokens exceeds the largest position (2^62)");
+}
 
-  // Frequencies.
-  if (c.freqs == Freqs::table) {
-    const int64_t width = c.table_width == TableWidth::half ? c.rotary_dim / 2 : c.rotary_dim;
-    const int64_t telem = element_bytes(c.table_dtype);
-    if (!a.cos || !a.sin) invalid("args.", a.cos ? "sin" : "cos", " is null but freqs is tab");
-    for (const void* p : {a.cos, a.sin})
-      if (reinterpret_cast<uintptr_t>(p) % uint64_t(telem) != 0)
-        invalid("args.", p == a.cos ? "cos" : "sin", " (", p, ") is not aligned to its ", telem,
-                "-byte elements");
-    if (a.table_rows < 1) invalid("args.table_rows (", a.table_rows, ") must be >= 1");
-    const int64_t stride = a.table_stride == 0 ? width : a.table_stride;
-    if (stride < width)
-      invalid("args.table_stride (", a.table_stride, ") is smaller than the row width (", width,
-              ")");
-    int64_t span = 0;
-    if (__builtin_mul_overflow(a.table_rows, stride, &span) ||
-        __builtin_mul_overflow(span, telem, &span))
-      invalid("args.table_rows (", a.table_rows, ") * table_stride overflows");
-    shape.table_align =
-        low_alignment(reinterpret_cast<uintptr_t>(a.cos) | reinterpret_cast<uintptr_t>(a.sin) |
-                      uint64_t(stride * telem));
-    if (c.positions == Positions::offset && dense && tokens > 0 &&
-        a.position_offset > a.table_rows - a.seq_len)  // no overflow: both are checked above
-      invalid("positions up to ", a.position_offset + a.seq_len - 1, " (position_offset ",
-              a.position_offset, " + seq_len ", a.seq_len,
-              " - 1) are beyond the table (table_rows ", a.table_rows, ")");
-  } else if (!(std::isfinite(a.base) && a.base > 1.0)) {
-    invalid("args.base (", a.base, ") must be a finite number > 1");
+// cos/sin tables, or the base of computed frequencies.
+void check_frequencies(const Spec& c, const Args& a, CallShape* shape) {
+  if (c.freqs != Freqs::table) {
+    if (!(std::isfinite(a.base) && a.base > 1.0))
+      invalid("args.base (", a.base, ") must be a finite number > 1");
+    return;
   }
+  const int64_t width = c.table_width == TableWidth::half ? c.rotary_dim / 2 : c.rotary_dim;
+  const int64_t telem = element_bytes(c.table_dtype);
+  if (!a.cos || !a.sin) invalid("args.", a.cos ? "sin" : "cos", " is null but freqs is tab");
+  for (const void* p : {a.cos, a.sin})
+    if (reinterpret_cast<uintptr_t>(p) % uint64_t(telem) != 0)
+      invalid("args.", p == a.cos ? "cos" : "sin", " (", p, ") is not aligned to its ", telem,
+              "-byte elements");
+  if (a.table_rows < 1) invalid("args.table_rows (", a.table_rows, ") must be >= 1");
+  const int64_t stride = a.table_stride == 0 ? width : a.table_stride;
+  if (stride < width)
+    invalid("args.table_stride (", a.table_stride, ") is smaller than the row width (", width, ")");
+  int64_t span = 0;
+  if (__builtin_mul_overflow(a.table_rows, stride, &span) ||
+      __builtin_mul_overflow(span, telem, &span))
+    invalid("args.table_rows (", a.table_rows, ") * table_stride overflows");
+  shape->table_align = low_alignment(reinterpret_cast<uintptr_t>(a.cos) |
+                                     reinterpret_cast<uintptr_t>(a.sin) | uint64_t(stride * telem));
+  const bool dense = c.layout != Layout::thd;
+  if (c.positions == Positions::offset && dense && shape->tokens > 0 &&
+      a.position_offset > a.table_rows - a.seq_len)  // no overflow: both are checked above
+    invalid("positions up to ", a.position_offset + a.seq_len - 1, " (position_offset ",
+            a.position_offset, " + seq_len ", a.seq_len, " - 1) are beyond the table (table_rows ",
+            a.table_rows, ")");
+}
+
+void check_scale(float v, const char* name) {
+  if (!(std::isfinite(v) && v > 0.0f)) invalid(name, " (", v, ") must be a finite number > 0");
+}
+
+void check_aligned(const void* p, uint64_t bytes, const char* name, const char* why) {
+  if (!p) invalid(name, " is null but ", why);
+  if (reinterpret_cast<uintptr_t>(p) % bytes != 0)
+    invalid(name, " (", p, ") is not aligned to its ", bytes, "-byte elements");
+}
+
+// The fused stages: norm weights, FP8 scales, the KV cache and its addressing.
+void check_fusion(const Spec& c, const Args& a, const CallShape& shape, Operands* o) {
+  const int64_t elem = element_bytes(c.dtype);
+  if (c.norm != Norm::none) {
+    if (!(std::isfinite(a.norm_eps) && a.norm_eps >= 0))
+      invalid("args.norm_eps (", a.norm_eps, ") must be a finite number >= 0");
+    const bool all = c.norm == Norm::rms_all_heads;
+    for (const auto& [w, name, heads] :
+         {std::tuple{a.q_norm_weight, "args.q_norm_weight", shape.q_heads},
+          std::tuple{a.k_norm_weight, "args.k_norm_weight", shape.k_heads}}) {
+      if (heads == 0) continue;
+      check_aligned(w, uint64_t(elem), name, "spec.norm needs the weights");
+      // Read-only rows of weights: head_dim elements (one per head for a norm over all heads).
+      const Dims dims = {Dim{0, 1, "weights"}, Dim{c.head_dim, all ? heads : 1, "heads"},
+                         Dim{0, 1, "-"}};
+      o->allow(check_strided(name, w, dims, c.head_dim, elem, false, o->next()));
+    }
+  }
+  if (c.out_store == Store::e4m3) check_scale(a.out_quant_scale, "args.out_quant_scale");
+  if (c.cache == KvCache::none) return;
+
+  const KvCacheArgs& k = a.cache;
+  const int64_t celem = c.cache_store == Store::e4m3 ? 1 : elem;
+  if (k.pages < 1) invalid("args.cache.pages (", k.pages, ") must be >= 1");
+  if (k.page_size < 1) invalid("args.cache.page_size (", k.page_size, ") must be >= 1");
+  const Dims dims = {Dim{k.stride_page, k.pages, "stride_page"},
+                     Dim{k.stride_slot, k.page_size, "stride_slot"},
+                     Dim{k.stride_head, shape.k_heads, "stride_head"}};
+  o->allow(check_strided("args.cache.k", k.k, dims, c.head_dim, celem, true, o->next()));
+  if (a.v.data && !k.v) invalid("args.cache.v is null but args.v is given: v needs a cache too");
+  if (!a.v.data && k.v) invalid("args.cache.v is set but args.v.data is null");
+  if (k.v) o->allow(check_strided("args.cache.v", k.v, dims, c.head_dim, celem, true, o->next()));
+  if (c.cache_store == Store::e4m3) {
+    check_scale(k.k_quant_scale, "args.cache.k_quant_scale");
+    if (k.v) check_scale(k.v_quant_scale, "args.cache.v_quant_scale");
+  }
+  if (k.skipped && reinterpret_cast<uintptr_t>(k.skipped) % 4 != 0)
+    invalid("args.cache.skipped (", static_cast<const void*>(k.skipped), ") is not 4-byte aligned");
+  const int64_t sequences = a.batch;
+  switch (c.cache) {
+    case KvCache::slots:
+      check_aligned(k.slot_mapping, 8, "args.cache.slot_mapping", "spec.cache is slots");
+      break;
+    case KvCache::paged:
+      check_aligned(k.indptr, 4, "args.cache.indptr", "spec.cache is paged");
+      check_aligned(k.indices, 4, "args.cache.indices", "spec.cache is paged");
+      check_aligned(k.last_page_len, 4, "args.cache.last_page_len", "spec.cache is paged");
+      if (k.num_indices < 0) invalid("args.cache.num_indices (", k.num_indices, ") must be >= 0");
+      break;
+    case KvCache::contiguous:
+      check_aligned(k.seq_lens, 4, "args.cache.seq_lens", "spec.cache is cont");
+      if (sequences > k.pages)
+        invalid("args.cache.pages (", k.pages, ") holds fewer sequences than args.batch (",
+                sequences, ")");
+      break;
+    case KvCache::none:
+      break;
+  }
+}
+
+}  // namespace
+
+CallShape check_call(const Spec& c, const Args& a) {
+  // Keys of the axes whose kernels are still being built (tracked in the issues).
+  if (c.positions == Positions::mrope || (c.freqs != Freqs::table && c.freqs != Freqs::computed))
+    fail(ErrorCode::invalid_argument, c.key(), ": this axis value has no kernel in this build yet");
+  CallShape shape;
+  Operands ops;
+  check_sizes(c, a, &shape);
+  check_tensors(c, a, shape, &ops);
+  check_positions(c, a, shape);
+  check_frequencies(c, a, &shape);
+  check_fusion(c, a, shape, &ops);
+  check_no_overlap(ops.ops.data(), ops.n, c.head_dim);
+  shape.align_bytes = std::min<int32_t>(16, ops.vec * element_bytes(c.dtype));
+  if (max_vec(c, shape.align_bytes) == 0)
+    invalid("gptj needs q/k pointers and strides aligned to a pair of elements (",
+            2 * element_bytes(c.dtype), " bytes); the call allows ", shape.align_bytes);
   return shape;
 }
 
-ropejit_dev::RopeParams make_params(const Spec& c, const Args& a, const CallShape& shape) {
-  ropejit_dev::RopeParams p{};
+ropejit_dev::FusedParams make_params(const Spec& c, const Args& a, const CallShape& shape) {
+  ropejit_dev::FusedParams f{};
+  ropejit_dev::RopeParams& p = f.rope;
   auto operand = [&](const Tensor& in, const Tensor& out, int32_t heads) {
     ropejit_dev::HeadOperand o{};
     if (heads == 0) return o;
-    const Tensor& w = c.in_place ? in : out;
+    const Tensor& w = c.in_place || !out.data ? in : out;
     o.in = in.data;
     o.out = w.data;
     o.stride_batch = in.stride_batch;
@@ -291,7 +426,31 @@ ropejit_dev::RopeParams make_params(const Spec& c, const Args& a, const CallShap
   p.table_stride = a.table_stride == 0 ? width : a.table_stride;
   p.table_rows = a.table_rows;
   p.log2_base = c.freqs == Freqs::computed ? std::log2(a.base) : 0.0;
-  return p;
+  if (!c.fused()) return f;
+  f.v = operand(a.v, Tensor{}, shape.v_heads);
+  f.q_norm_w = a.q_norm_weight;
+  f.k_norm_w = a.k_norm_weight;
+  f.norm_eps = float(a.norm_eps);
+  f.out_scale = a.out_quant_scale;
+  const KvCacheArgs& k = a.cache;
+  ropejit_dev::CacheParams& cp = f.cache;
+  cp.k = k.k;
+  cp.v = k.v;
+  cp.pages = k.pages;
+  cp.page_size = k.page_size;
+  cp.stride_page = k.stride_page;
+  cp.stride_slot = k.stride_slot;
+  cp.stride_head = k.stride_head;
+  cp.slot_mapping = reinterpret_cast<const long long*>(k.slot_mapping);
+  cp.indptr = k.indptr;
+  cp.indices = k.indices;
+  cp.num_indices = k.num_indices;
+  cp.last_page_len = k.last_page_len;
+  cp.seq_lens = k.seq_lens;
+  cp.k_scale = k.k_quant_scale;
+  cp.v_scale = k.v_quant_scale;
+  cp.skipped = k.skipped;
+  return f;
 }
 
 }  // namespace ropejit::detail

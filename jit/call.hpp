@@ -10,8 +10,9 @@ namespace ropejit::detail {
 // Reads no device memory. A call with zero tokens is valid and returns tokens == 0.
 CallShape check_call(const Spec& canonical, const Args& args);
 
-// The kernel argument block for a checked call.
-ropejit_dev::RopeParams make_params(const Spec& canonical, const Args& args,
-                                    const CallShape& shape);
+// The kernel argument block for a checked call: plain kernels take its `rope` part, fused
+// kernels all of it.
+ropejit_dev::FusedParams make_params(const Spec& canonical, const Args& args,
+                                     const CallShape& shape);
 
 }  // namespace ropejit::detail

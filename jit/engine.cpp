@@ -72,7 +72,9 @@ uint64_t hash_spec(const void* ctx, const Spec& s) {
   mix(h, uint64_t(s.layout) | uint64_t(s.dtype) << 4 | uint64_t(s.style) << 8 |
              uint64_t(s.positions) << 12 | uint64_t(s.index_type) << 16 | uint64_t(s.freqs) << 20 |
              uint64_t(s.table_dtype) << 24 | uint64_t(s.table_width) << 28 |
-             uint64_t(s.direction) << 32 | uint64_t(s.in_place) << 36 | uint64_t(s.fusion) << 40);
+             uint64_t(s.direction) << 32 | uint64_t(s.in_place) << 36 | uint64_t(s.fusion) << 40 |
+             uint64_t(s.norm) << 44 | uint64_t(s.out_store) << 48 | uint64_t(s.cache) << 52 |
+             uint64_t(s.cache_store) << 56);
   mix(h, uint64_t(uint32_t(s.head_dim)) << 32 | uint32_t(s.rotary_dim));
   return h;
 }
@@ -92,6 +94,7 @@ size_t Engine::PlanKeyHash::operator()(const PlanKey& k) const {
   uint64_t h = hash_spec(k.ctx, k.spec);
   mix(h, uint64_t(k.bucket));
   mix(h, uint64_t(uint32_t(k.q_heads)) << 32 | uint32_t(k.k_heads));
+  mix(h, uint64_t(uint32_t(k.v_heads)));
   mix(h, uint64_t(uint32_t(k.align)) | uint64_t(uint32_t(k.table_align)) << 32);
   return size_t(h);
 }
@@ -258,11 +261,11 @@ std::pair<LaunchConfig, int> Engine::planned(const Spec& spec, const Args& args)
   return {p.cfg, p.fn->regs};
 }
 
-Engine::Plan Engine::make_plan(CUcontext ctx, const Spec& c, const LaunchConfig& cfg,
-                               const DeviceInfo& device, CUstream stream) {
+Engine::Plan Engine::make_plan(CUcontext ctx, const Spec& c, const CallShape& shape,
+                               const LaunchConfig& cfg, const DeviceInfo& device, CUstream stream) {
   Plan p{cfg, &function(ctx, c, cfg.kernel, stream), &device};
   p.block_x = unsigned(chunks(c, cfg.kernel.vec));
-  p.shared_bytes = unsigned(shared_bytes(c, cfg));
+  p.shared_bytes = unsigned(shared_bytes(c, cfg, shape.q_heads + shape.k_heads));
   const int64_t threads = int64_t(p.block_x) * cfg.rows * cfg.tokens_per_block;
   if (threads > p.fn->max_threads)
     fail(ErrorCode::internal, c.key(), ": ", threads, " threads exceed the kernel's limit of ",
@@ -357,7 +360,7 @@ const Engine::Plan& Engine::plan(CUcontext ctx, const Spec& c, const CallShape& 
     for (const KernelVariant& v : siblings)
       if (!image_requested(c, v, target)) compiling.push_back(image_async(c, v, target));
   }
-  const Plan p = make_plan(ctx, c, cfg, device, stream);
+  const Plan p = make_plan(ctx, c, shape, cfg, device, stream);
   load_siblings(ctx, c, siblings, compiling, target, stream);
   std::unique_lock<std::shared_mutex> lock(plans_mutex_);
   return plans_.emplace(key, p).first->second;  // a racing thread's equal plan may win
@@ -382,14 +385,16 @@ void Engine::launch(const Spec& c, const Args& args, const CallShape& shape,
     const DeviceInfo& dev = device_info(ctx);
     if (const std::string why = illegal_reason(c, shape, *requested, dev); !why.empty())
       invalid("launch configuration ", requested->name(), " is not legal for ", c.key(), ": ", why);
-    explicit_plan = make_plan(ctx, c, *requested, dev, stream);
+    explicit_plan = make_plan(ctx, c, shape, *requested, dev, stream);
     p = &explicit_plan;
   } else {
     p = &plan(ctx, c, shape, stream);
   }
   const LaunchConfig& cfg = p->cfg;
-  ropejit_dev::RopeParams params = make_params(c, args, shape);
-  void* kernel_args[] = {&params};
+  // Plain kernels take the plain block, fused ones the whole (which starts with it).
+  ropejit_dev::FusedParams params = make_params(c, args, shape);
+  void* kernel_args[] = {c.fused() ? static_cast<void*>(&params)
+                                   : static_cast<void*>(&params.rope)};
   check(d.LaunchKernel(p->fn->fn, unsigned(grid_blocks(shape, cfg, *p->device)), 1, 1, p->block_x,
                        unsigned(cfg.rows), unsigned(cfg.tokens_per_block), p->shared_bytes, stream,
                        kernel_args, nullptr),

@@ -97,10 +97,11 @@ class Engine {
     CUcontext ctx;
     Spec spec;
     int64_t bucket;
-    int32_t q_heads, k_heads, align, table_align;
+    int32_t q_heads, k_heads, v_heads, align, table_align;
     bool operator==(const PlanKey& o) const {
       return ctx == o.ctx && spec == o.spec && bucket == o.bucket && q_heads == o.q_heads &&
-             k_heads == o.k_heads && align == o.align && table_align == o.table_align;
+             k_heads == o.k_heads && v_heads == o.v_heads && align == o.align &&
+             table_align == o.table_align;
     }
   };
   struct PlanKeyHash {
@@ -114,8 +115,8 @@ class Engine {
     unsigned block_x = 0;       // chunks per head vector
     unsigned shared_bytes = 0;  // dynamic shared memory
   };
-  Plan make_plan(CUcontext ctx, const Spec& canonical, const LaunchConfig& cfg,
-                 const DeviceInfo& device, CUstream stream);
+  Plan make_plan(CUcontext ctx, const Spec& canonical, const CallShape& shape,
+                 const LaunchConfig& cfg, const DeviceInfo& device, CUstream stream);
   // The plan of a call: a remembered one, or chosen by the policy (choose_config), with the
   // policy's other variants for the key compiled and loaded alongside (sibling_variants,
   // load_siblings), then remembered.

@@ -31,7 +31,7 @@ int32_t max_vec(const Spec& c, int32_t align_bytes) {
     if (vec * elem > align_bytes) continue;
     const bool style_ok =
         c.style == Style::neox ? pairs % vec == 0 : (vec >= 2 && c.rotary_dim % vec == 0);
-    const bool tail_ok = c.in_place || tail % vec == 0;
+    const bool tail_ok = (c.in_place && !c.fused()) || tail % vec == 0;
     if (style_ok && tail_ok) return vec;
   }
   return 0;
@@ -55,8 +55,15 @@ int32_t chunks(const Spec& c, int32_t vec) {
   const int32_t per_chunk = c.style == Style::neox ? vec : vec / 2;  // pairs per chunk
   if (per_chunk < 1) return 0;  // gptj needs whole pairs: no such kernel (variant_problem)
   const int32_t rot = (c.rotary_dim / 2) / per_chunk;
-  const int32_t tail = c.in_place ? 0 : (c.head_dim - c.rotary_dim) / vec;
-  return rot + tail;
+  // The pass-through tail is touched out of place (copied) and by fused keys (normalized,
+  // stored, cached), never by plain in-place kernels.
+  const int32_t tail = c.in_place && !c.fused() ? 0 : (c.head_dim - c.rotary_dim) / vec;
+  if (!c.fused()) return rot + tail;
+  // Fused kernels reduce over a head's lanes with shuffles: a power of two up to a warp, else
+  // whole warps (templates/rope_fused.cuh).
+  int32_t lanes = 1;
+  while (lanes < rot + tail && lanes < 32) lanes *= 2;
+  return rot + tail <= 32 ? lanes : (rot + tail + 31) / 32 * 32;
 }
 
 std::string variant_problem(const Spec& c, const KernelVariant& k) {
@@ -69,7 +76,7 @@ std::string variant_problem(const Spec& c, const KernelVariant& k) {
                              : (k.vec < 2 || c.rotary_dim % k.vec != 0))
     return concat("vec (", k.vec, ") is wider than ", c.key(), " allows (", max_vec(c, 16),
                   "): it must divide the rotary pairs");
-  if (!c.in_place && (c.head_dim - c.rotary_dim) % k.vec != 0)
+  if ((!c.in_place || c.fused()) && (c.head_dim - c.rotary_dim) % k.vec != 0)
     return concat("vec (", k.vec, ") is wider than ", c.key(), " allows (", max_vec(c, 16),
                   "): it must divide the pass-through tail");
   if (k.heads_per_thread < 1 || k.heads_per_thread > 8)
@@ -97,7 +104,7 @@ std::string launch_problem(const Spec& c, const LaunchConfig& cfg) {
     return concat(threads, " threads per block exceed max_threads (", k.max_threads, ")");
   if (shared_bytes(c, cfg) > kMaxSharedBytes)
     return concat(cfg.tokens_per_block, " tokens per block need ", shared_bytes(c, cfg),
-                  " bytes of shared cos/sin, more than ", kMaxSharedBytes);
+                  " bytes of shared memory, more than ", kMaxSharedBytes);
   return {};
 }
 
@@ -112,9 +119,16 @@ std::string illegal_reason(const Spec& c, const CallShape& shape, const LaunchCo
   if (k.table_vec && !table_vectors_ok(c, k.vec, shape.table_align))
     return concat("vector table loads need cos, sin and the table row stride aligned to ",
                   table_vector_bytes(c, k.vec), " bytes, the call has ", shape.table_align);
-  const int32_t heads = shape.q_heads + shape.k_heads;
+  const int32_t heads = shape.q_heads + shape.k_heads + shape.v_heads;
   if (cfg.rows > std::max(heads, 1))
     return concat("rows ", cfg.rows, " exceed the ", heads, " heads");
+  const int32_t qk = shape.q_heads + shape.k_heads;
+  if (c.norm == Norm::rms_all_heads && cfg.rows * k.heads_per_thread < qk)
+    return concat("a norm over all heads needs every q and k head in one pass: rows (", cfg.rows,
+                  ") x heads per thread (", k.heads_per_thread, ") < ", qk, " heads");
+  if (shared_bytes(c, cfg, qk) > kMaxSharedBytes)
+    return concat(cfg.tokens_per_block, " tokens per block need ", shared_bytes(c, cfg, qk),
+                  " bytes of shared memory, more than ", kMaxSharedBytes);
   const int64_t threads = int64_t(chunks(c, k.vec)) * cfg.rows * cfg.tokens_per_block;
   if (cfg.blocks_per_sm > 0 && threads * cfg.blocks_per_sm > device.max_threads_per_sm)
     return "persistent blocks do not fit on one SM";
@@ -155,9 +169,18 @@ std::vector<KernelVariant> default_variants(const Spec& c, int32_t align_bytes,
           decode_variant(c, align_bytes, table_align)};
 }
 
-int64_t shared_bytes(const Spec& c, const LaunchConfig& cfg) {
-  if (c.freqs != Freqs::computed) return 0;
-  return int64_t(cfg.tokens_per_block) * (c.rotary_dim / 2) * 8;
+int64_t shared_bytes(const Spec& c, const LaunchConfig& cfg, int32_t qk_heads) {
+  // Computed frequencies: each token's (cos, sin) pairs, shared by the block.
+  int64_t bytes =
+      c.freqs == Freqs::table ? 0 : int64_t(cfg.tokens_per_block) * (c.rotary_dim / 2) * 8;
+  if (!c.fused()) return bytes;
+  // Fused: partial sums of heads wider than a warp, and per-head sums for a norm over all heads.
+  const int32_t lanes = chunks(c, cfg.kernel.vec);
+  if (lanes > 32)
+    bytes +=
+        int64_t(cfg.rows) * cfg.tokens_per_block * (lanes / 32) * cfg.kernel.heads_per_thread * 4;
+  if (c.norm == Norm::rms_all_heads) bytes += int64_t(cfg.tokens_per_block) * qk_heads * 4;
+  return bytes;
 }
 
 void set_persistent(LaunchConfig& cfg, int32_t blocks_per_sm) {

@@ -49,6 +49,7 @@ struct CallShape {
   int64_t tokens = 0;
   int32_t q_heads = 0;
   int32_t k_heads = 0;
+  int32_t v_heads = 0;       // fused keys with a KV cache: v heads appended next to k
   int32_t align_bytes = 16;  // largest power of two (<= 16) dividing every pointer and stride
   int32_t table_align = 16;  // the same for cos, sin and the table row stride (tables only)
 };
@@ -84,7 +85,8 @@ bool table_vectors_ok(const Spec& canonical, int32_t vec, int32_t table_align);
 // table_vectors_ok asks of the table.
 int32_t table_vector_bytes(const Spec& canonical, int32_t vec);
 
-// blockDim.x for a canonical spec and vector width.
+// blockDim.x for a canonical spec and vector width: the chunks of a head (fused keys: rounded up
+// to a power of two, or to whole warps beyond 32).
 int32_t chunks(const Spec& canonical, int32_t vec);
 
 // Legality, decided here and nowhere else. Each returns "" when legal, else the reason; a
@@ -113,9 +115,10 @@ KernelVariant decode_variant(const Spec& canonical, int32_t align_bytes, int32_t
 std::vector<KernelVariant> default_variants(const Spec& canonical, int32_t align_bytes,
                                             int32_t table_align = 16);
 
-// Dynamic shared memory of a launch: computed frequencies share each token's (cos, sin)
-// pairs across the block, 8 bytes per pair per token slot.
-int64_t shared_bytes(const Spec& canonical, const LaunchConfig& cfg);
+// Dynamic shared memory of a launch: computed frequencies share each token's (cos, sin) pairs
+// across the block, 8 bytes per pair per token slot; fused kernels add reduction scratch, which
+// for a norm over all heads grows with the q + k heads of the call (`qk_heads`).
+int64_t shared_bytes(const Spec& canonical, const LaunchConfig& cfg, int32_t qk_heads = 0);
 constexpr int64_t kMaxSharedBytes = 48 * 1024;  // available without an opt-in attribute
 
 // Sets blocks_per_sm and the kernel variant that goes with it (grid_stride when > 0).

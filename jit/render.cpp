@@ -56,7 +56,7 @@ RenderedKernel render(const Spec& c, const KernelVariant& v) {
       {"seq_major", flag(c.layout == Layout::sbhd)},
       {"pos_mode", std::to_string(int(c.positions))},
       {"idx64", flag(c.index_type == IndexType::i64)},
-      {"computed", flag(c.freqs == Freqs::computed)},
+      {"computed", flag(c.freqs != Freqs::table)},
       {"table_dtype", std::to_string(int(c.table_dtype))},
       {"table_full", flag(c.table_width == TableWidth::full)},
       {"backward", flag(c.direction == Direction::backward)},
@@ -66,6 +66,16 @@ RenderedKernel render(const Spec& c, const KernelVariant& v) {
       {"max_threads", std::to_string(v.max_threads)},
       {"table_vec", flag(v.table_vec)},
       {"grid_stride", flag(v.grid_stride)},
+      {"lanes", std::to_string(chunks(c, v.vec))},
+      {"header", c.fused() ? "rope_fused.cuh" : "rope_kernel.cuh"},
+      {"kernel", c.fused() ? "FusedKernel" : "RopeKernel"},
+      {"params", c.fused() ? "FusedParams" : "RopeParams"},
+      {"norm", std::to_string(int(c.norm))},
+      {"cache", std::to_string(int(c.cache))},
+      {"need_sequence", flag(c.cache == KvCache::paged || c.cache == KvCache::contiguous)},
+      {"out_e4m3", flag(c.out_store == Store::e4m3)},
+      {"cache_e4m3", flag(c.cache_store == Store::e4m3)},
+      {"write_k", flag(c.fusion == Fusion::qk)},
   };
   r.source = substitute(embedded_file("rope_entry.cu.in"), vars);
   return r;

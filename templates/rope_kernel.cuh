@@ -68,7 +68,9 @@ struct RopeKernel {
       tp.b = 0;
       tp.s = t;
       tp.valid = true;
-      if (Cfg::kPosMode == kPosIds) return tp;  // ids give positions; sequences not needed
+      // ids give positions; the sequence is looked up only when something else needs it (a KV
+      // cache addressed by sequence).
+      if (Cfg::kPosMode == kPosIds && !Cfg::kNeedSequence) return tp;
       const int* cu = p.cu_seqlens;
       long long lo = 0, hi = p.batch;  // invariant: cu[lo] <= t < cu[hi]
       if (t < __ldg(cu) || t >= __ldg(cu + hi)) {

@@ -34,4 +34,37 @@ struct RopeParams {
   double log2_base;        // computed frequencies: log2(base)
 };
 
+// Where a fused call appends k and v (Spec::cache), as checked by the host; element strides of
+// the cache's dtype. Indices read from device memory are checked again by the kernel.
+struct CacheParams {
+  void* k;
+  void* v;  // null: only k is appended
+  long long pages;
+  long long page_size;
+  long long stride_page;
+  long long stride_slot;
+  long long stride_head;
+  const long long* slot_mapping;  // slots
+  const int* indptr;              // paged
+  const int* indices;
+  long long num_indices;
+  const int* last_page_len;
+  const int* seq_lens;  // contiguous
+  float k_scale;        // e4m3 cache: stored = value * scale
+  float v_scale;
+  int* skipped;  // optional: tokens not written because their slot or page was out of range
+  int pad_;
+};
+
+// The argument block of a fused kernel: the plain block first, then the fused stages'.
+struct FusedParams {
+  RopeParams rope;
+  HeadOperand v;         // v heads (in only), appended to the cache next to k
+  const void* q_norm_w;  // QK-norm weights, activation dtype
+  const void* k_norm_w;
+  float norm_eps;
+  float out_scale;  // e4m3 q_out / k_out: stored = value * scale
+  CacheParams cache;
+};
+
 }  // namespace ropejit_dev

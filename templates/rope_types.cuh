@@ -2,6 +2,7 @@
 // NVRTC finds no headers by default, so fp16/bf16 conversions are written in PTX here
 // instead of pulling in cuda_fp16.h / cuda_bf16.h.
 #pragma once
+#include "rope_fp8.cuh"
 
 namespace ropejit_dev {
 
@@ -10,7 +11,8 @@ typedef unsigned int u32;
 typedef long long i64;
 typedef unsigned long long u64;
 
-enum : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
+// Activation dtypes (their values are ropejit::DType's), then the FP8 storage format.
+enum : int { kF32 = 0, kF16 = 1, kBF16 = 2, kE4M3 = 3 };
 
 template <int kDType>
 struct Elem;
@@ -56,9 +58,28 @@ struct Elem<kBF16> {
   }
 };
 
-// The machine word that moves kBytes at once; kBytes is 2, 4, 8 or 16.
+// FP8 e4m3, store only (values are already scaled): saturating, nearest even.
+template <>
+struct Elem<kE4M3> {
+  typedef unsigned char Raw;
+  static __device__ __forceinline__ Raw store(float f) {
+#if __CUDA_ARCH__ >= 890
+    unsigned short r;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(0.0f), "f"(f));
+    return Raw(r & 0xffu);
+#else
+    return e4m3_from_float_soft(f);
+#endif
+  }
+};
+
+// The machine word that moves kBytes at once; kBytes is 1, 2, 4, 8 or 16.
 template <int kBytes>
 struct Word;
+template <>
+struct Word<1> {
+  typedef unsigned char type;
+};
 template <>
 struct Word<2> {
   typedef u16 type;

@@ -177,13 +177,13 @@ std::vector<Row> cpp_rows() {
   for (int64_t h : {int64_t(0), int64_t(-1), int64_t(1) << 31, int64_t(1) << 40})
     add(
         "q.heads " + std::to_string(h), [h](Call& c, Buffers&) { c.args.q.heads = h; },
-        "must be in [1, 2^30]");
+        "must be in [1, 2^29]");
   add(
       "k.heads 2^31", [](Call& c, Buffers&) { c.args.k.heads = int64_t(1) << 31; },
-      "args.k.heads (2147483648) must be in [1, 2^30]");
+      "args.k.heads (2147483648) must be in [1, 2^29]");
   add(
       "k.heads 0 with k.data", [](Call& c, Buffers&) { c.args.k.heads = 0; },
-      "args.k.heads (0) must be in [1, 2^30]");
+      "args.k.heads (0) must be in [1, 2^29]");
   add(
       "k.heads without k.data", [](Call& c, Buffers&) { c.args.k.data = nullptr; },
       "args.k.heads (2) is set but args.k.data is null");
@@ -579,7 +579,7 @@ TEST_CASE("bad-input table, C API: status, message, nothing written") {
          a.q.heads = int64_t(1) << 31;
          return ropejit_apply(&s, &a);
        },
-       ROPEJIT_ERROR_INVALID_ARGUMENT, "args.q.heads (2147483648) must be in [1, 2^30]"},
+       ROPEJIT_ERROR_INVALID_ARGUMENT, "args.q.heads (2147483648) must be in [1, 2^29]"},
       {"overlapping q and k",
        [](ropejit_spec s, ropejit_args a) {
          a.k.data = a.q.data;

@@ -85,7 +85,7 @@ TEST_CASE("bad pointers, sizes and strides are named") {
   CHECK(rejection(s, a) == "ropejit: args.q.stride_seq (-512) must be >= 0");
   a = valid_args(s);
   a.q.heads = 0;
-  CHECK(rejection(s, a) == "ropejit: args.q.heads (0) must be in [1, 2^30]");
+  CHECK(rejection(s, a) == "ropejit: args.q.heads (0) must be in [1, 2^29]");
   a = valid_args(s);
   a.k.data = nullptr;
   CHECK(rejection(s, a) == "ropejit: args.k.heads (1) is set but args.k.data is null");

@@ -83,3 +83,42 @@ TEST_CASE("bf16: rounded once from float64, not through float32") {
     if (!std::isnan(v)) CHECK(bf16_bits(v) == b);
   }
 }
+
+// The kernels' software float -> e4m3 conversion (GPUs before sm_89), compiled here for the
+// host, against the exact rounding above: every float of every binade from 2^-12 to 2^10 at a
+// stride, all the subnormal-range boundaries, the saturation edge, infinities and NaN.
+#define ROPEJIT_FP8_FN inline
+#include "templates/rope_fp8.cuh"
+
+TEST_CASE("e4m3: the kernels' software conversion rounds exactly like the reference") {
+  auto check_float = [](float f) {
+    const uint8_t got = ropejit_dev::e4m3_from_float_soft(f);
+    const uint8_t want = e4m3_bits(double(f));
+    if (got != want) {
+      uint32_t u;
+      std::memcpy(&u, &f, 4);
+      FAIL("float bits ", u, " (", f, "): got ", int(got), " want ", int(want));
+    }
+  };
+  // Every float in [2^-16, 2^10) whose low 12 fraction bits are 0, 0x7ff, 0x800 or 0x801 (both
+  // sides of every tie), and both signs.
+  for (uint32_t exp = 127 - 16; exp < 127 + 10; ++exp)
+    for (uint32_t top = 0; top < (1u << 11); ++top)
+      for (uint32_t low : {0u, 0x7ffu, 0x800u, 0x801u, 0xfffu}) {
+        const uint32_t u = exp << 23 | top << 12 | low;
+        float f;
+        std::memcpy(&f, &u, 4);
+        check_float(f);
+        check_float(-f);
+      }
+  std::mt19937 rng(11);
+  for (int i = 0; i < 2000000; ++i) {
+    uint32_t u = rng();
+    float f;
+    std::memcpy(&f, &u, 4);
+    check_float(f);
+  }
+  for (float f : {0.0f, -0.0f, 448.0f, 447.99f, 448.01f, 463.99f, 464.0f, 1e30f, -1e30f, HUGE_VALF,
+                  -HUGE_VALF, NAN, 0x1p-9f, 0x1p-10f, 0x1.8p-10f, 0x1.fffffep-7f})
+    check_float(f);
+}

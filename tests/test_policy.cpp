@@ -188,7 +188,7 @@ TEST_CASE("computed frequencies: shared cos/sin bytes and their limit") {
   wide.head_dim = wide.rotary_dim = 256;
   wide = wide.canonical();
   CHECK(detail::illegal_reason(wide, shape_of(100, 1, 0), cfg, dev) ==
-        "64 tokens per block need 65536 bytes of shared cos/sin, more than 49152");
+        "64 tokens per block need 65536 bytes of shared memory, more than 49152");
   cfg.tokens_per_block = 48;  // 48 KiB exactly
   CHECK(detail::illegal_reason(wide, shape_of(100, 1, 0), cfg, dev).empty());
 }

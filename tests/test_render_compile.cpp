@@ -65,15 +65,34 @@ Spec spec_of(const std::vector<int>& v) {
   return s.canonical();
 }
 
-// Greedy all-pairs covering array: each new row takes, from a deterministic pool of
-// candidates, the one covering the most uncovered value pairs.
-std::vector<std::vector<int>> covering_array() {
-  const size_t n = kSizes.size();
+// The fused axes, crossed with the plain ones: which of q and k are written, norm, FP8 outputs,
+// cache and its store. Combinations the spec refuses are repaired (spec_of_fused).
+const std::vector<int> kFusedSizes = {
+    4, 3, int(kDims.size()), 2, int(kPositions.size()), int(kFreqs.size()), 2, 2, 4, 2, 4, 2};
+
+Spec spec_of_fused(const std::vector<int>& v) {
+  Spec s = spec_of({v[0], v[1], v[2], v[3], v[4], v[5], 0, v[6]});
+  s.fusion = Fusion(v[7]);
+  s.norm = Norm(v[8]);
+  s.out_store = Store(v[9]);
+  s.cache = KvCache(v[10]);
+  s.cache_store = Store(v[11]);
+  if (s.fusion == Fusion::q && s.cache == KvCache::none) s.cache = KvCache::slots;
+  if (s.cache == KvCache::none) s.cache_store = Store::same;
+  if (s.out_store == Store::e4m3) s.in_place = false;
+  if (!s.fused()) s.norm = Norm::rms;
+  return s.canonical();
+}
+
+// Greedy all-pairs covering array over axes of `sizes` values: each new row takes, from a
+// deterministic pool of candidates, the one covering the most uncovered value pairs.
+std::vector<std::vector<int>> covering_array(const std::vector<int>& sizes = kSizes) {
+  const size_t n = sizes.size();
   std::set<std::vector<int>> uncovered;
   for (size_t a = 0; a < n; ++a)
     for (size_t b = a + 1; b < n; ++b)
-      for (int x = 0; x < kSizes[a]; ++x)
-        for (int y = 0; y < kSizes[b]; ++y) uncovered.insert({int(a), x, int(b), y});
+      for (int x = 0; x < sizes[a]; ++x)
+        for (int y = 0; y < sizes[b]; ++y) uncovered.insert({int(a), x, int(b), y});
   std::vector<std::vector<int>> rows;
   uint64_t state = 12345;
   auto next = [&state] {
@@ -86,7 +105,7 @@ std::vector<std::vector<int>> covering_array() {
     for (int trial = 0; trial < 60; ++trial) {
       std::vector<int> row(n);
       const std::vector<int>& seed = *std::next(uncovered.begin(), next() % uncovered.size());
-      for (size_t i = 0; i < n; ++i) row[i] = int(next() % uint32_t(kSizes[i]));
+      for (size_t i = 0; i < n; ++i) row[i] = int(next() % uint32_t(sizes[i]));
       row[size_t(seed[0])] = seed[1];
       row[size_t(seed[2])] = seed[3];
       size_t gain = 0;
@@ -104,8 +123,6 @@ std::vector<std::vector<int>> covering_array() {
   }
   return rows;
 }
-
-}  // namespace
 
 TEST_CASE("rendering binds every axis and nothing else") {
   const Spec s = parse_key("rope_thd_f16_d80_r32_gptj_pos-ids-i32_comp_qk_bwd_oop");
@@ -173,12 +190,13 @@ TEST_CASE("arch parsing and targets") {
   CHECK(detail::target_for(990).rfind("compute_", 0) == 0);  // newer than NVRTC: PTX
 }
 
-TEST_CASE("covering array of the key matrix compiles for sm_80 and sm_90") {
-  const std::vector<std::vector<int>> rows = covering_array();
+// Compiles the default and a narrow variant of each key of a covering array for sm_80 and sm_90.
+void compile_covering(const std::vector<std::vector<int>>& rows,
+                      Spec (*spec_for)(const std::vector<int>&)) {
   MESSAGE(rows.size(), " keys cover every pair of axis values");
   std::vector<std::pair<Spec, KernelVariant>> jobs;
   for (const std::vector<int>& row : rows) {
-    const Spec s = spec_of(row);
+    const Spec s = spec_for(row);
     const KernelVariant v = detail::prefill_variant(s, 16);
     jobs.emplace_back(s, v);
     // The narrowest legal vector too: the path for misaligned views.
@@ -212,4 +230,27 @@ TEST_CASE("covering array of the key matrix compiles for sm_80 and sm_90") {
     CHECK_MESSAGE(errors[i].empty(), jobs[i / 2].first.key(), " ", jobs[i / 2].second.name(), ": ",
                   errors[i]);
   CHECK(failures == 0);
+}
+
+}  // namespace
+
+TEST_CASE("covering array of the key matrix compiles for sm_80 and sm_90") {
+  compile_covering(covering_array(), &spec_of);
+}
+
+TEST_CASE("covering array of the fused keys compiles for sm_80 and sm_90") {
+  const std::vector<std::vector<int>> rows = covering_array(kFusedSizes);
+  std::set<std::string> keys;
+  for (const std::vector<int>& row : rows) keys.insert(spec_of_fused(row).key());
+  // Every fused stage appears, in keys that parse back to themselves.
+  for (const char* part : {"-nrms_", "-nrms1p", "-nrmsall", "-oe4m3", "-cslots", "-cpaged",
+                           "-ccont", "-e4m3_", "_q-"}) {
+    bool seen = false;
+    for (const std::string& k : keys) {
+      seen = seen || k.find(part) != std::string::npos;
+      CHECK(parse_key(k).key() == k);
+    }
+    CHECK_MESSAGE(seen, part);
+  }
+  compile_covering(rows, &spec_of_fused);
 }

@@ -6,7 +6,7 @@
 #   tools/lint.sh fix           reformat every tracked C++/CUDA file in place
 set -euo pipefail
 cd "$(dirname "$0")/.."
-sources() { git ls-files '*.cpp' '*.hpp' '*.cuh' '*.cu' '*.h'; }
+sources() { git ls-files --cached --others --exclude-standard '*.cpp' '*.hpp' '*.cuh' '*.cu' '*.h'; }
 case "${1:-}" in
   format)
     if ! sources | xargs clang-format --dry-run --Werror 2> /tmp/ropejit-format.log; then

@@ -1,0 +1,382 @@
+// The fused kernel: QK-norm -> RoPE -> FP8 quantization -> KV-cache append, each stage bound
+// in or out by the key (Cfg), on the plain kernel's pieces (token placement, positions, cos/sin,
+// vector access; rope_kernel.cuh). One launch reads q, k and v once and writes q and the cache
+// once.
+//
+// Thread mapping, block = (kLanes, rows, tokens):
+//   x: a chunk of the whole head (rotary chunks as in the plain kernel, then the pass-through
+//      tail: every element is normalized, written and cached); kLanes is the chunk count
+//      rounded up to a power of two (whole warps beyond 32), so that a head's lanes reduce with
+//      shuffles; lanes past the head idle.
+//   y: head rows; each thread takes heads y, y + rows, ... kHeadsPerThread at a time over q,
+//      then k, then v. The loop over head batches runs the same number of times in every thread
+//      of the block, so the reductions may use the block's barriers.
+//   z: tokens, as in the plain kernel.
+// All arithmetic is fp32 from the loaded values to the stored ones, rounded once at the store.
+#pragma once
+#include "rope_kernel.cuh"
+
+namespace ropejit_dev {
+
+enum : int { kNormNone = 0, kNormRms = 1, kNormRmsOnePlus = 2, kNormRmsAllHeads = 3 };
+enum : int { kCacheNone = 0, kCacheContiguous = 1, kCachePaged = 2, kCacheSlots = 3 };
+
+// Where one token's k and v rows go: element offsets of head 0 in the cache tensors.
+struct CacheDest {
+  long long offset;
+  bool write;
+};
+
+template <class Cfg>
+struct FusedKernel {
+  typedef RopeKernel<Cfg> Rope;
+  typedef typename Elem<Cfg::kDType>::Raw Raw;
+  typedef Pack<Cfg::kDType, Cfg::kVec> Vec;
+
+  enum : int {
+    kVec = Cfg::kVec,
+    kPairs = Cfg::kRotaryDim / 2,
+    kPairsPerChunk = Cfg::kNeox ? kVec : kVec / 2,
+    kRotChunks = kPairs / kPairsPerChunk,
+    kChunks = kRotChunks + (Cfg::kHeadDim - Cfg::kRotaryDim) / kVec,
+    kLanes = Cfg::kLanes,
+    kWarpsPerRow = kLanes > 32 ? kLanes / 32 : 1,
+    kHpt = Cfg::kHeadsPerThread,
+    kOutDType = Cfg::kOutE4m3 ? int(kE4M3) : int(Cfg::kDType),
+    kCacheDType = Cfg::kCacheE4m3 ? int(kE4M3) : int(Cfg::kDType),
+    kNorm = Cfg::kNorm,
+    kCache = Cfg::kCache,
+  };
+  typedef typename Elem<kOutDType>::Raw OutRaw;
+  static_assert(kLanes >= kChunks, "a lane for every chunk");
+  static_assert(kLanes <= 32 ? (kLanes & (kLanes - 1)) == 0 : kLanes % 32 == 0,
+                "lanes: a power of two up to a warp, else whole warps");
+  static_assert((Cfg::kHeadDim - Cfg::kRotaryDim) % kVec == 0, "vector width vs tail");
+
+  // One thread's slice of a head: elements [col, col + kVec), and for a neox rotary chunk also
+  // [col + kPairs, ...): the pair partners.
+  struct Slice {
+    float lo[kVec];
+    float hi[kVec];
+  };
+
+  // Where the cache rows of token `t` start; `bad` when an index read from device memory puts
+  // them outside the cache (the token is then skipped and counted).
+  static __device__ __forceinline__ CacheDest cache_dest(const FusedParams& fp,
+                                                         const TokenPlace& tp, long long t,
+                                                         bool* bad) {
+    const CacheParams& c = fp.cache;
+    const RopeParams& p = fp.rope;
+    CacheDest d = {0, false};
+    long long page = 0, slot = 0;
+    if (kCache == kCacheSlots) {
+      const long long s = __ldg(c.slot_mapping + t);
+      if (s < 0) return d;  // "do not write this token" (padding, speculative decoding)
+      page = s / c.page_size;
+      slot = s - page * c.page_size;
+      if (page >= c.pages) {
+        *bad = true;
+        return d;
+      }
+    } else if (kCache == kCachePaged) {
+      const long long start = __ldg(c.indptr + tp.b), end = __ldg(c.indptr + tp.b + 1);
+      const long long last = __ldg(c.last_page_len + tp.b);
+      const long long append =
+          Cfg::kPacked ? (long long)__ldg(p.cu_seqlens + tp.b + 1) - __ldg(p.cu_seqlens + tp.b)
+                       : p.seq_len;
+      const long long held = (end - start - 1) * c.page_size + last;  // after the append
+      const long long pos = held - append + tp.s;
+      if (start < 0 || end <= start || end > c.num_indices || last < 1 || last > c.page_size ||
+          pos < 0 || pos >= held) {
+        *bad = true;
+        return d;
+      }
+      page = __ldg(c.indices + start + pos / c.page_size);
+      slot = pos % c.page_size;
+      if (page < 0 || page >= c.pages) {
+        *bad = true;
+        return d;
+      }
+    } else {  // contiguous: row tp.b of the cache, after the tokens it holds
+      const long long held = __ldg(c.seq_lens + tp.b);
+      slot = held + tp.s;
+      page = tp.b;
+      if (held < 0 || slot >= c.page_size || page >= c.pages) {
+        *bad = true;
+        return d;
+      }
+    }
+    d.offset = page * c.stride_page + slot * c.stride_slot;
+    d.write = true;
+    return d;
+  }
+
+  // Sums v[j] over the lanes of each head row and gives every lane the same total (lane 0's,
+  // so the whole head is scaled alike). All threads of the block call it together.
+  // `mask`: the lanes of this thread's warp that exist (a block's last warp may be partial).
+  static __device__ __forceinline__ void row_sum(float (&v)[kHpt], float* scratch, unsigned mask) {
+    if (kLanes <= 32) {
+      // Rows are whole, aligned groups of kLanes lanes inside one warp.
+#pragma unroll
+      for (int j = 0; j < kHpt; ++j) {
+#pragma unroll
+        for (int off = kLanes / 2; off > 0; off >>= 1)
+          v[j] += __shfl_xor_sync(mask, v[j], off, kLanes);
+        v[j] = __shfl_sync(mask, v[j], 0, kLanes);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < kHpt; ++j) {
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) v[j] += __shfl_xor_sync(0xffffffffu, v[j], off);
+      }
+      const int row = threadIdx.z * blockDim.y + threadIdx.y;
+      float* r = scratch + row * kWarpsPerRow * kHpt;
+      if ((threadIdx.x & 31) == 0) {
+#pragma unroll
+        for (int j = 0; j < kHpt; ++j) r[(threadIdx.x / 32) * kHpt + j] = v[j];
+      }
+      __syncthreads();
+#pragma unroll
+      for (int j = 0; j < kHpt; ++j) {
+        float s = 0.0f;
+        for (int w = 0; w < kWarpsPerRow; ++w) s += r[w * kHpt + j];
+        v[j] = s;
+      }
+      __syncthreads();
+    }
+  }
+
+  static __device__ __forceinline__ void load_slice(const char* src, bool two, Slice& x) {
+    Vec a;
+    a.load(src);
+#pragma unroll
+    for (int m = 0; m < kVec; ++m) x.lo[m] = a.get(m);
+    if (two) {
+      Vec b;
+      b.load(src + kPairs * int(sizeof(Raw)));
+#pragma unroll
+      for (int m = 0; m < kVec; ++m) x.hi[m] = b.get(m);
+    }
+  }
+
+  // Stores a slice as kDst elements (activation dtype, or e4m3 after multiplying by `scale`).
+  template <int kDst>
+  static __device__ __forceinline__ void store_slice(char* dst, bool two, const Slice& x,
+                                                     float scale) {
+    typedef typename Elem<kDst>::Raw DRaw;
+    Pack<kDst, kVec> a;
+#pragma unroll
+    for (int m = 0; m < kVec; ++m) a.set(m, kDst == kE4M3 ? x.lo[m] * scale : x.lo[m]);
+    a.store(dst);
+    if (two) {
+      Pack<kDst, kVec> b;
+#pragma unroll
+      for (int m = 0; m < kVec; ++m) b.set(m, kDst == kE4M3 ? x.hi[m] * scale : x.hi[m]);
+      b.store(dst + kPairs * int(sizeof(DRaw)));
+    }
+  }
+
+  // x * w (norm weights: w, or w + 1 for Gemma), elements [col, ...) and their partners.
+  static __device__ __forceinline__ void apply_weight(const void* weights, long long first,
+                                                      bool two, float inv, Slice& x) {
+    Vec a;
+    a.load_ro(static_cast<const Raw*>(weights) + first);
+#pragma unroll
+    for (int m = 0; m < kVec; ++m) {
+      const float w = kNorm == kNormRmsOnePlus ? 1.0f + a.get(m) : a.get(m);
+      x.lo[m] = x.lo[m] * inv * w;
+    }
+    if (two) {
+      Vec b;
+      b.load_ro(static_cast<const Raw*>(weights) + first + kPairs);
+#pragma unroll
+      for (int m = 0; m < kVec; ++m) {
+        const float w = kNorm == kNormRmsOnePlus ? 1.0f + b.get(m) : b.get(m);
+        x.hi[m] = x.hi[m] * inv * w;
+      }
+    }
+  }
+
+  static __device__ __forceinline__ void rotate(Slice& x, const float* cs, const float* sn) {
+    if (Cfg::kNeox) {
+#pragma unroll
+      for (int m = 0; m < kVec; ++m) {
+        const float a = x.lo[m], b = x.hi[m];
+        x.lo[m] = fmaf(a, cs[m], -b * sn[m]);
+        x.hi[m] = fmaf(b, cs[m], a * sn[m]);
+      }
+    } else {
+#pragma unroll
+      for (int m = 0; m < kVec / 2; ++m) {
+        const float a = x.lo[2 * m], b = x.lo[2 * m + 1];
+        x.lo[2 * m] = fmaf(a, cs[m], -b * sn[m]);
+        x.lo[2 * m + 1] = fmaf(b, cs[m], a * sn[m]);
+      }
+    }
+  }
+
+  // Where one token of an operand's output starts, in bytes of the output's dtype (which for
+  // e4m3 outputs differs from the input's).
+  static __device__ __forceinline__ char* out_row(const HeadOperand& o, const TokenPlace& tp,
+                                                  long long t) {
+    const long long off =
+        Cfg::kPacked ? t * o.out_stride_seq : tp.b * o.out_stride_batch + tp.s * o.out_stride_seq;
+    return static_cast<char*>(o.out) + off * (long long)sizeof(OutRaw);
+  }
+
+  static __device__ void run(const FusedParams& fp) {
+    const RopeParams& p = fp.rope;
+    const unsigned flat = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+    const unsigned block_threads = blockDim.x * blockDim.y * blockDim.z;
+    const unsigned warp_lanes = min(32u, block_threads - (flat & ~31u));
+    const unsigned mask = warp_lanes == 32 ? 0xffffffffu : (1u << warp_lanes) - 1u;
+    const int lane = threadIdx.x;
+    const bool in_head = lane < kChunks;
+    const bool rot = lane < kRotChunks;
+    const bool two = Cfg::kNeox && rot;  // a neox rotary chunk: lo and its partners
+    // Element of the head where this lane's slice starts.
+    const int col = rot ? (Cfg::kNeox ? lane * kVec : lane * kVec)
+                        : Cfg::kRotaryDim + (lane - kRotChunks) * kVec;
+    const int hq = p.q.heads, hk = p.k.heads, hv = fp.v.heads;
+    const int total = hq + hk + hv;
+    const int step = blockDim.y * kHpt;
+
+    // Dynamic shared memory: shared angles (computed frequencies), the reduction scratch of
+    // heads wider than a warp, and per-head sums of squares (norm over all heads).
+    extern __shared__ float2 fused_shared[];
+    float2* angles_base = fused_shared;
+    const int angle_slots = Cfg::kComputed ? int(blockDim.z) * kPairs : 0;
+    float* scratch = reinterpret_cast<float*>(angles_base + angle_slots);
+    const int scratch_floats = kLanes > 32 ? int(blockDim.y * blockDim.z) * kWarpsPerRow * kHpt : 0;
+    float* head_sums = scratch + scratch_floats + threadIdx.z * (hq + hk);
+    float2* shared = angles_base + threadIdx.z * kPairs;
+
+    long long base = (long long)blockIdx.x * blockDim.z;
+    do {
+      const long long t = base + threadIdx.z;
+      const bool live = t < p.tokens;
+      const TokenPlace tp = live ? Rope::locate(p, t) : TokenPlace{0, 0, false};
+      // Tokens outside every sequence (thd padding) are not touched by fused keys.
+      const bool valid = live && tp.valid;
+      CacheDest dest = {0, false};
+      if (kCache != kCacheNone && valid) {
+        bool bad = false;
+        dest = cache_dest(fp, tp, t, &bad);
+        if (bad && fp.cache.skipped && threadIdx.x == 0 && threadIdx.y == 0)
+          atomicAdd(fp.cache.skipped, 1);
+      }
+      TokenRows q, k, v;
+      char *q_out = nullptr, *k_out = nullptr;
+      if (valid) {
+        q = Rope::rows_of(p.q, tp, t);
+        k = Rope::rows_of(p.k, tp, t);
+        v = Rope::rows_of(fp.v, tp, t);
+        if (!Cfg::kInPlace) {
+          q_out = out_row(p.q, tp, t);
+          k_out = out_row(p.k, tp, t);
+        }
+      }
+      float cs[kPairsPerChunk], sn[kPairsPerChunk];
+      if (Cfg::kComputed) {
+        __syncthreads();  // the previous token's readers are done
+        Rope::share_angles(p, valid ? tp : TokenPlace{0, 0, false}, t, shared);
+        __syncthreads();
+        if (valid && rot) Rope::angles(p, lane, 0, shared, cs, sn);
+      }
+      bool first = true;
+      for (int hb = 0; hb < total; hb += step) {  // the same trip count in every thread
+        Slice x[kHpt];
+        int kind[kHpt], idx[kHpt];  // 0 q, 1 k, 2 v; index within its kind
+        bool act[kHpt];
+#pragma unroll
+        for (int j = 0; j < kHpt; ++j) {
+          const int h = hb + threadIdx.y + j * blockDim.y;
+          act[j] = valid && in_head && h < total;
+          kind[j] = h < hq ? 0 : h < hq + hk ? 1 : 2;
+          idx[j] = h - (kind[j] == 0 ? 0 : kind[j] == 1 ? hq : hq + hk);
+          if (act[j]) {
+            const TokenRows& r = kind[j] == 0 ? q : kind[j] == 1 ? k : v;
+            load_slice(r.in + idx[j] * r.in_head + col * int(sizeof(Raw)), two, x[j]);
+          }
+        }
+        if (!Cfg::kComputed && first && valid && rot)  // after the first loads: latencies overlap
+          Rope::angles(p, lane, Rope::position(p, tp, t), shared, cs, sn);
+        first = false;
+
+        if (kNorm != kNormNone) {
+          float ss[kHpt];
+#pragma unroll
+          for (int j = 0; j < kHpt; ++j) {
+            ss[j] = 0.0f;
+            if (act[j] && kind[j] < 2) {
+#pragma unroll
+              for (int m = 0; m < kVec; ++m) ss[j] = fmaf(x[j].lo[m], x[j].lo[m], ss[j]);
+              if (two) {
+#pragma unroll
+                for (int m = 0; m < kVec; ++m) ss[j] = fmaf(x[j].hi[m], x[j].hi[m], ss[j]);
+              }
+            }
+          }
+          row_sum(ss, scratch, mask);
+          float q_inv = 0.0f, k_inv = 0.0f;
+          if (kNorm == kNormRmsAllHeads) {
+            // One pass holds every q and k head of the token (the host checks rows * heads
+            // per thread >= q + k heads): per-head sums, then their total in a fixed order.
+#pragma unroll
+            for (int j = 0; j < kHpt; ++j) {
+              const int h = hb + threadIdx.y + j * blockDim.y;
+              if (lane == 0 && valid && h < hq + hk) head_sums[h] = ss[j];
+            }
+            __syncthreads();
+            float qs = 0.0f, ks = 0.0f;
+            if (valid) {
+              for (int h = 0; h < hq; ++h) qs += head_sums[h];
+              for (int h = hq; h < hq + hk; ++h) ks += head_sums[h];
+            }
+            __syncthreads();
+            q_inv = 1.0f / sqrtf(qs / float(hq * Cfg::kHeadDim) + fp.norm_eps);
+            k_inv = 1.0f / sqrtf(ks / float((hk > 0 ? hk : 1) * Cfg::kHeadDim) + fp.norm_eps);
+          }
+#pragma unroll
+          for (int j = 0; j < kHpt; ++j) {
+            if (!act[j] || kind[j] == 2) continue;
+            const bool is_q = kind[j] == 0;
+            const float inv = kNorm == kNormRmsAllHeads
+                                  ? (is_q ? q_inv : k_inv)
+                                  : 1.0f / sqrtf(ss[j] / float(Cfg::kHeadDim) + fp.norm_eps);
+            const long long first_w =
+                (kNorm == kNormRmsAllHeads ? (long long)idx[j] * Cfg::kHeadDim : 0) + col;
+            apply_weight(is_q ? fp.q_norm_w : fp.k_norm_w, first_w, two, inv, x[j]);
+          }
+        }
+
+#pragma unroll
+        for (int j = 0; j < kHpt; ++j) {
+          if (!act[j]) continue;
+          if (rot && kind[j] < 2) rotate(x[j], cs, sn);
+          const int elem_off = col;
+          if (kind[j] == 0 || (kind[j] == 1 && Cfg::kWriteK)) {
+            const TokenRows& r = kind[j] == 0 ? q : k;
+            const HeadOperand& o = kind[j] == 0 ? p.q : p.k;
+            char* dst =
+                Cfg::kInPlace
+                    ? const_cast<char*>(r.in) + idx[j] * r.in_head + elem_off * int(sizeof(Raw))
+                    : (kind[j] == 0 ? q_out : k_out) +
+                          (idx[j] * o.out_stride_head + elem_off) * (long long)sizeof(OutRaw);
+            store_slice<kOutDType>(dst, two, x[j], fp.out_scale);
+          }
+          if (kCache != kCacheNone && kind[j] > 0 && dest.write) {
+            const bool is_k = kind[j] == 1;
+            char* base_ptr = static_cast<char*>(is_k ? fp.cache.k : fp.cache.v);
+            const long long off = dest.offset + idx[j] * fp.cache.stride_head + elem_off;
+            store_slice<kCacheDType>(base_ptr + off * int(sizeof(typename Elem<kCacheDType>::Raw)),
+                                     two, x[j], is_k ? fp.cache.k_scale : fp.cache.v_scale);
+          }
+        }
+      }
+    } while (Cfg::kGridStride && (base += (long long)gridDim.x * blockDim.z) < p.tokens);
+  }
+};
+
+}  // namespace ropejit_dev

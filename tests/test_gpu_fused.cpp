@@ -1,0 +1,206 @@
+// The fused keys on the GPU: QK-norm -> RoPE -> FP8 -> KV-cache append against the float64
+// reference of the whole chain, with poisoned outputs, guard bytes after every allocation and
+// after every cache page, every cache byte the call does not address checked unchanged, FP8
+// bits compared exactly (up to the fp32 rounding boundary, see autotune/reference.cpp), and the
+// skipped-token counter checked.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "api/engine.hpp"
+#include "autotune/workload.hpp"
+#include "gpu_helpers.hpp"
+#include "jit/call.hpp"
+
+using namespace ropejit;
+
+namespace {
+
+struct Case {
+  Spec spec;
+  autotune::Sizes sizes;
+};
+
+// Deterministic spread over the fused axes crossed with the plain ones: every value of every
+// axis many times, in changing company (a mixed-radix counter with coprime strides).
+std::vector<Case> fused_cases() {
+  const int dims[][2] = {{64, 64},  {72, 72},  {80, 32},   {96, 96},   {128, 128},
+                         {128, 64}, {192, 64}, {256, 256}, {512, 512}, {256, 64}};
+  const Layout layouts[] = {Layout::bshd, Layout::sbhd, Layout::bhsd, Layout::thd};
+  const DType dtypes[] = {DType::bf16, DType::f16, DType::f32};
+  const Positions positions[] = {Positions::ids, Positions::offset, Positions::seq_offsets};
+  const Norm norms[] = {Norm::rms, Norm::none, Norm::rms_one_plus, Norm::rms_all_heads};
+  const KvCache caches[] = {KvCache::paged, KvCache::none, KvCache::slots, KvCache::contiguous};
+  std::vector<Case> out;
+  for (uint64_t n = 0; n < 480; ++n) {
+    Case c;
+    Spec& s = c.spec;
+    s.layout = layouts[n % 4];
+    s.dtype = dtypes[(n / 4) % 3];
+    const int* dim = dims[(n * 7) % 10];
+    s.head_dim = dim[0];
+    s.rotary_dim = dim[1];
+    s.style = (n / 3) % 2 ? Style::gptj : Style::neox;
+    s.positions = positions[(n * 5 / 2) % 3];
+    s.index_type = n % 5 < 2 ? IndexType::i32 : IndexType::i64;
+    s.freqs = (n / 2) % 2 ? Freqs::computed : Freqs::table;
+    s.table_width = n % 7 < 3 ? TableWidth::half : TableWidth::full;
+    s.table_dtype = n % 11 < 5 ? DType::f32 : DType::bf16;
+    s.norm = norms[(n / 5) % 4];
+    s.cache = caches[(n / 7) % 4];
+    s.cache_store = s.cache != KvCache::none && (n / 3) % 3 == 1 ? Store::e4m3 : Store::same;
+    s.fusion = s.cache != KvCache::none && (n / 11) % 2 ? Fusion::q : Fusion::qk;
+    const int output = int((n / 13) % 3);  // in place, out of place, out of place in e4m3
+    s.in_place = output == 0;
+    s.out_store = output == 2 ? Store::e4m3 : Store::same;
+    if (!s.fused()) s.norm = Norm::rms;
+    autotune::Sizes& z = c.sizes;
+    z.seed = 1000 + n;
+    z.batch = 2;
+    z.seq_len = 3 + int64_t(n % 4);  // odd and even token counts
+    z.seq_lens = {3, 5, 1};
+    z.padding_tokens = n % 3 == 0 ? 2 : 0;
+    z.q_heads = int32_t(2 + n % 5);  // 2..6: GQA ratios, a single kv head
+    z.k_heads = n % 6 == 0 ? 2 : 1;
+    z.packed_qkv = n % 3 == 1;
+    z.head_gap = n % 5 == 2 ? 8 : 0;
+    z.with_v = n % 9 != 4;
+    z.page_size = n % 4 == 0 ? 1 : n % 4 == 1 ? 4 : 16;
+    z.cache_hnd = n % 2 == 1;
+    z.bad_tokens = n % 8 == 3 ? 1 : 0;
+    z.padding_slots = n % 5 == 1 ? 2 : 0;
+    z.norm_eps = n % 2 ? 1e-6 : 1e-5;
+    // Power-of-two scales keep value * scale exact in fp32; others exercise the rounding.
+    z.out_quant_scale = n % 3 == 0 ? 4.0f : 17.3f;
+    z.k_quant_scale = n % 4 == 0 ? 2.0f : 8.7f;
+    z.v_quant_scale = n % 4 == 1 ? 0.5f : 31.0f;
+    if (s.freqs == Freqs::computed) {
+      z.position_offset = (int64_t(1) << 20) - 8;
+      z.max_position = (int64_t(1) << 20) - 1;
+      z.base = n % 2 ? 10000.0 : 1000000.0;
+    } else {
+      z.position_offset = int64_t(n % 17);
+      z.max_position = 200;
+    }
+    out.push_back(c);
+  }
+  return out;
+}
+
+// One case through the heuristic's launch, and again through the prefill kernel with two heads
+// per thread (where legal). Returns "" or the first failure.
+std::string run_case(const Case& c, const detail::DeviceInfo& device) {
+  autotune::Workload w(c.spec, c.sizes);
+  w.upload();
+  apply(w.spec(), w.args());
+  autotune::CheckReport r = w.check();
+  if (!r.ok) return r.first_failure + " (" + std::to_string(r.mismatches) + " mismatches)";
+  const Spec s = w.spec().canonical();
+  const Args args = w.args();
+  const detail::CallShape shape = detail::check_call(s, args);
+  detail::LaunchConfig two;
+  two.kernel = detail::prefill_variant(s, shape.align_bytes, shape.table_align);
+  two.rows = std::max(1, (shape.q_heads + shape.k_heads + shape.v_heads + 1) / 2);
+  two.tokens_per_block = 2;
+  if (!detail::illegal_reason(s, shape, two, device).empty()) return "";
+  w.upload();
+  api::engine().launch(s, args, shape, &two);
+  r = w.check();
+  if (!r.ok)
+    return two.name() + ": " + r.first_failure + " (" + std::to_string(r.mismatches) +
+           " mismatches)";
+  return "";
+}
+
+}  // namespace
+
+TEST_SUITE("gpu") {
+  TEST_CASE("fused: norm, RoPE, FP8 and KV-cache append match the float64 chain") {
+    testing::use_primary_context();
+    const std::vector<Case> cases = fused_cases();
+    std::atomic<size_t> next{0}, failed{0};
+    std::mutex mutex;
+    std::vector<std::string> failures;
+    auto worker = [&] {
+      const detail::DeviceInfo& device = api::engine().device_info(testing::use_primary_context());
+      for (size_t i; (i = next++) < cases.size();) {
+        std::string failure;
+        try {
+          failure = run_case(cases[i], device);
+        } catch (const std::exception& e) {
+          failure = cases[i].spec.key() + ": " + e.what();
+        }
+        if (!failure.empty()) {
+          ++failed;
+          std::lock_guard<std::mutex> lock(mutex);
+          if (failures.size() < 25) failures.push_back(cases[i].spec.key() + ": " + failure);
+        }
+      }
+    };
+    std::vector<std::thread> threads;
+    for (unsigned t = 0; t < std::max(2u, std::thread::hardware_concurrency()); ++t)
+      threads.emplace_back(worker);
+    for (std::thread& t : threads) t.join();
+    for (const std::string& f : failures) FAIL_CHECK(f);
+    MESSAGE(cases.size(), " fused cases, ", failed.load(), " failed");
+    CHECK(failed == 0);
+  }
+
+  TEST_CASE("fused: a Qwen3-style decode step into an FP8 paged cache, captured and replayed") {
+    testing::use_primary_context();
+    const detail::Driver& d = detail::driver();
+    Spec s;
+    s.layout = Layout::thd;
+    s.positions = Positions::ids;
+    s.norm = Norm::rms;
+    s.fusion = Fusion::q;
+    s.in_place = false;
+    s.out_store = Store::e4m3;
+    s.cache = KvCache::paged;
+    s.cache_store = Store::e4m3;
+    autotune::Sizes z;
+    z.seq_lens = {1, 1, 1, 1};  // four sequences decoding one token each
+    z.q_heads = 32;
+    z.k_heads = 8;
+    z.packed_qkv = true;
+    z.out_quant_scale = 8.0f;
+    z.k_quant_scale = 16.0f;
+    z.v_quant_scale = 16.0f;
+    autotune::Workload w(s, z);
+    w.upload();
+    CUstream stream = nullptr;
+    detail::check(d.StreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+    apply(s, w.args(stream));  // first use outside the capture prepares every kernel
+    detail::check(d.StreamSynchronize(stream), "warm-up");
+    w.upload();
+    const detail::EngineStats before = api::engine().stats();
+    testing::capture_and_replay(stream, [&] { apply(s, w.args(stream)); });
+    const autotune::CheckReport r = w.check();
+    CHECK_MESSAGE(r.ok, r.first_failure);
+    const detail::EngineStats after = api::engine().stats();
+    CHECK(after.module_loads == before.module_loads);
+    d.StreamDestroy(stream);
+  }
+
+  TEST_CASE("fused: out-of-range slots and pages are skipped and counted, negative slots skipped") {
+    testing::use_primary_context();
+    for (KvCache cache : {KvCache::slots, KvCache::paged, KvCache::contiguous}) {
+      Spec s;
+      s.cache = cache;
+      s.norm = Norm::rms;
+      autotune::Sizes z = testing::dense_sizes(3, 7, 4, 2);
+      z.bad_tokens = 3;
+      z.padding_slots = 2;
+      autotune::Workload w(s, z);
+      w.upload();
+      apply(w.spec(), w.args());
+      const autotune::CheckReport r = w.check();  // the counter is one of the outputs
+      CHECK_MESSAGE(r.ok, to_string(cache), ": ", r.first_failure);
+    }
+  }
+}
