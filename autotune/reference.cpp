@@ -35,7 +35,10 @@ TokenInfo token_info(const Spec& c, const Args& a, int64_t t) {
   if (c.layout != Layout::thd) {
     k.b = t / a.seq_len;
     k.s = t % a.seq_len;
-  } else if (a.cu_seqlens) {
+  } else if (c.positions != Positions::ids || c.cache == KvCache::paged ||
+             c.cache == KvCache::contiguous) {
+    // As the kernel: with ids, thd tokens are placed in sequences only when a cache addressed
+    // by sequence needs it; otherwise every token counts (its id is its position).
     k.valid = t >= a.cu_seqlens[0] && t < a.cu_seqlens[a.batch];
     while (k.valid && a.cu_seqlens[k.b + 1] <= t) ++k.b;
     k.s = t - a.cu_seqlens[k.b];

@@ -26,6 +26,7 @@ constexpr int64_t kBatch = 2, kSeq = 3, kQHeads = 4, kKHeads = 2, kDim = 128, kR
 // Host buffers standing in for device memory, each filled with its own byte pattern.
 struct Buffers {
   std::vector<uint8_t> q, k, q_out, k_out, cos, sin, ids, seqoff, cu;
+  std::vector<uint8_t> v, weights, cache_k, cache_v, pages, skipped;
   Buffers() {
     const std::pair<std::vector<uint8_t>*, size_t> all[] = {
         {&q, kBatch * kSeq * kQHeads * kDim * 2},
@@ -36,7 +37,13 @@ struct Buffers {
         {&sin, kRows * kDim / 2 * 4},
         {&ids, kBatch * kSeq * 8},
         {&seqoff, kBatch * 8},
-        {&cu, (kBatch + 1) * 4}};
+        {&cu, (kBatch + 1) * 4},
+        {&v, kBatch * kSeq * kKHeads * kDim * 2},
+        {&weights, kDim * 2},
+        {&cache_k, 8 * 16 * kKHeads * kDim * 2},
+        {&cache_v, 8 * 16 * kKHeads * kDim * 2},
+        {&pages, 64},
+        {&skipped, 4}};
     uint8_t fill = 0x11;
     for (const auto& [buffer, bytes] : all) {
       buffer->assign(bytes + 64, fill);  // 64 spare bytes: room for misaligned views
@@ -46,7 +53,8 @@ struct Buffers {
     for (int i = 0; i < kBatch * kSeq; ++i) std::memcpy(&ids[size_t(i) * 8], &i, 4);
   }
   std::vector<const std::vector<uint8_t>*> all() const {
-    return {&q, &k, &q_out, &k_out, &cos, &sin, &ids, &seqoff, &cu};
+    return {&q,  &k, &q_out,   &k_out,   &cos,     &sin,   &ids,    &seqoff,
+            &cu, &v, &weights, &cache_k, &cache_v, &pages, &skipped};
   }
 };
 
@@ -65,6 +73,30 @@ struct Call {
     args.seq_offsets = b.seqoff.data();
     args.position_ids = b.ids.data();
     args.cu_seqlens = reinterpret_cast<const int32_t*>(b.cu.data());
+  }
+  // A valid fused call: QK-norm, RoPE, and k and v appended to a paged cache of 8 pages of 16
+  // tokens (NHD).
+  void fused(Buffers& b) {
+    spec.norm = Norm::rms;
+    spec.cache = KvCache::paged;
+    args.v = contiguous(Layout::bshd, b.v.data(), kBatch, kSeq, kKHeads, kDim);
+    args.q_norm_weight = b.weights.data();
+    args.k_norm_weight = b.weights.data();
+    KvCacheArgs& c = args.cache;
+    c.k = b.cache_k.data();
+    c.v = b.cache_v.data();
+    c.pages = 8;
+    c.page_size = 16;
+    c.stride_page = 16 * kKHeads * kDim;
+    c.stride_slot = kKHeads * kDim;
+    c.stride_head = kDim;
+    c.indptr = reinterpret_cast<const int32_t*>(b.pages.data());
+    c.indices = reinterpret_cast<const int32_t*>(b.pages.data() + 16);
+    c.last_page_len = reinterpret_cast<const int32_t*>(b.pages.data() + 32);
+    c.num_indices = 2;
+    c.slot_mapping = reinterpret_cast<const int64_t*>(b.pages.data());
+    c.seq_lens = reinterpret_cast<const int32_t*>(b.pages.data() + 48);
+    c.skipped = reinterpret_cast<int32_t*>(b.skipped.data());
   }
   void out_of_place(Buffers& b) {
     spec.in_place = false;
@@ -456,6 +488,152 @@ std::vector<Row> cpp_rows() {
           c.args.base = base;
         },
         "must be a finite number > 1");
+  // --- fused calls (Call::fused is valid; each row breaks one thing)
+  auto fused = [&](std::string name, std::function<void(Call&, Buffers&)> edit,
+                   const char* message) {
+    add(
+        "fused: " + name,
+        [edit](Call& c, Buffers& b) {
+          c.fused(b);
+          edit(c, b);
+        },
+        message);
+  };
+  fused(
+      "cache without k",
+      [](Call& c, Buffers&) {
+        c.args.k = Tensor{};
+        c.args.v = Tensor{};
+        c.args.cache.v = nullptr;
+      },
+      "args.k.data is null but spec.cache is paged");
+  fused(
+      "v without a cache", [](Call& c, Buffers&) { c.spec.cache = KvCache::none; },
+      "args.v.data is set but spec.cache is none");
+  fused(
+      "v heads without v", [](Call& c, Buffers&) { c.args.v.data = nullptr; },
+      "args.v.heads (2) is set but args.v.data is null");
+  fused(
+      "v heads unlike k", [](Call& c, Buffers&) { c.args.v.heads = 1; },
+      "args.v.heads (1) must be 2");
+  fused(
+      "cache.k null", [](Call& c, Buffers&) { c.args.cache.k = nullptr; },
+      "args.cache.k.data is null");
+  fused(
+      "cache.v null with v", [](Call& c, Buffers&) { c.args.cache.v = nullptr; },
+      "args.cache.v is null but args.v is given");
+  fused(
+      "cache.v without v", [](Call& c, Buffers&) { c.args.v = Tensor{}; },
+      "args.cache.v is set but args.v.data is null");
+  fused(
+      "no pages", [](Call& c, Buffers&) { c.args.cache.pages = 0; },
+      "args.cache.pages (0) must be >= 1");
+  fused(
+      "page_size 0", [](Call& c, Buffers&) { c.args.cache.page_size = 0; },
+      "args.cache.page_size (0) must be >= 1");
+  fused(
+      "cache rows overlap", [](Call& c, Buffers&) { c.args.cache.stride_slot = 64; },
+      "args.cache.k.stride_slot (64) makes rows overlap");
+  fused(
+      "cache stride negative", [](Call& c, Buffers&) { c.args.cache.stride_page = -1; },
+      "args.cache.k.stride_page (-1) must be >= 0");
+  fused(
+      "cache is q", [](Call& c, Buffers& b) { c.args.cache.k = b.q.data(); }, "overlap in memory");
+  fused(
+      "v cache is the k cache", [](Call& c, Buffers&) { c.args.cache.v = c.args.cache.k; },
+      "args.cache.k and args.cache.v overlap in memory");
+  fused(
+      "indptr null", [](Call& c, Buffers&) { c.args.cache.indptr = nullptr; },
+      "args.cache.indptr is null but spec.cache is paged");
+  fused(
+      "indices misaligned",
+      [](Call& c, Buffers& b) {
+        c.args.cache.indices = reinterpret_cast<const int32_t*>(b.pages.data() + 2);
+      },
+      "args.cache.indices (");
+  fused(
+      "last_page_len null", [](Call& c, Buffers&) { c.args.cache.last_page_len = nullptr; },
+      "args.cache.last_page_len is null");
+  fused(
+      "num_indices -1", [](Call& c, Buffers&) { c.args.cache.num_indices = -1; },
+      "args.cache.num_indices (-1) must be >= 0");
+  fused(
+      "slot_mapping null",
+      [](Call& c, Buffers&) {
+        c.spec.cache = KvCache::slots;
+        c.args.cache.slot_mapping = nullptr;
+      },
+      "args.cache.slot_mapping is null but spec.cache is slots");
+  fused(
+      "seq_lens null",
+      [](Call& c, Buffers&) {
+        c.spec.cache = KvCache::contiguous;
+        c.args.cache.seq_lens = nullptr;
+      },
+      "args.cache.seq_lens is null but spec.cache is cont");
+  fused(
+      "more sequences than the cache holds",
+      [](Call& c, Buffers&) {
+        c.spec.cache = KvCache::contiguous;
+        c.args.cache.pages = 1;
+      },
+      "args.cache.pages (1) holds fewer sequences than args.batch (2)");
+  fused(
+      "skipped misaligned",
+      [](Call& c, Buffers& b) {
+        c.args.cache.skipped = reinterpret_cast<int32_t*>(b.skipped.data() + 1);
+      },
+      "args.cache.skipped (");
+  fused(
+      "e4m3 cache scale 0",
+      [](Call& c, Buffers&) {
+        c.spec.cache_store = Store::e4m3;
+        c.args.cache.k_quant_scale = 0.0f;
+      },
+      "args.cache.k_quant_scale (0) must be a finite number > 0");
+  fused(
+      "e4m3 cache scale NaN",
+      [](Call& c, Buffers&) {
+        c.spec.cache_store = Store::e4m3;
+        c.args.cache.v_quant_scale = NAN;
+      },
+      "args.cache.v_quant_scale (nan) must be a finite number > 0");
+  fused(
+      "e4m3 output scale -1",
+      [](Call& c, Buffers& b) {
+        c.out_of_place(b);
+        c.spec.out_store = Store::e4m3;
+        c.args.out_quant_scale = -1.0f;
+      },
+      "args.out_quant_scale (-1) must be a finite number > 0");
+  fused(
+      "norm weight null", [](Call& c, Buffers&) { c.args.q_norm_weight = nullptr; },
+      "args.q_norm_weight is null but spec.norm needs the weights");
+  fused(
+      "norm weight misaligned",
+      [](Call& c, Buffers& b) { c.args.k_norm_weight = b.weights.data() + 1; },
+      "args.k_norm_weight (");
+  fused(
+      "norm eps NaN", [](Call& c, Buffers&) { c.args.norm_eps = NAN; },
+      "args.norm_eps (nan) must be a finite number >= 0");
+  fused(
+      "norm eps negative", [](Call& c, Buffers&) { c.args.norm_eps = -1e-6; },
+      "args.norm_eps (-1e-06) must be a finite number >= 0");
+  fused(
+      "k_out with k only to the cache",
+      [](Call& c, Buffers& b) {
+        c.out_of_place(b);
+        c.spec.fusion = Fusion::q;
+      },
+      "args.k_out.data is set but spec.fusion is q: k is written only to the cache");
+  fused(
+      "thd ids without cu_seqlens",
+      [](Call& c, Buffers&) {
+        c.spec.layout = Layout::thd;
+        c.spec.positions = Positions::ids;
+        c.args.cu_seqlens = nullptr;
+      },
+      "args.cu_seqlens is null but layout thd needs it (the KV cache is addressed by sequence)");
   return rows;
 }
 
@@ -499,10 +677,11 @@ TEST_CASE("the table's harness sees a valid call get past validation") {
   // Valid calls reach the GPU stage: no driver here (no_driver), or host memory on a GPU host
   // (invalid_argument naming it as not device memory). Packed QKV views share a buffer without
   // overlapping, and must not be taken for overlap.
-  for (int variant = 0; variant < 3; ++variant) {
+  for (int variant = 0; variant < 4; ++variant) {
     Buffers b;
     Call call(b);
     if (variant == 1) call.out_of_place(b);
+    if (variant == 3) call.fused(b);
     if (variant == 2) {
       call.args.q = contiguous(Layout::bshd, b.q.data(), kBatch, kSeq, 2 + 1 + 1, kDim);
       call.args.q.heads = 2;
