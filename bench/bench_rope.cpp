@@ -16,56 +16,15 @@
 #include "autotune/policy.hpp"
 #include "autotune/timing.hpp"
 #include "autotune/workload.hpp"
+#include "bench/bench_common.hpp"
 #include "jit/driver.hpp"
 #include "jit/nvrtc.hpp"
 #include "jit/render.hpp"
 
 using namespace ropejit;
+using namespace ropejit::bench;
 
 namespace {
-
-CUstream g_stream = nullptr;
-CUdeviceptr g_copy_src = 0, g_copy_dst = 0;
-size_t g_copy_bytes = 0;
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
-
-// Median device time of copying `bytes` (half read, half written) on the stream.
-double copy_median_us(int64_t bytes) {
-  const detail::Driver& d = detail::driver();
-  const size_t half = size_t(bytes / 2);
-  if (half > g_copy_bytes) {
-    if (g_copy_src) d.MemFree(g_copy_src), d.MemFree(g_copy_dst);
-    detail::check(d.MemAlloc(&g_copy_src, half), "cuMemAlloc");
-    detail::check(d.MemAlloc(&g_copy_dst, half), "cuMemAlloc");
-    g_copy_bytes = half;
-  }
-  autotune::Timer timer(g_stream);
-  return timer.time([&] { d.MemcpyDtoDAsync(g_copy_dst, g_copy_src, half, g_stream); }, 3, 30)
-      .median_us;
-}
-
-// Times `call` once per benchmark iteration (L2 flushed first) and reports the bytes, the
-// median, and a same-run copy of the same bytes as counters.
-template <class Call>
-void time_against_copy(benchmark::State& state, int64_t bytes, const Call& call) {
-  autotune::Timer timer(g_stream);
-  std::vector<double> samples;
-  for (auto _ : state) {
-    const double us = timer.time(call, 0, 1).median_us;
-    state.SetIterationTime(us * 1e-6);
-    samples.push_back(us);
-  }
-  const double rope_us = median(samples), copy_us = copy_median_us(bytes);
-  state.SetBytesProcessed(int64_t(state.iterations()) * bytes);
-  state.counters["bytes"] = double(bytes);
-  state.counters["median_us"] = rope_us;
-  state.counters["copy_us"] = copy_us;
-  state.counters["pct_copy"] = 100.0 * copy_us / rope_us;
-}
 
 struct Case {
   std::string name;
@@ -87,36 +46,6 @@ void run_case(benchmark::State& state, const Case& c) {
   const auto [cfg, regs] = api::engine().planned(c.spec, args);
   state.SetLabel(w.spec().key() + " " + cfg.name() + " " + std::to_string(regs) + "regs");
 }
-
-// kGraphCalls calls captured once into a CUDA graph on g_stream, for replay.
-constexpr int kGraphCalls = 20;
-class CallGraph {
- public:
-  template <class Call>
-  explicit CallGraph(Call&& call) {
-    const detail::Driver& d = detail::driver();
-    detail::check(d.StreamBeginCapture(g_stream, CU_STREAM_CAPTURE_MODE_GLOBAL), "capture");
-    for (int i = 0; i < kGraphCalls; ++i) call();
-    detail::check(d.StreamEndCapture(g_stream, &graph_), "capture");
-    detail::check(d.GraphInstantiateWithFlags(&exec_, graph_, 0), "instantiate");
-  }
-  ~CallGraph() {
-    detail::driver().GraphExecDestroy(exec_);
-    detail::driver().GraphDestroy(graph_);
-  }
-  CallGraph(const CallGraph&) = delete;
-  CallGraph& operator=(const CallGraph&) = delete;
-
-  // Device time of one replay, per captured call.
-  double us_per_call(autotune::Timer& timer) const {
-    return timer.time([&] { detail::driver().GraphLaunch(exec_, g_stream); }, 1, 1).median_us /
-           kGraphCalls;
-  }
-
- private:
-  CUgraph graph_ = nullptr;
-  CUgraphExec exec_ = nullptr;
-};
 
 // The same-run reference for graph-replayed decode (the "two copies" column of the peers'
 // decode table in bench/RESULTS.md): per
@@ -430,6 +359,7 @@ int main(int argc, char** argv) {
             ->UseManualTime()
             ->Iterations(20)
             ->Unit(benchmark::kMicrosecond);
+  register_fused_benchmarks();
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

@@ -151,6 +151,23 @@ TEST_SUITE("gpu") {
     CHECK(failed == 0);
   }
 
+  // Run by bench/run_gpu.sh under compute-sanitizer with the plain matrix's subset: every 12th
+  // fused case (every norm, cache mode and store, both outputs, heads wider than a warp).
+  TEST_CASE("sanitizer subset: a spread of the fused cases") {
+    testing::use_primary_context();
+    const std::vector<Case> all = fused_cases();
+    const detail::DeviceInfo& device = api::engine().device_info(testing::use_primary_context());
+    for (size_t i = 0; i < all.size(); i += 12) {
+      std::string failure;
+      try {
+        failure = run_case(all[i], device);
+      } catch (const std::exception& e) {
+        failure = e.what();
+      }
+      CHECK_MESSAGE(failure.empty(), all[i].spec.key(), ": ", failure);
+    }
+  }
+
   TEST_CASE("fused: a Qwen3-style decode step into an FP8 paged cache, captured and replayed") {
     testing::use_primary_context();
     const detail::Driver& d = detail::driver();

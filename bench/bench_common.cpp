@@ -1,0 +1,32 @@
+// The benchmark files' shared pieces.
+#include "bench/bench_common.hpp"
+
+namespace ropejit::bench {
+
+CUstream g_stream = nullptr;
+
+namespace {
+CUdeviceptr g_copy_src = 0, g_copy_dst = 0;
+size_t g_copy_bytes = 0;
+}  // namespace
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+double copy_median_us(int64_t bytes) {
+  const detail::Driver& d = detail::driver();
+  const size_t half = size_t(bytes / 2);
+  if (half > g_copy_bytes) {
+    if (g_copy_src) d.MemFree(g_copy_src), d.MemFree(g_copy_dst);
+    detail::check(d.MemAlloc(&g_copy_src, half), "cuMemAlloc");
+    detail::check(d.MemAlloc(&g_copy_dst, half), "cuMemAlloc");
+    g_copy_bytes = half;
+  }
+  autotune::Timer timer(g_stream);
+  return timer.time([&] { d.MemcpyDtoDAsync(g_copy_dst, g_copy_src, half, g_stream); }, 3, 30)
+      .median_us;
+}
+
+}  // namespace ropejit::bench
