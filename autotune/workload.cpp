@@ -209,11 +209,10 @@ void Workload::upload() {
     detail::check(d.MemcpyHtoD(b->device, b->host.data(), b->host.size()), "cuMemcpyHtoD");
   }
   // Out-of-place outputs hold the expected bytes on the host; their device copies start
-  // poisoned. Counters start at zero.
+  // poisoned. (Counters start as their host bytes: zero, then the guard.)
   for (const Output& o : outputs_) {
     const Buffer& b = *buffers_[size_t(o.buffer)];
     if (o.poison) detail::check(d.MemsetD8(b.device, kPoison, b.host.size()), "cuMemsetD8");
-    if (o.kind == kI32) detail::check(d.MemsetD8(b.device, 0, b.host.size()), "cuMemsetD8");
   }
   // A copy from pageable memory may return before its last bytes land, and the memset runs
   // on the legacy stream: neither orders itself before a launch on a non-blocking stream

@@ -70,7 +70,8 @@ struct FusedKernel {
     CacheDest d = {0, false};
     long long page = 0, slot = 0;
     if (kCache == kCacheSlots) {
-      const long long s = __ldg(c.slot_mapping + t);
+      // Indexed like position ids: (sequence, index) order, whatever the layout's token walk.
+      const long long s = __ldg(c.slot_mapping + Rope::id_index(p, tp, t));
       if (s < 0) return d;  // "do not write this token" (padding, speculative decoding)
       page = s / c.page_size;
       slot = s - page * c.page_size;

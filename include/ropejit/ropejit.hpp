@@ -165,7 +165,9 @@ struct KvCacheArgs {
   int64_t stride_page = 0;
   int64_t stride_slot = 0;
   int64_t stride_head = 0;
-  const int64_t* slot_mapping = nullptr;   // slots: [tokens] flat slot page * page_size + offset
+  // slots: a flat slot (page * page_size + offset) per token, indexed like position ids:
+  // [batch * seq_len] in (sequence, index) order for dense layouts, [tokens] for thd.
+  const int64_t* slot_mapping = nullptr;
   const int32_t* indptr = nullptr;         // paged: [batch + 1] ranges of indices per sequence
   const int32_t* indices = nullptr;        // paged: page numbers
   int64_t num_indices = 0;                 // paged: entries in indices
