@@ -9,6 +9,7 @@
 #include "autotune/policy.hpp"
 #include "autotune/timing.hpp"
 #include "autotune/workload.hpp"
+#include "jit/call.hpp"
 #include "jit/driver.hpp"
 #include "jit/engine.hpp"
 #include "jit/errors.hpp"
@@ -86,11 +87,9 @@ TuneReport tune(const Spec& c, int64_t bucket, int32_t q_heads, int32_t k_heads)
     ~StreamGuard() { detail::driver().StreamDestroy(s); }
   } guard{stream};
   const Args args = w.args(stream);
-  detail::CallShape shape;
-  shape.tokens = w.tokens();
-  shape.q_heads = q_heads;
-  shape.k_heads = k_heads;
-  shape.align_bytes = 16;
+  // The shape a user's call of these sizes has (v heads of fused keys, alignment) as the
+  // engine sees it.
+  const detail::CallShape shape = detail::check_call(c, args);
 
   // The default is what apply() launches untuned. Its output is the reference every
   // candidate must reproduce bit for bit (same math, so any difference is a bug in that

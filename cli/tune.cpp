@@ -116,6 +116,7 @@ int run_tune(const TuneOptions& o) {
         shape.tokens = b;
         shape.q_heads = j.q_heads;
         shape.k_heads = j.k_heads;
+        shape.v_heads = j.spec.cache != KvCache::none ? j.k_heads : 0;  // v goes with k
         const auto cands = autotune::candidates(j.spec, shape, h100);
         std::printf("%s  bucket %lld  heads %d/%d: %zu candidates\n", j.spec.key().c_str(),
                     static_cast<long long>(b), j.q_heads, j.k_heads, cands.size());

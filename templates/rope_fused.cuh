@@ -178,23 +178,48 @@ struct FusedKernel {
     }
   }
 
-  // x * w (norm weights: w, or w + 1 for Gemma), elements [col, ...) and their partners.
-  static __device__ __forceinline__ void apply_weight(const void* weights, long long first,
-                                                      bool two, float inv, Slice& x) {
+  // Norm weights (w, or w + 1 for Gemma) for elements [first, ...) and their partners.
+  static __device__ __forceinline__ void load_weight(const void* weights, long long first, bool two,
+                                                     Slice& w) {
     Vec a;
     a.load_ro(static_cast<const Raw*>(weights) + first);
 #pragma unroll
-    for (int m = 0; m < kVec; ++m) {
-      const float w = kNorm == kNormRmsOnePlus ? 1.0f + a.get(m) : a.get(m);
-      x.lo[m] = x.lo[m] * inv * w;
-    }
+    for (int m = 0; m < kVec; ++m) w.lo[m] = kNorm == kNormRmsOnePlus ? 1.0f + a.get(m) : a.get(m);
     if (two) {
       Vec b;
       b.load_ro(static_cast<const Raw*>(weights) + first + kPairs);
 #pragma unroll
-      for (int m = 0; m < kVec; ++m) {
-        const float w = kNorm == kNormRmsOnePlus ? 1.0f + b.get(m) : b.get(m);
-        x.hi[m] = x.hi[m] * inv * w;
+      for (int m = 0; m < kVec; ++m)
+        w.hi[m] = kNorm == kNormRmsOnePlus ? 1.0f + b.get(m) : b.get(m);
+    }
+  }
+
+  // x * inv * w, element by element.
+  static __device__ __forceinline__ void scale_slice(Slice& x, float inv, const Slice& w,
+                                                     bool two) {
+#pragma unroll
+    for (int m = 0; m < kVec; ++m) x.lo[m] = x.lo[m] * inv * w.lo[m];
+    if (two) {
+#pragma unroll
+      for (int m = 0; m < kVec; ++m) x.hi[m] = x.hi[m] * inv * w.hi[m];
+    }
+  }
+
+  // Loads the batch of heads starting at hb + threadIdx.y: kHpt heads, `rows` apart.
+  static __device__ __forceinline__ void load_batch(int hb, const TokenRows& q, const TokenRows& k,
+                                                    const TokenRows& v, bool loadable, bool in_head,
+                                                    int col, bool two, int hq, int hk, int total,
+                                                    Slice (&x)[kHpt], int (&kind)[kHpt],
+                                                    int (&idx)[kHpt], bool (&act)[kHpt]) {
+#pragma unroll
+    for (int j = 0; j < kHpt; ++j) {
+      const int h = hb + threadIdx.y + j * blockDim.y;
+      act[j] = loadable && in_head && h < total;
+      kind[j] = h < hq ? 0 : h < hq + hk ? 1 : 2;
+      idx[j] = h - (kind[j] == 0 ? 0 : kind[j] == 1 ? hq : hq + hk);
+      if (act[j]) {
+        const TokenRows& r = kind[j] == 0 ? q : kind[j] == 1 ? k : v;
+        load_slice(r.in + idx[j] * r.in_head + col * int(sizeof(Raw)), two, x[j]);
       }
     }
   }
@@ -253,23 +278,27 @@ struct FusedKernel {
     float* head_sums = scratch + scratch_floats + threadIdx.z * (hq + hk);
     float2* shared = angles_base + threadIdx.z * kPairs;
 
+    // Per-head norm weights for this lane's slice, loaded once for every token and head.
+    Slice wq, wk;
+    if (kNorm == kNormRms || kNorm == kNormRmsOnePlus) {
+      if (in_head) {
+        load_weight(fp.q_norm_w, col, two, wq);
+        if (hk > 0) load_weight(fp.k_norm_w, col, two, wk);
+      }
+    }
+
     long long base = (long long)blockIdx.x * blockDim.z;
     do {
       const long long t = base + threadIdx.z;
       const bool live = t < p.tokens;
       const TokenPlace tp = live ? Rope::locate(p, t) : TokenPlace{0, 0, false};
-      // Tokens outside every sequence (thd padding) are not touched by fused keys.
+      // Tokens outside every sequence (thd padding) are not touched by fused keys. A packed
+      // token's rows depend on t alone, so its loads need not wait for the sequence search.
       const bool valid = live && tp.valid;
-      CacheDest dest = {0, false};
-      if (kCache != kCacheNone && valid) {
-        bool bad = false;
-        dest = cache_dest(fp, tp, t, &bad);
-        if (bad && fp.cache.skipped && threadIdx.x == 0 && threadIdx.y == 0)
-          atomicAdd(fp.cache.skipped, 1);
-      }
+      const bool loadable = Cfg::kPacked ? live : valid;
       TokenRows q, k, v;
       char *q_out = nullptr, *k_out = nullptr;
-      if (valid) {
+      if (loadable) {
         q = Rope::rows_of(p.q, tp, t);
         k = Rope::rows_of(p.k, tp, t);
         v = Rope::rows_of(fp.v, tp, t);
@@ -278,32 +307,33 @@ struct FusedKernel {
           k_out = out_row(p.k, tp, t);
         }
       }
+      // The first batch's loads go out before the chains of dependent loads (position ->
+      // cos/sin, sequence -> page -> slot), so that their latencies overlap.
+      Slice x[kHpt];
+      int kind[kHpt], idx[kHpt];  // 0 q, 1 k, 2 v; index within its kind
+      bool act[kHpt];
+      load_batch(0, q, k, v, loadable, in_head, col, two, hq, hk, total, x, kind, idx, act);
       float cs[kPairsPerChunk], sn[kPairsPerChunk];
       if (Cfg::kComputed) {
         __syncthreads();  // the previous token's readers are done
         Rope::share_angles(p, valid ? tp : TokenPlace{0, 0, false}, t, shared);
         __syncthreads();
         if (valid && rot) Rope::angles(p, lane, 0, shared, cs, sn);
+      } else if (valid && rot) {
+        Rope::angles(p, lane, Rope::position(p, tp, t), shared, cs, sn);
       }
-      bool first = true;
+      CacheDest dest = {0, false};
+      if (kCache != kCacheNone && valid) {
+        bool bad = false;
+        dest = cache_dest(fp, tp, t, &bad);
+        if (bad && fp.cache.skipped && threadIdx.x == 0 && threadIdx.y == 0)
+          atomicAdd(fp.cache.skipped, 1);
+      }
       for (int hb = 0; hb < total; hb += step) {  // the same trip count in every thread
-        Slice x[kHpt];
-        int kind[kHpt], idx[kHpt];  // 0 q, 1 k, 2 v; index within its kind
-        bool act[kHpt];
+        if (hb > 0)
+          load_batch(hb, q, k, v, loadable, in_head, col, two, hq, hk, total, x, kind, idx, act);
 #pragma unroll
-        for (int j = 0; j < kHpt; ++j) {
-          const int h = hb + threadIdx.y + j * blockDim.y;
-          act[j] = valid && in_head && h < total;
-          kind[j] = h < hq ? 0 : h < hq + hk ? 1 : 2;
-          idx[j] = h - (kind[j] == 0 ? 0 : kind[j] == 1 ? hq : hq + hk);
-          if (act[j]) {
-            const TokenRows& r = kind[j] == 0 ? q : kind[j] == 1 ? k : v;
-            load_slice(r.in + idx[j] * r.in_head + col * int(sizeof(Raw)), two, x[j]);
-          }
-        }
-        if (!Cfg::kComputed && first && valid && rot)  // after the first loads: latencies overlap
-          Rope::angles(p, lane, Rope::position(p, tp, t), shared, cs, sn);
-        first = false;
+        for (int j = 0; j < kHpt; ++j) act[j] = act[j] && valid;
 
         if (kNorm != kNormNone) {
           float ss[kHpt];
@@ -343,12 +373,15 @@ struct FusedKernel {
           for (int j = 0; j < kHpt; ++j) {
             if (!act[j] || kind[j] == 2) continue;
             const bool is_q = kind[j] == 0;
-            const float inv = kNorm == kNormRmsAllHeads
-                                  ? (is_q ? q_inv : k_inv)
-                                  : 1.0f / sqrtf(ss[j] / float(Cfg::kHeadDim) + fp.norm_eps);
-            const long long first_w =
-                (kNorm == kNormRmsAllHeads ? (long long)idx[j] * Cfg::kHeadDim : 0) + col;
-            apply_weight(is_q ? fp.q_norm_w : fp.k_norm_w, first_w, two, inv, x[j]);
+            if (kNorm == kNormRmsAllHeads) {
+              Slice w;  // a weight per element of the projection: this head's row
+              load_weight(is_q ? fp.q_norm_w : fp.k_norm_w, (long long)idx[j] * Cfg::kHeadDim + col,
+                          two, w);
+              scale_slice(x[j], is_q ? q_inv : k_inv, w, two);
+            } else {
+              scale_slice(x[j], 1.0f / sqrtf(ss[j] / float(Cfg::kHeadDim) + fp.norm_eps),
+                          is_q ? wq : wk, two);
+            }
           }
         }
 
