@@ -31,6 +31,24 @@ constexpr int32_t kMinBlockThreads = 64;   // 32 resident blocks x 64 threads fi
 constexpr int64_t kDecodeBlocksPerSm = 4;  // token bucket <= this * SMs: a decode-sized call
 constexpr double kTwoPassGbpsPerSm = 30;   // DRAM GB/s per SM from which prefill takes 2 passes
 
+// Fused keys (a whole head per row of lanes, a head reduction per norm, dependent loads for the
+// cache placement): what `ropejit tune` picked for the Qwen3-style step on the H100 (bench/
+// RESULTS.md, "Fused"): two heads per thread everywhere; decode-sized calls cover the token's
+// heads in one pass, one token per block (v8h2_r24_z1 beat the one-head kernel by 0-11%);
+// larger calls take two rows and as many tokens as fill 512 threads, looping over the heads
+// (r2_z16: 77% of copy at 4096 tokens against 57% with a row per head pair).
+detail::LaunchConfig fused_config(const Spec& c, const detail::CallShape& shape,
+                                  detail::LaunchConfig cfg, bool decode) {
+  const int32_t x = detail::chunks(c, cfg.kernel.vec);
+  const int32_t heads = std::max(shape.q_heads + shape.k_heads + shape.v_heads, 1);
+  const int32_t max_rows = std::max(1, cfg.kernel.max_threads / x);
+  cfg.rows = decode ? std::min(max_rows, (heads + 1) / 2) : std::min({2, max_rows, heads});
+  cfg.tokens_per_block =
+      decode ? 1 : std::max(1, std::min(64, cfg.kernel.max_threads / (x * cfg.rows)));
+  detail::set_persistent(cfg, 0);
+  return cfg;
+}
+
 }  // namespace
 
 detail::LaunchConfig heuristic_config(const Spec& c, const detail::CallShape& shape,
@@ -43,6 +61,7 @@ detail::LaunchConfig heuristic_config(const Spec& c, const detail::CallShape& sh
   // Decided on the token bucket, as the plan that remembers this choice is keyed by it.
   const bool decode =
       detail::token_bucket(shape.tokens) <= kDecodeBlocksPerSm * std::max(device.sm_count, 1);
+  if (c.fused() && c.norm != Norm::rms_all_heads) return fused_config(c, shape, cfg, decode);
   // A norm over all heads needs every q and k head in the block's first pass.
   const bool two_passes = c.norm != Norm::rms_all_heads &&
                           device.memory_gbps / std::max(device.sm_count, 1) >= kTwoPassGbpsPerSm &&

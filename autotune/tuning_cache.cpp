@@ -306,6 +306,7 @@ std::string invalid_entry_reason(const TuningEntry& e) {
   shape.tokens = e.bucket;
   shape.q_heads = e.q_heads;
   shape.k_heads = e.k_heads;
+  shape.v_heads = spec.cache != KvCache::none ? e.k_heads : 0;  // tuned with v next to k
   shape.align_bytes = 16;
   detail::DeviceInfo device;
   device.max_threads_per_sm = 2048;

@@ -291,11 +291,12 @@ struct FusedKernel {
     do {
       const long long t = base + threadIdx.z;
       const bool live = t < p.tokens;
-      const TokenPlace tp = live ? Rope::locate(p, t) : TokenPlace{0, 0, false};
       // Tokens outside every sequence (thd padding) are not touched by fused keys. A packed
-      // token's rows depend on t alone, so its loads need not wait for the sequence search.
-      const bool valid = live && tp.valid;
-      const bool loadable = Cfg::kPacked ? live : valid;
+      // token's rows depend on t alone, so its loads go out before the sequence search (a
+      // chain of dependent loads through cu_seqlens); dense layouts place tokens arithmetically.
+      TokenPlace tp = {0, 0, false};
+      if (!Cfg::kPacked && live) tp = Rope::locate(p, t);
+      const bool loadable = Cfg::kPacked ? live : live && tp.valid;
       TokenRows q, k, v;
       char *q_out = nullptr, *k_out = nullptr;
       if (loadable) {
@@ -313,6 +314,8 @@ struct FusedKernel {
       int kind[kHpt], idx[kHpt];  // 0 q, 1 k, 2 v; index within its kind
       bool act[kHpt];
       load_batch(0, q, k, v, loadable, in_head, col, two, hq, hk, total, x, kind, idx, act);
+      if (Cfg::kPacked && live) tp = Rope::locate(p, t);
+      const bool valid = live && tp.valid;
       float cs[kPairsPerChunk], sn[kPairsPerChunk];
       if (Cfg::kComputed) {
         __syncthreads();  // the previous token's readers are done
