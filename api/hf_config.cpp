@@ -200,12 +200,13 @@ void read_dims(const Fields& f, const TypeDefaults& d, ModelRope* m) {
   }
   double fraction = 1.0;
   const char* fraction_field = nullptr;
-  for (const char* name : {"partial_rotary_factor", "rotary_pct"})
-    if (const json* v = f.find(name); v && !fraction_field) {
-      fraction = f.number(name, *v);
-      fraction_field = name;
-    }
-  if (fraction > 1.0) f.bad(fraction_field, *f.find(fraction_field), "must be <= 1");
+  for (const char* name : {"partial_rotary_factor", "rotary_pct"}) {
+    const json* v = f.find(name);
+    if (!v || fraction_field) continue;
+    fraction = f.number(name, *v);
+    fraction_field = name;
+    if (fraction > 1.0) f.bad(name, *v, "must be <= 1");
+  }
   m->rotary_dim = int32_t(double(m->head_dim) * fraction);
   if (m->rotary_dim < 2 || m->rotary_dim % 2 != 0)
     detail::invalid(f.source(), ": ", fraction_field ? fraction_field : "head_dim", " gives ",
