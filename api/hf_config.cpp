@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "jit/errors.hpp"
 #include "jit/files.hpp"
@@ -198,13 +199,20 @@ void read_dims(const Fields& f, const TypeDefaults& d, ModelRope* m) {
     m->rotary_dim = f.size("rotary_dim", *rd);
     return;
   }
+  // transformers 5 may keep partial_rotary_factor inside rope_parameters only.
+  std::vector<std::pair<std::string, const json*>> fractions = {
+      {"partial_rotary_factor", f.find("partial_rotary_factor")},
+      {"rotary_pct", f.find("rotary_pct")}};
+  for (const char* name : {"rope_parameters", "rope_scaling"})
+    if (const json* p = f.find(name); p && p->is_object() && p->contains("partial_rotary_factor"))
+      fractions.emplace_back(std::string(name) + ".partial_rotary_factor",
+                             &(*p)["partial_rotary_factor"]);
   double fraction = 1.0;
   const char* fraction_field = nullptr;
-  for (const char* name : {"partial_rotary_factor", "rotary_pct"}) {
-    const json* v = f.find(name);
-    if (!v || fraction_field) continue;
+  for (const auto& [name, v] : fractions) {
+    if (!v || v->is_null() || fraction_field) continue;
     fraction = f.number(name, *v);
-    fraction_field = name;
+    fraction_field = name.c_str();
     if (fraction > 1.0) f.bad(name, *v, "must be <= 1");
   }
   m->rotary_dim = int32_t(double(m->head_dim) * fraction);

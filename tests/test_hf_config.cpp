@@ -180,6 +180,9 @@ TEST_CASE("rope_parameters (transformers 5) and its per-layer-type form read lik
   CHECK(layered.freqs == Freqs::linear);
   CHECK(layered.base == 1e6);
   CHECK(layered.local_base == 20000.0);
+  const ModelRope inside = model_from_hf_config(R"({"head_dim": 128, "num_attention_heads": 8,
+    "rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.25}})");
+  CHECK(inside.rotary_dim == 32);
   const ModelRope neox = model_from_hf_config(R"({"model_type": "gpt_neox", "hidden_size": 6144,
     "num_attention_heads": 64, "rotary_pct": 0.25, "rotary_emb_base": 10000})");
   CHECK(neox.rotary_dim == 24);
