@@ -4,6 +4,7 @@
 
 #include "api/engine.hpp"
 #include "autotune/policy.hpp"
+#include "jit/coverage.hpp"
 #include "jit/driver.hpp"
 #include "jit/errors.hpp"
 #include "jit/nvrtc.hpp"
@@ -23,6 +24,7 @@ void apply(const Spec& spec, const Args& args) { api::engine().apply(spec, args)
 
 std::vector<std::string> precompile(const Spec& spec, const std::string& arch) {
   const Spec c = spec.canonical();
+  detail::require_kernel(c);  // a key whose axis values have no device code yet: refused
   const int cc = detail::parse_arch(arch, "arch");
   // The default kernel variants (prefill and decode) depend on the spec and alignment
   // only; precompile the fully aligned case (q/k and table), which is what contiguous and

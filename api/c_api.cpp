@@ -3,6 +3,8 @@
 #include <cstring>
 #include <exception>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "ropejit/ropejit.h"
 #include "ropejit/ropejit.hpp"
@@ -41,6 +43,69 @@ ropejit::Tensor to_tensor(const ropejit_tensor& t) {
   return {t.data, t.heads, t.stride_batch, t.stride_seq, t.stride_head};
 }
 
+ropejit::RopeScaling to_scaling(const ropejit_scaling& c) {
+  ropejit::RopeScaling r;
+  r.factor = c.factor;
+  r.low_freq_factor = c.low_freq_factor;
+  r.high_freq_factor = c.high_freq_factor;
+  r.original_max_positions = c.original_max_positions;
+  r.beta_fast = c.beta_fast;
+  r.beta_slow = c.beta_slow;
+  r.mscale = c.mscale;
+  r.mscale_all_dim = c.mscale_all_dim;
+  r.attention_factor = c.attention_factor;
+  r.truncate = c.truncate != 0;
+  r.short_factor = c.short_factor;
+  r.long_factor = c.long_factor;
+  r.seq_len = c.seq_len;
+  return r;
+}
+
+ropejit_scaling from_scaling(const ropejit::RopeScaling& r) {
+  return ropejit_scaling{
+      r.factor,           r.low_freq_factor,  r.high_freq_factor, r.original_max_positions,
+      r.beta_fast,        r.beta_slow,        r.mscale,           r.mscale_all_dim,
+      r.attention_factor, r.truncate ? 1 : 0, r.short_factor,     r.long_factor,
+      r.seq_len};
+}
+
+ropejit_spec from_spec(const ropejit::Spec& d) {
+  return ropejit_spec{int32_t(d.layout),      int32_t(d.dtype),      d.head_dim,
+                      d.rotary_dim,           int32_t(d.style),      int32_t(d.positions),
+                      int32_t(d.index_type),  int32_t(d.freqs),      int32_t(d.table_dtype),
+                      int32_t(d.table_width), int32_t(d.direction),  d.in_place ? 1 : 0,
+                      int32_t(d.fusion),      int32_t(d.norm),       int32_t(d.out_store),
+                      int32_t(d.cache),       int32_t(d.cache_store)};
+}
+
+// The last model read on this thread: ropejit_model's factor pointers point into it.
+thread_local ropejit::ModelRope last_model;
+
+void model_out(ropejit::ModelRope m, int32_t dtype, ropejit_spec* spec, ropejit_model* model) {
+  const ropejit::Spec s = ropejit::spec_from_model(m, ropejit::DType(dtype));
+  last_model = std::move(m);
+  const ropejit::ModelRope& r = last_model;
+  *spec = from_spec(s);
+  if (model)
+    *model = ropejit_model{r.head_dim,
+                           r.rotary_dim,
+                           r.rotary_offset,
+                           r.q_heads,
+                           r.kv_heads,
+                           int32_t(r.style),
+                           int32_t(r.freqs),
+                           r.base,
+                           from_scaling(r.scaling),
+                           r.mrope ? 1 : 0,
+                           {r.mrope_section[0], r.mrope_section[1], r.mrope_section[2]},
+                           r.mrope_interleaved ? 1 : 0,
+                           int32_t(r.norm),
+                           r.max_positions,
+                           r.norm_eps,
+                           r.local_base,
+                           r.softmax_scale_multiplier};
+}
+
 ropejit::Args to_args(const ropejit_args& a) {
   ropejit::Args o;
   o.batch = a.batch;
@@ -59,20 +124,7 @@ ropejit::Args to_args(const ropejit_args& a) {
   o.table_rows = a.table_rows;
   o.base = a.base;
   o.stream = a.stream;
-  ropejit::RopeScaling& r = o.scaling;
-  r.factor = a.scaling.factor;
-  r.low_freq_factor = a.scaling.low_freq_factor;
-  r.high_freq_factor = a.scaling.high_freq_factor;
-  r.original_max_positions = a.scaling.original_max_positions;
-  r.beta_fast = a.scaling.beta_fast;
-  r.beta_slow = a.scaling.beta_slow;
-  r.mscale = a.scaling.mscale;
-  r.mscale_all_dim = a.scaling.mscale_all_dim;
-  r.attention_factor = a.scaling.attention_factor;
-  r.truncate = a.scaling.truncate != 0;
-  r.short_factor = a.scaling.short_factor;
-  r.long_factor = a.scaling.long_factor;
-  r.seq_len = a.scaling.seq_len;
+  o.scaling = to_scaling(a.scaling);
   for (int i = 0; i < 3; ++i) o.mrope_section[i] = a.mrope_section[i];
   o.mrope_interleaved = a.mrope_interleaved != 0;
   o.v = to_tensor(a.v);
@@ -127,14 +179,7 @@ ropejit_status null_argument(const char* name) {
 extern "C" {
 
 void ropejit_spec_init(ropejit_spec* spec) {
-  if (!spec) return;
-  const ropejit::Spec d;
-  *spec = ropejit_spec{int32_t(d.layout),      int32_t(d.dtype),      d.head_dim,
-                       d.rotary_dim,           int32_t(d.style),      int32_t(d.positions),
-                       int32_t(d.index_type),  int32_t(d.freqs),      int32_t(d.table_dtype),
-                       int32_t(d.table_width), int32_t(d.direction),  d.in_place ? 1 : 0,
-                       int32_t(d.fusion),      int32_t(d.norm),       int32_t(d.out_store),
-                       int32_t(d.cache),       int32_t(d.cache_store)};
+  if (spec) *spec = from_spec(ropejit::Spec());
 }
 
 void ropejit_args_init(ropejit_args* args) {
@@ -143,20 +188,7 @@ void ropejit_args_init(ropejit_args* args) {
   const ropejit::Args d;
   args->batch = d.batch;
   args->base = d.base;
-  const ropejit::RopeScaling& r = d.scaling;
-  args->scaling = ropejit_scaling{r.factor,
-                                  r.low_freq_factor,
-                                  r.high_freq_factor,
-                                  r.original_max_positions,
-                                  r.beta_fast,
-                                  r.beta_slow,
-                                  r.mscale,
-                                  r.mscale_all_dim,
-                                  r.attention_factor,
-                                  r.truncate ? 1 : 0,
-                                  nullptr,
-                                  nullptr,
-                                  r.seq_len};
+  args->scaling = from_scaling(d.scaling);
   args->norm_eps = d.norm_eps;
   args->out_quant_scale = d.out_quant_scale;
   args->cache.k_quant_scale = d.cache.k_quant_scale;
@@ -210,6 +242,67 @@ ropejit_status ropejit_precompile(const ropejit_spec* spec, const char* arch) {
   if (!spec) return null_argument("spec");
   if (!arch) return null_argument("arch");
   return guarded([&] { ropejit::precompile(to_spec(*spec), arch); });
+}
+
+void ropejit_table_spec_init(ropejit_table_spec* table) {
+  if (!table) return;
+  const ropejit::TableSpec d;
+  *table =
+      ropejit_table_spec{int32_t(d.freqs), d.base, from_scaling(d.scaling), d.rows, d.row_stride};
+}
+
+ropejit_status ropejit_build_tables(const ropejit_spec* spec, const ropejit_table_spec* table,
+                                    void* cos, void* sin) {
+  if (!spec) return null_argument("spec");
+  if (!table) return null_argument("table");
+  return guarded([&] {
+    ropejit::TableSpec t;
+    t.freqs = ropejit::Freqs(table->freqs);
+    t.base = table->base;
+    t.scaling = to_scaling(table->scaling);
+    t.rows = table->rows;
+    t.row_stride = table->row_stride;
+    ropejit::build_tables(to_spec(*spec), t, cos, sin);
+  });
+}
+
+ropejit_status ropejit_inverse_frequencies(int32_t freqs, int32_t rotary_dim, double base,
+                                           const ropejit_scaling* scaling, double* out,
+                                           size_t count) {
+  if (!scaling) return null_argument("scaling");
+  if (!out) return null_argument("out");
+  return guarded([&] {
+    const std::vector<double> inv =
+        ropejit::inverse_frequencies(ropejit::Freqs(freqs), rotary_dim, base, to_scaling(*scaling));
+    if (count < inv.size())
+      throw ropejit::Error(ropejit::ErrorCode::invalid_argument,
+                           "ropejit: count (" + std::to_string(count) + ") is smaller than " +
+                               "rotary_dim / 2 (" + std::to_string(inv.size()) + ")");
+    std::memcpy(out, inv.data(), inv.size() * sizeof(double));
+  });
+}
+
+ropejit_status ropejit_attention_factor(int32_t freqs, int32_t rotary_dim,
+                                        const ropejit_scaling* scaling, double* out) {
+  if (!scaling) return null_argument("scaling");
+  if (!out) return null_argument("out");
+  return guarded([&] {
+    *out = ropejit::attention_factor(ropejit::Freqs(freqs), rotary_dim, to_scaling(*scaling));
+  });
+}
+
+ropejit_status ropejit_spec_from_hf_config(const char* path, int32_t dtype, ropejit_spec* spec,
+                                           ropejit_model* model) {
+  if (!path) return null_argument("path");
+  if (!spec) return null_argument("spec");
+  return guarded([&] { model_out(ropejit::model_from_hf_config_file(path), dtype, spec, model); });
+}
+
+ropejit_status ropejit_spec_from_hf_config_text(const char* json_text, int32_t dtype,
+                                                ropejit_spec* spec, ropejit_model* model) {
+  if (!json_text) return null_argument("json_text");
+  if (!spec) return null_argument("spec");
+  return guarded([&] { model_out(ropejit::model_from_hf_config(json_text), dtype, spec, model); });
 }
 
 const char* ropejit_last_error(void) { return last_error.c_str(); }

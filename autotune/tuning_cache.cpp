@@ -172,29 +172,6 @@ struct FileContents {
   std::vector<std::pair<size_t, std::string>> entry_problems;  // index, why
 };
 
-// Deepest nesting of arrays and objects in JSON text (strings skipped), counted before parsing
-// so that a hostile file (100,000 nested '[') is refused instead of exhausting the stack.
-size_t nesting_depth(const std::string& text) {
-  size_t depth = 0, deepest = 0;
-  bool in_string = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char ch = text[i];
-    if (in_string) {
-      if (ch == '\\')
-        ++i;
-      else if (ch == '"')
-        in_string = false;
-    } else if (ch == '"') {
-      in_string = true;
-    } else if (ch == '[' || ch == '{') {
-      deepest = std::max(deepest, ++depth);
-    } else if ((ch == ']' || ch == '}') && depth > 0) {
-      --depth;
-    }
-  }
-  return deepest;
-}
-
 // Where `here` is null, the file's own fingerprint is taken (no GPU check): what
 // `ropejit compile --from-tuning` needs to prepare caches for another machine's GPU.
 FileContents parse_tuning_text(const std::string& text, const Fingerprint* here);
@@ -215,7 +192,7 @@ FileContents read_tuning_file(const std::string& path, const Fingerprint* here) 
 FileContents parse_tuning_text(const std::string& text, const Fingerprint* here) {
   FileContents out;
   out.state = FileState::rejected;
-  if (const size_t depth = nesting_depth(text); depth > kMaxJsonDepth) {
+  if (const size_t depth = detail::json_nesting_depth(text); depth > kMaxJsonDepth) {
     out.why = concat("JSON nested ", depth, " levels deep; a tuning file needs ", 4, ", at most ",
                      kMaxJsonDepth, " are read");
     return out;

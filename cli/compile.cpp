@@ -12,6 +12,7 @@
 #include "autotune/tuning_cache.hpp"
 #include "cli/cli.hpp"
 #include "cli/presets.hpp"
+#include "jit/coverage.hpp"
 #include "jit/names.hpp"
 #include "jit/nvrtc.hpp"
 
@@ -114,8 +115,9 @@ size_t compile_all(const std::vector<Kernel>& kernels, unsigned threads) {
 
 int run_compile(const CompileOptions& o) {
   const bool from_tuning = !o.from_tuning.empty();
-  if (from_tuning && (!o.presets.empty() || !o.keys.empty()))
-    detail::invalid("--from-tuning takes the keys from the tuning file; drop --preset and --key");
+  if (from_tuning && (!o.presets.empty() || !o.keys.empty() || !o.hf_configs.empty()))
+    detail::invalid(
+        "--from-tuning takes the keys from the tuning file; drop --preset, --hf-config and --key");
   std::vector<std::string> targets;
   for (const std::string& arch : o.archs)
     targets.push_back(detail::target_for(detail::parse_arch(arch, "--arch")));
@@ -124,16 +126,32 @@ int run_compile(const CompileOptions& o) {
   if (from_tuning) {
     kernels = tuning_file_kernels(o.from_tuning, targets, &about);
   } else {
-    std::vector<Spec> specs;
     const DType dtype = detail::parse_name<DType>(o.dtype, "--dtype");
-    for (const std::string& name : o.presets)
-      for (const Spec& s : preset_specs(find_preset(name), dtype)) specs.push_back(s);
-    for (const std::string& key : o.keys) specs.push_back(parse_key(key));
-    if (specs.empty())
-      detail::invalid("compile needs --preset NAME, --key KEY or --from-tuning FILE");
+    std::vector<ModelRope> models;
+    for (const std::string& name : o.presets) models.push_back(preset_model(find_preset(name)));
+    for (const std::string& file : o.hf_configs) {
+      models.push_back(model_from_hf_config_file(file));
+      std::printf("%s: %s\n", file.c_str(), describe(models.back()).c_str());
+    }
+    std::vector<Spec> specs, skipped;
+    for (const ModelRope& m : models)
+      for (const Spec& s : model_specs(m, dtype))
+        (detail::missing_kernel(s).empty() ? specs : skipped).push_back(s);
+    for (const std::string& key : o.keys) {
+      const Spec s = parse_key(key);
+      detail::require_kernel(s);  // asked for by name: an error, not a skip
+      specs.push_back(s);
+    }
+    if (specs.empty() && skipped.empty())
+      detail::invalid(
+          "compile needs --preset NAME, --hf-config FILE, --key KEY or --from-tuning FILE");
     if (targets.empty()) targets.push_back("sm_90");
+    for (const Spec& s : skipped)
+      std::printf("%s  SKIPPED: %s has no kernel in this build yet\n", s.key().c_str(),
+                  detail::missing_kernel(s).c_str());
     kernels = default_kernels(specs, targets);
     about = detail::concat(specs.size(), " keys");
+    if (!skipped.empty()) about += detail::concat(" (", skipped.size(), " skipped)");
   }
   for (const Kernel& k : kernels)
     detail::compile_options(k.target);  // bad ROPEJIT_NVRTC_FLAGS: once

@@ -8,11 +8,25 @@
 #include "autotune/policy.hpp"
 #include "cli/cli.hpp"
 #include "cli/presets.hpp"
+#include "jit/coverage.hpp"
 #include "jit/names.hpp"
 #include "jit/nvrtc.hpp"
 #include "jit/render.hpp"
 
 namespace ropejit::cli {
+namespace {}  // namespace
+
+int run_source(const std::string& key, const std::string& hf_config, const std::string& dtype) {
+  if (key.empty() == hf_config.empty())
+    detail::invalid("source needs a KEY or --hf-config FILE (one of them)");
+  const Spec spec = key.empty() ? spec_from_model(model_from_hf_config_file(hf_config),
+                                                  detail::parse_name<DType>(dtype, "--dtype"))
+                                : parse_key(key);
+  detail::require_kernel(spec);  // never print a kernel that would ignore part of the key
+  std::fputs(detail::render(spec, detail::prefill_variant(spec, 16)).source.c_str(), stdout);
+  return 0;
+}
+
 namespace {
 
 int run_info() {
@@ -50,6 +64,8 @@ int main(int argc, char** argv) {
           "Target architectures, e.g. sm_80,sm_90 (default sm_90, or the tuning file's GPU)")
       ->delimiter(',');
   compile->add_option("--preset", co.presets, "Model preset (repeatable)")->delimiter(',');
+  compile->add_option("--hf-config", co.hf_configs,
+                      "A model's Hugging Face config.json: its keys, like a preset (repeatable)");
   compile->add_option("--key", co.keys, "Explicit kernel key (repeatable)");
   compile->add_option("--dtype", co.dtype, "q/k dtype for presets: f32, f16, bf16");
   compile->add_option("-j,--jobs", co.jobs, "Compiler threads, 1..256 (default: all cores)")
@@ -61,6 +77,8 @@ int main(int argc, char** argv) {
   CLI::App* tune =
       app.add_subcommand("tune", "Time launch configurations on this GPU; write the tuning file");
   tune->add_option("--preset", to.presets, "Model preset (repeatable)")->delimiter(',');
+  tune->add_option("--hf-config", to.hf_configs,
+                   "A model's Hugging Face config.json, tuned like a preset (repeatable)");
   tune->add_option("--heads", to.heads, "Explicit shape: q heads[,k heads]")->delimiter(',');
   CLI::Option* key = tune->add_option(
       "--key", to.keys,
@@ -82,14 +100,19 @@ int main(int argc, char** argv) {
   tune->add_option("--top", to.top, "Also print the N fastest candidates of each entry")
       ->check(CLI::Range(0, 1 << 20));
 
-  std::string source_key;
+  std::string source_key, source_config, source_dtype = "bf16";
   CLI::App* source = app.add_subcommand("source", "Print the CUDA source rendered for a key");
-  source->add_option("key", source_key, "Kernel key")->required();
+  CLI::Option* source_key_opt = source->add_option("key", source_key, "Kernel key");
+  source->add_option("--hf-config", source_config, "A model's config.json: its key")
+      ->excludes(source_key_opt);
+  source->add_option("--dtype", source_dtype, "q/k dtype with --hf-config: f32, f16, bf16");
 
   DemoOptions demo;
   CLI::App* demo_cmd =
       app.add_subcommand("demo", "JIT, run and check against float64, print times");
-  demo_cmd->add_option("--preset", demo.preset, "Model preset");
+  CLI::Option* demo_preset = demo_cmd->add_option("--preset", demo.preset, "Model preset");
+  demo_cmd->add_option("--hf-config", demo.hf_config, "A model's Hugging Face config.json")
+      ->excludes(demo_preset);
   demo_cmd->add_option("--tokens", demo.tokens, "Tokens (batch 1)");
   demo_cmd->add_option("--dtype", demo.dtype, "q/k dtype: f32, f16, bf16");
 
@@ -116,11 +139,7 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("info")) return run_info();
     if (app.got_subcommand(compile)) return run_compile(co);
     if (app.got_subcommand(tune)) return run_tune(to);
-    if (app.got_subcommand(source)) {
-      const Spec spec = parse_key(source_key);
-      std::fputs(detail::render(spec, detail::prefill_variant(spec, 16)).source.c_str(), stdout);
-      return 0;
-    }
+    if (app.got_subcommand(source)) return run_source(source_key, source_config, source_dtype);
     if (app.got_subcommand(demo_cmd)) return run_demo(demo);
   } catch (const Error& e) {
     std::fprintf(stderr, "%s\n", e.what());

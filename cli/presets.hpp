@@ -1,4 +1,5 @@
-// Model presets for `ropejit compile` / `ropejit tune`: head counts, dims and RoPE base.
+// Model presets for `ropejit compile` / `tune` / `demo`: each is a model's config.json fields
+// that describe its RoPE, read like any --hf-config file.
 #pragma once
 
 #include <string>
@@ -10,20 +11,25 @@ namespace ropejit::cli {
 
 struct Preset {
   std::string name;
-  int32_t q_heads;
-  int32_t kv_heads;
-  int32_t head_dim;
-  int32_t rotary_dim;
-  double base;
   std::string note;
+  std::string config_json;  // the published config's RoPE fields (tests/data/hf holds the same)
 };
 
 const std::vector<Preset>& presets();
 // Throws Error naming the known presets when `name` is not one.
 const Preset& find_preset(const std::string& name);
+ModelRope preset_model(const Preset& p);
 
-// The specs a deployment of `p` typically calls: bshd and thd; offset and int64 position ids;
-// fp32 half-width table and computed frequencies; forward and backward; in and out of place.
-std::vector<Spec> preset_specs(const Preset& p, DType dtype);
+// The model of a command: --hf-config FILE when given, else --preset NAME.
+ModelRope model_for(const std::string& preset, const std::string& hf_config);
+
+// One line for humans: "llama: head_dim 128, rotary 128 neox, 32/8 heads, base 500000, llama3".
+std::string describe(const ModelRope& model);
+
+// The specs a deployment of `model` typically calls: bshd and thd; offset and int64 position
+// ids (mRoPE's three rows for mRoPE models); fp32 half-width tables and the model's computed
+// frequencies (and unscaled ones for Gemma 3's sliding-window layers); forward and backward; in
+// and out of place; plus forward in-place keys with the model's QK-norm when it has one.
+std::vector<Spec> model_specs(const ModelRope& model, DType dtype);
 
 }  // namespace ropejit::cli

@@ -13,6 +13,7 @@
 #include "autotune/tuning_cache.hpp"
 #include "cli/cli.hpp"
 #include "cli/presets.hpp"
+#include "jit/coverage.hpp"
 #include "jit/driver.hpp"
 #include "jit/names.hpp"
 #include "jit/nvrtc.hpp"
@@ -31,17 +32,25 @@ std::string heads_text(const std::vector<int32_t>& heads) {
   return out;
 }
 
-// A preset is tuned for what inference servers call per layer: its forward, in-place specs
-// (bshd and thd, implicit positions and position ids, table and computed frequencies).
+// A model (preset or config.json) is tuned for what inference servers call per layer: its
+// forward, in-place specs (bshd and thd, implicit positions and position ids, table and computed
+// frequencies), those this build has kernels for.
 std::vector<Job> jobs_for(const TuneOptions& o) {
   const DType dtype = detail::parse_name<DType>(o.dtype, "--dtype");
   std::vector<Job> jobs;
-  for (const std::string& name : o.presets) {
-    const Preset& p = find_preset(name);
-    for (const Spec& s : preset_specs(p, dtype))
-      if (s.direction == Direction::forward && s.in_place)
-        jobs.push_back({s, p.q_heads, p.kv_heads});
-  }
+  std::vector<ModelRope> models;
+  for (const std::string& name : o.presets) models.push_back(preset_model(find_preset(name)));
+  for (const std::string& file : o.hf_configs) models.push_back(model_from_hf_config_file(file));
+  for (const ModelRope& m : models)
+    for (const Spec& s : model_specs(m, dtype)) {
+      if (s.direction != Direction::forward || !s.in_place) continue;
+      if (const std::string missing = detail::missing_kernel(s); !missing.empty()) {
+        std::printf("%s  SKIPPED: %s has no kernel in this build yet\n", s.key().c_str(),
+                    missing.c_str());
+        continue;
+      }
+      jobs.push_back({s, m.q_heads, m.kv_heads});
+    }
   if (!o.keys.empty() && o.heads.empty()) detail::invalid("--key needs --heads Q[,K]");
   if (!o.heads.empty()) {
     constexpr int32_t kMaxHeads = 65536;  // what a tuning entry may hold
@@ -74,7 +83,9 @@ std::vector<Job> jobs_for(const TuneOptions& o) {
       jobs.push_back({s.canonical(), o.heads[0], o.heads.size() == 2 ? o.heads[1] : 0});
   }
   if (jobs.empty())
-    detail::invalid("tune needs --preset NAME, or --heads Q,K with the shape options or --key KEY");
+    detail::invalid(
+        "tune needs --preset NAME, --hf-config FILE, or --heads Q,K with the shape options or "
+        "--key KEY");
   return jobs;
 }
 

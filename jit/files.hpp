@@ -47,4 +47,9 @@ bool write_file_atomically(const std::string& path, const std::string& bytes, st
 // what a writer killed between creating and renaming leaves behind. Returns how many.
 int remove_stale_temp_files(const std::string& dir, long seconds);
 
+// Deepest nesting of arrays and objects in JSON text (strings skipped), counted before parsing
+// so that a hostile file (100,000 nested '[') is refused instead of exhausting the parser's
+// stack: tuning files and model configs check it first.
+size_t json_nesting_depth(const std::string& text);
+
 }  // namespace ropejit::detail

@@ -54,7 +54,7 @@ TEST_CASE("ropejit compile errors") {
        "--preset ('llama4') is not a known preset: llama3-8b, qwen2.5-7b, gpt-neox-20b, phi-2"},
       {"compile --arch hopper --preset phi-2", "--arch ('hopper') must look like sm_90"},
       {"compile --key rope_bshd_bf16_d7_r7", "is not a ropejit key"},
-      {"compile", "compile needs --preset NAME, --key KEY or --from-tuning FILE"},
+      {"compile", "compile needs --preset NAME, --hf-config FILE, --key KEY or --from-tuning FILE"},
   };
   for (const auto& [args, message] : cases) {
     const Run bad = run(args);

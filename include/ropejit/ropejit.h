@@ -154,6 +154,53 @@ ROPEJIT_API ropejit_status ropejit_key(const ropejit_spec* spec, char* buf, size
 /* Compiles the spec for arch ("sm_90") into the disk cache; works without a GPU. */
 ROPEJIT_API ropejit_status ropejit_precompile(const ropejit_spec* spec, const char* arch);
 
+/* What a host table holds: ropejit::TableSpec (freqs: any value but ROPEJIT_FREQS_TABLE). */
+typedef struct {
+  int32_t freqs;
+  double base;
+  ropejit_scaling scaling;
+  int64_t rows;       /* positions 0 .. rows - 1 */
+  int64_t row_stride; /* elements between rows; 0: the row width */
+} ropejit_table_spec;
+
+/* Fill with the C++ defaults (computed frequencies, base 10000, the scaling defaults, no rows). */
+ROPEJIT_API void ropejit_table_spec_init(ropejit_table_spec* table);
+
+/* Host cos/sin tables for a table key (spec->freqs == ROPEJIT_FREQS_TABLE): float64 values times
+ * the attention factor, rounded once to spec->table_dtype (ropejit::build_tables). Nothing is
+ * written on error. */
+ROPEJIT_API ropejit_status ropejit_build_tables(const ropejit_spec* spec,
+                                                const ropejit_table_spec* table, void* cos,
+                                                void* sin);
+
+/* The rotary_dim / 2 inverse frequencies (radians per position) of a frequency variant into
+ * out[0 .. count), count >= rotary_dim / 2; and its attention factor into *out. */
+ROPEJIT_API ropejit_status ropejit_inverse_frequencies(int32_t freqs, int32_t rotary_dim,
+                                                       double base, const ropejit_scaling* scaling,
+                                                       double* out, size_t count);
+ROPEJIT_API ropejit_status ropejit_attention_factor(int32_t freqs, int32_t rotary_dim,
+                                                    const ropejit_scaling* scaling, double* out);
+
+/* A model's RoPE as its Hugging Face config.json describes it (ropejit::ModelRope). */
+typedef struct {
+  int32_t head_dim, rotary_dim, rotary_offset, q_heads, kv_heads, style, freqs;
+  double base;
+  /* short_factor / long_factor (longrope) point into memory of this thread that stays valid until
+   * its next ropejit_*_hf_config call. */
+  ropejit_scaling scaling;
+  int32_t mrope, mrope_section[3], mrope_interleaved, norm;
+  int64_t max_positions;
+  double norm_eps, local_base, softmax_scale_multiplier;
+} ropejit_model;
+
+/* Reads a config.json file (or its text) into *spec (ropejit::spec_from_model in `dtype`, bshd)
+ * and, when model is not NULL, *model. Errors name the field and its value. */
+ROPEJIT_API ropejit_status ropejit_spec_from_hf_config(const char* path, int32_t dtype,
+                                                       ropejit_spec* spec, ropejit_model* model);
+ROPEJIT_API ropejit_status ropejit_spec_from_hf_config_text(const char* json_text, int32_t dtype,
+                                                            ropejit_spec* spec,
+                                                            ropejit_model* model);
+
 /* The calling thread's last error message ("" after success). */
 ROPEJIT_API const char* ropejit_last_error(void);
 

@@ -254,4 +254,86 @@ struct Info {
 };
 Info info();
 
+// ---------------------------------------------------------------------------------------
+// Frequencies and cos/sin tables on the host, in float64 (no GPU).
+// ---------------------------------------------------------------------------------------
+
+// Radians per position of each rotary pair i < rotary_dim / 2 for `freqs` (any value but table):
+// base^(-2i/R), or the scaling variant's frequencies for `scaling` (dynamic_ntk and longrope
+// read scaling.seq_len). Throws Error naming the first invalid parameter.
+std::vector<double> inverse_frequencies(Freqs freqs, int32_t rotary_dim, double base,
+                                        const RopeScaling& scaling);
+// What cos and sin are multiplied by: yarn's and longrope's attention factor, else 1.
+double attention_factor(Freqs freqs, int32_t rotary_dim, const RopeScaling& scaling);
+
+// What a table holds: the angles of a frequency variant at positions 0 .. rows - 1.
+struct TableSpec {
+  Freqs freqs = Freqs::computed;  // any value but table
+  double base = 10000.0;
+  RopeScaling scaling;
+  int64_t rows = 0;        // positions 0 .. rows - 1
+  int64_t row_stride = 0;  // elements between rows; 0: the row width
+};
+
+// Fills host cos and sin tables for a table key (spec.freqs == Freqs::table): rows of R/2 (half)
+// or R (full; neox repeats the R/2 values, gptj repeats each one) values of spec.table_dtype,
+// each cos(p θ_i) or sin(p θ_i) times the attention factor, computed in float64 and rounded once.
+// cos and sin each need (rows - 1) * stride + width elements; elements between rows are left
+// as they were. Throws Error, writing nothing, when an argument is invalid.
+void build_tables(const Spec& spec, const TableSpec& table, void* cos, void* sin);
+
+// ---------------------------------------------------------------------------------------
+// Models described by their Hugging Face config.json.
+// ---------------------------------------------------------------------------------------
+
+// A model's RoPE as its config.json describes it (the text model's part of a multimodal
+// config). Copies keep scaling.short_factor / long_factor pointing at their own arrays.
+struct ModelRope {
+  std::string model_type;  // "llama", "qwen2_vl", ... (the text config's)
+  int32_t head_dim = 0;    // q/k head size
+  int32_t rotary_dim = 0;  // rotated elements per head
+  // First rotated element of a head: 0, or DeepSeek MLA's qk_nope_head_dim, whose rotary part is
+  // the tail of each q head (and a k head of its own, shared by all heads: kv_heads is 1).
+  int32_t rotary_offset = 0;
+  int32_t q_heads = 0;
+  int32_t kv_heads = 0;
+  Style style = Style::neox;
+  double base = 10000.0;                  // rope_theta
+  Freqs freqs = Freqs::computed;          // from rope_type
+  RopeScaling scaling;                    // its seq_len is 0: set it per call
+  std::vector<double> short_factor;       // longrope (scaling points here)
+  std::vector<double> long_factor;        // longrope
+  bool mrope = false;                     // Positions::mrope with these sections
+  int32_t mrope_section[3] = {0, 0, 0};   // rotary pairs per position row
+  bool mrope_interleaved = false;         // Qwen3-VL
+  int64_t max_positions = 0;              // max_position_embeddings (0: not given)
+  Norm norm = Norm::none;                 // QK-norm before RoPE
+  double norm_eps = 1e-6;                 // rms_norm_eps
+  double local_base = 0;                  // Gemma 3's sliding-window layers: their own base,
+                                          // unscaled (0: every layer uses `base` and `freqs`)
+  double softmax_scale_multiplier = 1.0;  // DeepSeek yarn: mscale(mscale_all_dim)^2, applied by
+                                          // the attention, not by RoPE
+  std::string style_reason;               // why `style` (for humans)
+
+  ModelRope() = default;
+  ModelRope(const ModelRope& other);
+  ModelRope& operator=(const ModelRope& other);
+  ModelRope(ModelRope&& other) noexcept;
+  ModelRope& operator=(ModelRope&& other) noexcept;
+};
+
+// Parses config.json text / reads a config.json file (a regular file of at most 4 MiB; nesting
+// deeper than 64 is refused before parsing). Throws Error naming the field and its value for a
+// missing or ill-typed field or an unknown rope_type.
+ModelRope model_from_hf_config(const std::string& json_text);
+ModelRope model_from_hf_config_file(const std::string& path);
+
+// The key a model's attention calls: its head_dim (the rotary part alone when rotary_offset > 0),
+// rotary_dim, style, frequencies, position ids (mRoPE's three rows for mRoPE models) and QK-norm,
+// in `dtype` and `layout`, in place and forward.
+Spec spec_from_model(const ModelRope& model, DType dtype, Layout layout = Layout::bshd);
+// Args with the model's base, scaling (pointing into `model`, which must outlive them), mRoPE
+// sections and norm eps set; tensors, positions and sizes are the caller's.
+Args args_from_model(const ModelRope& model);
+
 }  // namespace ropejit
