@@ -10,6 +10,7 @@
 #include <tuple>
 #include <utility>
 
+#include "jit/coverage.hpp"
 #include "jit/errors.hpp"
 
 namespace ropejit::detail {
@@ -376,9 +377,7 @@ void check_fusion(const Spec& c, const Args& a, const CallShape& shape, Operands
 }  // namespace
 
 CallShape check_call(const Spec& c, const Args& a) {
-  // Keys of the axes whose kernels are still being built (tracked in the issues).
-  if (c.positions == Positions::mrope || (c.freqs != Freqs::table && c.freqs != Freqs::computed))
-    fail(ErrorCode::invalid_argument, c.key(), ": this axis value has no kernel in this build yet");
+  require_kernel(c);  // axis values whose device code has not landed (jit/coverage.cpp)
   CallShape shape;
   Operands ops;
   check_sizes(c, a, &shape);
