@@ -199,7 +199,7 @@ def plan(q, k=None, q_out=None, k_out=None, *, cos=None, sin=None, position_ids=
     width, table_dtype = "half", "f32"
     if table:
         if cos is None or sin is None:
-            _fail(f"{'sin' if cos is None else 'cos'} is missing: a table needs both cos and sin")
+            _fail(f"{'cos' if cos is None else 'sin'} is missing: a table needs both cos and sin")
         for t in (cos, sin):
             chk.device_of(t)
             chk.dtype_of(t, ACTIVATION_DTYPES, "the table dtype")

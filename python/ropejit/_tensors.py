@@ -32,7 +32,7 @@ class View:
 
 def device_name(device):
     kind, index = device
-    return kind if index is None else f"{kind}:{index}"
+    return kind if index is None or kind == "cpu" else f"{kind}:{index}"
 
 
 def is_torch_tensor(obj):
