@@ -14,18 +14,18 @@ from ropejit.errors import InvalidArgument
 def _heads_view(name, t, positions, head_size):
     """[batch, seq, heads, head_size] view of t ([..., heads * head_size] or [..., heads,
     head_size] over positions' shape)."""
-    lead = positions.dim()
+    lead, shape = positions.dim(), list(t.shape)
     if t.dim() == lead + 1:
         if t.shape[-1] % head_size:
             raise InvalidArgument(f"ropejit: {name}.shape[-1] ({t.shape[-1]}) is not a multiple "
                                   f"of head_size ({head_size})")
         t = t.unflatten(-1, (-1, head_size))
     elif t.dim() != lead + 2 or t.shape[-1] != head_size:
-        raise InvalidArgument(f"ropejit: {name} has shape {list(t.shape)}: expected "
+        raise InvalidArgument(f"ropejit: {name} has shape {shape}: expected "
                               f"[*{list(positions.shape)}, heads * {head_size}] or "
                               f"[*{list(positions.shape)}, heads, {head_size}]")
     if tuple(t.shape[:lead]) != tuple(positions.shape):
-        raise InvalidArgument(f"ropejit: {name} has shape {list(t.shape)}, positions "
+        raise InvalidArgument(f"ropejit: {name} has shape {shape}, positions "
                               f"{list(positions.shape)}: one position per token")
     if lead == 1:
         return t.unsqueeze(0)
