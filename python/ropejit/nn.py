@@ -63,7 +63,7 @@ class RotaryEmbedding(torch.nn.Module):
         num_attention_heads."""
         params = dict(getattr(config, "rope_parameters", None) or {})
         scaling = params or dict(getattr(config, "rope_scaling", None) or {})
-        base = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
+        base = params.get("rope_theta") or getattr(config, "rope_theta", None) or 10000.0
         partial = params.get("partial_rotary_factor",
                              getattr(config, "partial_rotary_factor", None) or 1.0)
         head_dim = getattr(config, "head_dim", None) or (config.hidden_size //

@@ -121,13 +121,19 @@ def _rope_inplace_fake(q, k, cos, sin, position_ids, seq_offsets, cu_seqlens, la
           rotary_dim, position_offset, base, backward, fake=True)
 
 
+def _base(base, cos):
+    # With tables the base is unused: a literal keeps torch.compile from lifting the default
+    # float into a graph input (a tensor and an .item() per call).
+    return 10000.0 if cos is not None else base
+
+
 def rope(q, k=None, *, cos=None, sin=None, base=10000.0, layout="bshd", style="neox",
          rotary_dim=None, position_ids=None, seq_offsets=None, position_offset=0,
          cu_seqlens=None, backward=False):
     """Out of place: returns new (q_out, k_out) (k_out None without k), differentiable in q
     and k. Arguments as ropejit.apply."""
     q_out, k_out = _rope(q, k, cos, sin, position_ids, seq_offsets, cu_seqlens, layout, style,
-                         rotary_dim or 0, position_offset, float(base), bool(backward))
+                         rotary_dim or 0, position_offset, _base(base, cos), bool(backward))
     return q_out, (None if k is None else k_out)
 
 
@@ -150,5 +156,5 @@ def rope_(q, k=None, *, cos=None, sin=None, base=10000.0, layout="bshd", style="
             k.copy_(k_out)
         return q, k
     _rope_inplace(q, k, cos, sin, position_ids, seq_offsets, cu_seqlens, layout, style,
-                  rotary_dim or 0, position_offset, float(base), bool(backward))
+                  rotary_dim or 0, position_offset, _base(base, cos), bool(backward))
     return q, k

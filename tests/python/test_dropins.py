@@ -191,7 +191,7 @@ def test_dropin_argument_errors():
 
 # torch.compile(fullgraph=True) traces with fake CUDA tensors on any machine: a graph break or a
 # failing fake implementation shows here without a GPU; the GPU suite runs compiled graphs.
-def _trace(fn, *make_args):
+def _trace(fn, *make_args, dynamic=None):
     from torch._subclasses.fake_tensor import FakeTensorMode
     graphs = []
 
@@ -202,19 +202,20 @@ def _trace(fn, *make_args):
     torch._dynamo.reset()
     with FakeTensorMode(allow_non_fake_inputs=True):
         args = [make() for make in make_args]
-        torch.compile(fn, fullgraph=True, backend=backend)(*args)
+        torch.compile(fn, fullgraph=True, dynamic=dynamic, backend=backend)(*args)
     assert len(graphs) == 1
-    ops = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
-    return ops
+    return [str(n.target) for n in graphs[0].graph.nodes if n.op in ("call_function",
+                                                                       "call_method")]
 
 
 def _cuda(*shape, dtype=torch.bfloat16):
     return lambda: torch.randn(*shape, dtype=dtype, device="cuda")
 
 
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
 @pytest.mark.parametrize("name", ["hf", "liger", "flash_attn", "flash_attn_inplace", "vllm",
                                   "transformer_engine", "ops_rope_"])
-def test_dropins_trace_without_graph_breaks(name):
+def test_dropins_trace_without_graph_breaks(name, dynamic):
     ids = lambda: torch.zeros(8, dtype=torch.int64, device="cuda")  # noqa: E731
     cases = {
         "hf": (lambda q, k, c, s: hf.apply_rotary_pos_emb(q, k, c, s),
@@ -233,8 +234,10 @@ def test_dropins_trace_without_graph_breaks(name):
                       [_cuda(2, 8, 4, 64), _cuda(2, 8, 1, 64)]),
     }
     fn, make_args = cases[name]
-    ops = _trace(fn, *make_args)
+    ops = _trace(fn, *make_args, dynamic=dynamic)
     assert any("ropejit.rope" in op for op in ops), ops
+    # Nothing but the op, views and table arithmetic: no host scalars lifted into the graph.
+    assert "item" not in ops, ops
 
 
 def test_trace_time_argument_errors():
