@@ -31,7 +31,6 @@ def no_driver():
     return ropejit.info().driver.startswith("none")
 
 
-requires_torch = pytest.mark.skipif(not HAVE_TORCH, reason="PyTorch is not installed")
 requires_cuda = pytest.mark.skipif(not cuda_available(),
                                    reason="no CUDA GPU visible to torch (GPU test)")
 
@@ -104,9 +103,22 @@ class Backend:
             torch.cuda.synchronize()
 
 
+_C_CHECKS = []
+
+
+def _c_checks_calls():
+    """Whether emulated calls also go through the real ropejit_apply: only without a driver,
+    where it stops at no_driver; with one it would launch on host pointers."""
+    if not _C_CHECKS:
+        _C_CHECKS.append(no_driver())
+    return _C_CHECKS[0]
+
+
 def _emulate(monkeypatch, backend):
     import emulator
-    from ropejit import _apply, _call, _tensors
+
+    import ropejit
+    from ropejit import _apply, _call, _capi, _tensors
 
     real_view = _tensors.from_torch
 
@@ -118,6 +130,13 @@ def _emulate(monkeypatch, backend):
 
     def launch(spec, args, stream):
         backend.launches.append((spec, args))
+        if _c_checks_calls():
+            # The C API checks the whole call (strides, overlaps, positions against the table)
+            # before it needs the driver: no_driver means it accepted what the binding built.
+            try:
+                _capi.check(_capi.lib.ropejit_apply(ctypes.byref(spec), ctypes.byref(args)))
+            except ropejit.NoDriverError:
+                pass
         emulator.emulate(spec, args)
 
     monkeypatch.setattr(_tensors, "from_torch", from_torch)

@@ -3,12 +3,11 @@ and gradient, on the GPU and through the host emulator; their argument errors; a
 torch.compile(fullgraph=True) trace of each with fake CUDA tensors, which needs no GPU."""
 
 import pytest
-import references as ref
-from conftest import requires_torch
 
-pytestmark = requires_torch
+torch = pytest.importorskip("torch", reason="PyTorch is not installed")
 
-torch = pytest.importorskip("torch")
+import references as ref  # noqa: E402
+
 import ropejit  # noqa: E402
 from ropejit.dropin import flash_attn, hf, liger, transformer_engine, vllm  # noqa: E402
 

@@ -5,15 +5,16 @@ a key's first use during a capture refused, and DLPack / __cuda_array_interface_
 other than torch."""
 
 import pytest
-import references as ref
-from conftest import requires_cuda, requires_torch
 
-pytestmark = [requires_torch, requires_cuda, pytest.mark.gpu]
+torch = pytest.importorskip("torch", reason="PyTorch is not installed")
 
-torch = pytest.importorskip("torch")
+import references as ref  # noqa: E402
+from conftest import requires_cuda  # noqa: E402
 import ropejit  # noqa: E402
 from ropejit import ops  # noqa: E402
 from ropejit.dropin import flash_attn, hf, vllm  # noqa: E402
+
+pytestmark = [requires_cuda, pytest.mark.gpu]
 
 
 def tables(rows, rotary_dim, device="cuda"):

@@ -7,12 +7,12 @@ import sys
 import types
 
 import pytest
-import references as ref
-from conftest import ROOT, requires_torch
 
-pytestmark = requires_torch
+torch = pytest.importorskip("torch", reason="PyTorch is not installed")
 
-torch = pytest.importorskip("torch")
+import references as ref  # noqa: E402
+from conftest import ROOT  # noqa: E402
+
 import ropejit  # noqa: E402
 from ropejit.nn import RotaryEmbedding  # noqa: E402
 

@@ -6,12 +6,11 @@ host emulator of the C structs, on CPU tensors ('emulated'); both skip visibly w
 import math
 
 import pytest
-import references as ref
-from conftest import requires_torch
 
-pytestmark = requires_torch
+torch = pytest.importorskip("torch", reason="PyTorch is not installed")
 
-torch = pytest.importorskip("torch")
+import references as ref  # noqa: E402
+
 import ropejit  # noqa: E402
 from ropejit import ops  # noqa: E402
 
