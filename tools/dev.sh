@@ -86,6 +86,16 @@ python_env() {
       return 2
     fi
   fi
+  # --system-site-packages reaches the base interpreter's packages only: when $py is itself in a
+  # virtual environment (a GPU host's python3 holding torch), a .pth file adds that one's after
+  # ours, so the package under test still comes from $env.
+  local parent site
+  parent=$("$py" -c 'import site, sys
+if sys.prefix != sys.base_prefix: print("\n".join(site.getsitepackages()))')
+  if [ -n "$parent" ]; then
+    site=$("$env/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    printf '%s\n' "$parent" > "$site/ropejit-dev-parent-env.pth"
+  fi
 }
 
 # Builds and installs the package with pip (pyproject.toml: scikit-build-core over this CMake

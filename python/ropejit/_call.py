@@ -254,5 +254,3 @@ def launch(spec, args, stream):
     """One ropejit_apply on `stream` (a CUstream handle as an int; 0: the legacy default)."""
     args.stream = stream
     _capi.check(_capi.lib.ropejit_apply(ctypes.byref(spec), ctypes.byref(args)))
-
-

@@ -70,8 +70,9 @@ def _as_spec(spec, fields):
 
 
 def key(spec=None, **fields):
-    """The canonical kernel key, e.g. rope_bshd_bf16_d128_r128_neox_pos-offset_tab-f32-half_qk_fwd_ip:
-    the name of the kernel, its cache file, its tuning entry. key(Spec(...)) or key(dtype="f16")."""
+    """The canonical kernel key (rope_bshd_bf16_d128_r128_neox_pos-offset_tab-f32-half_qk_fwd_ip
+    for the defaults): the name of the kernel, its cache file, its tuning entry.
+    key(Spec(...)), key(dtype="f16") or key(spec, head_dim=64)."""
     c = _as_spec(spec, fields).to_c()
     buf = ctypes.create_string_buffer(_capi.KEY_BUFFER)
     _capi.check(_capi.lib.ropejit_key(ctypes.byref(c), buf, len(buf)))

@@ -58,9 +58,8 @@ class InternalError(Error):
     code = ErrorCode.internal
 
 
-_BY_CODE = {
-    cls.code: cls for cls in (InvalidArgument, CompileError, NoDriverError, DriverError, InternalError)
-}
+_BY_CODE = {cls.code: cls for cls in
+            (InvalidArgument, CompileError, NoDriverError, DriverError, InternalError)}
 
 
 def from_status(status, message):

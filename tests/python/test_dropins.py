@@ -203,8 +203,8 @@ def _trace(fn, *make_args, dynamic=None):
         args = [make() for make in make_args]
         torch.compile(fn, fullgraph=True, dynamic=dynamic, backend=backend)(*args)
     assert len(graphs) == 1
-    return [str(n.target) for n in graphs[0].graph.nodes if n.op in ("call_function",
-                                                                       "call_method")]
+    calls = ("call_function", "call_method")
+    return [str(n.target) for n in graphs[0].graph.nodes if n.op in calls]
 
 
 def _cuda(*shape, dtype=torch.bfloat16):
@@ -243,4 +243,3 @@ def test_trace_time_argument_errors():
     with pytest.raises(Exception, match=r"k.dtype \(f32\) must equal q.dtype \(bf16\)"):
         _trace(lambda q, k: ropejit.ops.rope(q, k), _cuda(2, 8, 4, 64),
                _cuda(2, 8, 4, 64, dtype=torch.float32))
-

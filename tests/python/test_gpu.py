@@ -2,7 +2,9 @@
 backward too, and CUDA graphs through mode='reduce-overhead'), CUDA graph capture and replay,
 launches on torch's current stream (several streams), another device than the current one,
 a key's first use during a capture refused, and DLPack / __cuda_array_interface__ producers
-other than torch."""
+other than torch (CuPy and JAX when installed)."""
+
+import os
 
 import pytest
 
@@ -213,3 +215,21 @@ def test_cupy_if_installed():
     ref.assert_close(torch.as_tensor(q, device="cuda"),
                      ref.rotate(q0.cpu(), angles.cos()[None, :, None], angles.sin()[None, :, None],
                                 False))
+
+
+def test_jax_if_installed():
+    # JAX would otherwise take most of the GPU's memory from the torch tests.
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    jax = pytest.importorskip("jax")
+    if not any(d.platform == "gpu" for d in jax.devices()):
+        pytest.skip("JAX sees no GPU")
+    x = jax.random.normal(jax.random.PRNGKey(0), (1, 8, 2, 64), dtype=jax.numpy.bfloat16)
+    out = torch.empty(1, 8, 2, 64, device="cuda", dtype=torch.bfloat16)
+    # JAX arrays are immutable: read from JAX (DLPack, bf16), write into a torch output.
+    ropejit.apply(x, q_out=out, base=10000.0)
+    torch.cuda.synchronize()
+    x0 = torch.from_dlpack(x).cpu()
+    inv = 10000.0 ** (-torch.arange(0, 64, 2, dtype=torch.float64) / 64)
+    angles = torch.arange(8, dtype=torch.float64)[:, None] * inv
+    ref.assert_close(out, ref.rotate(x0, angles.cos()[None, :, None], angles.sin()[None, :, None],
+                                     False))

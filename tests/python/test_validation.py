@@ -137,7 +137,8 @@ def test_positions(launches):
 
 def test_outputs(launches):
     q, k = q_k()
-    refused(launches, r"k_out is missing", q, k, q_out=CudaArray((2, 5, 4, 64), ptr=FAKE_PTR + 8 * MB))
+    refused(launches, r"k_out is missing", q, k,
+            q_out=CudaArray((2, 5, 4, 64), ptr=FAKE_PTR + 8 * MB))
     refused(launches, r"q_out has shape \[2, 5, 2, 64\], q has \[2, 5, 4, 64\]", q,
             q_out=CudaArray((2, 5, 2, 64)))
     refused(launches, r"k_out is given without k", q, q_out=CudaArray((2, 5, 4, 64)),

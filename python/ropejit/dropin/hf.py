@@ -8,6 +8,8 @@ Differences from transformers':
 - cos.shape[-1] < head_dim rotates the first cos.shape[-1] dimensions and passes the rest
   through (models with partial rotary); transformers' Llama function would fail to broadcast.
 - k may be None (returns (q_embed, None)).
+- cos/sin that differ per sequence ([batch, seq, R], batch > 1) cost one small int32 tensor of
+  row offsets per call; shared ones ([1, seq, R], transformers' usual case) cost nothing.
 - math in fp32 with one rounding (transformers multiplies and adds in the activation dtype).
 - position_ids is ignored, as transformers has done since it became deprecated."""
 
