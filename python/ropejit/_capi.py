@@ -106,7 +106,13 @@ def check_struct_sizes(lib):
 
 
 def load(path=None):
-    lib = ctypes.CDLL(path or library_path())
+    path = path or library_path()
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError as e:
+        raise ImportError(f"ropejit: cannot load {path}: {e}; it needs NVRTC (libnvrtc) from the "
+                          f"CUDA Toolkit it was built with: put the toolkit's lib folder on "
+                          f"LD_LIBRARY_PATH") from e
     for name, (restype, argtypes) in _PROTOTYPES.items():
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = restype, argtypes

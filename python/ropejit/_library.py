@@ -61,12 +61,13 @@ class Spec:
 
 def _as_spec(spec, fields):
     if spec is None:
-        return Spec(**fields)
-    if fields:
-        return dataclasses.replace(spec, **fields)
+        spec = Spec()
     if not isinstance(spec, Spec):
         raise InvalidArgument(f"ropejit: spec ({spec!r}) must be a ropejit.Spec")
-    return spec
+    unknown = sorted(set(fields) - {f.name for f in dataclasses.fields(Spec)})
+    if unknown:
+        raise InvalidArgument(f"ropejit: {unknown[0]!r} is not a field of ropejit.Spec")
+    return dataclasses.replace(spec, **fields) if fields else spec
 
 
 def key(spec=None, **fields):

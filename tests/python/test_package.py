@@ -93,6 +93,7 @@ def test_key_defaults_and_fields():
     (dict(positions="mrope"), ["spec.positions", "'mrope'"]),
     (dict(freqs="llama3"), ["spec.freqs", "'llama3'"]),
     (dict(head_dim="128"), ["spec.head_dim", "'128'"]),
+    (dict(head_dims=64), ["'head_dims' is not a field of ropejit.Spec"]),
 ])
 def test_key_rejects_bad_specs(fields, words):
     with pytest.raises(ropejit.InvalidArgument) as e:
@@ -100,6 +101,12 @@ def test_key_rejects_bad_specs(fields, words):
     assert e.value.code == ropejit.ErrorCode.invalid_argument
     for word in words:
         assert word in str(e.value)
+
+
+def test_key_needs_a_spec():
+    with pytest.raises(ropejit.InvalidArgument, match=r"spec \('rope_bshd'\) must be a "
+                                                      r"ropejit.Spec"):
+        ropejit.key("rope_bshd")
 
 
 def test_precompile_fills_the_disk_cache(tmp_path):
