@@ -200,6 +200,26 @@ def test_in_place_under_autograd_is_exact(backend):
     ref.assert_close(leaf.grad, expected(g, direction=-1))
 
 
+def test_eager_calls_skip_the_dispatcher_only_when_nothing_needs_it(backend, monkeypatch):
+    if backend.name != "emulated":
+        pytest.skip("replaces the registered ops")
+    q, q4, k, k4, kwargs, expected = case_inputs(CASES[0], backend.device)
+
+    def refuse(*args):
+        raise AssertionError("the dispatcher was used")
+
+    monkeypatch.setattr(ops, "_rope", refuse)
+    monkeypatch.setattr(ops, "_rope_inplace", refuse)
+    ops.rope(q, k, **kwargs)
+    ops.rope_(q, k, **kwargs)
+    with pytest.raises(AssertionError, match="dispatcher"):
+        ops.rope(q.float().requires_grad_(True), **dict(kwargs, cos=kwargs["cos"].float(),
+                                                        sin=kwargs["sin"].float()))
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode(), pytest.raises(AssertionError, match="dispatcher"):
+        ops.rope_(torch.empty(1, 4, 2, 64, device="cuda"), base=10000.0)
+
+
 def test_cpu_tensors_are_refused_before_launch():
     q = torch.zeros(1, 4, 2, 64)
     with pytest.raises(ropejit.InvalidArgument, match=r"q is on cpu"):
