@@ -115,9 +115,10 @@ print(" ".join(p for m, p in (("pytest", "pytest"), ("numpy", "numpy"),
     "$py" -m pip install -q ${ROPEJIT_PIP_ARGS:-} $missing
   fi
   echo "dev.sh: pip install . into $env"
+  # The wheel's CMake build is kept in BUILD/wheel: a later run recompiles only what changed.
   # shellcheck disable=SC2086
   CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) "$py" -m pip install -q --no-build-isolation --no-deps \
-    --force-reinstall ${ROPEJIT_PIP_ARGS:-} .
+    --force-reinstall -C "build-dir=$build/wheel/{wheel_tag}" ${ROPEJIT_PIP_ARGS:-} .
   if [ "${state:-}" = yes ] && ! "$py" -c 'import torch' >/dev/null 2>&1; then
     echo "dev.sh: a GPU is here but $py cannot import torch: the Python GPU tests are SKIPPED"
   fi
