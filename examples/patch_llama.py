@@ -36,7 +36,7 @@ def compare(dtype=torch.float32, device="cuda", batch=2, tokens=48):
     calls = []
     try:
         replaced = ropejit.nn.patch_hf_model(model)
-        assert replaced == ["model.rotary_emb"], replaced
+        assert replaced, "the model has no rotary_emb module to replace"
         patched = modeling_llama.apply_rotary_pos_emb
         assert patched is hf.apply_rotary_pos_emb
 
