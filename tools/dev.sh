@@ -69,22 +69,16 @@ gpu_state() {
   echo "no: $(grep '^driver' <<<"$info" | sed 's/^driver *//')"
 }
 
-# A virtual environment for the Python package. Debian's own python3 has no venv module without
-# python3-venv: installed here when root, else named.
+# A virtual environment for the Python package, seeing the system's packages. Without ensurepip
+# (Debian's python3 lacking python3-venv, or the base interpreter of an environment made by uv)
+# it is made without pip and uses the pip it can see; with none, python3-venv is installed when
+# root, else named.
 python_env() {
   local env=$1 py=${ROPEJIT_PYTHON:-python3}
   if [ -x "$env/bin/python" ]; then return 0; fi
   if ! "$py" -m venv --system-site-packages "$env" >/dev/null 2>&1; then
     rm -rf "$env"
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-      echo "dev.sh: '$py -m venv' failed: installing python3-venv" >&2
-      apt-get install -y -qq python3-venv >/dev/null 2>&1 ||
-        { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq python3-venv >/dev/null; }
-    fi
-    if ! "$py" -m venv --system-site-packages "$env"; then
-      echo "dev.sh: '$py -m venv' failed: install python3-venv (Debian/Ubuntu) or set ROPEJIT_PYTHON" >&2
-      return 2
-    fi
+    "$py" -m venv --system-site-packages --without-pip "$env" || return 2
   fi
   # --system-site-packages reaches the base interpreter's packages only: when $py is itself in a
   # virtual environment (a GPU host's python3 holding torch), a .pth file adds that one's after
@@ -96,6 +90,16 @@ if sys.prefix != sys.base_prefix: print("\n".join(site.getsitepackages()))')
     site=$("$env/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
     printf '%s\n' "$parent" > "$site/ropejit-dev-parent-env.pth"
   fi
+  if "$env/bin/python" -m pip --version >/dev/null 2>&1; then return 0; fi
+  rm -rf "$env"
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "dev.sh: no pip for '$py -m venv': installing python3-venv" >&2
+    { apt-get install -y -qq python3-venv >/dev/null 2>&1 ||
+      { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq python3-venv >/dev/null; }; } &&
+      "$py" -m venv --system-site-packages "$env" && return 0
+  fi
+  echo "dev.sh: '$py -m venv' gives no pip: install python3-venv (Debian/Ubuntu) or set ROPEJIT_PYTHON" >&2
+  return 2
 }
 
 # Builds and installs the package with pip (pyproject.toml: scikit-build-core over this CMake
