@@ -1,21 +1,22 @@
-"""Same-run comparison on one GPU: ropejit (through ropejit_ctypes: in place, neox, fp32
-half-width cos/sin table built in float64, int64 position ids) against HF-style torch eager
-RoPE, the same function under torch.compile, and a device-to-device copy of the same bytes.
-Checks ropejit against a float64 reference first, then times everything with CUDA events,
+"""Same-run comparison on one GPU: ropejit (through its Python package, ropejit.apply: in
+place, neox, fp32 half-width cos/sin table built in float64, int64 position ids) against HF-style
+torch eager RoPE, the same function under torch.compile, and a device-to-device copy of the same
+bytes. Checks ropejit against a float64 reference first, then times everything with CUDA events,
 prints a markdown table and writes the numbers as JSON.
 
-    python3 bench/compare_torch.py --lib build/libropejit.so --out $OUT/compare.json
+    python3 bench/compare_torch.py --out $OUT/compare.json          # the installed package
+    python3 bench/compare_torch.py --lib build/libropejit.so        # python/ropejit over a build
 """
 
 import argparse
 import json
+import os
+import pathlib
 import statistics
 import sys
 from dataclasses import dataclass
 
 import torch
-
-import ropejit_ctypes
 
 BASE = 10000.0
 # Larger than any current GPU's L2 (H100 50 MiB, H200 60 MiB, B200 126 MiB), so writing it
@@ -26,6 +27,16 @@ DECODE_CONTEXT = 8192
 # Relative L2 error against float64 that one rounding to the output dtype stays well under.
 TOLERANCE = {torch.bfloat16: 1e-2, torch.float16: 2e-3}
 ROPEJIT_DTYPE = {torch.bfloat16: "bf16", torch.float16: "f16"}
+
+
+def import_ropejit(lib):
+    """The installed package, or with `lib` the source tree's python/ropejit over that
+    libropejit.so (a build tree without `pip install`)."""
+    if lib is not None:
+        os.environ["ROPEJIT_LIB"] = os.path.abspath(lib)
+        sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "python"))
+    import ropejit
+    return ropejit
 
 
 @dataclass
@@ -123,7 +134,7 @@ def first_line(error):
     return f"{type(error).__name__}: {lines[0] if lines else ''}"
 
 
-def run_case(case, lib, flush, warmup, reps):
+def run_case(case, ropejit, flush, warmup, reps):
     dev = torch.device("cuda")
     table_rows = max(DECODE_CONTEXT, case.seq)
     cos64, sin64 = float64_tables(table_rows, case.head_dim, dev)
@@ -140,21 +151,24 @@ def run_case(case, lib, flush, warmup, reps):
                      device=dev)
     k0 = torch.randn(case.batch, case.seq, case.k_heads, case.head_dim, dtype=case.dtype,
                      device=dev)
-    rope = ropejit_ctypes.Rope(dtype=ROPEJIT_DTYPE[case.dtype], head_dim=case.head_dim,
-                               style="neox", layout="bshd", positions="ids", index_type="i64",
-                               freqs="table", table_dtype="f32", table_width="half",
-                               in_place=True, lib=lib)
+    spec = ropejit.Spec(dtype=ROPEJIT_DTYPE[case.dtype], head_dim=case.head_dim, style="neox",
+                        layout="bshd", positions="ids", index_type="i64", freqs="table",
+                        table_dtype="f32", table_width="half", in_place=True)
+
+    def rope(q, k):  # in place, on torch's current stream
+        ropejit.apply(q, k, cos=cos32, sin=sin32, position_ids=ids)
+
     row = {"case": case.name, "dtype": str(case.dtype).removeprefix("torch."), "batch": case.batch,
            "seq": case.seq, "q_heads": case.q_heads, "k_heads": case.k_heads,
            "head_dim": case.head_dim, "tokens": case.tokens, "bytes": 2 * case.qk_bytes,
-           "key": rope.key()}
+           "key": ropejit.key(spec)}
 
     # Correctness, on copies: ropejit rotates in place and the originals feed eager/compile.
     q, k = q0.clone(), k0.clone()
     rope_error = None
     try:
-        rope.apply(q, k, cos=cos32, sin=sin32, position_ids=ids)
-    except RuntimeError as e:
+        rope(q, k)
+    except RuntimeError as e:  # ropejit.Error is one
         rope_error = first_line(e)
     ref = (reference(q0, cos64, sin64, ids), reference(k0, cos64, sin64, ids))
     eager_out = hf_rope(q0, k0, cos_full, sin_full, ids2d)
@@ -184,7 +198,7 @@ def run_case(case, lib, flush, warmup, reps):
 
     row["copy_us"] = time_copy(case.qk_bytes, flush, warmup, reps)
     row["ropejit_us"] = None if rope_error else time_us(
-        lambda: rope.apply(q, k, cos=cos32, sin=sin32, position_ids=ids), flush, warmup, reps)
+        lambda: rope(q, k), flush, warmup, reps)
     row["eager_us"] = time_us(lambda: hf_rope(q0, k0, cos_full, sin_full, ids2d), flush, warmup,
                               reps)
     row["compile_us"] = None
@@ -226,7 +240,8 @@ def print_table(rows):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lib", help="path of libropejit.so (default: $ROPEJIT_LIB or ../build*)")
+    parser.add_argument("--lib", help="a build's libropejit.so, used with the source tree's "
+                        "python/ropejit (default: the installed package)")
     parser.add_argument("--out", default="compare_torch.json", help="JSON output path")
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--reps", type=int, default=100)
@@ -234,10 +249,10 @@ def main():
     if not torch.cuda.is_available():
         sys.exit("compare_torch: no CUDA device visible to torch; nothing to measure")
 
-    lib = ropejit_ctypes.load(args.lib)
+    ropejit = import_ropejit(args.lib)
     flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-            "cuda": torch.version.cuda, "ropejit": ropejit_ctypes.version(args.lib),
+            "cuda": torch.version.cuda, "ropejit": ropejit.__version__,
             "warmup": args.warmup, "reps": args.reps, "flush_bytes": FLUSH_BYTES}
     print(f"# {meta['gpu']}, torch {meta['torch']} (CUDA {meta['cuda']}), "
           f"ropejit {meta['ropejit']}; median of {args.reps} after {args.warmup} warm-ups, "
@@ -245,7 +260,7 @@ def main():
 
     rows = []
     for case in CASES:
-        row = run_case(case, lib, flush, args.warmup, args.reps)
+        row = run_case(case, ropejit, flush, args.warmup, args.reps)
         rows.append(row)
         notes = [f"ropejit rel L2 {fmt(row.get('ropejit_rel_l2'), '.2e')} "
                  f"({'ok' if row['check_ok'] else 'FAIL'}, limit {TOLERANCE[case.dtype]:.0e})",

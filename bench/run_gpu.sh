@@ -78,10 +78,15 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   cat "$out/compile_phases.txt"
   ROPEJIT_NVRTC_FLAGS=-no-cache $build/bench/ropejit_bench --benchmark_filter='^jit' > "$out/jit_nocache.txt" 2>&1
   grep -E "^jit" "$out/jit_nocache.txt" | sed 's/^/-no-cache: /'
-  PYTHONFAULTHANDLER=1 python3 -c "import sys, torch; sys.path.insert(0, 'bench'); import ropejit_ctypes as r; print('ctypes with torch loaded:', r.Rope(lib='$build/libropejit.so').key())"
+  # The Python package (python/ropejit over this build's libropejit.so): loads next to torch,
+  # the same-run torch comparison, and its host cost per call next to the C++ call's.
+  ROPEJIT_LIB=$build/libropejit.so PYTHONPATH=python PYTHONFAULTHANDLER=1 python3 -c "import torch, ropejit; print('package with torch loaded:', ropejit.key())"
   ROPEJIT_TUNING_FILE="$out/tuning.json" PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1 python3 bench/compare_torch.py \
     --lib $build/libropejit.so --out "$out/compare.json" > "$out/compare.txt" 2>&1
   tail -n 20 "$out/compare.txt"
+  ROPEJIT_LIB=$build/libropejit.so PYTHONPATH=python python3 bench/python_overhead.py \
+    --bench $build/bench/ropejit_bench --out "$out/python_overhead.json" > "$out/python_overhead.txt" 2>&1
+  cat "$out/python_overhead.txt"
   python3 bench/plot.py "$out/bench.json" --compare "$out/compare.json" --outdir "$out/plots" 2>&1 | tail -3
 fi
 if [ "$what" = profile ]; then

@@ -37,11 +37,13 @@ class StandIn {
   StandIn(const StandIn&) = delete;
   StandIn& operator=(const StandIn&) = delete;
 
-  // Runs `tools/dev.sh ARGS` from another working directory, with ctest replaced by `echo`.
+  // Runs `tools/dev.sh ARGS` from another working directory, with ctest and the Python step
+  // replaced by `echo`.
   CommandResult dev_sh(const std::string& args) const {
     return ropejit::testing::run_command("cd / && PATH='" + bin_ +
                                          "':\"$PATH\" ROPEJIT_BUILD_DIR=" + name_ +
-                                         " ROPEJIT_SKIP_BUILD=1 ROPEJIT_CTEST='echo CTEST' bash '" +
+                                         " ROPEJIT_SKIP_BUILD=1 ROPEJIT_CTEST='echo CTEST'"
+                                         " ROPEJIT_PYTEST='echo PYTEST' bash '" +
                                          ROPEJIT_SOURCE_DIR + "/tools/dev.sh' " + args);
   }
   const std::string& dir() const { return dir_; }
@@ -70,6 +72,7 @@ TEST_CASE("dev.sh test runs the GPU suite when ropejit sees a GPU") {
   CHECK(has(r, "CTEST --output-on-failure\n"));
   CHECK_FALSE(has(r, "-LE gpu"));
   CHECK_FALSE(has(r, "SKIPPED"));
+  CHECK(has(r, "the Python package\nPYTEST\n"));
   CHECK(s.dev_sh("gpu").output == "yes\n");
 }
 
@@ -81,6 +84,7 @@ TEST_CASE("dev.sh test skips the GPU suite visibly on a machine without a GPU") 
   CHECK(has(r, "no usable GPU here (none: libcuda.so.1 could not be loaded)"));
   CHECK(has(r, "CTEST --output-on-failure -LE gpu"));
   CHECK(has(r, "GPU tests SKIPPED"));
+  CHECK(has(r, "the Python package\nPYTEST\n"));
 }
 
 TEST_CASE("dev.sh test fails where the driver lists a GPU that ropejit cannot use") {
@@ -90,6 +94,7 @@ TEST_CASE("dev.sh test fails where the driver lists a GPU that ropejit cannot us
   CHECK(r.status == 2);
   CHECK(has(r, "nvidia-smi lists a GPU but"));
   CHECK_FALSE(has(r, "CTEST"));
+  CHECK_FALSE(has(r, "PYTEST"));
 }
 
 TEST_CASE("dev.sh test fails when the ropejit command is missing") {

@@ -3,14 +3,21 @@
 # then run the demo or the tests.
 #   tools/dev.sh demo [ARGS...]   build, then `ropejit demo ARGS`
 #   tools/dev.sh test             build, then ctest: the CPU suite, and the GPU suite when
-#                                 `ropejit info` sees a GPU (skipped visibly otherwise)
+#                                 `ropejit info` sees a GPU (skipped visibly otherwise); then
+#                                 the Python package (see `python`)
+#   tools/dev.sh python           pip-install the Python package into BUILD/pyenv, a virtual
+#                                 environment that also sees the system's packages (a GPU
+#                                 host's torch), and run pytest on tests/python
 #   tools/dev.sh build            build only
 #   tools/dev.sh gpu              say whether this machine can run the GPU suite (no build)
-# ROPEJIT_BUILD_DIR picks the build folder (default build), ROPEJIT_CMAKE_ARGS adds -D options.
+# ROPEJIT_BUILD_DIR picks the build folder (default build), ROPEJIT_CMAKE_ARGS adds -D options,
+# ROPEJIT_PYTHON the interpreter (default python3), ROPEJIT_PIP_ARGS extra pip options (an
+# offline host: "--no-index --find-links DIR").
 # For the test of this script (tests/test_dev_sh.cpp): ROPEJIT_SKIP_BUILD=1 uses the build
-# folder as it is, ROPEJIT_CTEST replaces the ctest command.
+# folder as it is, ROPEJIT_CTEST replaces the ctest command, ROPEJIT_PYTEST the Python step.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+root=$PWD
 what=${1:-build}
 shift || true
 build=${ROPEJIT_BUILD_DIR:-build}
@@ -62,10 +69,71 @@ gpu_state() {
   echo "no: $(grep '^driver' <<<"$info" | sed 's/^driver *//')"
 }
 
+# A virtual environment for the Python package, seeing the system's packages. Without ensurepip
+# (Debian's python3 lacking python3-venv, or the base interpreter of an environment made by uv)
+# it is made without pip and uses the pip it can see; with none, python3-venv is installed when
+# root, else named.
+python_env() {
+  local env=$1 py=${ROPEJIT_PYTHON:-python3}
+  if [ -x "$env/bin/python" ]; then return 0; fi
+  if ! "$py" -m venv --system-site-packages "$env" >/dev/null 2>&1; then
+    rm -rf "$env"
+    "$py" -m venv --system-site-packages --without-pip "$env" || return 2
+  fi
+  # --system-site-packages reaches the base interpreter's packages only: when $py is itself in a
+  # virtual environment (a GPU host's python3 holding torch), a .pth file adds that one's after
+  # ours, so the package under test still comes from $env.
+  local parent site
+  parent=$("$py" -c 'import site, sys
+if sys.prefix != sys.base_prefix: print("\n".join(site.getsitepackages()))')
+  if [ -n "$parent" ]; then
+    site=$("$env/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    printf '%s\n' "$parent" > "$site/ropejit-dev-parent-env.pth"
+  fi
+  if "$env/bin/python" -m pip --version >/dev/null 2>&1; then return 0; fi
+  rm -rf "$env"
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "dev.sh: no pip for '$py -m venv': installing python3-venv" >&2
+    { apt-get install -y -qq python3-venv >/dev/null 2>&1 ||
+      { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq python3-venv >/dev/null; }; } &&
+      "$py" -m venv --system-site-packages "$env" && return 0
+  fi
+  echo "dev.sh: '$py -m venv' gives no pip: install python3-venv (Debian/Ubuntu) or set ROPEJIT_PYTHON" >&2
+  return 2
+}
+
+# Builds and installs the package with pip (pyproject.toml: scikit-build-core over this CMake
+# project) into BUILD/pyenv, then runs pytest: the CPU tests always, the GPU tests where torch
+# sees a GPU (skipped with their reason otherwise, -rs lists them).
+python_tests() {
+  local env="$build/pyenv"
+  if [ -n "${ROPEJIT_PYTEST:-}" ]; then $ROPEJIT_PYTEST; return; fi
+  python_env "$env"
+  local py="$env/bin/python" missing
+  missing=$("$py" -c 'import importlib.util as u
+print(" ".join(p for m, p in (("pytest", "pytest"), ("numpy", "numpy"),
+      ("scikit_build_core", "scikit-build-core")) if u.find_spec(m) is None))')
+  if [ -n "$missing" ]; then
+    echo "dev.sh: installing $missing into $env"
+    # shellcheck disable=SC2086
+    "$py" -m pip install -q ${ROPEJIT_PIP_ARGS:-} $missing
+  fi
+  echo "dev.sh: pip install . into $env"
+  # The wheel's CMake build is kept in BUILD/wheel: a later run recompiles only what changed.
+  # shellcheck disable=SC2086
+  CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) "$py" -m pip install -q --no-build-isolation --no-deps \
+    --force-reinstall -C "build-dir=$build/wheel/{wheel_tag}" ${ROPEJIT_PIP_ARGS:-} .
+  if [ "${state:-}" = yes ] && ! "$py" -c 'import torch' >/dev/null 2>&1; then
+    echo "dev.sh: a GPU is here but $py cannot import torch: the Python GPU tests are SKIPPED"
+  fi
+  "$py" -m pytest -rs tests/python
+}
+
 case "$what" in
   build) ;;
   gpu) gpu_state ;;
   demo) "$ropejit" demo "$@" ;;
+  python) state=$(gpu_state) && python_tests ;;
   test)
     state=$(gpu_state)
     ctest_cmd=${ROPEJIT_CTEST:-ctest}
@@ -78,6 +146,9 @@ case "$what" in
       $ctest_cmd --output-on-failure -LE gpu
       echo "dev.sh: GPU tests SKIPPED: $($ctest_cmd -N -L gpu | tail -1)"
     fi
+    cd "$root"
+    echo "dev.sh: the Python package"
+    python_tests
     ;;
-  *) echo "usage: tools/dev.sh demo|test|build|gpu" >&2; exit 2 ;;
+  *) echo "usage: tools/dev.sh demo|test|python|build|gpu" >&2; exit 2 ;;
 esac

@@ -1,0 +1,20 @@
+"""ropejit: Rotary Position Embedding kernels generated at run time (NVRTC + CUDA Driver API).
+
+    import ropejit
+    ropejit.apply(q, k, cos=cos, sin=sin, position_ids=ids)   # any CUDA tensors, in place
+
+PyTorch users: ropejit.ops (torch.library ops with autograd, torch.compile and CUDA graphs),
+ropejit.dropin (the Hugging Face, flash-attn, vLLM, TransformerEngine and Liger functions),
+ropejit.nn.RotaryEmbedding. Importing needs no GPU: the driver is loaded on the first launch."""
+
+from ropejit import _capi
+from ropejit._apply import apply
+from ropejit._library import Info, Spec, command_path, info, key, precompile
+from ropejit.errors import (CompileError, DriverError, Error, ErrorCode, InternalError,
+                            InvalidArgument, NoDriverError)
+
+__version__ = _capi.version()
+
+__all__ = ["apply", "key", "precompile", "info", "Info", "Spec", "command_path", "Error",
+           "ErrorCode", "InvalidArgument", "CompileError", "NoDriverError", "DriverError",
+           "InternalError", "__version__"]

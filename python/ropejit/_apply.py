@@ -1,0 +1,84 @@
+"""ropejit.apply: RoPE on any CUDA tensors (torch, or __cuda_array_interface__ / DLPack objects
+such as CuPy and JAX arrays) on the caller's stream. The torch ops (ropejit.ops) plan the same
+way but allocate their outputs and go through torch.library."""
+
+import sys
+
+from ropejit import _call, _tensors
+from ropejit.errors import InvalidArgument
+
+
+def stream_handle(stream):
+    """A CUstream as an int from an int, a torch.cuda.Stream (.cuda_stream), a CuPy stream
+    (.ptr) or None (0: the legacy default stream)."""
+    if stream is None:
+        return 0
+    if isinstance(stream, int):
+        return stream
+    for attr in ("cuda_stream", "ptr"):
+        handle = getattr(stream, attr, None)
+        if isinstance(handle, int):
+            return handle
+    raise InvalidArgument(f"ropejit: stream ({stream!r}) must be a CUstream handle (int), a "
+                          f"torch.cuda.Stream or a CuPy stream")
+
+
+def torch_stream(q):
+    """torch's current stream on q's device."""
+    import torch
+    return torch.cuda.current_stream(q.device).cuda_stream
+
+
+def torch_device_guard(q):
+    """A context that makes q's device current when it is not (ropejit launches in the
+    current CUDA context), else None: switching costs microseconds, so only when needed."""
+    torch = sys.modules["torch"]
+    index = q.device.index
+    if index is None or index == torch.cuda.current_device():
+        return None
+    return torch.cuda.device(index)
+
+
+def apply(q, k=None, *, cos=None, sin=None, base=10000.0, layout="bshd", style="neox",
+          rotary_dim=None, position_ids=None, seq_offsets=None, position_offset=0,
+          cu_seqlens=None, backward=False, q_out=None, k_out=None, stream=None):
+    """Rotates q (and k, whose head count may differ) in one launch.
+
+    Shapes follow `layout`: bshd [batch, seq, heads, head_dim], sbhd [seq, batch, ...],
+    bhsd [batch, heads, seq, head_dim] (any strides, last dimension contiguous), or thd
+    [tokens, heads, head_dim] with `cu_seqlens` (int32 [batch + 1]). Frequencies come from
+    `cos`/`sin` tables ([rows, rotary_dim / 2] or [rows, rotary_dim], f32/f16/bf16, any row
+    stride) or, without tables, are computed from `base`. Positions: `position_ids` (int32/int64,
+    one per token), `seq_offsets` (int32/int64, one per sequence, added to the index in the
+    sequence), else the index in the sequence plus `position_offset`. `style`: "neox" (pairs
+    i, i + R/2) or "gptj" (pairs 2i, 2i + 1). `backward=True` rotates by -angle (the
+    gradient). In place, unless `q_out` (and `k_out`) are given; returns the written (q, k).
+
+    `stream`: default torch's current stream for torch tensors; for other tensors, the stream
+    their __cuda_array_interface__ names, else the legacy default stream (DLPack producers
+    order their pending work before it). The tensors must be on the current CUDA device's
+    context for non-torch tensors (torch tensors: q's device is made current)."""
+    is_torch = _tensors.is_torch_tensor(q)
+    handle = None if stream is None else stream_handle(stream)
+    view = _tensors.view
+    qv = view("q", q, handle)
+    if handle is None:
+        if is_torch and qv.device[0] == "cuda":
+            handle = torch_stream(q)
+        else:
+            handle = qv.stream or 0
+    views = {name: (None if t is None else view(name, t, handle)) for name, t in (
+        ("k", k), ("q_out", q_out), ("k_out", k_out), ("cos", cos), ("sin", sin),
+        ("position_ids", position_ids), ("seq_offsets", seq_offsets), ("cu_seqlens", cu_seqlens))}
+    spec, args = _call.plan(qv, views["k"], views["q_out"], views["k_out"], cos=views["cos"],
+                            sin=views["sin"], position_ids=views["position_ids"],
+                            seq_offsets=views["seq_offsets"], cu_seqlens=views["cu_seqlens"],
+                            layout=layout, style=style, rotary_dim=rotary_dim,
+                            position_offset=position_offset, base=base, backward=backward)
+    guard = torch_device_guard(q) if is_torch else None
+    if guard is None:
+        _call.launch(spec, args, handle)
+    else:
+        with guard:
+            _call.launch(spec, args, handle)
+    return (q, k) if q_out is None else (q_out, k_out)

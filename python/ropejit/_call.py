@@ -1,0 +1,256 @@
+"""One call described by tensor views -> the C structs (ropejit_spec, ropejit_args), after every
+check the C API cannot make (it sees pointers and strides, not dtypes, devices or extents), then
+the launch. Shared by ropejit.apply (any tensor) and the torch ops (which also plan with fake
+tensors while tracing, so that bad input fails at trace time)."""
+
+import ctypes
+import math
+
+from ropejit import _capi
+from ropejit._tensors import device_name
+from ropejit.errors import InvalidArgument
+
+ACTIVATION_DTYPES = ("f32", "f16", "bf16")
+INDEX_DTYPES = ("i32", "i64")
+# Axes (batch, seq, heads) of q in each dense layout; thd is (tokens, heads, head_dim).
+DENSE_AXES = {"bshd": (0, 1, 2), "sbhd": (1, 0, 2), "bhsd": (0, 2, 1)}
+_SHAPES = {"bshd": "[batch, seq, heads, head_dim]", "sbhd": "[seq, batch, heads, head_dim]",
+           "bhsd": "[batch, heads, seq, head_dim]", "thd": "[tokens, heads, head_dim]"}
+
+
+def _fail(message):
+    raise InvalidArgument("ropejit: " + message)
+
+
+def _choice(field, value, table):
+    if value not in table:
+        _fail(f"{field} ({value!r}) must be one of {', '.join(map(repr, table))}")
+    return value
+
+
+def _is_row_major(v):
+    step = 1
+    for n, s in zip(reversed(v.shape), reversed(v.strides)):
+        if n != 1 and s != step:
+            return False
+        step *= n
+    return True
+
+
+def _numel(v):
+    return math.prod(v.shape)
+
+
+class _Checker:
+    """Device and dtype checks against q: every operand on q's device."""
+
+    def __init__(self, q, allow_meta):
+        self.device = q.device
+        self.allow_meta = allow_meta
+        self.device_of(q)
+
+    def device_of(self, v):
+        kind, index = v.device
+        if kind == "meta" and self.allow_meta:
+            return
+        if kind != "cuda":
+            _fail(f"{v.name} is on {device_name(v.device)}: ropejit needs CUDA device memory "
+                  f"(move it with .cuda() / .to('cuda'))")
+        if index is not None and self.device[1] is not None and index != self.device[1]:
+            _fail(f"{v.name} is on {device_name(v.device)} but q is on "
+                  f"{device_name(self.device)}: every tensor of a call must be on one device")
+
+    def dtype_of(self, v, allowed, what):
+        if v.dtype not in allowed:
+            _fail(f"{v.name}.dtype ({v.dtype}) must be {' or '.join(allowed)} ({what})")
+
+
+def _dims(v, layout):
+    """(batch, seq, heads, head_dim) of an operand; batch is None for thd."""
+    want = 3 if layout == "thd" else 4
+    if v.ndim != want:
+        _fail(f"{v.name} must be {want}-d {_SHAPES[layout]} for layout {layout!r}, got shape "
+              f"{list(v.shape)}")
+    if v.strides[-1] != 1 and v.shape[-1] != 1:
+        _fail(f"{v.name} needs a contiguous last dimension (stride 1), got strides "
+              f"{list(v.strides)} for shape {list(v.shape)}: call .contiguous() first")
+    if layout == "thd":
+        return None, v.shape[0], v.shape[1], v.shape[2]
+    b, s, h = DENSE_AXES[layout]
+    return v.shape[b], v.shape[s], v.shape[h], v.shape[3]
+
+
+def _operand(v, layout):
+    if layout == "thd":
+        return _capi.ropejit_tensor(v.ptr, v.shape[1], 0, v.strides[0], v.strides[1])
+    b, s, h = DENSE_AXES[layout]
+    return _capi.ropejit_tensor(v.ptr, v.shape[h], v.strides[b], v.strides[s], v.strides[h])
+
+
+def _index_tensor(chk, v, count, what):
+    chk.device_of(v)
+    chk.dtype_of(v, INDEX_DTYPES, what)
+    if _numel(v) != count or not _is_row_major(v):
+        _fail(f"{v.name} must be contiguous with {count} elements ({what}), got shape "
+              f"{list(v.shape)} strides {list(v.strides)}")
+
+
+_SPECS = {}
+
+
+def _spec(layout, dtype, head_dim, rotary_dim, style, positions, index_type, table, width,
+          table_dtype, backward, in_place):
+    """The ropejit_spec for these axes, built once (a call's hot path is a dict lookup)."""
+    key = (layout, dtype, head_dim, rotary_dim, style, positions, index_type, table, width,
+           table_dtype, backward, in_place)
+    s = _SPECS.get(key)
+    if s is None:
+        s = _capi.default_spec()
+        s.layout, s.dtype = _capi.LAYOUTS[layout], _capi.DTYPES[dtype]
+        s.head_dim, s.rotary_dim = head_dim, rotary_dim
+        s.style, s.positions = _capi.STYLES[style], _capi.POSITIONS[positions]
+        s.index_type = _capi.INDEX_TYPES[index_type]
+        s.freqs = _capi.FREQS["table" if table else "computed"]
+        s.table_dtype, s.table_width = _capi.DTYPES[table_dtype], _capi.TABLE_WIDTHS[width]
+        s.direction = _capi.DIRECTIONS["backward" if backward else "forward"]
+        s.in_place = 1 if in_place else 0
+        _SPECS[key] = s
+    return s
+
+
+def plan(q, k=None, q_out=None, k_out=None, *, cos=None, sin=None, position_ids=None,
+         seq_offsets=None, cu_seqlens=None, layout="bshd", style="neox", rotary_dim=None,
+         position_offset=0, base=10000.0, backward=False, allow_meta=False, build=True):
+    """(ropejit_spec, ropejit_args without the stream) for views q, k, q_out, k_out (None when
+    absent); out of place exactly when q_out is given. Raises InvalidArgument naming the
+    argument and its value; the C API checks the rest (strides, overlaps, position range).
+    build=False only checks (torch's fake tensors, whose sizes may be symbolic): returns None.
+    """
+    _choice("layout", layout, _capi.LAYOUTS)
+    _choice("style", style, _capi.STYLES)
+    chk = _Checker(q, allow_meta)
+    chk.dtype_of(q, ACTIVATION_DTYPES, "the activation dtype")
+    batch, seq, _, head_dim = _dims(q, layout)
+    if rotary_dim is None or rotary_dim == 0:
+        rotary_dim = head_dim
+    if ((build and not isinstance(rotary_dim, int)) or rotary_dim <= 0 or rotary_dim % 2
+            or rotary_dim > head_dim):
+        _fail(f"rotary_dim ({rotary_dim!r}) must be even and in [2, head_dim ({head_dim})]")
+
+    def same_call(v, heads_may_differ=True):
+        chk.device_of(v)
+        if v.dtype != q.dtype:
+            _fail(f"{v.name}.dtype ({v.dtype}) must equal q.dtype ({q.dtype})")
+        vb, vs, vh, vd = _dims(v, layout)
+        if (vb, vs, vd) != (batch, seq, head_dim):
+            _fail(f"{v.name} has shape {list(v.shape)}, q has {list(q.shape)}: batch, seq and "
+                  f"head_dim must match ({layout})")
+        return vh
+
+    if k is not None:
+        same_call(k)
+    in_place = q_out is None
+    if not in_place:
+        for src, out in ((q, q_out), (k, k_out)):
+            if src is None:
+                continue
+            if out is None:
+                _fail(f"{src.name}_out is missing: out of place needs an output for every input")
+            same_call(out)
+            if tuple(out.shape) != tuple(src.shape):
+                _fail(f"{out.name} has shape {list(out.shape)}, {src.name} has "
+                      f"{list(src.shape)}")
+        if k is None and k_out is not None:
+            _fail(f"{k_out.name} is given without k")
+
+    tokens = seq if layout == "thd" else batch * seq
+    if position_ids is not None and seq_offsets is not None:
+        _fail("position_ids and seq_offsets are both given: pass one")
+    if layout == "thd":
+        if cu_seqlens is None:
+            if position_ids is None:
+                _fail("layout 'thd' needs cu_seqlens (or position_ids)")
+            batch = 1
+        else:
+            chk.device_of(cu_seqlens)
+            chk.dtype_of(cu_seqlens, ("i32",), "cu_seqlens")
+            if cu_seqlens.ndim != 1 or cu_seqlens.shape[0] < 2 or cu_seqlens.strides[0] != 1:
+                _fail(f"cu_seqlens must be contiguous 1-d [batch + 1], got shape "
+                      f"{list(cu_seqlens.shape)} strides {list(cu_seqlens.strides)}")
+            batch = cu_seqlens.shape[0] - 1
+    elif cu_seqlens is not None:
+        _fail(f"cu_seqlens is only for layout 'thd' (layout is {layout!r})")
+
+    index_type = "i64"
+    if position_ids is not None:
+        positions = "ids"
+        _index_tensor(chk, position_ids, tokens, "one position per token")
+        index_type = position_ids.dtype
+    elif seq_offsets is not None:
+        positions = "seq_offsets"
+        _index_tensor(chk, seq_offsets, batch, "one offset per sequence")
+        index_type = seq_offsets.dtype
+    else:
+        positions = "offset"
+        if build and not isinstance(position_offset, int):
+            _fail(f"position_offset ({position_offset!r}) must be an int")
+
+    table = cos is not None or sin is not None
+    width, table_dtype = "half", "f32"
+    if table:
+        if cos is None or sin is None:
+            _fail(f"{'cos' if cos is None else 'sin'} is missing: a table needs both cos and sin")
+        for t in (cos, sin):
+            chk.device_of(t)
+            chk.dtype_of(t, ACTIVATION_DTYPES, "the table dtype")
+            if t.ndim != 2 or (t.strides[1] != 1 and t.shape[1] != 1):
+                _fail(f"{t.name} must be 2-d [rows, width] with contiguous rows, got shape "
+                      f"{list(t.shape)} strides {list(t.strides)}")
+        if (cos.shape, cos.strides, cos.dtype) != (sin.shape, sin.strides, sin.dtype):
+            _fail(f"cos ({cos.dtype} {list(cos.shape)} strides {list(cos.strides)}) and sin "
+                  f"({sin.dtype} {list(sin.shape)} strides {list(sin.strides)}) must match")
+        if cos.shape[1] == rotary_dim // 2:
+            width = "half"
+        elif cos.shape[1] == rotary_dim:
+            width = "full"
+        else:
+            _fail(f"cos has {cos.shape[1]} columns: a table row holds rotary_dim / 2 "
+                  f"({rotary_dim // 2}, half width) or rotary_dim ({rotary_dim}, full width) "
+                  f"values; pass rotary_dim for partial rotary")
+        table_dtype = cos.dtype
+    elif not isinstance(base, (int, float)) or not math.isfinite(base) or base <= 1:
+        _fail(f"base ({base!r}) must be a finite number > 1 (computed frequencies)")
+
+    if not build:
+        return None
+    spec = _spec(layout, q.dtype, head_dim, rotary_dim, style, positions, index_type, table,
+                 width, table_dtype, bool(backward), in_place)
+    a = _capi.ropejit_args.from_buffer_copy(_capi.DEFAULT_ARGS)
+    a.batch, a.seq_len = batch, seq
+    a.q = _operand(q, layout)
+    if k is not None:
+        a.k = _operand(k, layout)
+    if not in_place:
+        a.q_out = _operand(q_out, layout)
+        if k is not None:
+            a.k_out = _operand(k_out, layout)
+    if positions == "ids":
+        a.position_ids = position_ids.ptr
+    elif positions == "seq_offsets":
+        a.seq_offsets = seq_offsets.ptr
+    else:
+        a.position_offset = position_offset
+    if cu_seqlens is not None:
+        a.cu_seqlens = cu_seqlens.ptr
+    if table:
+        a.cos, a.sin = cos.ptr, sin.ptr
+        a.table_stride, a.table_rows = cos.strides[0], cos.shape[0]
+    else:
+        a.base = float(base)
+    return spec, a
+
+
+def launch(spec, args, stream):
+    """One ropejit_apply on `stream` (a CUstream handle as an int; 0: the legacy default)."""
+    args.stream = stream
+    _capi.check(_capi.lib.ropejit_apply(ctypes.byref(spec), ctypes.byref(args)))

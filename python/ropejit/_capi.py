@@ -1,0 +1,146 @@
+"""ctypes mirror of include/ropejit/ropejit.h: every struct field for field (the fused-call
+fields too, though the package exposes only plain RoPE for now), the enum values, the
+prototypes, and the load of the bundled libropejit.so with its struct-size check."""
+
+import ctypes
+import os
+
+from ropejit import errors
+
+# Enum values of ropejit.h (equal to the C++ enums), by the names keys and the command use.
+LAYOUTS = {"bshd": 0, "sbhd": 1, "bhsd": 2, "thd": 3}
+DTYPES = {"f32": 0, "f16": 1, "bf16": 2}
+STYLES = {"neox": 0, "gptj": 1}
+POSITIONS = {"offset": 0, "seq_offsets": 1, "ids": 2, "mrope": 3}
+INDEX_TYPES = {"i32": 0, "i64": 1}
+FREQS = {"table": 0, "computed": 1, "linear": 2, "dynamic_ntk": 3, "llama3": 4, "yarn": 5,
+         "longrope": 6}
+TABLE_WIDTHS = {"half": 0, "full": 1}
+DIRECTIONS = {"forward": 0, "backward": 1}
+
+_i32, _i64, _f32, _f64 = ctypes.c_int32, ctypes.c_int64, ctypes.c_float, ctypes.c_double
+_ptr = ctypes.c_void_p
+
+
+class ropejit_spec(ctypes.Structure):
+    _fields_ = [(name, _i32) for name in (
+        "layout", "dtype", "head_dim", "rotary_dim", "style", "positions", "index_type", "freqs",
+        "table_dtype", "table_width", "direction", "in_place", "fusion", "norm", "out_store",
+        "cache", "cache_store")]
+
+
+class ropejit_tensor(ctypes.Structure):
+    _fields_ = [("data", _ptr), ("heads", _i64), ("stride_batch", _i64), ("stride_seq", _i64),
+                ("stride_head", _i64)]
+
+
+class ropejit_scaling(ctypes.Structure):
+    _fields_ = [("factor", _f64), ("low_freq_factor", _f64), ("high_freq_factor", _f64),
+                ("original_max_positions", _i64), ("beta_fast", _f64), ("beta_slow", _f64),
+                ("mscale", _f64), ("mscale_all_dim", _f64), ("attention_factor", _f64),
+                ("truncate", _i32), ("short_factor", ctypes.POINTER(_f64)),
+                ("long_factor", ctypes.POINTER(_f64)), ("seq_len", _i64)]
+
+
+class ropejit_kv_cache(ctypes.Structure):
+    _fields_ = [("k", _ptr), ("v", _ptr), ("pages", _i64), ("page_size", _i64),
+                ("stride_page", _i64), ("stride_slot", _i64), ("stride_head", _i64),
+                ("slot_mapping", _ptr), ("indptr", _ptr), ("indices", _ptr),
+                ("num_indices", _i64), ("last_page_len", _ptr), ("seq_lens", _ptr),
+                ("k_quant_scale", _f32), ("v_quant_scale", _f32), ("skipped", _ptr)]
+
+
+class ropejit_args(ctypes.Structure):
+    _fields_ = [
+        ("batch", _i64), ("seq_len", _i64),
+        ("q", ropejit_tensor), ("k", ropejit_tensor),
+        ("q_out", ropejit_tensor), ("k_out", ropejit_tensor),
+        ("position_offset", _i64), ("seq_offsets", _ptr), ("position_ids", _ptr),
+        ("cu_seqlens", _ptr), ("cos", _ptr), ("sin", _ptr),
+        ("table_stride", _i64), ("table_rows", _i64), ("base", _f64), ("stream", _ptr),
+        # Appended after version 0.1.0's layout.
+        ("scaling", ropejit_scaling), ("mrope_section", _i32 * 3), ("mrope_interleaved", _i32),
+        ("v", ropejit_tensor), ("q_norm_weight", _ptr), ("k_norm_weight", _ptr),
+        ("norm_eps", _f64), ("out_quant_scale", _f32), ("cache", ropejit_kv_cache),
+    ]
+
+
+# Canonical keys are about 70 characters; this leaves room for the fused axes.
+KEY_BUFFER = 512
+
+_PROTOTYPES = {
+    "ropejit_spec_init": (None, [ctypes.POINTER(ropejit_spec)]),
+    "ropejit_args_init": (None, [ctypes.POINTER(ropejit_args)]),
+    "ropejit_apply": (ctypes.c_int, [ctypes.POINTER(ropejit_spec), ctypes.POINTER(ropejit_args)]),
+    "ropejit_key": (ctypes.c_int, [ctypes.POINTER(ropejit_spec), ctypes.c_char_p, ctypes.c_size_t]),
+    "ropejit_precompile": (ctypes.c_int, [ctypes.POINTER(ropejit_spec), ctypes.c_char_p]),
+    "ropejit_last_error": (ctypes.c_char_p, []),
+    "ropejit_version": (ctypes.c_char_p, []),
+    "ropejit_struct_sizes": (None, [ctypes.POINTER(ctypes.c_size_t),
+                                    ctypes.POINTER(ctypes.c_size_t)]),
+}
+
+
+def library_path():
+    """$ROPEJIT_LIB (a build tree's libropejit.so, for development), else the one installed in
+    this package."""
+    path = os.environ.get("ROPEJIT_LIB") or os.path.join(os.path.dirname(__file__),
+                                                         "libropejit.so")
+    if not os.path.isfile(path):
+        raise ImportError(f"ropejit: {path} does not exist: install the package with "
+                          f"`pip install .` (which builds it), or point ROPEJIT_LIB at a "
+                          f"libropejit.so built with -DROPEJIT_BUILD_SHARED=ON")
+    return path
+
+
+def check_struct_sizes(lib):
+    """A library built from another header than these structs would read garbage: refuse it."""
+    spec, args = ctypes.c_size_t(), ctypes.c_size_t()
+    lib.ropejit_struct_sizes(ctypes.byref(spec), ctypes.byref(args))
+    ours = (ctypes.sizeof(ropejit_spec), ctypes.sizeof(ropejit_args))
+    if (spec.value, args.value) != ours:
+        raise ImportError(
+            f"ropejit: {lib._name} has sizeof(ropejit_spec) {spec.value} and sizeof(ropejit_args) "
+            f"{args.value}, but this package's structs are {ours[0]} and {ours[1]}: the library "
+            f"and the Python package come from different versions; reinstall with `pip install .`")
+
+
+def load(path=None):
+    path = path or library_path()
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError as e:
+        raise ImportError(f"ropejit: cannot load {path}: {e}; it needs NVRTC (libnvrtc) from the "
+                          f"CUDA Toolkit it was built with: put the toolkit's lib folder on "
+                          f"LD_LIBRARY_PATH") from e
+    for name, (restype, argtypes) in _PROTOTYPES.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = restype, argtypes
+    check_struct_sizes(lib)
+    return lib
+
+
+lib = load()
+
+
+def check(status):
+    """Raises the ropejit.Error subclass for a non-zero status, with the thread's last message
+    (ctypes releases the GIL during the call, but the message is thread-local in C)."""
+    if status != 0:
+        raise errors.from_status(status, lib.ropejit_last_error().decode(errors="replace"))
+
+
+def version():
+    return lib.ropejit_version().decode()
+
+
+def default_spec():
+    s = ropejit_spec()
+    lib.ropejit_spec_init(ctypes.byref(s))
+    return s
+
+
+# The library's defaults for every field (base 10000, scaling and norm defaults, quant scales 1);
+# each call copies it and fills in what it uses.
+DEFAULT_ARGS = ropejit_args()
+lib.ropejit_args_init(ctypes.byref(DEFAULT_ARGS))

@@ -1,0 +1,138 @@
+"""The library-level entry points that need no tensors: the kernel key of a spec, precompiling
+into the disk cache (no GPU needed), and `info()` (what `ropejit info` prints)."""
+
+import ctypes
+import dataclasses
+import os
+import subprocess
+
+from ropejit import _capi
+from ropejit.errors import InvalidArgument
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    """The plain-RoPE axes of a kernel (ropejit::Spec); values are the names keys use.
+    rotary_dim 0 means head_dim. positions: offset, seq_offsets, ids; freqs: table, computed.
+    (The fused axes of the C API, norm, FP8, KV cache and scaled frequencies, are not exposed
+    until their kernels exist.)"""
+
+    layout: str = "bshd"
+    dtype: str = "bf16"
+    head_dim: int = 128
+    rotary_dim: int = 0
+    style: str = "neox"
+    positions: str = "offset"
+    index_type: str = "i64"
+    freqs: str = "table"
+    table_dtype: str = "f32"
+    table_width: str = "half"
+    direction: str = "forward"
+    in_place: bool = True
+
+    _CHOICES = {"layout": _capi.LAYOUTS, "dtype": _capi.DTYPES, "style": _capi.STYLES,
+                "positions": ("offset", "seq_offsets", "ids"), "index_type": _capi.INDEX_TYPES,
+                "freqs": ("table", "computed"), "table_dtype": _capi.DTYPES,
+                "table_width": _capi.TABLE_WIDTHS, "direction": _capi.DIRECTIONS}
+
+    def to_c(self):
+        """The ropejit_spec; InvalidArgument for a value that names nothing (the library
+        checks the combinations)."""
+        s = _capi.default_spec()
+        for field, choices in self._CHOICES.items():
+            value = getattr(self, field)
+            if value not in choices:
+                raise InvalidArgument(f"ropejit: spec.{field} ({value!r}) must be one of "
+                                      f"{', '.join(map(repr, choices))}")
+        for field, table in (("layout", _capi.LAYOUTS), ("dtype", _capi.DTYPES),
+                             ("style", _capi.STYLES), ("positions", _capi.POSITIONS),
+                             ("index_type", _capi.INDEX_TYPES), ("freqs", _capi.FREQS),
+                             ("table_dtype", _capi.DTYPES), ("table_width", _capi.TABLE_WIDTHS),
+                             ("direction", _capi.DIRECTIONS)):
+            setattr(s, field, table[getattr(self, field)])
+        for field in ("head_dim", "rotary_dim"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise InvalidArgument(f"ropejit: spec.{field} ({value!r}) must be an int")
+            setattr(s, field, value)
+        s.in_place = 1 if self.in_place else 0
+        return s
+
+
+def _as_spec(spec, fields):
+    if spec is None:
+        spec = Spec()
+    if not isinstance(spec, Spec):
+        raise InvalidArgument(f"ropejit: spec ({spec!r}) must be a ropejit.Spec")
+    unknown = sorted(set(fields) - {f.name for f in dataclasses.fields(Spec)})
+    if unknown:
+        raise InvalidArgument(f"ropejit: {unknown[0]!r} is not a field of ropejit.Spec")
+    return dataclasses.replace(spec, **fields) if fields else spec
+
+
+def key(spec=None, **fields):
+    """The canonical kernel key (rope_bshd_bf16_d128_r128_neox_pos-offset_tab-f32-half_qk_fwd_ip
+    for the defaults): the name of the kernel, its cache file, its tuning entry.
+    key(Spec(...)), key(dtype="f16") or key(spec, head_dim=64)."""
+    c = _as_spec(spec, fields).to_c()
+    buf = ctypes.create_string_buffer(_capi.KEY_BUFFER)
+    _capi.check(_capi.lib.ropejit_key(ctypes.byref(c), buf, len(buf)))
+    return buf.value.decode()
+
+
+def precompile(spec=None, arch="sm_90", **fields):
+    """Compiles the spec's default kernels (prefill's and decode's) for `arch` into the disk
+    cache, so that the first call loads instead of compiling; needs no GPU."""
+    c = _as_spec(spec, fields).to_c()
+    if not isinstance(arch, str):
+        raise InvalidArgument(f"ropejit: arch ({arch!r}) must be a string such as 'sm_90'")
+    _capi.check(_capi.lib.ropejit_precompile(ctypes.byref(c), arch.encode()))
+
+
+def command_path():
+    """The `ropejit` command installed with this package."""
+    path = os.path.join(os.path.dirname(__file__), "bin", "ropejit")
+    if not os.access(path, os.X_OK):
+        raise FileNotFoundError(f"ropejit: the command {path} is not installed with this "
+                                f"package: reinstall it with `pip install .`")
+    return path
+
+
+@dataclasses.dataclass(frozen=True)
+class Info:
+    """What `ropejit info` reports, plus where this package's files are."""
+
+    version: str
+    library: str
+    command: str
+    nvrtc: str
+    driver: str  # "CUDA 13.0", or "none: WHY"
+    gpus: tuple  # "NVIDIA H100 80GB HBM3 (sm_90, 132 SMs)", ...
+    cache_dir: str  # "" when caching is memory-only
+    cache_status: str  # "ok", or why the disk cache is off
+    cache_files: int
+
+
+def info():
+    """Versions, GPUs and the kernel cache, as the bundled `ropejit info` prints them (it runs
+    in a subprocess, so a driver failing to load cannot disturb this process)."""
+    command = command_path()
+    out = subprocess.run([command, "info"], check=True, capture_output=True, text=True).stdout
+    fields = {"gpu": []}
+    for line in out.splitlines():
+        name, _, value = line.partition(" ")
+        if line.startswith("cache dir"):
+            name, value = "cache_dir", line[len("cache dir"):]
+        elif line.startswith("cache files"):
+            name, value = "cache_files", line[len("cache files"):]
+        value = value.strip()
+        if name == "gpu":
+            fields["gpu"].append(value)
+        else:
+            fields[name] = value
+    # "cache dir    PATH (STATUS)", PATH "-" when caching is memory-only.
+    cache_dir, _, status = fields.get("cache_dir", "").rpartition(" (")
+    return Info(version=_capi.version(), library=_capi.lib._name, command=command,
+                nvrtc=fields.get("nvrtc", ""), driver=fields.get("driver", ""),
+                gpus=tuple(fields["gpu"]), cache_dir="" if cache_dir == "-" else cache_dir,
+                cache_status=status.rstrip(")"), cache_files=int(fields.get("cache_files") or 0))

@@ -1,0 +1,194 @@
+"""PyTorch ops: ropejit's RoPE registered with torch.library, so that torch.compile traces it
+(fake implementation: shapes, dtypes and the same argument checks as a real call, at trace
+time), autograd differentiates it (the gradient of a rotation is the rotation by -angle: the
+backward direction, one launch) and CUDA graphs capture it (a call allocates only the outputs
+it returns and launches on torch's current stream; the kernel must have been used once before
+a capture, as ropejit refuses to load a module during one).
+
+    q2, k2 = ropejit.ops.rope(q, k, cos=cos, sin=sin, position_ids=ids)   # new tensors
+    ropejit.ops.rope_(q, k, cos=cos, sin=sin, position_ids=ids)           # in place
+
+Both take the arguments of ropejit.apply. Gradients flow to q and k only: cos/sin tables and
+positions are constants, as in the peers' fused kernels. An eager call that needs neither
+autograd nor tracing runs the same implementation without torch's dispatcher, whose Python
+custom-op layer costs about 40 µs per call."""
+
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from ropejit import _apply, _call, _tensors
+
+_NO_TENSOR = (None,) * 5
+
+
+def _plan(q, k, q_out, k_out, cos, sin, position_ids, seq_offsets, cu_seqlens, layout, style,
+          rotary_dim, position_offset, base, backward, fake):
+    def view(name, t):
+        return None if t is None else _tensors.from_torch(name, t, fake)
+
+    return _call.plan(view("q", q), view("k", k), view("q_out", q_out), view("k_out", k_out),
+                      cos=view("cos", cos), sin=view("sin", sin),
+                      position_ids=view("position_ids", position_ids),
+                      seq_offsets=view("seq_offsets", seq_offsets),
+                      cu_seqlens=view("cu_seqlens", cu_seqlens), layout=layout, style=style,
+                      rotary_dim=rotary_dim, position_offset=position_offset, base=base,
+                      backward=backward, allow_meta=fake, build=not fake)
+
+
+def _launch(q, planned):
+    spec, args = planned
+    guard = _apply.torch_device_guard(q)
+    stream = _apply.torch_stream(q)
+    if guard is None:
+        _call.launch(spec, args, stream)
+    else:
+        with guard:
+            _call.launch(spec, args, stream)
+
+
+def _outputs(q, k):
+    # empty_like keeps a dense tensor's strides (a transposed bhsd view stays so) and makes a
+    # strided view (a slice of a packed QKV projection) contiguous; ropejit takes both.
+    return torch.empty_like(q), (q.new_empty(0) if k is None else torch.empty_like(k))
+
+
+def _rope_impl(q: Tensor, k: Optional[Tensor], cos: Optional[Tensor], sin: Optional[Tensor],
+               position_ids: Optional[Tensor], seq_offsets: Optional[Tensor],
+               cu_seqlens: Optional[Tensor], layout: str, style: str, rotary_dim: int,
+               position_offset: int, base: float, backward: bool) -> Tuple[Tensor, Tensor]:
+    q_out, k_out = _outputs(q, k)
+    planned = _plan(q, k, q_out, None if k is None else k_out, cos, sin, position_ids,
+                    seq_offsets, cu_seqlens, layout, style, rotary_dim, position_offset, base,
+                    backward, fake=False)
+    _launch(q, planned)
+    return q_out, k_out
+
+
+_rope = torch.library.custom_op("ropejit::rope", _rope_impl, mutates_args=())
+
+
+@_rope.register_fake
+def _rope_fake(q, k, cos, sin, position_ids, seq_offsets, cu_seqlens, layout, style, rotary_dim,
+               position_offset, base, backward):
+    q_out, k_out = _outputs(q, k)
+    _plan(q, k, q_out, None if k is None else k_out, cos, sin, position_ids, seq_offsets,
+          cu_seqlens, layout, style, rotary_dim, position_offset, base, backward, fake=True)
+    return q_out, k_out
+
+
+def _dense(g):
+    """A gradient ropejit can read: autograd may hand over expanded (stride 0) or transposed
+    gradients."""
+    if g.stride(-1) == 1 and all(s != 0 or n == 1 for n, s in zip(g.shape, g.stride())):
+        return g
+    return g.contiguous()
+
+
+def _setup_context(ctx, inputs, output):
+    (q, k, cos, sin, position_ids, seq_offsets, cu_seqlens, layout, style, rotary_dim,
+     position_offset, base, backward) = inputs
+    ctx.save_for_backward(cos, sin, position_ids, seq_offsets, cu_seqlens)
+    ctx.params = (layout, style, rotary_dim, position_offset, base, backward)
+    ctx.has_k = k is not None
+
+
+def _backward(ctx, grad_q, grad_k):
+    cos, sin, position_ids, seq_offsets, cu_seqlens = ctx.saved_tensors
+    layout, style, rotary_dim, position_offset, base, backward = ctx.params
+    # d(R(θ)x)/dx applied to g is R(-θ)g: the other direction; the copied tail (partial rotary)
+    # passes its gradient through, as the kernel copies it.
+    dq, dk = _rope(_dense(grad_q), _dense(grad_k) if ctx.has_k else None, cos, sin, position_ids,
+                   seq_offsets, cu_seqlens, layout, style, rotary_dim, position_offset, base,
+                   not backward)
+    return (dq, dk if ctx.has_k else None) + _NO_TENSOR + (None,) * 6
+
+
+_rope.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _rope_inplace_impl(q: Tensor, k: Optional[Tensor], cos: Optional[Tensor],
+                       sin: Optional[Tensor], position_ids: Optional[Tensor],
+                       seq_offsets: Optional[Tensor], cu_seqlens: Optional[Tensor], layout: str,
+                       style: str, rotary_dim: int, position_offset: int, base: float,
+                       backward: bool) -> None:
+    planned = _plan(q, k, None, None, cos, sin, position_ids, seq_offsets, cu_seqlens, layout,
+                    style, rotary_dim, position_offset, base, backward, fake=False)
+    _launch(q, planned)
+
+
+_rope_inplace = torch.library.custom_op("ropejit::rope_", _rope_inplace_impl,
+                                        mutates_args=("q", "k"))
+
+
+@_rope_inplace.register_fake
+def _rope_inplace_fake(q, k, cos, sin, position_ids, seq_offsets, cu_seqlens, layout, style,
+                       rotary_dim, position_offset, base, backward):
+    _plan(q, k, None, None, cos, sin, position_ids, seq_offsets, cu_seqlens, layout, style,
+          rotary_dim, position_offset, base, backward, fake=True)
+
+
+def _probe(name):
+    fn = getattr(torch._C, name, None)
+    return fn if callable(fn) else (lambda: True)  # unknown torch: always the dispatcher
+
+
+_dispatch_modes = _probe("_len_torch_dispatch_stack")
+_functorch_active = _probe("_are_functorch_transforms_active")
+
+
+def _direct(*tensors):
+    """Whether an eager call may run the op's implementation without torch's dispatcher, which
+    costs about 40 µs of Python per call (python_overhead.py): only plain tensors, no autograd,
+    not while torch.compile, make_fx or a functorch transform traces, no dispatch mode active.
+    The implementation is the same either way."""
+    if torch.compiler.is_compiling() or _dispatch_modes() or _functorch_active():
+        return False
+    grad = torch.is_grad_enabled()
+    for t in tensors:
+        if t is not None and (type(t) is not torch.Tensor or (grad and t.requires_grad)):
+            return False
+    return True
+
+
+def _base(base, cos):
+    # With tables the base is unused: a literal keeps torch.compile from lifting the default
+    # float into a graph input (a tensor and an .item() per call).
+    return 10000.0 if cos is not None else base
+
+
+def rope(q, k=None, *, cos=None, sin=None, base=10000.0, layout="bshd", style="neox",
+         rotary_dim=None, position_ids=None, seq_offsets=None, position_offset=0,
+         cu_seqlens=None, backward=False):
+    """Out of place: returns new (q_out, k_out) (k_out None without k), differentiable in q
+    and k. Arguments as ropejit.apply."""
+    op = _rope_impl if _direct(q, k, cos, sin, position_ids, seq_offsets, cu_seqlens) else _rope
+    q_out, k_out = op(q, k, cos, sin, position_ids, seq_offsets, cu_seqlens, layout, style,
+                      rotary_dim or 0, position_offset, _base(base, cos), bool(backward))
+    return q_out, (None if k is None else k_out)
+
+
+def _needs_grad(*tensors):
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def rope_(q, k=None, *, cos=None, sin=None, base=10000.0, layout="bshd", style="neox",
+          rotary_dim=None, position_ids=None, seq_offsets=None, position_offset=0,
+          cu_seqlens=None, backward=False):
+    """In place: rotates q (and k) and returns them. Under autograd (an input requiring grad)
+    this is the out-of-place op followed by copy_, so that the gradient is still exact."""
+    if _needs_grad(q, k):
+        q_out, k_out = rope(q, k, cos=cos, sin=sin, base=base, layout=layout, style=style,
+                            rotary_dim=rotary_dim, position_ids=position_ids,
+                            seq_offsets=seq_offsets, position_offset=position_offset,
+                            cu_seqlens=cu_seqlens, backward=backward)
+        q.copy_(q_out)
+        if k is not None:
+            k.copy_(k_out)
+        return q, k
+    direct = _direct(q, k, cos, sin, position_ids, seq_offsets, cu_seqlens)
+    op = _rope_inplace_impl if direct else _rope_inplace
+    op(q, k, cos, sin, position_ids, seq_offsets, cu_seqlens, layout, style, rotary_dim or 0,
+       position_offset, _base(base, cos), bool(backward))
+    return q, k

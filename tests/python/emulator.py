@@ -1,0 +1,125 @@
+"""A float64 host emulation of ropejit_apply over the C structs the package builds: it reads
+q, k, tables and positions through the pointers and strides in ropejit_args, exactly as the
+kernel does, and writes the results back. With CPU tensors standing in for CUDA ones it checks,
+without a GPU, that the binding fills every struct field right (pointers, strides, heads,
+table stride and width, positions, direction, outputs); the GPU tests check the kernels."""
+
+import ctypes
+
+import numpy as np
+
+from ropejit import _capi
+
+_ELEM = {0: (np.float32, 4), 1: (np.float16, 2), 2: ("bf16", 2)}
+_INDEX = {0: (np.int32, 4), 1: (np.int64, 8)}
+
+
+def _read(ptr, dtype, count):
+    np_type, size = _ELEM[dtype]
+    raw = (ctypes.c_uint8 * (count * size)).from_address(ptr)
+    if np_type == "bf16":
+        bits = np.frombuffer(raw, dtype=np.uint16).astype(np.uint32) << 16
+        return bits.view(np.float32).astype(np.float64)
+    return np.frombuffer(raw, dtype=np_type).astype(np.float64)
+
+
+def _write(ptr, dtype, values):
+    np_type, size = _ELEM[dtype]
+    raw = (ctypes.c_uint8 * (len(values) * size)).from_address(ptr)
+    if np_type == "bf16":
+        bits = values.astype(np.float32).view(np.uint32).astype(np.uint64)
+        # round to nearest even on the upper 16 bits (NaN stays NaN: its mantissa is non-zero)
+        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        rounded = np.where(np.isnan(values), 0x7FC0, rounded).astype(np.uint16)
+        np.frombuffer(raw, dtype=np.uint16)[:] = rounded
+    else:
+        np.frombuffer(raw, dtype=np_type)[:] = values.astype(np_type)
+
+
+def _index(ptr, index_type, i):
+    np_type, size = _INDEX[index_type]
+    return int(np.frombuffer((ctypes.c_uint8 * size).from_address(ptr + i * size),
+                             dtype=np_type)[0])
+
+
+def _angles(spec, args, pos):
+    """(cos, sin) of the R/2 pairs at `pos`, float64; NaN outside the table."""
+    pairs = spec.rotary_dim // 2
+    if spec.freqs == _capi.FREQS["computed"]:
+        inv = args.base ** (-2.0 * np.arange(pairs) / spec.rotary_dim)
+        return np.cos(pos * inv), np.sin(pos * inv)
+    if not 0 <= pos < args.table_rows:
+        return np.full(pairs, np.nan), np.full(pairs, np.nan)
+    full = spec.table_width == _capi.TABLE_WIDTHS["full"]
+    width = spec.rotary_dim if full else pairs
+    stride = args.table_stride or width
+    size = _ELEM[spec.table_dtype][1]
+    cos = _read(args.cos + pos * stride * size, spec.table_dtype, width)
+    sin = _read(args.sin + pos * stride * size, spec.table_dtype, width)
+    if full and spec.style == _capi.STYLES["gptj"]:
+        return cos[0::2], sin[0::2]
+    return cos[:pairs], sin[:pairs]
+
+
+def _rotate(x, cos, sin, spec):
+    r = spec.rotary_dim
+    if spec.direction == _capi.DIRECTIONS["backward"]:
+        sin = -sin
+    out = x.copy()
+    if spec.style == _capi.STYLES["neox"]:
+        x1, x2 = x[: r // 2], x[r // 2: r]
+        out[: r // 2], out[r // 2: r] = x1 * cos - x2 * sin, x2 * cos + x1 * sin
+    else:
+        x1, x2 = x[0:r:2], x[1:r:2]
+        out[0:r:2], out[1:r:2] = x1 * cos - x2 * sin, x2 * cos + x1 * sin
+    return out
+
+
+def _tokens(spec, args):
+    """(batch index, index in sequence, token index) of every token."""
+    if spec.layout == _capi.LAYOUTS["thd"] and args.cu_seqlens:
+        for b in range(args.batch):
+            start = _index(args.cu_seqlens, 0, b)
+            end = _index(args.cu_seqlens, 0, b + 1)
+            for t in range(start, end):
+                yield b, t - start, t
+    elif spec.layout == _capi.LAYOUTS["thd"]:
+        for t in range(args.seq_len):
+            yield 0, t, t
+    else:
+        for b in range(args.batch):
+            for s in range(args.seq_len):
+                yield b, s, b * args.seq_len + s
+
+
+def _position(spec, args, b, s, t):
+    if spec.positions == _capi.POSITIONS["ids"]:
+        return _index(args.position_ids, spec.index_type, t)
+    if spec.positions == _capi.POSITIONS["seq_offsets"]:
+        return s + _index(args.seq_offsets, spec.index_type, b)
+    return s + args.position_offset
+
+
+def _address(tensor, b, s, t, h, thd, size):
+    token = (t * tensor.stride_seq if thd else b * tensor.stride_batch + s * tensor.stride_seq)
+    return tensor.data + (token + h * tensor.stride_head) * size
+
+
+def emulate(spec, args, stream=None):
+    """ropejit_apply on host memory. Assumes the call is valid (the C API's checks are not
+    emulated); asserts that the pointers it needs are set."""
+    assert args.q.data, "q.data is null"
+    size = _ELEM[spec.dtype][1]
+    thd = spec.layout == _capi.LAYOUTS["thd"]
+    operands = [(args.q, args.q_out)]
+    if args.k.data:
+        operands.append((args.k, args.k_out))
+    for b, s, t in _tokens(spec, args):
+        cos, sin = _angles(spec, args, _position(spec, args, b, s, t))
+        for src, out in operands:
+            dst = src if spec.in_place else out
+            assert dst.data, "an output pointer is null"
+            for h in range(src.heads):
+                x = _read(_address(src, b, s, t, h, thd, size), spec.dtype, spec.head_dim)
+                y = _rotate(x, cos, sin, spec)
+                _write(_address(dst, b, s, t, h, thd, size), spec.dtype, y)

@@ -1,0 +1,245 @@
+"""Each drop-in against its peer's semantics in float64 (tests/python/references.py), forward
+and gradient, on the GPU and through the host emulator; their argument errors; and a
+torch.compile(fullgraph=True) trace of each with fake CUDA tensors, which needs no GPU."""
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed")
+
+import references as ref  # noqa: E402
+
+import ropejit  # noqa: E402
+from ropejit.dropin import flash_attn, hf, liger, transformer_engine, vllm  # noqa: E402
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+def hf_tables(batch, seq, rotary_dim, dtype, device, base=10000.0, per_batch=False):
+    """cos/sin as a transformers rotary module returns them: [b or 1, seq, R], [f, f]."""
+    inv = base ** (-torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim)
+    pos = (torch.randint(0, 4096, (batch, seq)) if per_batch
+           else torch.arange(seq)[None].double())
+    freqs = pos.double()[..., None] * inv
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype).to(device), emb.sin().to(dtype).to(device)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("unsqueeze_dim, per_batch, rotary", [(1, False, 64), (2, True, 64),
+                                                              (1, True, 32)])
+def test_hf_apply_rotary_pos_emb(backend, dtype, unsqueeze_dim, per_batch, rotary):
+    shape_q = (2, 4, 5, 64) if unsqueeze_dim == 1 else (2, 5, 4, 64)
+    shape_k = (2, 1, 5, 64) if unsqueeze_dim == 1 else (2, 5, 1, 64)
+    q = torch.randn(shape_q).to(dtype).to(backend.device)
+    k = torch.randn(shape_k).to(dtype).to(backend.device)
+    cos, sin = hf_tables(2, 5, rotary, dtype, backend.device, per_batch=per_batch)
+    want_q, want_k = ref.hf(q.cpu(), k.cpu(), cos.cpu(), sin.cpu(), unsqueeze_dim)
+    got_q, got_k = hf.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+    backend.sync()
+    ref.assert_close(got_q, want_q)
+    ref.assert_close(got_k, want_k)
+    got_q2, got_k2 = liger.liger_rotary_pos_emb(q, k, cos, sin, None, unsqueeze_dim)
+    backend.sync()
+    assert torch.equal(got_q2, got_q) and torch.equal(got_k2, got_k)
+
+
+def test_hf_gradient_matches_autograd_of_the_reference(backend):
+    q = torch.randn(2, 3, 5, 64, device=backend.device, requires_grad=True)
+    k = torch.randn(2, 1, 5, 64, device=backend.device, requires_grad=True)
+    cos, sin = hf_tables(2, 5, 64, torch.float32, backend.device, per_batch=True)
+    q64 = q.detach().cpu().double().requires_grad_(True)
+    k64 = k.detach().cpu().double().requires_grad_(True)
+    want = ref.hf(q64, k64, cos.cpu(), sin.cpu())
+    got = hf.apply_rotary_pos_emb(q, k, cos, sin)
+    g = [torch.randn_like(t) for t in got]
+    torch.autograd.backward(got, g)
+    torch.autograd.backward(want, [t.cpu().double() for t in g])
+    backend.sync()
+    ref.assert_close(q.grad, q64.grad, torch.float32)
+    ref.assert_close(k.grad, k64.grad, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("variant", ["int_offset", "tensor_offsets", "varlen", "partial"])
+def test_flash_attn_apply_rotary_emb(backend, dtype, interleaved, variant):
+    device = backend.device
+    rotary = 32 if variant == "partial" else 64
+    angles = torch.arange(40, dtype=torch.float64)[:, None] * 10000.0 ** (
+        -torch.arange(0, rotary, 2, dtype=torch.float64) / rotary)
+    cos, sin = angles.cos().to(dtype).to(device), angles.sin().to(dtype).to(device)
+    kwargs, ref_kwargs = {}, {}
+    if variant == "varlen":
+        x = torch.randn(9, 3, 64).to(dtype).to(device)
+        cu = torch.tensor([0, 4, 9], dtype=torch.int32, device=device)
+        offsets = torch.tensor([2, 30], dtype=torch.int32, device=device)
+        kwargs = dict(cu_seqlens=cu, max_seqlen=5, seqlen_offsets=offsets)
+        ref_kwargs = dict(cu_seqlens=cu.cpu(), seqlen_offsets=offsets.cpu())
+    else:
+        x = torch.randn(2, 5, 3, 64).to(dtype).to(device)
+        if variant == "tensor_offsets":
+            offsets = torch.tensor([0, 33], dtype=torch.int64, device=device)
+            kwargs = ref_kwargs = dict(seqlen_offsets=offsets)
+            ref_kwargs = dict(seqlen_offsets=offsets.cpu())
+        elif variant != "partial":
+            kwargs = ref_kwargs = dict(seqlen_offsets=11)
+    want = ref.flash_attn(x.cpu(), cos.cpu(), sin.cpu(), interleaved, **ref_kwargs)
+    got = flash_attn.apply_rotary_emb(x, cos, sin, interleaved, False, **kwargs)
+    backend.sync()
+    assert got.data_ptr() != x.data_ptr()
+    ref.assert_close(got, want)
+    same = flash_attn.apply_rotary_emb(x, cos, sin, interleaved, True, **kwargs)
+    backend.sync()
+    assert same is x
+    ref.assert_close(x, want)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("is_neox", [True, False])
+@pytest.mark.parametrize("shape", ["tokens", "batch_seq", "heads_split", "partial", "no_key"])
+def test_vllm_rotary_embedding(backend, dtype, is_neox, shape):
+    device = backend.device
+    head_size, rot = 64, 32 if shape == "partial" else 64
+    angles = torch.arange(100, dtype=torch.float64)[:, None] * 10000.0 ** (
+        -torch.arange(0, rot, 2, dtype=torch.float64) / rot)
+    cache = torch.cat((angles.cos(), angles.sin()), dim=-1).to(dtype).to(device)
+    if shape == "batch_seq":
+        positions = torch.randint(0, 100, (2, 3), device=device)
+        query = torch.randn(2, 3, 4 * head_size).to(dtype).to(device)
+        key = torch.randn(2, 3, 2 * head_size).to(dtype).to(device)
+    else:
+        positions = torch.randint(0, 100, (7,), device=device)
+        # A slice of a packed projection: query's token stride is not 4 * head_size.
+        qkv = torch.randn(7, 8 * head_size).to(dtype).to(device)
+        query, key = qkv[:, : 4 * head_size], qkv[:, 4 * head_size: 6 * head_size]
+        if shape == "heads_split":
+            query, key = query.unflatten(-1, (4, head_size)), key.unflatten(-1, (2, head_size))
+    if shape == "no_key":
+        key = None
+    want_q, want_k = vllm_ref = ref.vllm(positions.cpu(), query.cpu(),
+                                         None if key is None else key.cpu(), head_size,
+                                         cache.cpu(), is_neox)
+    assert vllm_ref is not None
+    result = vllm.rotary_embedding(positions, query, key, head_size, cache, is_neox)
+    backend.sync()
+    assert result is None
+    ref.assert_close(query, want_q)
+    if key is not None:
+        ref.assert_close(key, want_k)
+
+
+def te_freqs(rows, rotary, interleaved, device):
+    inv = 10000.0 ** (-torch.arange(0, rotary, 2, dtype=torch.float32) / rotary)
+    freqs = torch.arange(rows, dtype=torch.float32)[:, None] * inv
+    emb = (torch.stack((freqs, freqs), dim=-1).flatten(-2) if interleaved
+           else torch.cat((freqs, freqs), dim=-1))
+    return emb.reshape(rows, 1, 1, rotary).to(device)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("tensor_format", ["sbhd", "bshd", "thd", "start_positions", "partial"])
+def test_transformer_engine_apply_rotary_pos_emb(backend, dtype, interleaved, tensor_format):
+    device = backend.device
+    rotary = 32 if tensor_format == "partial" else 64
+    freqs = te_freqs(50, rotary, interleaved, device)
+    kwargs, ref_kwargs, fmt = {}, {}, tensor_format
+    if tensor_format == "thd":
+        t = torch.randn(9, 3, 64)
+        cu = torch.tensor([0, 6, 9], dtype=torch.int32)
+        kwargs, ref_kwargs = dict(cu_seqlens=cu.to(device)), dict(cu_seqlens=cu)
+    elif tensor_format == "start_positions":
+        fmt, t = "bshd", torch.randn(2, 5, 3, 64)
+        start = torch.tensor([4, 20], dtype=torch.int32)
+        kwargs, ref_kwargs = dict(start_positions=start.to(device)), dict(start_positions=start)
+    else:
+        fmt = "sbhd" if tensor_format == "partial" else tensor_format
+        t = torch.randn(5, 2, 3, 64)
+    t = t.to(dtype).to(device)
+    want = ref.transformer_engine(t.cpu(), freqs.cpu(), fmt, interleaved, **ref_kwargs)
+    got = transformer_engine.apply_rotary_pos_emb(t, freqs, fmt, interleaved, **kwargs)
+    backend.sync()
+    # ropejit's table is cos/sin of fp32 angles, as TE's: compare at the table's precision too.
+    rtol, atol = ref.tolerance(dtype)
+    torch.testing.assert_close(got.double().cpu(), want, rtol=rtol, atol=atol + 2e-6)
+
+
+def test_dropin_argument_errors():
+    q = torch.zeros(1, 2, 4, 64)
+    cos = torch.zeros(1, 4, 64)
+    with pytest.raises(ropejit.InvalidArgument, match=r"unsqueeze_dim \(3\) must be 1"):
+        hf.apply_rotary_pos_emb(q, q, cos, cos, unsqueeze_dim=3)
+    with pytest.raises(ropejit.InvalidArgument, match=r"cos has batch 3, q has 1"):
+        hf.apply_rotary_pos_emb(q, q, torch.zeros(3, 4, 64), torch.zeros(3, 4, 64))
+    with pytest.raises(NotImplementedError, match=r"cp_size \(2\)"):
+        transformer_engine.apply_rotary_pos_emb(q, torch.zeros(4, 1, 1, 64), cp_size=2)
+    with pytest.raises(ropejit.InvalidArgument, match=r"freqs must be \[rows, 1, 1, rotary_dim\]"):
+        transformer_engine.apply_rotary_pos_emb(q, torch.zeros(4, 64))
+    with pytest.raises(ropejit.InvalidArgument, match=r"tensor_format \('hsbd'\)"):
+        transformer_engine.apply_rotary_pos_emb(q, torch.zeros(4, 1, 1, 64), "hsbd")
+    positions = torch.zeros(4, dtype=torch.int64)
+    with pytest.raises(ropejit.InvalidArgument, match=r"query.shape\[-1\] \(100\) is not a "
+                                                      r"multiple of head_size \(64\)"):
+        vllm.rotary_embedding(positions, torch.zeros(4, 100), None, 64, torch.zeros(8, 64), True)
+    with pytest.raises(ropejit.InvalidArgument, match=r"query has shape \[5, 128\], positions "
+                                                      r"\[4\]"):
+        vllm.rotary_embedding(positions, torch.zeros(5, 128), None, 64, torch.zeros(8, 64), True)
+    with pytest.raises(ropejit.InvalidArgument, match=r"q is on cpu"):
+        flash_attn.apply_rotary_emb(q, torch.zeros(8, 32), torch.zeros(8, 32))
+
+
+# torch.compile(fullgraph=True) traces with fake CUDA tensors on any machine: a graph break or a
+# failing fake implementation shows here without a GPU; the GPU suite runs compiled graphs.
+def _trace(fn, *make_args, dynamic=None):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        args = [make() for make in make_args]
+        torch.compile(fn, fullgraph=True, dynamic=dynamic, backend=backend)(*args)
+    assert len(graphs) == 1
+    calls = ("call_function", "call_method")
+    return [str(n.target) for n in graphs[0].graph.nodes if n.op in calls]
+
+
+def _cuda(*shape, dtype=torch.bfloat16):
+    return lambda: torch.randn(*shape, dtype=dtype, device="cuda")
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+@pytest.mark.parametrize("name", ["hf", "liger", "flash_attn", "flash_attn_inplace", "vllm",
+                                  "transformer_engine", "ops_rope_"])
+def test_dropins_trace_without_graph_breaks(name, dynamic):
+    ids = lambda: torch.zeros(8, dtype=torch.int64, device="cuda")  # noqa: E731
+    cases = {
+        "hf": (lambda q, k, c, s: hf.apply_rotary_pos_emb(q, k, c, s),
+               [_cuda(2, 4, 8, 64), _cuda(2, 2, 8, 64), _cuda(1, 8, 64), _cuda(1, 8, 64)]),
+        "liger": (lambda q, k, c, s: liger.liger_rotary_pos_emb(q, k, c, s),
+                  [_cuda(2, 4, 8, 64), _cuda(2, 2, 8, 64), _cuda(2, 8, 64), _cuda(2, 8, 64)]),
+        "flash_attn": (lambda x, c, s: flash_attn.apply_rotary_emb(x, c, s, True),
+                       [_cuda(2, 8, 4, 64), _cuda(16, 32), _cuda(16, 32)]),
+        "flash_attn_inplace": (lambda x, c, s: flash_attn.apply_rotary_emb(x, c, s, False, True),
+                               [_cuda(2, 8, 4, 64), _cuda(16, 32), _cuda(16, 32)]),
+        "vllm": (lambda p, q, k, c: vllm.rotary_embedding(p, q, k, 64, c, True),
+                 [ids, _cuda(8, 256), _cuda(8, 128), _cuda(32, 64)]),
+        "transformer_engine": (lambda t, f: transformer_engine.apply_rotary_pos_emb(t, f),
+                               [_cuda(8, 2, 4, 64), _cuda(16, 1, 1, 64, dtype=torch.float32)]),
+        "ops_rope_": (lambda q, k: ropejit.ops.rope_(q, k, base=500000.0),
+                      [_cuda(2, 8, 4, 64), _cuda(2, 8, 1, 64)]),
+    }
+    fn, make_args = cases[name]
+    ops = _trace(fn, *make_args, dynamic=dynamic)
+    assert any("ropejit.rope" in op for op in ops), ops
+    # Nothing but the op, views and table arithmetic: no host scalars lifted into the graph.
+    assert "item" not in ops, ops
+
+
+def test_trace_time_argument_errors():
+    with pytest.raises(Exception, match=r"k.dtype \(f32\) must equal q.dtype \(bf16\)"):
+        _trace(lambda q, k: ropejit.ops.rope(q, k), _cuda(2, 8, 4, 64),
+               _cuda(2, 8, 4, 64, dtype=torch.float32))

@@ -1,0 +1,235 @@
+"""GPU only (skipped, visibly, without CUDA): torch.compile running the ops (inductor, the
+backward too, and CUDA graphs through mode='reduce-overhead'), CUDA graph capture and replay,
+launches on torch's current stream (several streams), another device than the current one,
+a key's first use during a capture refused, and DLPack / __cuda_array_interface__ producers
+other than torch (CuPy and JAX when installed)."""
+
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed")
+
+import references as ref  # noqa: E402
+from conftest import requires_cuda  # noqa: E402
+import ropejit  # noqa: E402
+from ropejit import ops  # noqa: E402
+from ropejit.dropin import flash_attn, hf, vllm  # noqa: E402
+
+pytestmark = [requires_cuda, pytest.mark.gpu]
+
+
+def tables(rows, rotary_dim, device="cuda"):
+    inv = 10000.0 ** (-torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim)
+    angles = torch.arange(rows, dtype=torch.float64)[:, None] * inv
+    return angles.cos().float().to(device), angles.sin().float().to(device)
+
+
+def expected(x, cos, sin, ids):
+    """float64 neox rotation of x [b, s, h, d] at ids [b*s] (tables on any device)."""
+    b, s = x.shape[:2]
+    c = cos.cpu()[ids.cpu()].view(b, s, 1, -1)
+    si = sin.cpu()[ids.cpu()].view(b, s, 1, -1)
+    return ref.rotate(x.cpu(), c, si, False)
+
+
+def hf_inputs(dtype=torch.bfloat16, batch=2, seq=16):
+    q = torch.randn(batch, 8, seq, 128, device="cuda", dtype=dtype)
+    k = torch.randn(batch, 2, seq, 128, device="cuda", dtype=dtype)
+    cos, sin = tables(seq, 128)
+    cos_full = torch.cat((cos, cos), -1)[None].to(dtype)
+    sin_full = torch.cat((sin, sin), -1)[None].to(dtype)
+    return q, k, cos_full, sin_full
+
+
+def test_torch_compile_fullgraph_runs_the_op():
+    def f(q, k, cos, sin):
+        q2, k2 = hf.apply_rotary_pos_emb(q, k, cos, sin)
+        return q2 * 2, k2 + 1
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, fullgraph=True)
+    for seq in (16, 33):  # a second shape: recompiled (maybe dynamic), still one graph
+        q, k, cos, sin = hf_inputs(seq=seq)
+        want = f(q, k, cos, sin)
+        got = compiled(q, k, cos, sin)
+        torch.cuda.synchronize()
+        for g, w in zip(got, want):
+            assert torch.equal(g, w)
+
+
+def test_torch_compile_backward():
+    def loss(q, k, cos, sin, w):
+        q2, k2 = hf.apply_rotary_pos_emb(q, k, cos, sin)
+        return (q2 * w).sum() + (k2 * k2).sum()
+
+    torch._dynamo.reset()
+    q, k, cos, sin = hf_inputs(dtype=torch.float32)
+    w = torch.randn_like(q)
+    grads = []
+    for fn in (loss, torch.compile(loss, fullgraph=True)):
+        qq, kk = q.clone().requires_grad_(True), k.clone().requires_grad_(True)
+        fn(qq, kk, cos, sin, w).backward()
+        grads.append((qq.grad, kk.grad))
+    torch.cuda.synchronize()
+    for eager, compiled in zip(*grads):
+        torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5)
+
+
+def test_torch_compile_reduce_overhead_in_place():
+    # vLLM's op mutates its inputs; inductor's CUDA graphs replay it.
+    def step(positions, query, key, cache):
+        vllm.rotary_embedding(positions, query, key, 128, cache, True)
+        return query * 1, key * 1
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, mode="reduce-overhead", fullgraph=True)
+    cos, sin = tables(4096, 128)
+    cache = torch.cat((cos, sin), -1).to(torch.bfloat16)
+    for _ in range(4):
+        positions = torch.randint(0, 4096, (64,), device="cuda")
+        query = torch.randn(64, 32 * 128, device="cuda", dtype=torch.bfloat16)
+        key = torch.randn(64, 8 * 128, device="cuda", dtype=torch.bfloat16)
+        q_eager, k_eager = query.clone(), key.clone()
+        vllm.rotary_embedding(positions, q_eager, k_eager, 128, cache, True)
+        q_got, k_got = compiled(positions, query, key, cache)
+        torch.cuda.synchronize()
+        assert torch.equal(q_got, q_eager) and torch.equal(k_got, k_eager)
+
+
+def test_cuda_graph_capture_and_replay():
+    q = torch.randn(1, 64, 32, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(1, 64, 8, 128, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(1, 64, 4, 128, device="cuda", dtype=torch.bfloat16)
+    cos, sin = tables(8192, 128)
+    ids = torch.randint(0, 8192, (64,), device="cuda")
+    kwargs = dict(cos=cos, sin=sin, position_ids=ids)
+    ops.rope(q, k, **kwargs)  # first use outside the capture: compiles and loads
+    flash_attn.apply_rotary_emb(x, cos, sin, inplace=True)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        q_out, k_out = ops.rope(q, k, **kwargs)
+        flash_attn.apply_rotary_emb(x, cos, sin, inplace=True)
+    for _ in range(3):
+        q.copy_(torch.randn_like(q))
+        k.copy_(torch.randn_like(k))
+        ids.copy_(torch.randint(0, 8192, (64,), device="cuda"))
+        x0 = torch.randn_like(x)
+        x.copy_(x0)
+        graph.replay()
+        torch.cuda.synchronize()
+        want_q, want_k = ops.rope(q, k, **kwargs)
+        want_x = flash_attn.apply_rotary_emb(x0, cos, sin)
+        torch.cuda.synchronize()
+        assert torch.equal(q_out, want_q) and torch.equal(k_out, want_k)
+        assert torch.equal(x, want_x)
+        ref.assert_close(q_out, expected(q, cos, sin, ids))
+
+
+def test_first_use_during_a_capture_is_refused():
+    q = torch.randn(1, 8, 4, 48, device="cuda", dtype=torch.float16)  # a key no test uses
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(ropejit.Error, match="captur"):
+        with torch.cuda.graph(graph):
+            ops.rope_(q, base=777.0)
+
+
+def test_launches_on_the_current_stream():
+    # The copy into q is queued behind a ~50 ms sleep on a side stream; a launch on any other
+    # stream would rotate q before the copy lands, and the copy would then overwrite it.
+    cos, sin = tables(256, 128)
+    streams = [torch.cuda.Stream() for _ in range(2)]
+    sources = [torch.randn(2, 32, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in streams]
+    targets = [torch.zeros_like(s) for s in sources]
+    ops.rope_(targets[0], cos=cos, sin=sin)  # compile outside the timed part
+    torch.cuda.synchronize()
+    for stream, src, dst in zip(streams, sources, targets):
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            torch.cuda._sleep(50_000_000)
+            dst.copy_(src)
+            ops.rope_(dst, cos=cos, sin=sin)
+    torch.cuda.synchronize()
+    ids = torch.arange(32).repeat(2)
+    for src, dst in zip(sources, targets):
+        ref.assert_close(dst, expected(src, cos, sin, ids))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
+                    reason="needs two GPUs")
+def test_tensors_on_another_device_than_the_current_one():
+    cos, sin = tables(64, 64, device="cuda:1")
+    q = torch.randn(1, 8, 2, 64, device="cuda:1")
+    with torch.cuda.device(0):
+        out, _ = ops.rope(q, cos=cos, sin=sin)
+    torch.cuda.synchronize(1)
+    ref.assert_close(out, expected(q, cos, sin, torch.arange(8)))
+    with pytest.raises(ropejit.InvalidArgument, match=r"cos is on cuda:0 but q is on cuda:1"):
+        ops.rope(q, cos=cos.to("cuda:0"), sin=sin.to("cuda:0"))
+
+
+class DLPackOnly:
+    """Exposes only DLPack, as a JAX array does."""
+
+    def __init__(self, t):
+        self.t = t
+
+    def __dlpack__(self, stream=None):
+        return self.t.__dlpack__(stream=stream)
+
+    def __dlpack_device__(self):
+        return self.t.__dlpack_device__()
+
+
+class CudaArrayOnly:
+    """Exposes only __cuda_array_interface__, as Numba and CuPy do (no bf16 there)."""
+
+    def __init__(self, t):
+        self.__cuda_array_interface__ = t.__cuda_array_interface__
+
+
+@pytest.mark.parametrize("wrap, dtype", [(DLPackOnly, torch.bfloat16),
+                                         (CudaArrayOnly, torch.float16)])
+def test_other_producers(wrap, dtype):
+    q = torch.randn(2, 16, 4, 64, device="cuda", dtype=dtype)
+    k = torch.randn(2, 16, 1, 64, device="cuda", dtype=dtype)
+    q0, k0 = q.clone(), k.clone()
+    cos, sin = tables(32, 64)
+    ids = torch.randint(0, 32, (32,), device="cuda", dtype=torch.int32)
+    torch.cuda.synchronize()
+    ropejit.apply(wrap(q), wrap(k), cos=wrap(cos), sin=wrap(sin), position_ids=wrap(ids))
+    torch.cuda.synchronize()  # the legacy default stream (or the producer's)
+    ref.assert_close(q, expected(q0, cos, sin, ids))
+    ref.assert_close(k, expected(k0, cos, sin, ids))
+
+
+def test_cupy_if_installed():
+    cupy = pytest.importorskip("cupy")
+    q = cupy.random.standard_normal((1, 8, 2, 64), dtype=cupy.float32)
+    q0 = torch.as_tensor(q, device="cuda").clone()
+    ropejit.apply(q, base=10000.0)
+    cupy.cuda.runtime.deviceSynchronize()
+    inv = 10000.0 ** (-torch.arange(0, 64, 2, dtype=torch.float64) / 64)
+    angles = torch.arange(8, dtype=torch.float64)[:, None] * inv
+    ref.assert_close(torch.as_tensor(q, device="cuda"),
+                     ref.rotate(q0.cpu(), angles.cos()[None, :, None], angles.sin()[None, :, None],
+                                False))
+
+
+def test_jax_if_installed():
+    # JAX would otherwise take most of the GPU's memory from the torch tests.
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    jax = pytest.importorskip("jax")
+    if not any(d.platform == "gpu" for d in jax.devices()):
+        pytest.skip("JAX sees no GPU")
+    x = jax.random.normal(jax.random.PRNGKey(0), (1, 8, 2, 64), dtype=jax.numpy.bfloat16)
+    out = torch.empty(1, 8, 2, 64, device="cuda", dtype=torch.bfloat16)
+    # JAX arrays are immutable: read from JAX (DLPack, bf16), write into a torch output.
+    ropejit.apply(x, q_out=out, base=10000.0)
+    torch.cuda.synchronize()
+    x0 = torch.from_dlpack(x).cpu()
+    inv = 10000.0 ** (-torch.arange(0, 64, 2, dtype=torch.float64) / 64)
+    angles = torch.arange(8, dtype=torch.float64)[:, None] * inv
+    ref.assert_close(out, ref.rotate(x0, angles.cos()[None, :, None], angles.sin()[None, :, None],
+                                     False))
