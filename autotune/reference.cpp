@@ -9,6 +9,7 @@
 #include "autotune/workload.hpp"
 #include "jit/errors.hpp"
 #include "jit/launch_config.hpp"
+#include "jit/scaling.hpp"
 
 namespace ropejit::autotune {
 
@@ -35,8 +36,8 @@ TokenInfo token_info(const Spec& c, const Args& a, int64_t t) {
   if (c.layout != Layout::thd) {
     k.b = t / a.seq_len;
     k.s = t % a.seq_len;
-  } else if (c.positions != Positions::ids || c.cache == KvCache::paged ||
-             c.cache == KvCache::contiguous) {
+  } else if ((c.positions != Positions::ids && c.positions != Positions::mrope) ||
+             c.cache == KvCache::paged || c.cache == KvCache::contiguous) {
     // As the kernel: with ids, thd tokens are placed in sequences only when a cache addressed
     // by sequence needs it; otherwise every token counts (its id is its position).
     k.valid = t >= a.cu_seqlens[0] && t < a.cu_seqlens[a.batch];
@@ -49,12 +50,34 @@ TokenInfo token_info(const Spec& c, const Args& a, int64_t t) {
   return k;
 }
 
-// cos and sin of pair i at the token's position, as the kernel reads or computes them.
-void angle(const Spec& c, const Args& a, int64_t pos, int64_t i, double* cs, double* sn) {
+// Per-pair frequency data: inverse frequencies (computed families, as jit/scaling.hpp defines
+// each variant), the attention factor, and mRoPE's position row of each pair.
+struct Frequencies {
+  std::vector<double> inv;
+  double attention = 1.0;
+  std::vector<int8_t> rows;
+};
+
+Frequencies frequencies(const Spec& c, const Args& a) {
+  Frequencies f;
+  const int32_t half = c.rotary_dim / 2;
+  if (c.freqs != Freqs::table)
+    f.inv = detail::inverse_frequencies(c.freqs, c.rotary_dim, a.base, a.scaling, "args.scaling");
+  if (c.freqs != Freqs::table && c.freqs != Freqs::computed)
+    f.attention = detail::attention_factor(c.freqs, c.rotary_dim, a.scaling, "args.scaling");
+  f.rows.assign(size_t(half), 0);
+  if (c.positions == Positions::mrope)
+    f.rows = detail::mrope_pair_rows(c.rotary_dim, a.mrope_section, a.mrope_interleaved);
+  return f;
+}
+
+// cos and sin of pair i at position `pos`, as the kernel reads or computes them.
+void angle(const Spec& c, const Args& a, const Frequencies& f, int64_t pos, int64_t i, double* cs,
+           double* sn) {
   if (c.freqs != Freqs::table) {
-    const double angle = double(pos) * std::pow(a.base, -2.0 * double(i) / double(c.rotary_dim));
-    *cs = std::cos(angle);
-    *sn = std::sin(angle);
+    const double angle = double(pos) * f.inv[size_t(i)];
+    *cs = std::cos(angle) * f.attention;
+    *sn = std::sin(angle) * f.attention;
   } else if (pos < 0 || pos >= a.table_rows) {
     *cs = *sn = NAN;
   } else {
@@ -174,11 +197,21 @@ void Workload::build_reference() {
            h * x.stride_head;
   };
   int32_t skipped = 0;
+  const Frequencies freqs = frequencies(c, a);
   for (int64_t t = 0; t < tokens_; ++t) {
     const TokenInfo tk = token_info(c, a, t);
     std::vector<double> cs(static_cast<size_t>(half)), sn(static_cast<size_t>(half));
-    for (int64_t i = 0; i < half; ++i) angle(c, a, tk.pos, i, &cs[size_t(i)], &sn[size_t(i)]);
-    const double freq_err = c.freqs != Freqs::table ? 2.5e-7 : 0.0;
+    for (int64_t i = 0; i < half; ++i) {
+      // mRoPE: the pair's row of the [3][tokens] ids (ids are indexed like position ids).
+      const int64_t pos =
+          c.positions == Positions::mrope
+              ? index_at(c.index_type, a.position_ids, freqs.rows[size_t(i)] * tokens_ + t)
+              : tk.pos;
+      angle(c, a, freqs, pos, i, &cs[size_t(i)], &sn[size_t(i)]);
+    }
+    // Computed cos/sin are within 2.5e-7 of float64, then (scaled variants) multiplied by the
+    // attention factor in fp32.
+    const double freq_err = c.freqs == Freqs::table ? 0.0 : (2.5e-7 + 2 * kU) * freqs.attention;
 
     if (!c.fused()) {
       // Plain: rotate the rotary part; out of place, the tail (and tokens outside every

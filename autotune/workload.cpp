@@ -64,6 +64,7 @@ Workload::Workload(const Spec& spec, const Sizes& sizes)
   add_operands();
   add_tables(add_positions());
   if (spec_.fused()) add_fusion();
+  add_scaling();
 }
 
 // q/k (and v) inputs: one packed buffer (q heads, k heads, v heads) or one buffer each;
@@ -158,9 +159,67 @@ int64_t Workload::add_positions() {
     a.seq_offsets = random_indices(a.batch);
     max_pos += std::max<int64_t>(longest, 1) - 1;
   } else {
-    a.position_ids = random_indices(tokens_);
+    // ids: one per token; mrope: three rows of them (temporal, height, width).
+    a.position_ids = random_indices(c.positions == Positions::mrope ? 3 * tokens_ : tokens_);
   }
   return max_pos;
+}
+
+// Scaled variants' parameters (the variant's typical published values unless the sizes give
+// them) and mRoPE's sections.
+void Workload::add_scaling() {
+  const Spec& c = spec_;
+  Args& a = host_args_;
+  const int32_t pairs = c.rotary_dim / 2;
+  if (c.positions == Positions::mrope) {
+    std::copy(sizes_.mrope_section, sizes_.mrope_section + 3, a.mrope_section);
+    if (a.mrope_section[0] + a.mrope_section[1] + a.mrope_section[2] == 0) {
+      a.mrope_section[1] = a.mrope_section[2] = pairs * 3 / 8;  // Qwen2-VL: 16, 24, 24 of 64
+      a.mrope_section[0] = pairs - 2 * a.mrope_section[1];
+    }
+    a.mrope_interleaved = sizes_.mrope_interleaved;
+  }
+  if (c.freqs == Freqs::table || c.freqs == Freqs::computed) return;
+  RopeScaling& s = a.scaling;
+  s = sizes_.scaling;
+  if (s.factor == 1.0) {
+    switch (c.freqs) {
+      case Freqs::linear:
+        s.factor = 4;
+        break;
+      case Freqs::dynamic_ntk:
+        s.factor = 2;
+        s.original_max_positions = 2048;
+        s.seq_len = 8192;
+        break;
+      case Freqs::llama3:
+        s.factor = 8;
+        s.low_freq_factor = 1;
+        s.high_freq_factor = 4;
+        s.original_max_positions = 8192;
+        break;
+      case Freqs::yarn:
+        s.factor = 4;
+        s.original_max_positions = 32768;
+        break;
+      case Freqs::longrope:
+        s.factor = 32;
+        s.original_max_positions = 4096;
+        s.seq_len = 8192;
+        break;
+      default:
+        break;
+    }
+  }
+  if (c.freqs == Freqs::longrope) {
+    std::uniform_real_distribution<double> short_f(1.0, 1.5), long_f(1.0, 8.0);
+    short_factor_ = sizes_.short_factor;
+    long_factor_ = sizes_.long_factor;
+    while (int32_t(short_factor_.size()) < pairs) short_factor_.push_back(short_f(rng_));
+    while (int32_t(long_factor_.size()) < pairs) long_factor_.push_back(long_f(rng_));
+    s.short_factor = short_factor_.data();
+    s.long_factor = long_factor_.data();
+  }
 }
 
 // cos/sin tables (table keys) covering positions up to `max_pos`, built in float64 and rounded

@@ -31,6 +31,14 @@ struct Sizes {
   double base = 10000.0;
   uint64_t seed = 1;
 
+  // Scaled frequencies: parameters of the key's variant (a factor of 1, the default, picks
+  // typical published values for the variant); longrope's per-pair factors are made up when
+  // not given. mRoPE: sections (all 0: a split like Qwen2-VL's) and their order.
+  RopeScaling scaling;
+  std::vector<double> short_factor, long_factor;
+  int32_t mrope_section[3] = {0, 0, 0};
+  bool mrope_interleaved = false;
+
   // Fused keys.
   bool with_v = true;  // a KV-cache call also appends v
   double norm_eps = 1e-6;
@@ -105,6 +113,7 @@ class Workload {
   void add_tables(int64_t max_position);
   void add_fusion();
   void add_cache();
+  void add_scaling();
   // The reference (autotune/reference.cpp).
   void build_reference();
 
@@ -120,6 +129,7 @@ class Workload {
   // before rounding).
   std::vector<std::vector<double>> expect_, tol_;
   std::vector<std::vector<uint8_t>> downloaded_;
+  std::vector<double> short_factor_, long_factor_;  // what args.scaling points to
 };
 
 }  // namespace ropejit::autotune

@@ -31,16 +31,6 @@ int run_demo(const DemoOptions& o) {
   spec.positions = Positions::ids;
   spec.norm = Norm::none;
   spec = spec.canonical();
-  const std::string missing = detail::missing_kernel(spec);
-  if (!missing.empty()) {
-    // The float64 check below knows unscaled frequencies only until the variants' kernels land.
-    std::printf(
-        "note: %s has no kernel in this build yet (%s): the demo runs the model's shape "
-        "with unscaled computed frequencies\n",
-        spec.key().c_str(), missing.c_str());
-    spec.freqs = Freqs::computed;
-    spec = spec.canonical();
-  }
   std::printf("ropejit demo: %s (%s), %lld tokens, q %d heads, k %d heads\nkey %s\n", name.c_str(),
               note.c_str(), static_cast<long long>(o.tokens), model.q_heads, model.kv_heads,
               spec.key().c_str());
@@ -58,6 +48,13 @@ int run_demo(const DemoOptions& o) {
   detail::use_primary_context(0);
   autotune::Sizes sizes;
   sizes.batch = 1;
+  // The model's own frequency scaling (its factors, when longrope).
+  sizes.scaling = model.scaling;
+  const int32_t pairs = spec.rotary_dim / 2;
+  if (model.scaling.short_factor)
+    sizes.short_factor.assign(model.scaling.short_factor, model.scaling.short_factor + pairs);
+  if (model.scaling.long_factor)
+    sizes.long_factor.assign(model.scaling.long_factor, model.scaling.long_factor + pairs);
   sizes.seq_len = o.tokens;
   sizes.q_heads = model.q_heads;
   sizes.k_heads = model.kv_heads;

@@ -6,12 +6,15 @@
 #include <array>
 #include <climits>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <tuple>
 #include <utility>
 
 #include "jit/coverage.hpp"
 #include "jit/errors.hpp"
+#include "jit/scaling.hpp"
 
 namespace ropejit::detail {
 namespace {
@@ -249,11 +252,12 @@ void check_positions(const Spec& c, const Args& a, const CallShape& shape) {
   const bool dense = c.layout != Layout::thd;
   // A cache addressed by sequence needs each token's sequence, which thd finds in cu_seqlens.
   const bool by_sequence = c.cache == KvCache::paged || c.cache == KvCache::contiguous;
-  const bool needs_cu = !dense && (c.positions != Positions::ids || by_sequence);
+  const bool by_id = c.positions == Positions::ids || c.positions == Positions::mrope;
+  const bool needs_cu = !dense && (!by_id || by_sequence);
   if (needs_cu) {
     if (!a.cu_seqlens)
       invalid("args.cu_seqlens is null but layout thd needs it",
-              c.positions == Positions::ids ? " (the KV cache is addressed by sequence)" : "");
+              by_id ? " (the KV cache is addressed by sequence)" : "");
     if (reinterpret_cast<uintptr_t>(a.cu_seqlens) % 4 != 0)
       invalid("args.cu_seqlens (", static_cast<const void*>(a.cu_seqlens),
               ") is not 4-byte aligned");
@@ -263,6 +267,9 @@ void check_positions(const Spec& c, const Args& a, const CallShape& shape) {
     check_index_pointer(a.seq_offsets, c.index_type, "args.seq_offsets", "positions is seqoff");
   if (c.positions == Positions::ids)
     check_index_pointer(a.position_ids, c.index_type, "args.position_ids", "positions is ids");
+  if (c.positions == Positions::mrope)
+    check_index_pointer(a.position_ids, c.index_type, "args.position_ids",
+                        "positions is mrope (three rows of ids)");
   if (c.positions == Positions::offset && a.position_offset < 0)
     invalid("args.position_offset (", a.position_offset, ") must be >= 0");
   // Positions are position_offset + an index below `tokens`: keep them far from int64 overflow.
@@ -386,11 +393,71 @@ CallShape check_call(const Spec& c, const Args& a) {
   check_frequencies(c, a, &shape);
   check_fusion(c, a, shape, &ops);
   check_no_overlap(ops.ops.data(), ops.n, c.head_dim);
+  if (needs_pair_table(c)) pair_data(c, a);  // checks the scaling parameters and mRoPE sections
   shape.align_bytes = std::min<int32_t>(16, ops.vec * element_bytes(c.dtype));
   if (max_vec(c, shape.align_bytes) == 0)
     invalid("gptj needs q/k pointers and strides aligned to a pair of elements (",
             2 * element_bytes(c.dtype), " bytes); the call allows ", shape.align_bytes);
   return shape;
+}
+
+const PairData& pair_data(const Spec& c, const Args& a) {
+  // The last inputs and what they gave, per thread: a call repeats them, and recomputing R/2
+  // pow()s per launch would cost microseconds of host time.
+  struct Cached {
+    Freqs freqs = Freqs::table;
+    int32_t rotary_dim = 0;
+    double base = 0;
+    RopeScaling scaling;
+    std::vector<double> short_factor, long_factor;
+    int32_t section[3] = {0, 0, 0};
+    bool interleaved = false;
+    bool mrope = false;
+    bool valid = false;
+    PairData data;
+  };
+  thread_local Cached cache;
+  const int32_t pairs = c.rotary_dim / 2;
+  const RopeScaling& s = a.scaling;
+  auto same_factors = [&](const std::vector<double>& kept, const double* given) {
+    if (!given) return kept.empty();
+    return int32_t(kept.size()) == pairs &&
+           std::memcmp(kept.data(), given, sizeof(double) * size_t(pairs)) == 0;
+  };
+  const bool mrope = c.positions == Positions::mrope;
+  const bool hit =
+      cache.valid && cache.freqs == c.freqs && cache.rotary_dim == c.rotary_dim &&
+      cache.base == a.base && cache.mrope == mrope && cache.interleaved == a.mrope_interleaved &&
+      std::memcmp(cache.section, a.mrope_section, sizeof cache.section) == 0 &&
+      std::memcmp(&cache.scaling, &s, offsetof(RopeScaling, short_factor)) == 0 &&
+      cache.scaling.seq_len == s.seq_len && same_factors(cache.short_factor, s.short_factor) &&
+      same_factors(cache.long_factor, s.long_factor);
+  if (hit) return cache.data;
+  cache.valid = false;
+  PairData d;
+  d.turns.assign(size_t(pairs), 0.0);
+  d.rows.assign(size_t(pairs), 0);
+  if (scaled_freqs(c)) {
+    validate_scaling(c.freqs, c.rotary_dim, s);
+    const std::vector<double> inv =
+        detail::inverse_frequencies(c.freqs, c.rotary_dim, a.base, s, "args.scaling");
+    for (int32_t i = 0; i < pairs; ++i) d.turns[size_t(i)] = inv[size_t(i)] / (2 * M_PI);
+    d.attention = detail::attention_factor(c.freqs, c.rotary_dim, s, "args.scaling");
+  }
+  if (mrope) d.rows = mrope_pair_rows(c.rotary_dim, a.mrope_section, a.mrope_interleaved);
+  cache.freqs = c.freqs;
+  cache.rotary_dim = c.rotary_dim;
+  cache.base = a.base;
+  cache.scaling = s;
+  cache.short_factor.assign(s.short_factor,
+                            s.short_factor ? s.short_factor + pairs : s.short_factor);
+  cache.long_factor.assign(s.long_factor, s.long_factor ? s.long_factor + pairs : s.long_factor);
+  std::memcpy(cache.section, a.mrope_section, sizeof cache.section);
+  cache.interleaved = a.mrope_interleaved;
+  cache.mrope = mrope;
+  cache.data = std::move(d);
+  cache.valid = true;
+  return cache.data;
 }
 
 ropejit_dev::FusedParams make_params(const Spec& c, const Args& a, const CallShape& shape) {
@@ -417,7 +484,8 @@ ropejit_dev::FusedParams make_params(const Spec& c, const Args& a, const CallSha
   p.seq_len = a.seq_len;
   p.batch = a.batch;
   p.pos_offset = a.position_offset;
-  p.positions = c.positions == Positions::ids ? a.position_ids : a.seq_offsets;
+  p.positions = c.positions == Positions::ids || c.positions == Positions::mrope ? a.position_ids
+                                                                                 : a.seq_offsets;
   p.cu_seqlens = a.cu_seqlens;
   p.cos = a.cos;
   p.sin = a.sin;

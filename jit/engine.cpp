@@ -3,6 +3,8 @@
 // and the device facts), one cuLaunchKernel.
 #include "jit/engine.hpp"
 
+#include <cstddef>
+#include <cstring>
 #include <functional>
 #include <future>
 #include <system_error>
@@ -13,6 +15,12 @@
 #include "jit/render.hpp"
 
 namespace ropejit::detail {
+namespace {
+constexpr int kMaxPairs = 256;  // head_dim <= 512
+static_assert(offsetof(ropejit_dev::PairTable<kMaxPairs>, turns) == 8, "PairTable layout");
+static_assert(sizeof(ropejit_dev::RopeParams) % 8 == 0 && sizeof(ropejit_dev::FusedParams) % 8 == 0,
+              "a PairTable starts right after the block");
+}  // namespace
 
 struct Engine::ImageSlot {
   std::once_flag once;
@@ -391,10 +399,26 @@ void Engine::launch(const Spec& c, const Args& args, const CallShape& shape,
     p = &plan(ctx, c, shape, stream);
   }
   const LaunchConfig& cfg = p->cfg;
-  // Plain kernels take the plain block, fused ones the whole (which starts with it).
+  // Plain kernels take the plain block, fused ones the whole (which starts with it); keys with
+  // per-pair data append a PairTable (templates/rope_params.cuh) in a buffer of the block's
+  // layout. The driver copies as many bytes as the kernel declares.
   ropejit_dev::FusedParams params = make_params(c, args, shape);
-  void* kernel_args[] = {c.fused() ? static_cast<void*>(&params)
-                                   : static_cast<void*>(&params.rope)};
+  void* block = c.fused() ? static_cast<void*>(&params) : static_cast<void*>(&params.rope);
+  alignas(16) unsigned char
+      with_pairs[sizeof(ropejit_dev::FusedParams) + sizeof(ropejit_dev::PairTable<kMaxPairs>)];
+  if (needs_pair_table(c)) {
+    const size_t head = c.fused() ? sizeof(params) : sizeof(params.rope);
+    const PairData& pairs = pair_data(c, args);
+    const size_t n = pairs.turns.size();
+    const float attention = float(pairs.attention);
+    std::memcpy(with_pairs, block, head);
+    std::memcpy(with_pairs + head, &attention, sizeof attention);
+    std::memset(with_pairs + head + 4, 0, 4);
+    std::memcpy(with_pairs + head + 8, pairs.turns.data(), n * sizeof(double));
+    std::memcpy(with_pairs + head + 8 + n * sizeof(double), pairs.rows.data(), n);
+    block = with_pairs;
+  }
+  void* kernel_args[] = {block};
   check(d.LaunchKernel(p->fn->fn, unsigned(grid_blocks(shape, cfg, *p->device)), 1, 1, p->block_x,
                        unsigned(cfg.rows), unsigned(cfg.tokens_per_block), p->shared_bytes, stream,
                        kernel_args, nullptr),

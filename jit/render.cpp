@@ -3,6 +3,7 @@
 
 #include <map>
 
+#include "jit/call.hpp"
 #include "jit/embedded.hpp"
 #include "jit/errors.hpp"
 
@@ -41,6 +42,7 @@ std::string entry_name(const std::string& key, const KernelVariant& variant) {
 }
 
 RenderedKernel render(const Spec& c, const KernelVariant& v) {
+  const char* params = c.fused() ? "FusedParams" : "RopeParams";
   RenderedKernel r;
   r.key = c.key();
   r.entry = entry_name(r.key, v);
@@ -69,7 +71,12 @@ RenderedKernel render(const Spec& c, const KernelVariant& v) {
       {"lanes", std::to_string(chunks(c, v.vec))},
       {"header", c.fused() ? "rope_fused.cuh" : "rope_kernel.cuh"},
       {"kernel", c.fused() ? "FusedKernel" : "RopeKernel"},
-      {"params", c.fused() ? "FusedParams" : "RopeParams"},
+      {"param_block", needs_pair_table(c) ? concat("ropejit_dev::WithPairs<ropejit_dev::", params,
+                                                   ", ", c.rotary_dim / 2, ">")
+                                          : concat("ropejit_dev::", params)},
+      {"param_base", needs_pair_table(c) ? "p.base" : "p"},
+      {"param_pairs", needs_pair_table(c) ? "&p.pairs" : "nullptr"},
+      {"pair_table", flag(scaled_freqs(c))},
       {"norm", std::to_string(int(c.norm))},
       {"cache", std::to_string(int(c.cache))},
       {"need_sequence", flag(c.cache == KvCache::paged || c.cache == KvCache::contiguous)},

@@ -251,7 +251,7 @@ struct FusedKernel {
     return static_cast<char*>(o.out) + off * (long long)sizeof(OutRaw);
   }
 
-  static __device__ void run(const FusedParams& fp) {
+  static __device__ void run(const FusedParams& fp, const typename Rope::Pairs* f) {
     const RopeParams& p = fp.rope;
     const unsigned flat = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
     const unsigned block_threads = blockDim.x * blockDim.y * blockDim.z;
@@ -319,11 +319,11 @@ struct FusedKernel {
       float cs[kPairsPerChunk], sn[kPairsPerChunk];
       if (Cfg::kComputed) {
         __syncthreads();  // the previous token's readers are done
-        Rope::share_angles(p, valid ? tp : TokenPlace{0, 0, false}, t, shared);
+        Rope::share_angles(p, valid ? tp : TokenPlace{0, 0, false}, t, shared, f);
         __syncthreads();
         if (valid && rot) Rope::angles(p, lane, 0, shared, cs, sn);
       } else if (valid && rot) {
-        Rope::angles(p, lane, Rope::position(p, tp, t), shared, cs, sn);
+        Rope::angles(p, lane, Rope::positions(p, tp, t), shared, cs, sn, f);
       }
       CacheDest dest = {0, false};
       if (kCache != kCacheNone && valid) {

@@ -19,7 +19,7 @@
 
 namespace ropejit_dev {
 
-enum : int { kPosOffset = 0, kPosSeqOffsets = 1, kPosIds = 2 };
+enum : int { kPosOffset = 0, kPosSeqOffsets = 1, kPosIds = 2, kPosMrope = 3 };
 
 template <bool kIdx64>
 __device__ __forceinline__ long long load_index(const void* base, long long i) {
@@ -51,6 +51,7 @@ struct RopeKernel {
   // Enumerators, not static constexpr members, for the reason given in rope_entry.cu.in.
   enum : int {
     kPairs = Cfg::kRotaryDim / 2,
+    kPairsAll = kPairs,
     kPairsPerChunk = Cfg::kNeox ? Cfg::kVec : Cfg::kVec / 2,
     kRotChunks = kPairs / kPairsPerChunk,
     kTailChunks = Cfg::kInPlace ? 0 : (Cfg::kHeadDim - Cfg::kRotaryDim) / Cfg::kVec,
@@ -70,7 +71,8 @@ struct RopeKernel {
       tp.valid = true;
       // ids give positions; the sequence is looked up only when something else needs it (a KV
       // cache addressed by sequence).
-      if (Cfg::kPosMode == kPosIds && !Cfg::kNeedSequence) return tp;
+      if ((Cfg::kPosMode == kPosIds || Cfg::kPosMode == kPosMrope) && !Cfg::kNeedSequence)
+        return tp;
       const int* cu = p.cu_seqlens;
       long long lo = 0, hi = p.batch;  // invariant: cu[lo] <= t < cu[hi]
       if (t < __ldg(cu) || t >= __ldg(cu + hi)) {
@@ -109,12 +111,38 @@ struct RopeKernel {
     return Cfg::kSeqMajor ? tp.b * p.seq_len + tp.s : t;
   }
 
+  typedef PairTable<kPairsAll> Pairs;
+
   static __device__ __forceinline__ long long position(const RopeParams& p, const TokenPlace& tp,
                                                        long long t) {
     if (Cfg::kPosMode == kPosIds) return load_index<Cfg::kIdx64>(p.positions, id_index(p, tp, t));
+    if (Cfg::kPosMode == kPosMrope) return position_row(p, tp, t, 0);
     const long long offset =
         Cfg::kPosMode == kPosSeqOffsets ? load_index<Cfg::kIdx64>(p.positions, tp.b) : p.pos_offset;
     return tp.s + offset;
+  }
+
+  // mRoPE: the token's position in row `row` of the [3][ids] position ids.
+  static __device__ __forceinline__ long long position_row(const RopeParams& p,
+                                                           const TokenPlace& tp, long long t,
+                                                           int row) {
+    return load_index<Cfg::kIdx64>(p.positions, row * p.tokens + id_index(p, tp, t));
+  }
+
+  // The positions every pair of a token may take: one, or (mRoPE) the three rows'.
+  struct Positions3 {
+    long long v[3];
+  };
+  static __device__ __forceinline__ Positions3 positions(const RopeParams& p, const TokenPlace& tp,
+                                                         long long t) {
+    Positions3 r;
+    if (Cfg::kPosMode == kPosMrope) {
+#pragma unroll
+      for (int i = 0; i < 3; ++i) r.v[i] = position_row(p, tp, t, i);
+    } else {
+      r.v[0] = r.v[1] = r.v[2] = position(p, tp, t);
+    }
+    return r;
   }
 
   static __device__ __forceinline__ TokenRows rows_of(const HeadOperand& o, const TokenPlace& tp,
@@ -135,6 +163,14 @@ struct RopeKernel {
   // a bad position id poisons its token instead of reading out of bounds.
   static __device__ __forceinline__ void angles(const RopeParams& p, int chunk, long long pos,
                                                 const float2* shared, float* cs, float* sn) {
+    angles(p, chunk, Positions3{{pos, pos, pos}}, shared, cs, sn, nullptr);
+  }
+
+  // The same with mRoPE's per-pair positions (the pair's row of `pos3`, by f->rows).
+  static __device__ __forceinline__ void angles(const RopeParams& p, int chunk,
+                                                const Positions3& pos3, const float2* shared,
+                                                float* cs, float* sn, const Pairs* f) {
+    const long long pos = pos3.v[0];
     if (Cfg::kComputed) {
       // Computed once per token by the whole block (share_angles); (cos, sin) pairs.
       const float2* a = shared + chunk * kPairsPerChunk;
@@ -144,9 +180,27 @@ struct RopeKernel {
         sn[j] = a[j].y;
       }
     } else {
+      const int first = chunk * kPairsPerChunk;
+      if (Cfg::kPosMode == kPosMrope) {
+        // Each pair reads the row of its own position: element by element.
+        const bool strided = Cfg::kTableFull && !Cfg::kNeox;
+#pragma unroll
+        for (int j = 0; j < kPairsPerChunk; ++j) {
+          const long long pj = pos3.v[f->rows[first + j]];
+          const bool in_table = pj >= 0 && pj < p.table_rows;
+          const long long at =
+              (in_table ? pj : 0) * p.table_stride + (strided ? 2 * (first + j) : first + j);
+          cs[j] = in_table ? table_load<Cfg::kTableDType>(p.cos, at) : __int_as_float(0x7fc00000);
+          sn[j] = in_table ? table_load<Cfg::kTableDType>(p.sin, at) : __int_as_float(0x7fc00000);
+        }
+        if (Cfg::kBackward) {
+#pragma unroll
+          for (int j = 0; j < kPairsPerChunk; ++j) sn[j] = -sn[j];
+        }
+        return;
+      }
       const bool inside = pos >= 0 && pos < p.table_rows;
       const long long row = (inside ? pos : 0) * p.table_stride;
-      const int first = chunk * kPairsPerChunk;
       // Full-width tables repeat each frequency: neox as [f, f], gptj as f0 f0 f1 f1 ...
       const bool strided = Cfg::kTableFull && !Cfg::kNeox;
       typedef typename Elem<Cfg::kTableDType>::Raw TRaw;
@@ -256,19 +310,29 @@ struct RopeKernel {
   // Computed frequencies: the threads of a token's slice of the block compute its kPairs
   // (cos, sin) pairs once, into shared memory, instead of every head row computing the same
   // values again (the float64 angle reduction is what made this path compute-bound).
+  // Scaled variants take each pair's turns per position (and the attention factor) from the
+  // host's float64 table; mRoPE each pair's position from its row.
   static __device__ __forceinline__ void share_angles(const RopeParams& p, const TokenPlace& tp,
-                                                      long long t, float2* shared) {
+                                                      long long t, float2* shared,
+                                                      const Pairs* f = nullptr) {
     if (!tp.valid) return;
-    const long long pos = position(p, tp, t);
+    const Positions3 pos3 = positions(p, tp, t);
     const int slice = blockDim.x * blockDim.y;
     for (int i = threadIdx.y * blockDim.x + threadIdx.x; i < kPairs; i += slice) {
+      const long long pos = Cfg::kPosMode == kPosMrope ? pos3.v[f->rows[i]] : pos3.v[0];
+      const double turns =
+          Cfg::kPairTable ? f->turns[i] : turns_per_position<Cfg::kRotaryDim>(i, p.log2_base);
       float sn, cs;
-      sincos_turns(double(pos) * turns_per_position<Cfg::kRotaryDim>(i, p.log2_base), &sn, &cs);
+      sincos_turns(double(pos) * turns, &sn, &cs);
+      if (Cfg::kPairTable) {
+        cs *= f->attention;
+        sn *= f->attention;
+      }
       shared[i] = make_float2(cs, sn);
     }
   }
 
-  static __device__ void run(const RopeParams& p) {
+  static __device__ void run(const RopeParams& p, const Pairs* f) {
     const int chunk = threadIdx.x;
     const bool rot_chunk = chunk < kRotChunks;
     TokenHeads th;
@@ -308,7 +372,7 @@ struct RopeKernel {
         Batch b;
         if (work) load_batch(th, h0, b);
         __syncthreads();  // the previous token's readers are done
-        share_angles(p, tp, t, shared);
+        share_angles(p, tp, t, shared, f);
         __syncthreads();
         if (!work) continue;
         if (turn) angles(p, chunk, 0, shared, cs, sn);
@@ -326,7 +390,7 @@ struct RopeKernel {
         do {
           Batch b;
           load_batch(th, h0, b);
-          if (first && turn) angles(p, chunk, position(p, tp, t), shared, cs, sn);
+          if (first && turn) angles(p, chunk, positions(p, tp, t), shared, cs, sn, f);
           first = false;
           store_batch(th, h0, b, turn, cs, sn);
           h0 += step;

@@ -67,4 +67,22 @@ struct FusedParams {
   CacheParams cache;
 };
 
+// Per-pair frequency data of keys whose frequencies or positions differ by rotary pair (the
+// scaled frequency variants, mRoPE), appended to the argument block; N = rotary pairs. The host
+// writes the same layout (jit/engine.cpp, launch): attention and pad, then N doubles, then N
+// bytes.
+template <int N>
+struct PairTable {
+  float attention;  // cos and sin are multiplied by it (yarn, longrope); 1 otherwise
+  int pad_;
+  double turns[N];      // turns per position of each pair: inverse frequency / 2 pi, float64
+  signed char rows[N];  // mRoPE: the position row (0 temporal, 1 height, 2 width) of each pair
+};
+
+template <class Params, int N>
+struct WithPairs {
+  Params base;
+  PairTable<N> pairs;
+};
+
 }  // namespace ropejit_dev

@@ -488,6 +488,45 @@ std::vector<Row> cpp_rows() {
           c.args.base = base;
         },
         "must be a finite number > 1");
+  // --- scaled frequencies and mRoPE
+  add(
+      "yarn factor 0",
+      [](Call& c, Buffers&) {
+        c.spec.freqs = Freqs::yarn;
+        c.args.scaling.factor = 0;
+        c.args.scaling.original_max_positions = 4096;
+      },
+      "args.scaling.factor (0) must be > 0");
+  add(
+      "llama3 without original positions",
+      [](Call& c, Buffers&) {
+        c.spec.freqs = Freqs::llama3;
+        c.args.scaling.factor = 8;
+      },
+      "args.scaling.original_max_positions (0)");
+  add(
+      "longrope without factors",
+      [](Call& c, Buffers&) {
+        c.spec.freqs = Freqs::longrope;
+        c.args.scaling.original_max_positions = 4096;
+      },
+      "short_factor");
+  add(
+      "mrope sections that do not add up",
+      [](Call& c, Buffers&) {
+        c.spec.positions = Positions::mrope;
+        c.args.mrope_section[0] = 16;
+        c.args.mrope_section[1] = 16;
+        c.args.mrope_section[2] = 16;
+      },
+      "sum to rotary_dim / 2");
+  add(
+      "mrope without ids",
+      [](Call& c, Buffers&) {
+        c.spec.positions = Positions::mrope;
+        c.args.position_ids = nullptr;
+      },
+      "args.position_ids is null but positions is mrope");
   // --- fused calls (Call::fused is valid; each row breaks one thing)
   auto fused = [&](std::string name, std::function<void(Call&, Buffers&)> edit,
                    const char* message) {

@@ -382,10 +382,10 @@ TEST_CASE("ropejit compile --hf-config: every shipped config, without a GPU") {
   CHECK(r.status == 0);
   CHECK(has(r, ", 0 failed"));
   CHECK(has(r, "qwen3-8b.json: qwen3: head_dim 128, rotary 128 neox, 32/8 heads"));
-  // Keys whose device code has not landed are listed, not compiled into a wrong kernel.
-  CHECK(has(r,
-            "rope_bshd_bf16_d128_r128_neox_pos-offset_comp-llama3_qk_fwd_ip  SKIPPED: freqs "
-            "comp-llama3 has no kernel in this build yet"));
+  // Every key of every shipped config has device code: scaled frequencies, mRoPE, QK-norm.
+  CHECK(has(r, "rope_bshd_bf16_d128_r128_neox_pos-offset_comp-llama3_qk_fwd_ip  v8h2t512"));
+  CHECK(has(r, "_pos-mrope-i64_"));
+  CHECK_FALSE(has(r, "SKIPPED"));
   CHECK(has(r, "rope_bshd_bf16_d64_r64_gptj_pos-ids-i64_tab-f32-half_qk_fwd_ip  v8h2t512"));
   size_t lines = 0, bad = 0, at = 0;
   for (size_t next; (next = r.output.find('\n', at)) != std::string::npos; at = next + 1) {
@@ -404,19 +404,17 @@ TEST_CASE("ropejit --hf-config for source, tune, demo, and its errors") {
   CHECK(r.status == 0);
   CHECK(has(r, "kRotaryDim = 128,"));
   r = command("source --hf-config " + config("llama3.1-8b"));
-  CHECK(r.status == 2);
-  CHECK(has(r,
-            "rope_bshd_bf16_d128_r128_neox_pos-ids-i64_comp-llama3_qk_fwd_ip: freqs "
-            "comp-llama3 has no kernel in this build yet"));
+  CHECK(r.status == 0);
+  CHECK(has(r, "kPairTable = true,"));  // per-pair float64 frequencies of the scaled variant
   r = command("source rope_bshd_bf16_d128_r128_neox_pos-ids-i64_comp-yarn_qk_fwd_ip");
-  CHECK(r.status == 2);
-  CHECK(has(r, "freqs comp-yarn has no kernel in this build yet"));
+  CHECK(r.status == 0);
+  CHECK(has(r, "ropejit_dev::WithPairs<ropejit_dev::RopeParams, 64>"));
   r = command("source");
   CHECK(r.status == 2);
   CHECK(has(r, "source needs a KEY or --hf-config FILE"));
   r = command("compile --key rope_bshd_bf16_d128_r128_neox_pos-mrope-i64_comp_qk_fwd_ip");
-  CHECK(r.status == 2);
-  CHECK(has(r, "positions mrope has no kernel in this build yet"));
+  CHECK(r.status == 0);
+  CHECK(has(r, "1 keys: 2 kernels in"));
 
   r = command("tune --hf-config " + config("deepseek-v2-lite") + " --tokens 64 --dry-run");
   INFO(r.output);
@@ -424,7 +422,7 @@ TEST_CASE("ropejit --hf-config for source, tune, demo, and its errors") {
   CHECK(has(r,
             "rope_bshd_bf16_d64_r64_gptj_pos-ids-i64_tab-f32-half_qk_fwd_ip  bucket 64  heads "
             "16/1: "));
-  CHECK(has(r, "comp-yarn_qk_fwd_ip  SKIPPED: freqs comp-yarn has no kernel in this build yet"));
+  CHECK(has(r, "comp-yarn_qk_fwd_ip  bucket 64  heads 16/1: "));
 
   r = command("compile --hf-config " + std::string(ROPEJIT_DATA_DIR) + "/hf/nope.json");
   CHECK(r.status == 2);
@@ -443,12 +441,9 @@ TEST_CASE("ropejit --hf-config for source, tune, demo, and its errors") {
   if (detail::try_driver(&why)) return;  // the GPU suite runs demos for real
   r = command("demo --hf-config " + config("llama3.1-8b") + " --tokens 16");
   CHECK(r.status == 0);
-  CHECK(has(r,
-            "note: rope_bshd_bf16_d128_r128_neox_pos-ids-i64_comp-llama3_qk_fwd_ip has no "
-            "kernel in this build yet"));
-  CHECK(has(r, "key rope_bshd_bf16_d128_r128_neox_pos-ids-i64_comp_qk_fwd_ip"));
+  CHECK(has(r, "key rope_bshd_bf16_d128_r128_neox_pos-ids-i64_comp-llama3_qk_fwd_ip"));
   CHECK(has(r, "GPU part SKIPPED"));
   r = command("compile --preset deepseek-v2-lite --arch sm_80 -j 2");
   CHECK(r.status == 0);
-  CHECK(has(r, "16 keys (16 skipped): 32 kernels in"));
+  CHECK(has(r, "32 keys: 64 kernels in"));
 }

@@ -32,19 +32,26 @@ struct FreqChoice {
   DType dtype;
   TableWidth width;
 };
-const std::vector<FreqChoice> kFreqs = {
-    {Freqs::computed, DType::f32, TableWidth::half}, {Freqs::table, DType::f32, TableWidth::half},
-    {Freqs::table, DType::f32, TableWidth::full},    {Freqs::table, DType::f16, TableWidth::half},
-    {Freqs::table, DType::bf16, TableWidth::full},   {Freqs::table, DType::bf16, TableWidth::half}};
+const std::vector<FreqChoice> kFreqs = {{Freqs::computed, DType::f32, TableWidth::half},
+                                        {Freqs::table, DType::f32, TableWidth::half},
+                                        {Freqs::table, DType::f32, TableWidth::full},
+                                        {Freqs::table, DType::f16, TableWidth::half},
+                                        {Freqs::table, DType::bf16, TableWidth::full},
+                                        {Freqs::table, DType::bf16, TableWidth::half},
+                                        {Freqs::linear, DType::f32, TableWidth::half},
+                                        {Freqs::dynamic_ntk, DType::f32, TableWidth::half},
+                                        {Freqs::llama3, DType::f32, TableWidth::half},
+                                        {Freqs::yarn, DType::f32, TableWidth::half},
+                                        {Freqs::longrope, DType::f32, TableWidth::half}};
 struct PosChoice {
   Positions positions;
   IndexType index;
 };
-const std::vector<PosChoice> kPositions = {{Positions::offset, IndexType::i64},
-                                           {Positions::seq_offsets, IndexType::i32},
-                                           {Positions::seq_offsets, IndexType::i64},
-                                           {Positions::ids, IndexType::i32},
-                                           {Positions::ids, IndexType::i64}};
+const std::vector<PosChoice> kPositions = {
+    {Positions::offset, IndexType::i64},      {Positions::seq_offsets, IndexType::i32},
+    {Positions::seq_offsets, IndexType::i64}, {Positions::ids, IndexType::i32},
+    {Positions::ids, IndexType::i64},         {Positions::mrope, IndexType::i32},
+    {Positions::mrope, IndexType::i64}};
 const std::vector<int> kSizes = {
     4, 3, int(kDims.size()), 2, int(kPositions.size()), int(kFreqs.size()), 2, 2};
 
