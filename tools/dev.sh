@@ -137,13 +137,16 @@ case "$what" in
   test)
     state=$(gpu_state)
     ctest_cmd=${ROPEJIT_CTEST:-ctest}
+    # Test processes run side by side (the GPU ones too: each checks its own buffers, and no
+    # test asserts a time); ROPEJIT_CTEST_JOBS=1 runs them one at a time.
+    jobs=(--parallel "${ROPEJIT_CTEST_JOBS:-$(nproc)}")
     cd "$build"
     if [ "$state" = yes ]; then
       echo "dev.sh: GPU found: running the CPU and GPU suites"
-      $ctest_cmd --output-on-failure
+      $ctest_cmd "${jobs[@]}" --output-on-failure
     else
       echo "dev.sh: no usable GPU here (${state#no: }): tests labelled 'gpu' are excluded (ctest -LE gpu)"
-      $ctest_cmd --output-on-failure -LE gpu
+      $ctest_cmd "${jobs[@]}" --output-on-failure -LE gpu
       echo "dev.sh: GPU tests SKIPPED: $($ctest_cmd -N -L gpu | tail -1)"
     fi
     cd "$root"
