@@ -141,6 +141,11 @@ std::vector<Case> cases() {
   v.push_back(make("oop", DType::bf16, 128, 128, 4096, 32, 8, Style::neox, false));
   v.push_back(
       make("computed", DType::bf16, 128, 128, 4096, 32, 8, Style::neox, true, Freqs::computed));
+  // The scaled variants next to plain computed frequencies (same shape): the cost of per-pair
+  // float64 frequencies from the argument block, and of the attention factor.
+  for (Freqs f : {Freqs::linear, Freqs::llama3, Freqs::yarn, Freqs::longrope})
+    v.push_back(make(std::string("comp_") + to_string(f), DType::bf16, 128, 128, 4096, 32, 8,
+                     Style::neox, true, f));
   v.push_back(make("thd_uneven", DType::bf16, 128, 128, 8192, 32, 8, Style::neox, true,
                    Freqs::table, Layout::thd));
   v.push_back(make("partial_neox20b", DType::bf16, 96, 24, 4096, 64, 64));
