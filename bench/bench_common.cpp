@@ -29,4 +29,13 @@ double copy_median_us(int64_t bytes) {
       .median_us;
 }
 
+bool checked_first(benchmark::State& state, autotune::Workload& w, const Spec& spec,
+                   const Args& args) {
+  w.upload();
+  apply(spec, args);
+  const autotune::CheckReport r = w.check();
+  if (!r.ok) state.SkipWithError(("float64 check failed: " + r.first_failure).c_str());
+  return r.ok;
+}
+
 }  // namespace ropejit::bench

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "autotune/timing.hpp"
+#include "autotune/workload.hpp"
 #include "jit/driver.hpp"
 
 namespace ropejit::bench {
@@ -38,6 +39,11 @@ void time_against_copy(benchmark::State& state, int64_t bytes, const Call& call)
   state.counters["copy_us"] = copy_us;
   state.counters["pct_copy"] = 100.0 * copy_us / rope_us;
 }
+
+// Uploads the workload, runs the call once and checks it against float64 before anything is
+// timed; false (and the row skipped with the first mismatch) when it fails.
+bool checked_first(benchmark::State& state, autotune::Workload& w, const Spec& spec,
+                   const Args& args);
 
 // kGraphCalls calls captured once into a CUDA graph on g_stream, for replay.
 constexpr int kGraphCalls = 20;

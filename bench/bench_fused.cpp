@@ -63,14 +63,8 @@ std::vector<int64_t> unfused_passes(const FusedCase& c, int64_t tokens) {
 
 void run_fused(benchmark::State& state, const FusedCase& c) {
   autotune::Workload w(c.spec, c.sizes);
-  w.upload();
   const Args args = w.args(g_stream);
-  apply(c.spec, args);
-  const autotune::CheckReport r = w.check();
-  if (!r.ok) {
-    state.SkipWithError(("float64 check failed: " + r.first_failure).c_str());
-    return;
-  }
+  if (!checked_first(state, w, c.spec, args)) return;
   const std::vector<int64_t> passes = unfused_passes(c, w.tokens());
   double unfused_us = 0;
   const detail::Driver& d = detail::driver();

@@ -34,14 +34,8 @@ struct Case {
 
 void run_case(benchmark::State& state, const Case& c) {
   autotune::Workload w(c.spec, c.sizes);
-  w.upload();
   const Args args = w.args(g_stream);
-  apply(c.spec, args);
-  const autotune::CheckReport r = w.check();
-  if (!r.ok) {
-    state.SkipWithError(("float64 check failed: " + r.first_failure).c_str());
-    return;
-  }
+  if (!checked_first(state, w, c.spec, args)) return;
   time_against_copy(state, w.bytes_moved(), [&] { apply(c.spec, args); });
   const auto [cfg, regs] = api::engine().planned(c.spec, args);
   state.SetLabel(w.spec().key() + " " + cfg.name() + " " + std::to_string(regs) + "regs");
