@@ -31,7 +31,6 @@ double copy_median_us(int64_t bytes) {
 
 bool checked_first(benchmark::State& state, autotune::Workload& w, const Spec& spec,
                    const Args& args) {
-  w.upload();
   apply(spec, args);
   const autotune::CheckReport r = w.check();
   if (!r.ok) state.SkipWithError(("float64 check failed: " + r.first_failure).c_str());

@@ -40,7 +40,7 @@ void time_against_copy(benchmark::State& state, int64_t bytes, const Call& call)
   state.counters["pct_copy"] = 100.0 * copy_us / rope_us;
 }
 
-// Uploads the workload, runs the call once and checks it against float64 before anything is
+// Runs the call once on the uploaded workload and checks it against float64 before anything is
 // timed; false (and the row skipped with the first mismatch) when it fails.
 bool checked_first(benchmark::State& state, autotune::Workload& w, const Spec& spec,
                    const Args& args);

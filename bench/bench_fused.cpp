@@ -63,6 +63,7 @@ std::vector<int64_t> unfused_passes(const FusedCase& c, int64_t tokens) {
 
 void run_fused(benchmark::State& state, const FusedCase& c) {
   autotune::Workload w(c.spec, c.sizes);
+  w.upload();  // before args(): device pointers exist only after the upload
   const Args args = w.args(g_stream);
   if (!checked_first(state, w, c.spec, args)) return;
   const std::vector<int64_t> passes = unfused_passes(c, w.tokens());

@@ -34,6 +34,7 @@ struct Case {
 
 void run_case(benchmark::State& state, const Case& c) {
   autotune::Workload w(c.spec, c.sizes);
+  w.upload();  // before args(): device pointers exist only after the upload
   const Args args = w.args(g_stream);
   if (!checked_first(state, w, c.spec, args)) return;
   time_against_copy(state, w.bytes_moved(), [&] { apply(c.spec, args); });
