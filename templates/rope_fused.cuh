@@ -295,7 +295,7 @@ struct FusedKernel {
       // token's rows depend on t alone, so its loads go out before the sequence search (a
       // chain of dependent loads through cu_seqlens); dense layouts place tokens arithmetically.
       TokenPlace tp = {0, 0, false};
-      if (!Cfg::kPacked && live) tp = Rope::locate(p, t);
+      if (!Cfg::kPacked && live) tp = Rope::template locate<true>(p, t);
       const bool loadable = Cfg::kPacked ? live : live && tp.valid;
       TokenRows q, k, v;
       char *q_out = nullptr, *k_out = nullptr;
@@ -314,7 +314,7 @@ struct FusedKernel {
       int kind[kHpt], idx[kHpt];  // 0 q, 1 k, 2 v; index within its kind
       bool act[kHpt];
       load_batch(0, q, k, v, loadable, in_head, col, two, hq, hk, total, x, kind, idx, act);
-      if (Cfg::kPacked && live) tp = Rope::locate(p, t);
+      if (Cfg::kPacked && live) tp = Rope::template locate<true>(p, t);
       const bool valid = live && tp.valid;
       float cs[kPairsPerChunk], sn[kPairsPerChunk];
       if (Cfg::kComputed) {

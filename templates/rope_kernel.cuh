@@ -63,6 +63,10 @@ struct RopeKernel {
   static_assert(kPairsPerChunk >= 1 && kPairs % kPairsPerChunk == 0, "vector width vs R");
   static_assert((Cfg::kHeadDim - Cfg::kRotaryDim) % Cfg::kVec == 0, "vector width vs tail");
 
+  // kGuess: first try the sequence that equal lengths would give (one round of loads; exact for
+  // decode, one token per sequence), then search. The fused kernel's cache placement waits on
+  // this, where a binary search over 64 sequences is six dependent loads.
+  template <bool kGuess = false>
   static __device__ __forceinline__ TokenPlace locate(const RopeParams& p, long long t) {
     TokenPlace tp;
     if (Cfg::kPacked) {
@@ -74,6 +78,16 @@ struct RopeKernel {
       if ((Cfg::kPosMode == kPosIds || Cfg::kPosMode == kPosMrope) && !Cfg::kNeedSequence)
         return tp;
       const int* cu = p.cu_seqlens;
+      if (kGuess && p.batch > 0) {
+        long long g = t * p.batch / p.tokens;
+        if (g > p.batch - 1) g = p.batch - 1;
+        const long long first = __ldg(cu + g), end = __ldg(cu + g + 1);
+        if (first <= t && t < end) {
+          tp.b = g;
+          tp.s = t - first;
+          return tp;
+        }
+      }
       long long lo = 0, hi = p.batch;  // invariant: cu[lo] <= t < cu[hi]
       if (t < __ldg(cu) || t >= __ldg(cu + hi)) {
         tp.valid = false;
