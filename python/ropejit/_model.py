@@ -90,11 +90,16 @@ class Scaling:
                 f"ropejit: scaling.short_factor and scaling.long_factor go together, with "
                 f"rotary_dim / 2 values each; got {_count(self.short_factor)} and "
                 f"{_count(self.long_factor)}")
+        # Kept once: a call passes it on (a plain attribute, which torch.compile reads as a
+        # constant).
+        flat = tuple(float(getattr(self, f)) for f in _PARAMS)
+        object.__setattr__(self, "_flat", flat + (self.short_factor or ()) +
+                           (self.long_factor or ()))
 
     def to_list(self):
         """The flat float list the torch ops carry (their schema has no struct type): the ten
         parameters, then short_factor and long_factor."""
-        return list(_flat(self))
+        return list(self._flat)
 
     @staticmethod
     def from_list(values):
@@ -106,12 +111,6 @@ def _count(factors):
 
 
 _PARAMS = _NUMBERS[:3] + ("original_max_positions",) + _NUMBERS[3:] + ("truncate",)
-
-
-@functools.lru_cache(maxsize=64)
-def _flat(scaling):
-    values = tuple(float(getattr(scaling, f)) for f in _PARAMS)
-    return values + (scaling.short_factor or ()) + (scaling.long_factor or ())
 
 
 @functools.lru_cache(maxsize=64)

@@ -165,6 +165,10 @@ class RotaryEmbedding(torch.nn.Module):
             kwargs.update(mrope_section=self.model.mrope_section,
                           mrope_interleaved=self.model.mrope_interleaved)
         else:
+            if position_ids.dim() > 2:
+                raise InvalidArgument(f"ropejit: the model has no mRoPE sections: position_ids "
+                                      f"must be [batch, seq], got shape "
+                                      f"{list(position_ids.shape)}")
             shape = tuple(position_ids.shape)
             ids = position_ids.reshape(-1).contiguous()
         r, half = self.rotary_dim, self.rotary_dim // 2
