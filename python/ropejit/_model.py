@@ -8,6 +8,7 @@ import ctypes
 import dataclasses
 import functools
 import json
+import numbers
 import os
 import types
 from collections.abc import Mapping
@@ -64,12 +65,13 @@ class Scaling:
 
         for field in _NUMBERS:
             value = getattr(self, field)
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
                 fail(field, value, "must be a number")
             object.__setattr__(self, field, float(value))
         n = self.original_max_positions
-        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n < 2 ** 53:
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or not 0 <= n < 2 ** 53:
             fail("original_max_positions", n, "must be an int in [0, 2^53)")
+        object.__setattr__(self, "original_max_positions", int(n))
         if not isinstance(self.truncate, bool):
             fail("truncate", self.truncate, "must be True or False")
         for field in ("short_factor", "long_factor"):
@@ -80,7 +82,7 @@ class Scaling:
                 fail(field, value, "must be a sequence of numbers (rotary_dim / 2 of them)")
             values = tuple(value)
             for i, v in enumerate(values):
-                if isinstance(v, bool) or not isinstance(v, (int, float)):
+                if isinstance(v, bool) or not isinstance(v, numbers.Real):
                     fail(f"{field}[{i}]", v, "must be a number")
             object.__setattr__(self, field, tuple(float(v) for v in values))
         if (self.short_factor is None) != (self.long_factor is None) or (
@@ -201,15 +203,18 @@ class ModelRope:
     """A model's RoPE as its Hugging Face config.json describes it, read by ropejit's C reader
     (ropejit::ModelRope; README "Models described by their config.json").
 
-    spec: the ropejit.Spec its attention calls (computed frequencies of the model's variant,
-    position ids, or mRoPE's three rows), in the dtype asked for; head_dim is the rotary slice's
-    alone when rotary_offset > 0 (DeepSeek MLA). freqs: 'computed' (rope_type default) or the
-    scaled variant, with `scaling` its parameters. mrope_section: pairs per position row
-    (temporal, height, width) for mRoPE models, else None. norm: the QK-norm the architecture
-    applies before RoPE ('none', 'rms', 'rms_one_plus', 'rms_all_heads'), with norm_eps; this
-    package reports it and applies RoPE only. local_base: the base of Gemma 3's sliding-window
-    layers (unscaled frequencies), 0 when every layer uses `base`. softmax_scale_multiplier:
-    DeepSeek YaRN's factor for the attention's softmax scale (not RoPE's to apply)."""
+    spec: the plain-RoPE axes of the key its attention calls (computed frequencies of the
+    model's variant, position ids, or mRoPE's three rows), in the dtype asked for; head_dim is
+    the rotary slice's alone when rotary_offset > 0 (DeepSeek MLA). The reader's spec also
+    names the QK-norm, which ropejit.Spec does not carry: it is `norm` here.
+
+    freqs: 'computed' (rope_type default) or the scaled variant, with `scaling` its parameters.
+    mrope_section: pairs per position row (temporal, height, width) for mRoPE models, else None.
+    norm: the QK-norm the architecture applies before RoPE ('none', 'rms', 'rms_one_plus',
+    'rms_all_heads'), with norm_eps; this package reports it and applies RoPE only. local_base:
+    the base of Gemma 3's sliding-window layers (unscaled frequencies), 0 when every layer uses
+    `base`. softmax_scale_multiplier: DeepSeek YaRN's factor for the attention's softmax scale
+    (not RoPE's to apply)."""
 
     spec: Spec
     head_dim: int
