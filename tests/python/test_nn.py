@@ -2,8 +2,9 @@
 and 5.x shapes, every rope_type it knows, mRoPE), its errors, its cos/sin and its direct apply
 path against transformers' own rotary modules run in float64 (default, linear, dynamic, llama3,
 yarn, longrope, mRoPE, Gemma 3's per-layer-type bases), and patched randomly initialized Llamas
-(plain and scaled RoPE) against the unpatched ones (examples/patch_llama.py). Each comparison
-runs on the GPU and, through the host emulator, on CPU tensors."""
+(plain and scaled RoPE; examples/patch_llama.py) and Qwen2-VL / Qwen3-VL text models (mRoPE)
+against the unpatched ones. Each comparison runs on the GPU and, through the host emulator, on
+CPU tensors."""
 
 import importlib.util
 import math
@@ -18,6 +19,7 @@ import references as ref  # noqa: E402
 from conftest import ROOT  # noqa: E402
 
 import ropejit  # noqa: E402
+import ropejit.nn  # noqa: E402
 from ropejit.nn import RotaryEmbedding  # noqa: E402
 
 HAVE_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
@@ -332,3 +334,40 @@ def test_patched_llama_matches_the_unpatched_model(backend, dtype, rope):
     assert calls == 2  # one per layer: ropejit did the rotation
     assert diff <= example.limit(dtype, scale), (diff, scale)
     assert not math.isnan(diff)
+
+
+@pytest.mark.parametrize("kind", ["Qwen2VL", "Qwen3VL"])
+def test_patched_mrope_text_models_match_the_unpatched_ones(backend, kind):
+    # Image-like position rows (temporal, height, width differ) through the whole text model:
+    # patch_hf_model swaps its rotary module (mRoPE sections from the config; Qwen3-VL's
+    # interleaved) and apply_rotary_pos_emb.
+    _needs("mrope")
+    import importlib
+    import transformers
+    package = {"Qwen2VL": "qwen2_vl", "Qwen3VL": "qwen3_vl"}[kind]
+    modeling = importlib.import_module(f"transformers.models.{package}.modeling_{package}")
+    params = dict(rope_type="default", rope_theta=1e6, mrope_section=[4, 6, 6])
+    if kind == "Qwen3VL":
+        params["mrope_interleaved"] = True
+    config = getattr(transformers, f"{kind}TextConfig")(
+        vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=4096,
+        rope_parameters=params, bos_token_id=None, eos_token_id=None)
+    torch.manual_seed(0)
+    model = getattr(modeling, f"{kind}TextModel")(config).to(backend.device).eval()
+    ids = torch.randint(0, 256, (2, 12), device=backend.device)
+    g = torch.Generator().manual_seed(1)
+    pos = torch.stack((torch.arange(12).expand(2, 12), torch.randint(0, 30, (2, 12), generator=g),
+                       torch.randint(0, 30, (2, 12), generator=g))).to(backend.device)
+    with torch.no_grad():
+        want = model(input_ids=ids, position_ids=pos).last_hidden_state
+    original = modeling.apply_rotary_pos_emb
+    try:
+        assert ropejit.nn.patch_hf_model(model) == ["rotary_emb"]
+        assert model.rotary_emb.model.mrope_interleaved == (kind == "Qwen3VL")
+        with torch.no_grad():
+            got = model(input_ids=ids, position_ids=pos).last_hidden_state
+    finally:
+        modeling.apply_rotary_pos_emb = original
+    backend.sync()
+    assert (got - want).abs().max().item() <= 1e-4 * max(want.abs().max().item(), 1.0)
