@@ -8,6 +8,9 @@ over numpy arrays standing in for device memory)."""
 import ctypes
 import json
 import math
+import os
+import subprocess
+import sys
 import types
 
 import emulator
@@ -101,6 +104,20 @@ def test_model_fields_and_specs():
     other["rope_scaling"]["short_factor"] = [7.0] * 48
     assert ropejit.model_from_hf_config(other).scaling.short_factor == (7.0,) * 48
     assert phi.scaling == before and phi.scaling.short_factor[0] == 1.0
+
+
+def test_precompile_a_model_read_from_its_config(tmp_path):
+    # In a subprocess: the library reads ROPEJIT_CACHE_DIR once per process.
+    code = ("import ropejit, sys\n"
+            "for path in sys.argv[1:]:\n"
+            "    ropejit.precompile(ropejit.model_from_hf_config(path).spec, arch='sm_90')\n")
+    env = dict(os.environ, ROPEJIT_CACHE_DIR=str(tmp_path / "cache"), ROPEJIT_QUIET="1")
+    r = subprocess.run([sys.executable, "-c", code, str(HF / "llama3.1-8b.json"),
+                        str(HF / "qwen2-vl-7b.json")], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    entries = [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]
+    assert len(entries) >= 4, entries  # prefill's and decode's kernels of each key
 
 
 def test_configs_from_objects():
