@@ -1,7 +1,8 @@
 """Host cost of one ropejit call from Python, per entry point, next to the C++ call's (Google
 Benchmark's host/apply_cached and host/bare_launch rows, when --bench names ropejit_bench):
 the decode shape of those rows (64 tokens, 32 + 8 heads of 128, bf16, int64 position ids, fp32
-half-width table). Wall time per call with the launch queue drained every 256 calls, median
+half-width table; the llama3 rows compute Llama 3.1's frequencies in the kernel instead). Wall
+time per call with the launch queue drained every 256 calls, median
 of --reps rounds; the kernels themselves take a few microseconds of GPU time, so the host is
 what is measured once it is slower than they are.
 
@@ -22,6 +23,7 @@ import torch
 import ropejit
 from ropejit import _call, _capi, _tensors, ops
 from ropejit.dropin import hf, vllm
+from ropejit.nn import RotaryEmbedding
 
 CALLS = 256
 
@@ -62,11 +64,21 @@ def cases():
     cache = torch.cat((cos, sin), -1).to(torch.bfloat16)
     q2d, k2d = q.view(64, -1), k.view(64, -1)
     x = torch.empty(1 << 16, device=dev)
+    llama3 = ropejit.Scaling(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                             original_max_positions=8192)
+    kw3 = dict(base=500000.0, freqs="llama3", scaling=llama3, position_ids=ids)
+    rope = RotaryEmbedding(128, base=500000.0, max_position_embeddings=131072,
+                           scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                    "high_freq_factor": 4.0,
+                                    "original_max_position_embeddings": 8192})
     return {
         "c_api (ctypes, structs prebuilt)": lambda: apply_c(spec_ref, args_ref),
         "ropejit.apply (torch tensors)": lambda: ropejit.apply(q, k, **kw),
         "ropejit.ops.rope_ (torch op, in place)": lambda: ops.rope_(q, k, **kw),
         "ropejit.ops.rope (torch op, new outputs)": lambda: ops.rope(q, k, **kw),
+        "ropejit.ops.rope_ (llama3 computed in the kernel)": lambda: ops.rope_(q, k, **kw3),
+        "nn.RotaryEmbedding.apply (llama3, new outputs)": lambda: rope.apply(q, k, ids,
+                                                                             layout="bshd"),
         "dropin.vllm.rotary_embedding": lambda: vllm.rotary_embedding(ids, q2d, k2d, 128, cache,
                                                                       True),
         "dropin.hf.apply_rotary_pos_emb": lambda: hf.apply_rotary_pos_emb(hf_q, hf_k, cos_full,

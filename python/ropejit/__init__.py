@@ -2,6 +2,7 @@
 
     import ropejit
     ropejit.apply(q, k, cos=cos, sin=sin, position_ids=ids)   # any CUDA tensors, in place
+    model = ropejit.model_from_hf_config("config.json")       # ropejit's own config reader
 
 PyTorch users: ropejit.ops (torch.library ops with autograd, torch.compile and CUDA graphs),
 ropejit.dropin (the Hugging Face, flash-attn, vLLM, TransformerEngine and Liger functions),
@@ -10,11 +11,15 @@ ropejit.nn.RotaryEmbedding. Importing needs no GPU: the driver is loaded on the 
 from ropejit import _capi
 from ropejit._apply import apply
 from ropejit._library import Info, Spec, command_path, info, key, precompile
+from ropejit._model import (ModelRope, Scaling, attention_factor, inverse_frequencies,
+                            model_from_hf_config, model_from_hf_config_text)
 from ropejit.errors import (CompileError, DriverError, Error, ErrorCode, InternalError,
                             InvalidArgument, NoDriverError)
 
 __version__ = _capi.version()
 
-__all__ = ["apply", "key", "precompile", "info", "Info", "Spec", "command_path", "Error",
+__all__ = ["apply", "key", "precompile", "info", "Info", "Spec", "Scaling", "ModelRope",
+           "model_from_hf_config", "model_from_hf_config_text", "inverse_frequencies",
+           "attention_factor", "command_path", "Error",
            "ErrorCode", "InvalidArgument", "CompileError", "NoDriverError", "DriverError",
            "InternalError", "__version__"]

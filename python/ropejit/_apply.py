@@ -41,16 +41,25 @@ def torch_device_guard(q):
 
 def apply(q, k=None, *, cos=None, sin=None, base=10000.0, layout="bshd", style="neox",
           rotary_dim=None, position_ids=None, seq_offsets=None, position_offset=0,
-          cu_seqlens=None, backward=False, q_out=None, k_out=None, stream=None):
+          cu_seqlens=None, freqs=None, scaling=None, seq_len=None, mrope_section=None,
+          mrope_interleaved=False, backward=False, q_out=None, k_out=None, stream=None):
     """Rotates q (and k, whose head count may differ) in one launch.
 
     Shapes follow `layout`: bshd [batch, seq, heads, head_dim], sbhd [seq, batch, ...],
     bhsd [batch, heads, seq, head_dim] (any strides, last dimension contiguous), or thd
     [tokens, heads, head_dim] with `cu_seqlens` (int32 [batch + 1]). Frequencies come from
     `cos`/`sin` tables ([rows, rotary_dim / 2] or [rows, rotary_dim], f32/f16/bf16, any row
-    stride) or, without tables, are computed from `base`. Positions: `position_ids` (int32/int64,
-    one per token), `seq_offsets` (int32/int64, one per sequence, added to the index in the
-    sequence), else the index in the sequence plus `position_offset`. `style`: "neox" (pairs
+    stride) or, without tables, are computed from `base` in the kernel: `freqs` "computed"
+    (base^(-2i/R), the default) or a scaling variant, "linear", "dynamic_ntk", "llama3", "yarn"
+    or "longrope", with its parameters in `scaling` (a ropejit.Scaling; yarn and longrope also
+    scale cos and sin by their attention factor). dynamic_ntk and longrope pick their
+    frequencies by `seq_len` (transformers: max(position_ids) + 1; default with offset positions
+    on a dense layout: position_offset + seq, else required). Positions: `position_ids`
+    (int32/int64, one per token), `seq_offsets` (int32/int64, one per sequence, added to the
+    index in the sequence), else the index in the sequence plus `position_offset`. mRoPE:
+    `mrope_section` (t, h, w) with `position_ids` of three rows [3, tokens] (temporal, height,
+    width): pair i takes its section's row (`mrope_interleaved`: Qwen3-VL's T H W cycle).
+    `style`: "neox" (pairs
     i, i + R/2) or "gptj" (pairs 2i, 2i + 1). `backward=True` rotates by -angle (the
     gradient). In place, unless `q_out` (and `k_out`) are given; returns the written (q, k).
 
@@ -74,7 +83,9 @@ def apply(q, k=None, *, cos=None, sin=None, base=10000.0, layout="bshd", style="
                             sin=views["sin"], position_ids=views["position_ids"],
                             seq_offsets=views["seq_offsets"], cu_seqlens=views["cu_seqlens"],
                             layout=layout, style=style, rotary_dim=rotary_dim,
-                            position_offset=position_offset, base=base, backward=backward)
+                            position_offset=position_offset, base=base, freqs=freqs,
+                            scaling=scaling, seq_len=seq_len, mrope_section=mrope_section,
+                            mrope_interleaved=mrope_interleaved, backward=backward)
     guard = torch_device_guard(q) if is_torch else None
     if guard is None:
         _call.launch(spec, args, handle)

@@ -6,7 +6,7 @@ tensors while tracing, so that bad input fails at trace time)."""
 import ctypes
 import math
 
-from ropejit import _capi
+from ropejit import _capi, _model
 from ropejit._tensors import device_name
 from ropejit.errors import InvalidArgument
 
@@ -96,12 +96,13 @@ def _index_tensor(chk, v, count, what):
 
 
 _SPECS = {}
+_SCALINGS = {}
 
 
-def _spec(layout, dtype, head_dim, rotary_dim, style, positions, index_type, table, width,
+def _spec(layout, dtype, head_dim, rotary_dim, style, positions, index_type, freqs, width,
           table_dtype, backward, in_place):
     """The ropejit_spec for these axes, built once (a call's hot path is a dict lookup)."""
-    key = (layout, dtype, head_dim, rotary_dim, style, positions, index_type, table, width,
+    key = (layout, dtype, head_dim, rotary_dim, style, positions, index_type, freqs, width,
            table_dtype, backward, in_place)
     s = _SPECS.get(key)
     if s is None:
@@ -110,7 +111,7 @@ def _spec(layout, dtype, head_dim, rotary_dim, style, positions, index_type, tab
         s.head_dim, s.rotary_dim = head_dim, rotary_dim
         s.style, s.positions = _capi.STYLES[style], _capi.POSITIONS[positions]
         s.index_type = _capi.INDEX_TYPES[index_type]
-        s.freqs = _capi.FREQS["table" if table else "computed"]
+        s.freqs = _capi.FREQS[freqs]
         s.table_dtype, s.table_width = _capi.DTYPES[table_dtype], _capi.TABLE_WIDTHS[width]
         s.direction = _capi.DIRECTIONS["backward" if backward else "forward"]
         s.in_place = 1 if in_place else 0
@@ -118,13 +119,56 @@ def _spec(layout, dtype, head_dim, rotary_dim, style, positions, index_type, tab
     return s
 
 
+def _scaling_struct(scaling):
+    """The ropejit_scaling of a ropejit.Scaling (None: the defaults), built once per value; the
+    factor arrays stay alive with it, and with every args struct it is assigned into."""
+    s = _SCALINGS.get(scaling)
+    if s is None:
+        if len(_SCALINGS) >= 64:  # a model has one; bound what a caller making new ones costs
+            _SCALINGS.clear()
+        s = _SCALINGS[scaling] = _model.c_scaling(scaling)
+    return s
+
+
+def _check_mrope(section, interleaved, rotary_dim, build):
+    if isinstance(section, (str, bytes)) or not hasattr(section, "__len__") or len(section) != 3:
+        _fail(f"mrope_section ({section!r}) must be 3 ints: the rotary pairs taking the temporal, "
+              f"height and width position rows")
+    if not isinstance(interleaved, bool):
+        _fail(f"mrope_interleaved ({interleaved!r}) must be True or False")
+    if not build:
+        return
+    if any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in section):
+        _fail(f"mrope_section ({list(section)!r}) must be 3 ints >= 0")
+    if sum(section) != rotary_dim // 2:
+        _fail(f"mrope_section ({list(section)!r}) must sum to rotary_dim / 2 "
+              f"({rotary_dim // 2})")
+
+
+def _check_scaling_in_c(freqs, rotary_dim, scaling):
+    """The library's own checks of the variant's parameters (ropejit_attention_factor runs
+    them), for tracing, where no call reaches the C API until the graph runs."""
+    c = _scaling_struct(scaling)
+    out = ctypes.c_double()
+    _capi.check(_capi.lib.ropejit_attention_factor(_capi.FREQS[freqs], rotary_dim,
+                                                   ctypes.byref(c), ctypes.byref(out)))
+
+
 def plan(q, k=None, q_out=None, k_out=None, *, cos=None, sin=None, position_ids=None,
          seq_offsets=None, cu_seqlens=None, layout="bshd", style="neox", rotary_dim=None,
-         position_offset=0, base=10000.0, backward=False, allow_meta=False, build=True):
+         position_offset=0, base=10000.0, freqs=None, scaling=None, seq_len=None,
+         mrope_section=None, mrope_interleaved=False, backward=False, allow_meta=False,
+         build=True):
     """(ropejit_spec, ropejit_args without the stream) for views q, k, q_out, k_out (None when
     absent); out of place exactly when q_out is given. Raises InvalidArgument naming the
-    argument and its value; the C API checks the rest (strides, overlaps, position range).
-    build=False only checks (torch's fake tensors, whose sizes may be symbolic): returns None.
+    argument and its value; the C API checks the rest (strides, overlaps, position range,
+    the scaling parameters a variant reads). build=False only checks (torch's fake tensors,
+    whose sizes may be symbolic): returns None.
+
+    freqs: None (table with cos/sin, else computed), or a Freqs name; the scaled variants take
+    `scaling` (a ropejit.Scaling) and dynamic_ntk / longrope `seq_len` (default: the last
+    position + 1 with offset positions on a dense layout, else required). mrope_section (3
+    ints): position_ids holds three rows [3, tokens] (mRoPE), pair i taking its section's row.
     """
     _choice("layout", layout, _capi.LAYOUTS)
     _choice("style", style, _capi.STYLES)
@@ -182,7 +226,18 @@ def plan(q, k=None, q_out=None, k_out=None, *, cos=None, sin=None, position_ids=
         _fail(f"cu_seqlens is only for layout 'thd' (layout is {layout!r})")
 
     index_type = "i64"
-    if position_ids is not None:
+    if mrope_section is not None:
+        _check_mrope(mrope_section, mrope_interleaved, rotary_dim, build)
+        if position_ids is None:
+            _fail("mrope_section needs position_ids with three rows [3, tokens] (temporal, "
+                  "height, width)")
+        positions = "mrope"
+        _index_tensor(chk, position_ids, 3 * tokens, "three rows of one position per token, "
+                      "[3, tokens]")
+        index_type = position_ids.dtype
+    elif mrope_interleaved:
+        _fail("mrope_interleaved is set but mrope_section is not")
+    elif position_ids is not None:
         positions = "ids"
         _index_tensor(chk, position_ids, tokens, "one position per token")
         index_type = position_ids.dtype
@@ -196,6 +251,31 @@ def plan(q, k=None, q_out=None, k_out=None, *, cos=None, sin=None, position_ids=
             _fail(f"position_offset ({position_offset!r}) must be an int")
 
     table = cos is not None or sin is not None
+    if freqs is None:
+        freqs = "table" if table else "computed"
+    _choice("freqs", freqs, _capi.FREQS)
+    if table and freqs != "table":
+        _fail(f"cos/sin are given but freqs is {freqs!r}, which computes cos/sin in the kernel: "
+              f"pass one or the other")
+    if not table and freqs == "table":
+        _fail("freqs 'table' needs cos and sin")
+    scaled = freqs not in ("table", "computed")
+    if scaling is not None and not isinstance(scaling, _model.Scaling):
+        _fail(f"scaling ({scaling!r}) must be a ropejit.Scaling")
+    if scaling is not None and not scaled:
+        _fail(f"scaling is given but freqs is {freqs!r}, which reads none: name the variant "
+              f"({', '.join(map(repr, _model.COMPUTED_FREQS[1:]))})")
+    if freqs in _model.NEEDS_SEQ_LEN:
+        if seq_len is None:
+            if positions != "offset" or layout == "thd":
+                _fail(f"freqs {freqs!r} picks its frequencies by the sequence length: pass "
+                      f"seq_len (transformers uses max(position_ids) + 1) with {positions} "
+                      f"positions" + (" on layout 'thd'" if positions == "offset" else ""))
+            seq_len = position_offset + seq
+        elif build and (isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 0):
+            _fail(f"seq_len ({seq_len!r}) must be an int >= 0")
+    if scaled and not build and isinstance(rotary_dim, int):
+        _check_scaling_in_c(freqs, rotary_dim, scaling)
     width, table_dtype = "half", "f32"
     if table:
         if cos is None or sin is None:
@@ -223,7 +303,7 @@ def plan(q, k=None, q_out=None, k_out=None, *, cos=None, sin=None, position_ids=
 
     if not build:
         return None
-    spec = _spec(layout, q.dtype, head_dim, rotary_dim, style, positions, index_type, table,
+    spec = _spec(layout, q.dtype, head_dim, rotary_dim, style, positions, index_type, freqs,
                  width, table_dtype, bool(backward), in_place)
     a = _capi.ropejit_args.from_buffer_copy(_capi.DEFAULT_ARGS)
     a.batch, a.seq_len = batch, seq
@@ -234,7 +314,7 @@ def plan(q, k=None, q_out=None, k_out=None, *, cos=None, sin=None, position_ids=
         a.q_out = _operand(q_out, layout)
         if k is not None:
             a.k_out = _operand(k_out, layout)
-    if positions == "ids":
+    if positions in ("ids", "mrope"):
         a.position_ids = position_ids.ptr
     elif positions == "seq_offsets":
         a.seq_offsets = seq_offsets.ptr
@@ -247,6 +327,13 @@ def plan(q, k=None, q_out=None, k_out=None, *, cos=None, sin=None, position_ids=
         a.table_stride, a.table_rows = cos.strides[0], cos.shape[0]
     else:
         a.base = float(base)
+    if scaled:
+        a.scaling = _scaling_struct(scaling)
+        if freqs in _model.NEEDS_SEQ_LEN:
+            a.scaling.seq_len = seq_len
+    if positions == "mrope":
+        a.mrope_section = (ctypes.c_int32 * 3)(*mrope_section)
+        a.mrope_interleaved = 1 if mrope_interleaved else 0
     return spec, a
 
 

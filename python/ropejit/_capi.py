@@ -17,6 +17,7 @@ FREQS = {"table": 0, "computed": 1, "linear": 2, "dynamic_ntk": 3, "llama3": 4, 
          "longrope": 6}
 TABLE_WIDTHS = {"half": 0, "full": 1}
 DIRECTIONS = {"forward": 0, "backward": 1}
+NORMS = {"none": 0, "rms": 1, "rms_one_plus": 2, "rms_all_heads": 3}
 
 _i32, _i64, _f32, _f64 = ctypes.c_int32, ctypes.c_int64, ctypes.c_float, ctypes.c_double
 _ptr = ctypes.c_void_p
@@ -65,6 +66,15 @@ class ropejit_args(ctypes.Structure):
     ]
 
 
+class ropejit_model(ctypes.Structure):
+    _fields_ = [(name, _i32) for name in (
+        "head_dim", "rotary_dim", "rotary_offset", "q_heads", "kv_heads", "style", "freqs")] + [
+        ("base", _f64), ("scaling", ropejit_scaling), ("mrope", _i32),
+        ("mrope_section", _i32 * 3), ("mrope_interleaved", _i32), ("norm", _i32),
+        ("max_positions", _i64), ("norm_eps", _f64), ("local_base", _f64),
+        ("softmax_scale_multiplier", _f64)]
+
+
 # Canonical keys are about 70 characters; this leaves room for the fused axes.
 KEY_BUFFER = 512
 
@@ -74,6 +84,17 @@ _PROTOTYPES = {
     "ropejit_apply": (ctypes.c_int, [ctypes.POINTER(ropejit_spec), ctypes.POINTER(ropejit_args)]),
     "ropejit_key": (ctypes.c_int, [ctypes.POINTER(ropejit_spec), ctypes.c_char_p, ctypes.c_size_t]),
     "ropejit_precompile": (ctypes.c_int, [ctypes.POINTER(ropejit_spec), ctypes.c_char_p]),
+    "ropejit_inverse_frequencies": (ctypes.c_int, [_i32, _i32, _f64,
+                                                   ctypes.POINTER(ropejit_scaling),
+                                                   ctypes.POINTER(_f64), ctypes.c_size_t]),
+    "ropejit_attention_factor": (ctypes.c_int, [_i32, _i32, ctypes.POINTER(ropejit_scaling),
+                                                ctypes.POINTER(_f64)]),
+    "ropejit_spec_from_hf_config": (ctypes.c_int, [ctypes.c_char_p, _i32,
+                                                   ctypes.POINTER(ropejit_spec),
+                                                   ctypes.POINTER(ropejit_model)]),
+    "ropejit_spec_from_hf_config_text": (ctypes.c_int, [ctypes.c_char_p, _i32,
+                                                        ctypes.POINTER(ropejit_spec),
+                                                        ctypes.POINTER(ropejit_model)]),
     "ropejit_last_error": (ctypes.c_char_p, []),
     "ropejit_version": (ctypes.c_char_p, []),
     "ropejit_struct_sizes": (None, [ctypes.POINTER(ctypes.c_size_t),

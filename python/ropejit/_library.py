@@ -13,9 +13,10 @@ from ropejit.errors import InvalidArgument
 @dataclasses.dataclass(frozen=True)
 class Spec:
     """The plain-RoPE axes of a kernel (ropejit::Spec); values are the names keys use.
-    rotary_dim 0 means head_dim. positions: offset, seq_offsets, ids; freqs: table, computed.
-    (The fused axes of the C API, norm, FP8, KV cache and scaled frequencies, are not exposed
-    until their kernels exist.)"""
+    rotary_dim 0 means head_dim. positions: offset, seq_offsets, ids, mrope (three rows of ids);
+    freqs: table, computed, or a scaled variant computed in the kernel (linear, dynamic_ntk,
+    llama3, yarn, longrope). (The fused axes of the C API, QK-norm, FP8 outputs and the KV
+    cache, are not exposed by the package.)"""
 
     layout: str = "bshd"
     dtype: str = "bf16"
@@ -31,8 +32,8 @@ class Spec:
     in_place: bool = True
 
     _CHOICES = {"layout": _capi.LAYOUTS, "dtype": _capi.DTYPES, "style": _capi.STYLES,
-                "positions": ("offset", "seq_offsets", "ids"), "index_type": _capi.INDEX_TYPES,
-                "freqs": ("table", "computed"), "table_dtype": _capi.DTYPES,
+                "positions": _capi.POSITIONS, "index_type": _capi.INDEX_TYPES,
+                "freqs": _capi.FREQS, "table_dtype": _capi.DTYPES,
                 "table_width": _capi.TABLE_WIDTHS, "direction": _capi.DIRECTIONS}
 
     def to_c(self):

@@ -8,23 +8,26 @@ a capture, as ropejit refuses to load a module during one).
     q2, k2 = ropejit.ops.rope(q, k, cos=cos, sin=sin, position_ids=ids)   # new tensors
     ropejit.ops.rope_(q, k, cos=cos, sin=sin, position_ids=ids)           # in place
 
-Both take the arguments of ropejit.apply. Gradients flow to q and k only: cos/sin tables and
-positions are constants, as in the peers' fused kernels. An eager call that needs neither
-autograd nor tracing runs the same implementation without torch's dispatcher, whose Python
-custom-op layer costs about 40 µs per call."""
+Both take the arguments of ropejit.apply (frequency variants with `freqs`, `scaling` and
+`seq_len`, mRoPE's three position rows with `mrope_section` too). Gradients flow to q and k
+only: cos/sin tables and positions are constants, as in the peers' fused kernels. An eager
+call that needs neither autograd nor tracing runs the same implementation without torch's
+dispatcher, whose Python custom-op layer costs about 40 µs per call."""
 
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor
 
-from ropejit import _apply, _call, _tensors
+from ropejit import _apply, _call, _model, _tensors
+from ropejit.errors import InvalidArgument
 
 _NO_TENSOR = (None,) * 5
 
 
 def _plan(q, k, q_out, k_out, cos, sin, position_ids, seq_offsets, cu_seqlens, layout, style,
-          rotary_dim, position_offset, base, backward, fake):
+          rotary_dim, position_offset, base, freqs, scaling, seq_len, mrope_section,
+          mrope_interleaved, backward, fake):
     def view(name, t):
         return None if t is None else _tensors.from_torch(name, t, fake)
 
@@ -34,7 +37,10 @@ def _plan(q, k, q_out, k_out, cos, sin, position_ids, seq_offsets, cu_seqlens, l
                       seq_offsets=view("seq_offsets", seq_offsets),
                       cu_seqlens=view("cu_seqlens", cu_seqlens), layout=layout, style=style,
                       rotary_dim=rotary_dim, position_offset=position_offset, base=base,
-                      backward=backward, allow_meta=fake, build=not fake)
+                      freqs=freqs, scaling=_model.Scaling.from_list(scaling) if scaling else None,
+                      seq_len=seq_len, mrope_section=mrope_section,
+                      mrope_interleaved=mrope_interleaved, backward=backward, allow_meta=fake,
+                      build=not fake)
 
 
 def _launch(q, planned):
@@ -54,14 +60,19 @@ def _outputs(q, k):
     return torch.empty_like(q), (q.new_empty(0) if k is None else torch.empty_like(k))
 
 
+# The op's schema has no struct type: a ropejit.Scaling travels as Scaling.to_list() (empty: none),
+# mRoPE as its three sections (None: not mRoPE) and the interleaved flag.
 def _rope_impl(q: Tensor, k: Optional[Tensor], cos: Optional[Tensor], sin: Optional[Tensor],
                position_ids: Optional[Tensor], seq_offsets: Optional[Tensor],
                cu_seqlens: Optional[Tensor], layout: str, style: str, rotary_dim: int,
-               position_offset: int, base: float, backward: bool) -> Tuple[Tensor, Tensor]:
+               position_offset: int, base: float, freqs: Optional[str], scaling: List[float],
+               seq_len: Optional[int], mrope_section: Optional[List[int]],
+               mrope_interleaved: bool, backward: bool) -> Tuple[Tensor, Tensor]:
     q_out, k_out = _outputs(q, k)
     planned = _plan(q, k, q_out, None if k is None else k_out, cos, sin, position_ids,
                     seq_offsets, cu_seqlens, layout, style, rotary_dim, position_offset, base,
-                    backward, fake=False)
+                    freqs, scaling, seq_len, mrope_section, mrope_interleaved, backward,
+                    fake=False)
     _launch(q, planned)
     return q_out, k_out
 
@@ -71,10 +82,12 @@ _rope = torch.library.custom_op("ropejit::rope", _rope_impl, mutates_args=())
 
 @_rope.register_fake
 def _rope_fake(q, k, cos, sin, position_ids, seq_offsets, cu_seqlens, layout, style, rotary_dim,
-               position_offset, base, backward):
+               position_offset, base, freqs, scaling, seq_len, mrope_section, mrope_interleaved,
+               backward):
     q_out, k_out = _outputs(q, k)
     _plan(q, k, q_out, None if k is None else k_out, cos, sin, position_ids, seq_offsets,
-          cu_seqlens, layout, style, rotary_dim, position_offset, base, backward, fake=True)
+          cu_seqlens, layout, style, rotary_dim, position_offset, base, freqs, scaling, seq_len,
+          mrope_section, mrope_interleaved, backward, fake=True)
     return q_out, k_out
 
 
@@ -87,22 +100,22 @@ def _dense(g):
 
 
 def _setup_context(ctx, inputs, output):
-    (q, k, cos, sin, position_ids, seq_offsets, cu_seqlens, layout, style, rotary_dim,
-     position_offset, base, backward) = inputs
+    (q, k, cos, sin, position_ids, seq_offsets, cu_seqlens, *params) = inputs
     ctx.save_for_backward(cos, sin, position_ids, seq_offsets, cu_seqlens)
-    ctx.params = (layout, style, rotary_dim, position_offset, base, backward)
+    ctx.params = params  # layout .. mrope_interleaved, backward
     ctx.has_k = k is not None
 
 
 def _backward(ctx, grad_q, grad_k):
     cos, sin, position_ids, seq_offsets, cu_seqlens = ctx.saved_tensors
-    layout, style, rotary_dim, position_offset, base, backward = ctx.params
-    # d(R(θ)x)/dx applied to g is R(-θ)g: the other direction; the copied tail (partial rotary)
-    # passes its gradient through, as the kernel copies it.
+    *params, backward = ctx.params
+    # d(R(θ)x)/dx applied to g is R(-θ)g: the other direction, with the same frequencies (the
+    # attention factor of yarn and longrope included: it scales the forward's cos and sin, so
+    # the transposed rotation carries it too); the copied tail (partial rotary) passes its
+    # gradient through, as the kernel copies it.
     dq, dk = _rope(_dense(grad_q), _dense(grad_k) if ctx.has_k else None, cos, sin, position_ids,
-                   seq_offsets, cu_seqlens, layout, style, rotary_dim, position_offset, base,
-                   not backward)
-    return (dq, dk if ctx.has_k else None) + _NO_TENSOR + (None,) * 6
+                   seq_offsets, cu_seqlens, *params, not backward)
+    return (dq, dk if ctx.has_k else None) + _NO_TENSOR + (None,) * len(ctx.params)
 
 
 _rope.register_autograd(_backward, setup_context=_setup_context)
@@ -112,9 +125,12 @@ def _rope_inplace_impl(q: Tensor, k: Optional[Tensor], cos: Optional[Tensor],
                        sin: Optional[Tensor], position_ids: Optional[Tensor],
                        seq_offsets: Optional[Tensor], cu_seqlens: Optional[Tensor], layout: str,
                        style: str, rotary_dim: int, position_offset: int, base: float,
+                       freqs: Optional[str], scaling: List[float], seq_len: Optional[int],
+                       mrope_section: Optional[List[int]], mrope_interleaved: bool,
                        backward: bool) -> None:
     planned = _plan(q, k, None, None, cos, sin, position_ids, seq_offsets, cu_seqlens, layout,
-                    style, rotary_dim, position_offset, base, backward, fake=False)
+                    style, rotary_dim, position_offset, base, freqs, scaling, seq_len,
+                    mrope_section, mrope_interleaved, backward, fake=False)
     _launch(q, planned)
 
 
@@ -124,9 +140,11 @@ _rope_inplace = torch.library.custom_op("ropejit::rope_", _rope_inplace_impl,
 
 @_rope_inplace.register_fake
 def _rope_inplace_fake(q, k, cos, sin, position_ids, seq_offsets, cu_seqlens, layout, style,
-                       rotary_dim, position_offset, base, backward):
+                       rotary_dim, position_offset, base, freqs, scaling, seq_len, mrope_section,
+                       mrope_interleaved, backward):
     _plan(q, k, None, None, cos, sin, position_ids, seq_offsets, cu_seqlens, layout, style,
-          rotary_dim, position_offset, base, backward, fake=True)
+          rotary_dim, position_offset, base, freqs, scaling, seq_len, mrope_section,
+          mrope_interleaved, backward, fake=True)
 
 
 def _probe(name):
@@ -158,14 +176,29 @@ def _base(base, cos):
     return 10000.0 if cos is not None else base
 
 
+def _scaling_list(scaling):
+    if scaling is None:
+        return []
+    if not isinstance(scaling, _model.Scaling):
+        raise InvalidArgument(f"ropejit: scaling ({scaling!r}) must be a ropejit.Scaling")
+    return scaling.to_list()
+
+
+def _mrope(section):
+    return None if section is None else list(section)
+
+
 def rope(q, k=None, *, cos=None, sin=None, base=10000.0, layout="bshd", style="neox",
          rotary_dim=None, position_ids=None, seq_offsets=None, position_offset=0,
-         cu_seqlens=None, backward=False):
+         cu_seqlens=None, freqs=None, scaling=None, seq_len=None, mrope_section=None,
+         mrope_interleaved=False, backward=False):
     """Out of place: returns new (q_out, k_out) (k_out None without k), differentiable in q
     and k. Arguments as ropejit.apply."""
     op = _rope_impl if _direct(q, k, cos, sin, position_ids, seq_offsets, cu_seqlens) else _rope
     q_out, k_out = op(q, k, cos, sin, position_ids, seq_offsets, cu_seqlens, layout, style,
-                      rotary_dim or 0, position_offset, _base(base, cos), bool(backward))
+                      rotary_dim or 0, position_offset, _base(base, cos), freqs,
+                      _scaling_list(scaling), seq_len, _mrope(mrope_section),
+                      bool(mrope_interleaved), bool(backward))
     return q_out, (None if k is None else k_out)
 
 
@@ -175,14 +208,17 @@ def _needs_grad(*tensors):
 
 def rope_(q, k=None, *, cos=None, sin=None, base=10000.0, layout="bshd", style="neox",
           rotary_dim=None, position_ids=None, seq_offsets=None, position_offset=0,
-          cu_seqlens=None, backward=False):
+          cu_seqlens=None, freqs=None, scaling=None, seq_len=None, mrope_section=None,
+          mrope_interleaved=False, backward=False):
     """In place: rotates q (and k) and returns them. Under autograd (an input requiring grad)
     this is the out-of-place op followed by copy_, so that the gradient is still exact."""
     if _needs_grad(q, k):
         q_out, k_out = rope(q, k, cos=cos, sin=sin, base=base, layout=layout, style=style,
                             rotary_dim=rotary_dim, position_ids=position_ids,
                             seq_offsets=seq_offsets, position_offset=position_offset,
-                            cu_seqlens=cu_seqlens, backward=backward)
+                            cu_seqlens=cu_seqlens, freqs=freqs, scaling=scaling,
+                            seq_len=seq_len, mrope_section=mrope_section,
+                            mrope_interleaved=mrope_interleaved, backward=backward)
         q.copy_(q_out)
         if k is not None:
             k.copy_(k_out)
@@ -190,5 +226,6 @@ def rope_(q, k=None, *, cos=None, sin=None, base=10000.0, layout="bshd", style="
     direct = _direct(q, k, cos, sin, position_ids, seq_offsets, cu_seqlens)
     op = _rope_inplace_impl if direct else _rope_inplace
     op(q, k, cos, sin, position_ids, seq_offsets, cu_seqlens, layout, style, rotary_dim or 0,
-       position_offset, _base(base, cos), bool(backward))
+       position_offset, _base(base, cos), freqs, _scaling_list(scaling), seq_len,
+       _mrope(mrope_section), bool(mrope_interleaved), bool(backward))
     return q, k

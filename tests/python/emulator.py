@@ -2,7 +2,11 @@
 q, k, tables and positions through the pointers and strides in ropejit_args, exactly as the
 kernel does, and writes the results back. With CPU tensors standing in for CUDA ones it checks,
 without a GPU, that the binding fills every struct field right (pointers, strides, heads,
-table stride and width, positions, direction, outputs); the GPU tests check the kernels."""
+table stride and width, positions, mRoPE rows and sections, base and scaling parameters,
+direction, outputs); the GPU tests check the kernels. The scaled variants' frequencies and
+attention factor come from the library's own host functions (ropejit_inverse_frequencies,
+ropejit_attention_factor, given the struct the call carries), so that each variant keeps one
+definition; mRoPE's pair rows are written out here from the README's description."""
 
 import ctypes
 
@@ -42,12 +46,39 @@ def _index(ptr, index_type, i):
                              dtype=np_type)[0])
 
 
-def _angles(spec, args, pos):
-    """(cos, sin) of the R/2 pairs at `pos`, float64; NaN outside the table."""
+def frequencies(spec, args):
+    """(inverse frequencies [R/2], attention factor) of a computed-frequency call: base^(-2i/R)
+    and 1, or the scaled variant's from the library, read from args.base and args.scaling."""
     pairs = spec.rotary_dim // 2
     if spec.freqs == _capi.FREQS["computed"]:
-        inv = args.base ** (-2.0 * np.arange(pairs) / spec.rotary_dim)
-        return np.cos(pos * inv), np.sin(pos * inv)
+        return args.base ** (-2.0 * np.arange(pairs) / spec.rotary_dim), 1.0
+    inv = (ctypes.c_double * pairs)()
+    _capi.check(_capi.lib.ropejit_inverse_frequencies(spec.freqs, spec.rotary_dim, args.base,
+                                                      ctypes.byref(args.scaling), inv, pairs))
+    factor = ctypes.c_double()
+    _capi.check(_capi.lib.ropejit_attention_factor(spec.freqs, spec.rotary_dim,
+                                                   ctypes.byref(args.scaling),
+                                                   ctypes.byref(factor)))
+    return np.array(inv[:]), factor.value
+
+
+def mrope_pair_rows(rotary_dim, section, interleaved):
+    """The position row (0 temporal, 1 height, 2 width) of each rotary pair: sections in order,
+    or (interleaved, Qwen3-VL) pair i takes row i % 3 while that row's section lasts, else the
+    temporal row."""
+    rows = np.zeros(rotary_dim // 2, dtype=np.int64)
+    for i in range(len(rows)):
+        if interleaved:
+            r = i % 3
+            rows[i] = r if r and i < 3 * section[r] else 0
+        else:
+            rows[i] = 0 if i < section[0] else 1 if i < section[0] + section[1] else 2
+    return rows
+
+
+def _table_row(spec, args, pos):
+    """(cos, sin) of the R/2 pairs in table row `pos`; NaN outside the table."""
+    pairs = spec.rotary_dim // 2
     if not 0 <= pos < args.table_rows:
         return np.full(pairs, np.nan), np.full(pairs, np.nan)
     full = spec.table_width == _capi.TABLE_WIDTHS["full"]
@@ -59,6 +90,19 @@ def _angles(spec, args, pos):
     if full and spec.style == _capi.STYLES["gptj"]:
         return cos[0::2], sin[0::2]
     return cos[:pairs], sin[:pairs]
+
+
+def _angles(spec, args, pos, freqs):
+    """(cos, sin) of the R/2 pairs at per-pair positions `pos`, float64; NaN outside a table.
+    `freqs`: frequencies() for computed calls, None for tables."""
+    if freqs is not None:
+        inv, factor = freqs
+        return np.cos(pos * inv) * factor, np.sin(pos * inv) * factor
+    cos, sin = np.empty(len(pos)), np.empty(len(pos))
+    for p in np.unique(pos):
+        c, s = _table_row(spec, args, int(p))
+        cos[pos == p], sin[pos == p] = c[pos == p], s[pos == p]
+    return cos, sin
 
 
 def _rotate(x, cos, sin, spec):
@@ -92,12 +136,20 @@ def _tokens(spec, args):
                 yield b, s, b * args.seq_len + s
 
 
-def _position(spec, args, b, s, t):
+def _positions(spec, args, b, s, t, rows):
+    """The position of each rotary pair of token t: one for all pairs, or (mRoPE) its row's of
+    the [3][tokens] ids."""
+    if spec.positions == _capi.POSITIONS["mrope"]:
+        tokens = args.seq_len if spec.layout == _capi.LAYOUTS["thd"] else args.batch * args.seq_len
+        three = [_index(args.position_ids, spec.index_type, r * tokens + t) for r in range(3)]
+        return np.array(three, dtype=np.int64)[rows]
     if spec.positions == _capi.POSITIONS["ids"]:
-        return _index(args.position_ids, spec.index_type, t)
-    if spec.positions == _capi.POSITIONS["seq_offsets"]:
-        return s + _index(args.seq_offsets, spec.index_type, b)
-    return s + args.position_offset
+        p = _index(args.position_ids, spec.index_type, t)
+    elif spec.positions == _capi.POSITIONS["seq_offsets"]:
+        p = s + _index(args.seq_offsets, spec.index_type, b)
+    else:
+        p = s + args.position_offset
+    return np.full(len(rows), p, dtype=np.int64)
 
 
 def _address(tensor, b, s, t, h, thd, size):
@@ -114,8 +166,12 @@ def emulate(spec, args, stream=None):
     operands = [(args.q, args.q_out)]
     if args.k.data:
         operands.append((args.k, args.k_out))
+    freqs = None if spec.freqs == _capi.FREQS["table"] else frequencies(spec, args)
+    rows = np.zeros(spec.rotary_dim // 2, dtype=np.int64)
+    if spec.positions == _capi.POSITIONS["mrope"]:
+        rows = mrope_pair_rows(spec.rotary_dim, list(args.mrope_section), args.mrope_interleaved)
     for b, s, t in _tokens(spec, args):
-        cos, sin = _angles(spec, args, _position(spec, args, b, s, t))
+        cos, sin = _angles(spec, args, _positions(spec, args, b, s, t, rows), freqs)
         for src, out in operands:
             dst = src if spec.in_place else out
             assert dst.data, "an output pointer is null"

@@ -1,8 +1,14 @@
 """The peers' RoPE semantics written out in float64 torch, as their documentation and
 reference code define them (no peer library needed): what the drop-ins are checked against.
-Every function takes tensors of any dtype and returns float64 results."""
+Every function takes tensors of any dtype and returns float64 results. Also: running
+transformers' own rotary modules in float64, and the float64 angles of ropejit's frequency
+variants (from the library's host functions)."""
+
+import contextlib
 
 import torch
+
+import ropejit
 
 
 def rotate(x, cos, sin, interleaved):
@@ -103,3 +109,31 @@ def assert_close(out, ref, dtype=None):
     rtol, atol = tolerance(dtype or out.dtype)
     torch.testing.assert_close(out.double().cpu(), ref.double().cpu(), rtol=rtol, atol=atol,
                                equal_nan=False)
+
+
+@contextlib.contextmanager
+def transformers_in_float64():
+    """transformers' rotary modules and rope init functions name float32 at call time
+    (torch.float, Tensor.float(), the default dtype): inside this context those names mean
+    float64, so a module built and called inside computes in float64, as tools/hf_golden.py runs
+    them. Nothing else should run inside (torch.float32 itself is rebound)."""
+    saved = torch.float, torch.float32, torch.Tensor.float, torch.get_default_dtype()
+    torch.float = torch.float32 = torch.float64
+    torch.Tensor.float = lambda self, *args, **kwargs: self.double()
+    torch.set_default_dtype(torch.float64)
+    try:
+        yield
+    finally:
+        torch.float, torch.float32, torch.Tensor.float = saved[:3]
+        torch.set_default_dtype(saved[3])
+
+
+def scaled_cos_sin(freqs, rotary_dim, base, scaling, seq_len, pos):
+    """float64 cos/sin [..., R/2] at positions `pos` (any shape) of a frequency variant, times
+    its attention factor: the library's own float64 frequencies (ropejit.inverse_frequencies),
+    which tests/test_scaling.cpp checks against transformers'."""
+    inv = torch.tensor(ropejit.inverse_frequencies(freqs, rotary_dim, base, scaling, seq_len),
+                       dtype=torch.float64)
+    factor = ropejit.attention_factor(freqs, rotary_dim, scaling, seq_len)
+    angles = pos.cpu().double()[..., None] * inv
+    return angles.cos() * factor, angles.sin() * factor

@@ -1,5 +1,6 @@
 """GPU only (skipped, visibly, without CUDA): torch.compile running the ops (inductor, the
-backward too, and CUDA graphs through mode='reduce-overhead'), CUDA graph capture and replay,
+backward too, scaled frequencies and mRoPE through RotaryEmbedding, and CUDA graphs through
+mode='reduce-overhead'), CUDA graph capture and replay,
 launches on torch's current stream (several streams), another device than the current one,
 a key's first use during a capture refused, and DLPack / __cuda_array_interface__ producers
 other than torch (CuPy and JAX when installed)."""
@@ -11,10 +12,11 @@ import pytest
 torch = pytest.importorskip("torch", reason="PyTorch is not installed")
 
 import references as ref  # noqa: E402
-from conftest import requires_cuda  # noqa: E402
+from conftest import ROOT, requires_cuda  # noqa: E402
 import ropejit  # noqa: E402
 from ropejit import ops  # noqa: E402
 from ropejit.dropin import flash_attn, hf, vllm  # noqa: E402
+from ropejit.nn import RotaryEmbedding  # noqa: E402
 
 pytestmark = [requires_cuda, pytest.mark.gpu]
 
@@ -95,6 +97,34 @@ def test_torch_compile_reduce_overhead_in_place():
         q_got, k_got = compiled(positions, query, key, cache)
         torch.cuda.synchronize()
         assert torch.equal(q_got, q_eager) and torch.equal(k_got, k_eager)
+
+
+def test_torch_compile_scaled_and_mrope_rotary_embeddings():
+    # Scaling parameters and mRoPE sections travel as constant lists through the op's schema:
+    # one graph, the same values as eager, and the backward through the same frequencies.
+    hf_data = ROOT / "tests" / "data" / "hf"
+    llama = RotaryEmbedding.from_config(hf_data / "llama3.1-8b.json")
+    vl = RotaryEmbedding.from_config(hf_data / "qwen3-vl-8b.json")
+
+    def f(q, k, ids, ids3):
+        q2, k2 = llama.apply(q, k, ids)
+        cos, sin = vl(q, ids3)
+        q3, _ = vl.apply(q, None, ids3)
+        return q2 * 2, k2 + 1, cos, sin, q3
+
+    torch._dynamo.reset()
+    q = torch.randn(2, 32, 16, 128, device="cuda", requires_grad=True)
+    k = torch.randn(2, 8, 16, 128, device="cuda")
+    ids = torch.randint(0, 100000, (2, 16), device="cuda")
+    ids3 = torch.randint(0, 4096, (3, 2, 16), device="cuda")
+    want = f(q, k, ids, ids3)
+    got = torch.compile(f, fullgraph=True)(q, k, ids, ids3)
+    torch.cuda.synchronize()
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+    (grad_eager,) = torch.autograd.grad(want[0].sum(), q)
+    (grad_compiled,) = torch.autograd.grad(got[0].sum(), q)
+    assert torch.equal(grad_compiled, grad_eager)
 
 
 def test_cuda_graph_capture_and_replay():

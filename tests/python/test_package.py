@@ -86,12 +86,21 @@ def test_key_defaults_and_fields():
     assert ropejit.key(spec, head_dim=64) == "rope_thd_f16_d64_r32_gptj_pos-ids-i32_comp_qk_bwd_oop"
 
 
+def test_key_of_scaled_frequencies_and_mrope():
+    # The scaled variants are computed in the kernel: their parameters are call arguments, so
+    # the key names only the variant.
+    assert ropejit.key(freqs="llama3", positions="ids") == (
+        "rope_bshd_bf16_d128_r128_neox_pos-ids-i64_comp-llama3_qk_fwd_ip")
+    assert ropejit.key(freqs="yarn", positions="mrope", index_type="i32") == (
+        "rope_bshd_bf16_d128_r128_neox_pos-mrope-i32_comp-yarn_qk_fwd_ip")
+
+
 @pytest.mark.parametrize("fields, words", [
     (dict(head_dim=63), ["head_dim", "63"]),
     (dict(rotary_dim=130), ["rotary_dim", "130"]),
     (dict(layout="bsdh"), ["spec.layout", "'bsdh'", "'bshd'"]),
-    (dict(positions="mrope"), ["spec.positions", "'mrope'"]),
-    (dict(freqs="llama3"), ["spec.freqs", "'llama3'"]),
+    (dict(positions="mrope3"), ["spec.positions", "'mrope3'", "'mrope'"]),
+    (dict(freqs="llama4"), ["spec.freqs", "'llama4'", "'longrope'"]),
     (dict(head_dim="128"), ["spec.head_dim", "'128'"]),
     (dict(head_dims=64), ["'head_dims' is not a field of ropejit.Spec"]),
 ])
@@ -131,7 +140,7 @@ def test_precompile_rejects_a_bad_arch():
 # Every field of the C structs, as offsetof() in a C compiler sees them.
 _STRUCTS = {"ropejit_spec": _capi.ropejit_spec, "ropejit_tensor": _capi.ropejit_tensor,
             "ropejit_scaling": _capi.ropejit_scaling, "ropejit_kv_cache": _capi.ropejit_kv_cache,
-            "ropejit_args": _capi.ropejit_args}
+            "ropejit_args": _capi.ropejit_args, "ropejit_model": _capi.ropejit_model}
 
 
 def test_structs_match_the_c_header(tmp_path):

@@ -226,3 +226,91 @@ def test_cpu_tensors_are_refused_before_launch():
         ops.rope(q, base=10000.0)
     with pytest.raises(ropejit.InvalidArgument, match=r"q is on cpu"):
         ropejit.apply(q, base=10000.0)
+
+
+# Frequencies computed in the kernel with a scaling variant's parameters, and mRoPE's three
+# position rows: against the library's float64 frequencies (references.scaled_cos_sin).
+SCALINGS = {
+    "linear": ropejit.Scaling(factor=4.0),
+    "dynamic_ntk": ropejit.Scaling(factor=2.0, original_max_positions=32),
+    "llama3": ropejit.Scaling(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                              original_max_positions=64),
+    "yarn": ropejit.Scaling(factor=4.0, original_max_positions=64, mscale=1.0,
+                            mscale_all_dim=0.5),
+    "longrope": ropejit.Scaling(factor=8.0, original_max_positions=32,
+                                short_factor=[1.0 + 0.1 * i for i in range(16)],
+                                long_factor=[1.0 + 0.7 * i for i in range(16)]),
+}
+
+
+@pytest.mark.parametrize("freqs", sorted(SCALINGS))
+@pytest.mark.parametrize("layout, dtype", [("bshd", "bf16"), ("bhsd", "f32")])
+def test_scaled_frequencies(backend, freqs, layout, dtype):
+    batch, seq, r = 2, 5, 32
+    q, q4 = dense(layout, batch, seq, 3, 48, DTYPES[dtype], backend.device)  # partial rotary
+    k, k4 = dense(layout, batch, seq, 1, 48, DTYPES[dtype], backend.device)
+    pos = torch.randint(0, 100, (batch, seq))
+    seq_len = 77 if freqs in ("dynamic_ntk", "longrope") else None
+    kwargs = dict(layout=layout, rotary_dim=r, base=5e4, freqs=freqs, scaling=SCALINGS[freqs],
+                  seq_len=seq_len, position_ids=pos.reshape(-1).to(backend.device))
+    c, s = ref.scaled_cos_sin(freqs, r, 5e4, SCALINGS[freqs], seq_len or 0, pos)
+    want_q = ref.rotate(q4.cpu(), c[:, :, None], s[:, :, None], False)
+    want_k = ref.rotate(k4.cpu(), c[:, :, None], s[:, :, None], False)
+    q_out, k_out = ops.rope(q, k, **kwargs)
+    backend.sync()
+    ref.assert_close(as_bshd(q_out, layout), want_q)
+    ref.assert_close(as_bshd(k_out, layout), want_k)
+    ops.rope_(q, k, **kwargs)
+    backend.sync()
+    ref.assert_close(q4, want_q)
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_mrope_positions(backend, interleaved):
+    # bshd [2, 4, heads, 32]: 16 pairs in sections (4, 6, 6) of the [3, batch * seq] rows.
+    batch, seq, r = 2, 4, 32
+    q, q4 = dense("bshd", batch, seq, 2, r, torch.float32, backend.device)
+    rows3 = torch.randint(0, 50, (3, batch * seq))
+    section = (4, 6, 6)
+    if interleaved:  # T H W T H W ..., height's and width's 6 pairs each, then temporal
+        rows = [i % 3 if i < 18 else 0 for i in range(16)]
+    else:
+        rows = [0] * 4 + [1] * 6 + [2] * 6
+    per_pair = rows3[rows].T.reshape(batch, seq, 16)  # each pair's position
+    c, s = ref.scaled_cos_sin("yarn", r, 1e4, SCALINGS["yarn"], 0, per_pair)
+    c, s = c.diagonal(dim1=-2, dim2=-1), s.diagonal(dim1=-2, dim2=-1)  # pair i at its position
+    out, _ = ops.rope(q, position_ids=rows3.to(backend.device), mrope_section=section,
+                      mrope_interleaved=interleaved, freqs="yarn", scaling=SCALINGS["yarn"],
+                      base=1e4)
+    backend.sync()
+    ref.assert_close(out, ref.rotate(q4.cpu(), c[:, :, None], s[:, :, None], False))
+
+
+def test_gradient_of_a_scaled_variant(backend):
+    # yarn's attention factor scales cos and sin: the gradient is that factor times the
+    # conjugate rotation, which the backward direction of the same key computes.
+    q = torch.randn(1, 6, 2, 32).to(backend.device).requires_grad_(True)
+    kwargs = dict(freqs="yarn", scaling=SCALINGS["yarn"], base=1e4, position_offset=3)
+    out, _ = ops.rope(q, **kwargs)
+    g = torch.randn_like(out)
+    out.backward(g)
+    backend.sync()
+    c, s = ref.scaled_cos_sin("yarn", 32, 1e4, SCALINGS["yarn"], 0, torch.arange(6) + 3)
+    assert ropejit.attention_factor("yarn", 32, SCALINGS["yarn"]) != 1.0
+    ref.assert_close(q.grad, ref.rotate(g.cpu(), c[None, :, None], -s[None, :, None], False))
+
+
+def test_tracing_checks_the_scaling_parameters():
+    # Under fake tensors (torch.compile's tracing) nothing reaches ropejit_apply: the library's
+    # own checks of the variant's parameters run at trace time all the same.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        q = torch.empty(1, 4, 2, 64, device="cuda")
+        out, _ = ops.rope(q, freqs="llama3", scaling=SCALINGS["llama3"], base=5e5)
+        assert out.shape == q.shape
+        with pytest.raises(ropejit.InvalidArgument, match=r"original_max_positions \(0\) must be "
+                                                          r"> 0 for llama3"):
+            ops.rope(q, freqs="llama3", scaling=ropejit.Scaling(factor=8.0), base=5e5)
+        with pytest.raises(ropejit.InvalidArgument, match=r"pass seq_len"):
+            ops.rope(q, freqs="longrope", scaling=SCALINGS["longrope"],
+                     position_ids=torch.zeros(4, dtype=torch.long, device="cuda"))
