@@ -47,6 +47,26 @@ std::vector<detail::LaunchConfig> candidates(const Spec& c, const detail::CallSh
       }
     }
   }
+  // Decode sizes: a token's heads dealt over several blocks (head groups), one token per block.
+  if (!c.fused() && detail::token_bucket(shape.tokens) <= 4 * std::max(device.sm_count, 1)) {
+    for (int32_t hpt : {1, 2}) {
+      for (int32_t rows : {4, 8, 16}) {
+        const int32_t per_block = rows * hpt;
+        if (per_block >= heads) continue;
+        detail::LaunchConfig cfg;
+        cfg.kernel.vec = vec;
+        cfg.kernel.table_vec = detail::table_vectors_ok(c, vec, shape.table_align);
+        cfg.kernel.heads_per_thread = hpt;
+        cfg.kernel.max_threads = 256;
+        while (cfg.kernel.max_threads < x * rows) cfg.kernel.max_threads *= 2;
+        cfg.rows = rows;
+        cfg.head_groups = std::min((heads + per_block - 1) / per_block, detail::kMaxHeadGroups);
+        add(cfg);
+        cfg.kernel.max_threads = 512;  // the heuristic's decode variant, already compiled
+        add(cfg);
+      }
+    }
+  }
   return out;
 }
 

@@ -10,6 +10,11 @@
 //     faster per graph-replayed call than the two-head kernel running one head per thread
 //     (bench/RESULTS.md, "Decode under graph replay, per launch"). When the heads do not all
 //     fit in one block, the two-head kernel covers them instead, two per thread;
+//     A token's heads are dealt over several blocks (head groups) of up to 10 heads: one token's
+//     40 heads in one block wait on one SM's schedulers, 4 blocks of 10 run on 4 SMs. Under
+//     graph replay on the H100 that took 1 / 16 / 64 / 256 tokens from 1.74 / 1.78 / 1.92 /
+//     2.59 to 1.55 / 1.67 / 1.90 / 2.51 µs per call, the best of the groupings tried at every
+//     size (bench/RESULTS.md, "Decode: where the time goes");
 //   - many tokens: two heads per thread in one pass (cos/sin fetched once for both), one token
 //     per block unless blocks would be tiny, and a one-shot grid: small blocks keep the SMs
 //     evenly loaded to the last wave, which measured better than persistent grids;
@@ -30,6 +35,7 @@ constexpr int32_t kHeadsPerThread = 2;     // as detail::prefill_variant
 constexpr int32_t kMinBlockThreads = 64;   // 32 resident blocks x 64 threads fill an SM
 constexpr int64_t kDecodeBlocksPerSm = 4;  // token bucket <= this * SMs: a decode-sized call
 constexpr double kTwoPassGbpsPerSm = 30;   // DRAM GB/s per SM from which prefill takes 2 passes
+constexpr int32_t kDecodeGroupRows = 10;   // heads per block when decode deals them over blocks
 
 // Fused keys (a whole head per row of lanes, a head reduction per norm, dependent loads for the
 // cache placement): what `ropejit tune` picked for the Qwen3-style step on the H100 (bench/
@@ -68,8 +74,16 @@ detail::LaunchConfig heuristic_config(const Spec& c, const detail::CallShape& sh
                           (x & (x - 1)) == 0;
   const int32_t heads_per_row = decode ? 1 : kHeadsPerThread * (two_passes ? 2 : 1);
   cfg.rows = std::min(max_rows, (heads + heads_per_row - 1) / heads_per_row);
-  if (decode && cfg.rows == heads)  // a thread for every head: the one-head kernel
+  if (decode && !c.fused()) {
+    // The one-head kernel, the heads dealt over blocks of up to kDecodeGroupRows rows.
     cfg.kernel = detail::decode_variant(c, shape.align_bytes, shape.table_align);
+    const int32_t groups =
+        std::min((heads + kDecodeGroupRows - 1) / kDecodeGroupRows, detail::kMaxHeadGroups);
+    cfg.rows = std::min(max_rows, (heads + groups - 1) / groups);
+    cfg.head_groups = std::min((heads + cfg.rows - 1) / cfg.rows, detail::kMaxHeadGroups);
+  } else if (decode && cfg.rows == heads) {  // a thread for every head: the one-head kernel
+    cfg.kernel = detail::decode_variant(c, shape.align_bytes, shape.table_align);
+  }
   const int32_t row_threads = x * cfg.rows;
   cfg.tokens_per_block =
       decode ? 1

@@ -37,6 +37,9 @@ const char* const kEntryFields[] = {"key",    "bucket",    "q_heads", "k_heads",
                                     "config", "median_us", "gbps",    "default_us"};
 const char* const kConfigFields[] = {"vec",  "heads_per_thread", "max_threads",
                                      "rows", "tokens_per_block", "blocks_per_sm"};
+// Fields added later: absent in older files, which keep loading, and written only when they
+// differ from the default, so that files without them are written as before.
+const char* const kOptionalConfigFields[] = {"head_groups"};
 
 bool is_pow2(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
 
@@ -47,12 +50,21 @@ const char* type_of(const json& v) {
   return v.type_name();
 }
 
-// Strict access to one JSON object: every field listed must be present, nothing else may be.
-// The first problem is kept in `why` and names the field with its dotted path.
+// Strict access to one JSON object: every field listed must be present, nothing else may be
+// (except the optional ones named). The first problem is kept in `why` and names the field
+// with its dotted path.
 class Fields {
  public:
   template <size_t N>
   Fields(const json& obj, std::string prefix, const char* const (&names)[N], std::string* why)
+      : Fields(obj, std::move(prefix), names, N, nullptr, 0, why) {}
+  template <size_t N, size_t M>
+  Fields(const json& obj, std::string prefix, const char* const (&names)[N],
+         const char* const (&optional)[M], std::string* why)
+      : Fields(obj, std::move(prefix), names, N, optional, M, why) {}
+
+  Fields(const json& obj, std::string prefix, const char* const* names, size_t n,
+         const char* const* optional, size_t m, std::string* why)
       : obj_(obj), prefix_(std::move(prefix)), why_(why) {
     if (!obj.is_object()) {
       fail(concat(prefix_.empty() ? "entry" : prefix_.substr(0, prefix_.size() - 1),
@@ -60,15 +72,16 @@ class Fields {
       return;
     }
     for (const auto& item : obj.items()) {
-      if (std::find_if(names, names + N, [&](const char* n) { return item.key() == n; }) ==
-          names + N) {
+      auto named = [&](const char* x) { return item.key() == x; };
+      if (std::find_if(names, names + n, named) == names + n &&
+          std::find_if(optional, optional + m, named) == optional + m) {
         fail(concat("unknown field '", prefix_, detail::clipped(item.key()), "'"));
         return;
       }
     }
-    for (const char* n : names) {
-      if (!obj.contains(n)) {
-        fail(concat("missing field '", prefix_, n, "'"));
+    for (size_t i = 0; i < n; ++i) {
+      if (!obj.contains(names[i])) {
+        fail(concat("missing field '", prefix_, names[i], "'"));
         return;
       }
     }
@@ -88,6 +101,11 @@ class Fields {
     if (x < lo || x > hi)
       return fail(concat("field '", prefix_, name, "' (", x, ") is out of range"));
     *out = x;
+  }
+
+  // An optional field: `out` keeps its value when the field is absent.
+  void optional_int32(const char* name, int32_t* out) {
+    if (ok() && obj_.contains(name)) int32(name, out);
   }
 
   void int32(const char* name, int32_t* out) {
@@ -145,7 +163,7 @@ bool read_entry(const json& j, TuningEntry* e, std::string* why) {
   entry.number("gbps", &e->gbps);
   entry.number("default_us", &e->default_us);
   if (!entry.ok()) return false;
-  Fields config(j.at("config"), "config.", kConfigFields, why);
+  Fields config(j.at("config"), "config.", kConfigFields, kOptionalConfigFields, why);
   detail::LaunchConfig& c = e->config;
   config.int32("vec", &c.kernel.vec);
   config.int32("heads_per_thread", &c.kernel.heads_per_thread);
@@ -153,6 +171,7 @@ bool read_entry(const json& j, TuningEntry* e, std::string* why) {
   config.int32("rows", &c.rows);
   config.int32("tokens_per_block", &c.tokens_per_block);
   config.int32("blocks_per_sm", &c.blocks_per_sm);
+  config.optional_int32("head_groups", &c.head_groups);
   c.kernel.grid_stride = c.blocks_per_sm > 0;  // implied: only persistent grids loop
   return config.ok() && (*why = invalid_entry_reason(*e)).empty();
 }
@@ -292,6 +311,9 @@ std::string invalid_entry_reason(const TuningEntry& e) {
     for (const char* field : kConfigFields)
       if (why.compare(0, std::strlen(field) + 2, concat(field, " (")) == 0)
         return concat("config.", why);
+    for (const char* field : kOptionalConfigFields)
+      if (why.compare(0, std::strlen(field) + 2, concat(field, " (")) == 0)
+        return concat("config.", why);
     return concat("config: ", why);
   }
   const std::pair<const char*, double> times[] = {
@@ -393,6 +415,7 @@ json TuningCache::to_json() const {
     config["rows"] = e.config.rows;
     config["tokens_per_block"] = e.config.tokens_per_block;
     config["blocks_per_sm"] = e.config.blocks_per_sm;
+    if (e.config.head_groups != 1) config["head_groups"] = e.config.head_groups;
     json j = json::object();
     j["key"] = e.key;
     j["bucket"] = e.bucket;

@@ -340,7 +340,7 @@ int main(int argc, char** argv) {
         ->UseManualTime()
         ->Iterations(50)
         ->Unit(benchmark::kMicrosecond);
-  for (int64_t t : {1, 64, 256}) {
+  for (int64_t t : {1, 16, 64, 256}) {
     static std::vector<Case> graphs;
     graphs.push_back(make("graph_t" + std::to_string(t), DType::bf16, 128, 128, t, 32, 8));
     benchmark::RegisterBenchmark(("graph/decode_t" + std::to_string(t)).c_str(), run_graph,

@@ -15,16 +15,17 @@ import subprocess
 import tempfile
 
 KEY = "rope_bshd_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_qk_fwd_ip"
-# name: (vec, heads per thread, max threads, rows, tokens per block)
+# name: (vec, heads per thread, max threads, rows, tokens per block, head groups)
 CONFIGS = {
-    "v8h2t512_r40_z1 (two-head kernel)": (8, 2, 512, 40, 1),
-    "v8h1t512_r40_z1 (heuristic)": (8, 1, 512, 40, 1),
-    "v4h1t1024_r40_z1": (4, 1, 1024, 40, 1),
-    "v8h1t1024_r40_z2": (8, 1, 1024, 40, 2),
-    "v8h1t512_r20_z1": (8, 1, 512, 20, 1),
-    "v8h1t256_r20_z1": (8, 1, 256, 20, 1),
-    "v8h2t512_r20_z1": (8, 2, 512, 20, 1),
-    "v8h4t256_r10_z1": (8, 4, 256, 10, 1),
+    "v8h2t512_r20_z1 (two-head kernel)": (8, 2, 512, 20, 1, 1),
+    "v8h1t512_r40_z1 (one block per token)": (8, 1, 512, 40, 1, 1),
+    "v4h1t1024_r40_z1": (4, 1, 1024, 40, 1, 1),
+    "v8h1t512_r20_z1_y2": (8, 1, 512, 20, 1, 2),
+    "v8h1t512_r10_z1_y4": (8, 1, 512, 10, 1, 4),
+    "v8h1t512_r8_z1_y5": (8, 1, 512, 8, 1, 5),
+    "v8h1t512_r4_z1_y10": (8, 1, 512, 4, 1, 10),
+    "v8h2t512_r4_z1_y5": (8, 2, 512, 4, 1, 5),
+    "v8h2t512_r8_z1_y3": (8, 2, 512, 8, 1, 3),
 }
 
 
@@ -38,11 +39,13 @@ def main():
     rows = {}
     with tempfile.TemporaryDirectory() as d:
         for rnd in range(a.rounds):
-            for name, (vec, hpt, threads, r, z) in CONFIGS.items():
+            for name, (vec, hpt, threads, r, z, groups) in CONFIGS.items():
                 config = dict(vec=vec, heads_per_thread=hpt, max_threads=threads, rows=r,
                               tokens_per_block=z, blocks_per_sm=0)
+                if groups > 1:
+                    config["head_groups"] = groups
                 entries = [dict(key=KEY, bucket=b, q_heads=32, k_heads=8, config=config, median_us=0.0,
-                                gbps=0.0, default_us=0.0) for b in (1, 64, 256)]
+                                gbps=0.0, default_us=0.0) for b in (1, 16, 64, 256)]
                 path = os.path.join(d, "tuning.json")
                 json.dump(dict(schema=like["schema"], fingerprint=like["fingerprint"], entries=entries),
                           open(path, "w"))
@@ -54,7 +57,7 @@ def main():
                     t = b["name"].split("/")[1]
                     rows.setdefault(name, {}).setdefault(t, []).append(b["us_per_call"])
                     rows.setdefault("two copies", {}).setdefault(t, []).append(b["two_copies_us"])
-    tokens = ["decode_t1", "decode_t64", "decode_t256"]
+    tokens = sorted({t for by in rows.values() for t in by}, key=lambda t: int(t[8:]))
     print("| launch (µs per call, min of %d rounds) | " % a.rounds + " | ".join(t[7:] + " tokens" for t in tokens) + " |")
     print("|---|" + "---|" * len(tokens))
     for name, by in rows.items():

@@ -8,12 +8,15 @@
 #   bench/run_gpu.sh OUTDIR roofline   plain SM copies and bulk copies against the driver's copy
 #   bench/run_gpu.sh OUTDIR graphcfg   graph-replayed decode per forced launch configuration
 #   bench/run_gpu.sh OUTDIR profile "CASE[:tuned] ..."   Nsight Compute reports (ncu_*.txt)
+#   bench/run_gpu.sh OUTDIR peers ["CASE ..."]   the same-run peer comparison alone (peers.json),
+#     then Nsight Compute on each implementation's kernel for the named cases (ncu_peers_*.txt)
 #   bench/run_gpu.sh OUTDIR against DIR   the heuristic's rope/graph rows of this tree and of
 #     another checkout DIR (e.g. `git worktree add .base REV`), built alike, runs alternated
 #   bench/run_gpu.sh OUTDIR flags "NVRTC OPTIONS"   kernel speed and cold compile with extra NVRTC
 #     options against the defaults, heuristic launches, runs alternated A B A B (flags_*.json)
 # bench: tuned run (bench.json), heuristic-only run (bench_untuned.json), torch comparison
-# (compare.json), plots/.
+# (compare.json), peer comparison (peers.json: Liger-Kernel and FlashInfer where importable),
+# plots/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?usage: bench/run_gpu.sh OUTDIR [tests|bench|all|none|cands|profile|roofline|graphcfg|flags OPTIONS]}
@@ -41,6 +44,16 @@ shapes=("$base --tokens 4096 --head-dim 64" "$base --tokens 4096 --head-dim 80"
         "--heads 64,64 --positions ids --tokens 4096 --head-dim 96 --rotary-dim 24"
         "--heads 64,64 --positions ids --tokens 8192 --dtype f16"
         "--heads 32,8 --tokens 4096 --key rope_bshd_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_qk_fwd_oop")
+
+# The same-run comparison with Liger-Kernel and FlashInfer (bench/compare_peers.py): each peer
+# that does not import or fails is reported as such and the others still run.
+peers() {
+  local tuning=(); [ -n "${1:-}" ] && tuning=(env ROPEJIT_TUNING_FILE="$1")
+  "${tuning[@]}" env PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1 python3 bench/compare_peers.py \
+    --lib $build/libropejit.so --out "$out/peers.json" > "$out/peers.txt" 2>&1
+  echo "compare_peers: exit $?"
+  sed -n '/^| case | timing/,$p' "$out/peers.txt"
+}
 
 if [ "$what" = tests ] || [ "$what" = all ]; then
   # The README's test command (CPU and GPU suites), then compute-sanitizer over the matrix's
@@ -84,6 +97,7 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   ROPEJIT_TUNING_FILE="$out/tuning.json" PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1 python3 bench/compare_torch.py \
     --lib $build/libropejit.so --out "$out/compare.json" > "$out/compare.txt" 2>&1
   tail -n 20 "$out/compare.txt"
+  peers "$out/tuning.json"
   ROPEJIT_LIB=$build/libropejit.so PYTHONPATH=python python3 bench/python_overhead.py \
     --bench $build/bench/ropejit_bench --out "$out/python_overhead.json" > "$out/python_overhead.txt" 2>&1
   cat "$out/python_overhead.txt"
@@ -111,6 +125,21 @@ if [ "$what" = profile ]; then
     echo "== $item"
     [ -n "${NCU_METRICS:-}" ] && { grep -E "^  [a-z_]+|^    [a-z]" "$log" | head -40; continue; }
     grep -E "^  [a-z_]+|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Block Size|Grid Size|Stall|Warp Cycles Per Issued|Issued Warp|No Eligible|L1/TEX Hit|L2 Hit|Executed Instructions  " "$log" | head -40
+  done
+fi
+if [ "$what" = peers ]; then
+  peers
+  for case in ${3:-}; do
+    # Each implementation's kernels on a few eager calls: ropejit's keys (rope_*), Liger's
+    # Triton kernel (_triton_rope), FlashInfer's (*Rotary*).
+    ncu --clock-control none -k 'regex:rope|Rotary' --launch-count 40 \
+      --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
+      --section InstructionStats --section MemoryWorkloadAnalysis --print-details all \
+      python3 bench/compare_peers.py --lib $build/libropejit.so --profile "$case" \
+      > "$out/ncu_peers_$case.txt" 2>&1
+    echo "== ncu $case (exit $?)"
+    grep -E "^  [A-Za-z_]|Duration|Registers Per|Block Size|Grid Size|Executed Instructions  |Warp Cycles Per Issued|Memory Throughput" \
+      "$out/ncu_peers_$case.txt" | cut -c1-160 | head -120
   done
 fi
 if [ "$what" = cands ]; then

@@ -419,10 +419,11 @@ void Engine::launch(const Spec& c, const Args& args, const CallShape& shape,
     block = with_pairs;
   }
   void* kernel_args[] = {block};
-  check(d.LaunchKernel(p->fn->fn, unsigned(grid_blocks(shape, cfg, *p->device)), 1, 1, p->block_x,
-                       unsigned(cfg.rows), unsigned(cfg.tokens_per_block), p->shared_bytes, stream,
-                       kernel_args, nullptr),
-        "cuLaunchKernel");
+  check(
+      d.LaunchKernel(p->fn->fn, unsigned(grid_blocks(shape, cfg, *p->device)),
+                     unsigned(cfg.head_groups), 1, p->block_x, unsigned(cfg.rows),
+                     unsigned(cfg.tokens_per_block), p->shared_bytes, stream, kernel_args, nullptr),
+      "cuLaunchKernel");
 }
 
 }  // namespace ropejit::detail

@@ -13,7 +13,9 @@ std::string KernelVariant::name() const {
 }
 
 std::string LaunchConfig::name() const {
-  return concat(kernel.name(), "_r", rows, "_z", tokens_per_block, "_g", blocks_per_sm);
+  const std::string base =
+      concat(kernel.name(), "_r", rows, "_z", tokens_per_block, "_g", blocks_per_sm);
+  return head_groups == 1 ? base : concat(base, "_y", head_groups);
 }
 
 double peak_memory_gbps(const std::string& device_name, int memory_clock_khz, int bus_width_bits) {
@@ -94,6 +96,12 @@ std::string launch_problem(const Spec& c, const LaunchConfig& cfg) {
     return concat("tokens_per_block (", cfg.tokens_per_block, ") must be in 1..64");
   if (cfg.blocks_per_sm < 0 || cfg.blocks_per_sm > 32)
     return concat("blocks_per_sm (", cfg.blocks_per_sm, ") must be in 0..32");
+  if (cfg.head_groups < 1 || cfg.head_groups > kMaxHeadGroups)
+    return concat("head_groups (", cfg.head_groups, ") must be in 1..", kMaxHeadGroups);
+  // The fused kernel normalizes, quantizes and caches per block of whole heads (and a norm over
+  // all heads needs every head in one block): it takes no head groups.
+  if (c.fused() && cfg.head_groups != 1)
+    return concat("head_groups (", cfg.head_groups, ") must be 1 for fused keys");
   if (k.grid_stride != (cfg.blocks_per_sm > 0))
     return k.grid_stride
                ? "a grid-stride variant is for persistent grids (blocks_per_sm > 0), not 0"
@@ -122,6 +130,9 @@ std::string illegal_reason(const Spec& c, const CallShape& shape, const LaunchCo
   const int32_t heads = shape.q_heads + shape.k_heads + shape.v_heads;
   if (cfg.rows > std::max(heads, 1))
     return concat("rows ", cfg.rows, " exceed the ", heads, " heads");
+  if (int64_t(cfg.rows) * (cfg.head_groups - 1) >= std::max(heads, 1))
+    return concat("head_groups (", cfg.head_groups, ") leave blocks without heads: ", heads,
+                  " heads in rows of ", cfg.rows);
   const int32_t qk = shape.q_heads + shape.k_heads;
   if (c.norm == Norm::rms_all_heads && cfg.rows * k.heads_per_thread < qk)
     return concat("a norm over all heads needs every q and k head in one pass: rows (", cfg.rows,

@@ -36,11 +36,14 @@ struct LaunchConfig {
   int32_t tokens_per_block = 1;  // blockDim.z
   int32_t blocks_per_sm = 0;     // 0: one block per token group; >0: persistent grid
                                  // (needs kernel.grid_stride; see set_persistent())
+  int32_t head_groups = 1;       // gridDim.y: a token's heads dealt over this many blocks (row
+                                 // y of block g takes heads g * rows + y, then every
+                                 // rows * head_groups): decode spreads one token over SMs
 
-  std::string name() const;  // "v8h2t256_r4_z2_g0"
+  std::string name() const;  // "v8h2t256_r4_z2_g0", "v8h1t512_r8_z1_g0_y5" (head groups > 1)
   friend bool operator==(const LaunchConfig& a, const LaunchConfig& b) {
     return a.kernel == b.kernel && a.rows == b.rows && a.tokens_per_block == b.tokens_per_block &&
-           a.blocks_per_sm == b.blocks_per_sm;
+           a.blocks_per_sm == b.blocks_per_sm && a.head_groups == b.head_groups;
   }
 };
 
@@ -120,11 +123,12 @@ std::vector<KernelVariant> default_variants(const Spec& canonical, int32_t align
 // for a norm over all heads grows with the q + k heads of the call (`qk_heads`).
 int64_t shared_bytes(const Spec& canonical, const LaunchConfig& cfg, int32_t qk_heads = 0);
 constexpr int64_t kMaxSharedBytes = 48 * 1024;  // available without an opt-in attribute
+constexpr int32_t kMaxHeadGroups = 64;          // more would leave blocks of a row or two
 
 // Sets blocks_per_sm and the kernel variant that goes with it (grid_stride when > 0).
 void set_persistent(LaunchConfig& cfg, int32_t blocks_per_sm);
 
-// Grid size (blocks) for a legal configuration.
+// Grid size along x (token groups) for a legal configuration; y is cfg.head_groups.
 int64_t grid_blocks(const CallShape& shape, const LaunchConfig& cfg, const DeviceInfo& device);
 
 }  // namespace ropejit::detail

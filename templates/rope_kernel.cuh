@@ -6,7 +6,11 @@
 //      R/2 apart); chunks past the rotary part copy the pass-through tail (out of place).
 //   y: a row of heads; each thread handles heads y, y + rows, ... kHeadsPerThread at a time,
 //      loading all of them before the first store so several 16-byte loads are in flight
-//      (rows >= heads: one head per thread, what decode-sized launches use).
+//      (rows >= heads: one head per thread). With gridDim.y > 1 (head groups) the heads are
+//      dealt over that many blocks per token group: row y of block g starts at head
+//      g * rows + y and steps by rows * gridDim.y. Decode spreads a token over several SMs so:
+//      one token's 40 heads on one SM take longer to issue than five blocks of 8 heads
+//      (bench/RESULTS.md, "Decode: where the time goes").
 //   z: tokens; a block handles one group of blockDim.z tokens, or (kGridStride) strides over
 //      the groups, so a small grid can be persistent.
 // cos/sin for a thread's chunk are fetched once per token (tables) or computed once per token
@@ -110,11 +114,23 @@ struct RopeKernel {
       tp.b = t - (long long)s * p.batch;
       tp.valid = true;
     } else {
+      // One sequence, or sequences of one token (decode's two shapes), need no division: its
+      // ~20 dependent instructions come before every load of the thread.
+      tp.valid = true;
+      if (p.batch == 1) {
+        tp.b = 0;
+        tp.s = t;
+        return tp;
+      }
+      if (p.seq_len == 1) {
+        tp.b = t;
+        tp.s = 0;
+        return tp;
+      }
       // The host guarantees tokens < 2^31, so 32-bit division is exact here.
       const unsigned b = unsigned(t) / unsigned(p.seq_len);
       tp.b = b;
       tp.s = t - (long long)b * p.seq_len;
-      tp.valid = true;
     }
     return tp;
   }
@@ -321,6 +337,40 @@ struct RopeKernel {
     }
   }
 
+  // One head for this thread in all (the one-head kernel's usual decode launch): its address from
+  // its own operand's fields alone. The general path computes both operands' token rows first
+  // and then selects per head, ~40 more dependent instructions before the first load, which
+  // made a decode call 0.15-0.2 µs slower than a hand-written kernel of the same mapping
+  // (bench/RESULTS.md, "Decode: where the time goes").
+  static __device__ __forceinline__ void one_head(const RopeParams& p, const TokenPlace& tp,
+                                                  long long t, int h, const TokenHeads& th,
+                                                  bool turn, int chunk, const Pairs* f) {
+    const bool is_k = h >= th.q_heads;
+    const HeadOperand& o = is_k ? p.k : p.q;
+    // Token places and head indices are below 2^31 (checked on the host): 32-bit factors.
+    const unsigned hh = unsigned(is_k ? h - th.q_heads : h);
+    const unsigned b = unsigned(tp.b), s = unsigned(Cfg::kPacked ? t : tp.s);
+    const long long in_el = (Cfg::kPacked ? 0 : (long long)b * o.stride_batch) +
+                            (long long)s * o.stride_seq + (long long)hh * o.stride_head;
+    const char* src = static_cast<const char*>(o.in) + in_el * (long long)sizeof(Raw) + th.col;
+    Vec lo, hi;
+    lo.load(src);
+    if (th.two_vectors) hi.load(src + kPartner);
+    if (turn) {
+      float cs[kPairsPerChunk], sn[kPairsPerChunk];
+      angles(p, chunk, positions(p, tp, t), nullptr, cs, sn, f);
+      rotate(lo, hi, cs, sn);
+    }
+    char* dst = const_cast<char*>(src);
+    if (!Cfg::kInPlace) {
+      const long long out_el = (Cfg::kPacked ? 0 : (long long)b * o.out_stride_batch) +
+                               (long long)s * o.out_stride_seq + (long long)hh * o.out_stride_head;
+      dst = static_cast<char*>(o.out) + out_el * (long long)sizeof(Raw) + th.col;
+    }
+    lo.store(dst);
+    if (th.two_vectors) hi.store(dst + kPartner);
+  }
+
   // Computed frequencies: the threads of a token's slice of the block compute its kPairs
   // (cos, sin) pairs once, into shared memory, instead of every head row computing the same
   // values again (the float64 angle reduction is what made this path compute-bound).
@@ -352,7 +402,7 @@ struct RopeKernel {
     TokenHeads th;
     th.q_heads = p.q.heads;
     th.total_heads = p.q.heads + p.k.heads;
-    th.rows = blockDim.y;
+    th.rows = blockDim.y * gridDim.y;
     th.two_vectors = Cfg::kNeox && rot_chunk;
     // Tail chunks (out of place, partial rotary) start after the rotary part.
     th.col = int(sizeof(Raw)) *
@@ -370,10 +420,13 @@ struct RopeKernel {
       const bool live = t < p.tokens;
       const TokenPlace tp = live ? locate(p, t) : TokenPlace{0, 0, false};
       // In place, a pass-through chunk or a token outside every sequence has nothing to change.
-      const bool work =
-          live && (!Cfg::kInPlace || (tp.valid && rot_chunk)) && int(threadIdx.y) < th.total_heads;
+      int h0 = blockIdx.y * blockDim.y + threadIdx.y;
+      const bool work = live && (!Cfg::kInPlace || (tp.valid && rot_chunk)) && h0 < th.total_heads;
       const bool turn = tp.valid && rot_chunk;
-      int h0 = threadIdx.y;
+      if (kHpt == 1 && !Cfg::kComputed && work && h0 + step >= th.total_heads) {
+        one_head(p, tp, t, h0, th, turn, chunk, f);
+        continue;
+      }
       if (work) {
         th.q = rows_of(p.q, tp, t);
         th.k = rows_of(p.k, tp, t);

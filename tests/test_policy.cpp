@@ -97,11 +97,16 @@ TEST_CASE("heuristic: two kernel variants for every shape and the decode and pre
           // Decided per token bucket (plans are remembered per bucket): 513..1024 is one bucket,
           // above the 528 tokens of 4 blocks per SM, so all of it is prefill.
           if (detail::token_bucket(tokens) <= 4 * dev.sm_count) {
-            // Decode: one head per thread (as far as the block allows), a token per block; the
-            // one-head kernel when every head has its thread.
-            CHECK(cfg.rows == std::min(q + k, max_rows));
+            // Decode: the one-head kernel, a token per block, the heads dealt over blocks of
+            // at most 10 rows (head groups), every block with at least one head.
+            const int32_t heads = q + k;
+            CHECK(cfg.kernel == one);
             CHECK(cfg.tokens_per_block == 1);
-            CHECK(cfg.kernel == (cfg.rows == q + k ? one : v));
+            CHECK(cfg.rows <= std::min(10, max_rows));
+            CHECK(cfg.rows ==
+                  std::min(max_rows, (heads + (heads + 9) / 10 - 1) / ((heads + 9) / 10)));
+            CHECK(cfg.head_groups == std::min(64, (heads + cfg.rows - 1) / cfg.rows));
+            CHECK(cfg.rows * (cfg.head_groups - 1) < heads);
           } else {
             // Prefill: two heads per thread in one pass (two passes where bandwidth per SM is
             // high); tokens only to reach 64 threads.
@@ -153,14 +158,26 @@ TEST_CASE("heuristic: two kernel variants for every shape and the decode and pre
   CHECK(detail::illegal_reason(c, shape_of(32768, 32, 8), persistent, dev) ==
         "a grid-stride variant is for persistent grids (blocks_per_sm > 0), not 0");
   // The shapes the tuner measured (bench/RESULTS.md): llama decode and prefill.
-  CHECK(autotune::heuristic_config(c, shape_of(64, 32, 8), dev).name() == "v8h1t512_r40_z1_g0");
+  CHECK(autotune::heuristic_config(c, shape_of(64, 32, 8), dev).name() == "v8h1t512_r10_z1_g0_y4");
   CHECK(autotune::heuristic_config(c, shape_of(32768, 32, 8), dev).name() == "v8h2t512_r20_z1_g0");
   CHECK(autotune::heuristic_config(c, shape_of(4096, 1, 1), dev).name() == "v8h2t512_r1_z8_g0");
   // The H200's prefill: two passes of two heads; its decode is the H100's.
   CHECK(autotune::heuristic_config(c, shape_of(32768, 32, 8), h200).name() == "v8h2t512_r10_z1_g0");
-  CHECK(autotune::heuristic_config(c, shape_of(64, 32, 8), h200).name() == "v8h1t512_r40_z1_g0");
-  // Heads that do not fit in one block at one per thread: the two-head kernel, one pass.
-  CHECK(autotune::heuristic_config(c, shape_of(64, 64, 64), dev).name() == "v8h2t512_r64_z1_g0");
+  CHECK(autotune::heuristic_config(c, shape_of(64, 32, 8), h200).name() == "v8h1t512_r10_z1_g0_y4");
+  // More heads: more groups of 10.
+  CHECK(autotune::heuristic_config(c, shape_of(64, 64, 64), dev).name() ==
+        "v8h1t512_r10_z1_g0_y13");
+  // Fused keys take no head groups.
+  detail::LaunchConfig grouped = autotune::heuristic_config(c, shape_of(64, 32, 8), dev);
+  Spec fused = c;
+  fused.norm = Norm::rms;
+  fused = fused.canonical();
+  CHECK(detail::launch_problem(fused, grouped) == "head_groups (4) must be 1 for fused keys");
+  grouped.head_groups = 5;  // rows 10 x 4 already cover the 40 heads
+  CHECK(detail::illegal_reason(c, shape_of(64, 32, 8), grouped, dev) ==
+        "head_groups (5) leave blocks without heads: 40 heads in rows of 10");
+  grouped.head_groups = 65;
+  CHECK(detail::launch_problem(c, grouped) == "head_groups (65) must be in 1..64");
 }
 
 TEST_CASE("peak memory bandwidth from the driver's clock and bus width, unknown on MIG") {

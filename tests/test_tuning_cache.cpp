@@ -215,6 +215,34 @@ TEST_CASE("tuning cache: save and load round trip") {
   CHECK(TuningCache::load(base + "/plain.json", h200()).entries() == c.entries());
 }
 
+TEST_CASE("tuning cache: head groups are written only when used, files without them load") {
+  ScopedEnv quiet("ROPEJIT_QUIET", "1");
+  TuningCache c = golden_cache();
+  TuningEntry grouped = entry(bf16_key(), 16, 32, 8, 8, 1, 512, 10, 1, 0, 1.5, 200.0, 1.7);
+  grouped.config.head_groups = 4;
+  c.put(grouped);
+  const json doc = c.to_json();
+  int with_groups = 0;
+  for (const json& e : doc.at("entries")) {
+    const bool has = e.at("config").contains("head_groups");
+    with_groups += has;
+    CHECK(has == (e.at("bucket") == 16));
+  }
+  CHECK(with_groups == 1);
+  const std::string path = temp_dir() + "/tuning.json";
+  c.save(path);
+  const TuningCache back = TuningCache::load(path, h200());
+  CHECK(back.warnings().empty());
+  const TuningEntry* e = back.find(bf16_key(), 16, 32, 8);
+  REQUIRE(e != nullptr);
+  CHECK(e->config.head_groups == 4);
+  CHECK(e->config.name() == "v8h1t512_r10_z1_g0_y4");
+  // The golden file (written before head groups existed) has none: every entry reads as 1.
+  const TuningCache golden =
+      TuningCache::load(std::string(ROPEJIT_GOLDEN_DIR) + "/tuning_v1.json", h200());
+  for (const TuningEntry& g : golden.entries()) CHECK(g.config.head_groups == 1);
+}
+
 TEST_CASE("tuning cache: schema 1 is frozen by a golden file") {
   const std::string golden = std::string(ROPEJIT_GOLDEN_DIR) + "/tuning_v1.json";
   const TuningCache c = golden_cache();
@@ -404,6 +432,11 @@ TEST_CASE("tuning cache: invalid entries are ignored and the rest kept") {
       {set_config("tokens_per_block", 65), "config.tokens_per_block (65) must be in 1..64"},
       {set_config("blocks_per_sm", -1), "config.blocks_per_sm (-1) must be in 0..32"},
       {set_config("blocks_per_sm", 33), "config.blocks_per_sm (33) must be in 0..32"},
+      {set_config("head_groups", 0), "config.head_groups (0) must be in 1..64"},
+      {set_config("head_groups", 65), "config.head_groups (65) must be in 1..64"},
+      {set_config("head_groups", 11),
+       "config.head_groups (11) leave blocks without heads: 40 heads in rows of 4"},
+      {set_config("head_groups", 1.5), "field 'config.head_groups' must be an integer, got number"},
       {set_config("rows", 32), "config: 512 threads per block exceed max_threads (256)"},
       {[](json& e) {
          e["q_heads"] = 2;
