@@ -25,8 +25,10 @@ mkdir -p "$out"
 build=build-gpu
 export ROPEJIT_CACHE_DIR=${ROPEJIT_CACHE_DIR:-/tmp/ropejit-gpu-cache}
 export LD_LIBRARY_PATH=$PWD/.deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+# Tests ON explicitly: a build folder configured without them would otherwise keep that.
 if ! { cmake -S . -B $build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=$PWD/.deps/usr \
-         -DROPEJIT_BUILD_SHARED=ON && cmake --build $build -j "$(nproc)"; } > /tmp/ropejit-build.log 2>&1; then
+         -DROPEJIT_BUILD_SHARED=ON -DROPEJIT_BUILD_TESTS=ON && cmake --build $build -j "$(nproc)"; } \
+       > /tmp/ropejit-build.log 2>&1; then
   grep -E "error|Error" /tmp/ropejit-build.log | head -40
   exit 1
 fi

@@ -114,8 +114,8 @@ struct RopeKernel {
       tp.b = t - (long long)s * p.batch;
       tp.valid = true;
     } else {
-      // One sequence, or sequences of one token (decode's two shapes), need no division: its
-      // ~20 dependent instructions come before every load of the thread.
+      // One sequence, or sequences of one token (decode's two shapes), need no division (~20
+      // dependent instructions before every load of the thread; no measurable change alone).
       tp.valid = true;
       if (p.batch == 1) {
         tp.b = 0;
@@ -339,8 +339,9 @@ struct RopeKernel {
 
   // One head for this thread in all (the one-head kernel's usual decode launch): its address from
   // its own operand's fields alone. The general path computes both operands' token rows first
-  // and then selects per head, ~40 more dependent instructions before the first load, which
-  // made a decode call 0.15-0.2 µs slower than a hand-written kernel of the same mapping
+  // and then selects per head, ~50 more PTX instructions before the first load. Written while
+  // chasing the 0.15 µs by which a decode call trails a hand-written kernel of the same mapping;
+  // it measured within noise of the general path, so that gap lies elsewhere
   // (bench/RESULTS.md, "Decode: where the time goes").
   static __device__ __forceinline__ void one_head(const RopeParams& p, const TokenPlace& tp,
                                                   long long t, int h, const TokenHeads& th,

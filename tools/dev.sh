@@ -139,7 +139,9 @@ case "$what" in
     ctest_cmd=${ROPEJIT_CTEST:-ctest}
     # Test processes run side by side (the GPU ones too: each checks its own buffers, and no
     # test asserts a time); ROPEJIT_CTEST_JOBS=1 runs them one at a time.
-    jobs=(--parallel "${ROPEJIT_CTEST_JOBS:-$(nproc)}")
+    # A build without its tests (ROPEJIT_BUILD_TESTS=OFF in an old cache) fails rather than
+    # passing on no tests at all.
+    jobs=(--parallel "${ROPEJIT_CTEST_JOBS:-$(nproc)}" --no-tests=error)
     cd "$build"
     if [ "$state" = yes ]; then
       echo "dev.sh: GPU found: running the CPU and GPU suites"
