@@ -66,6 +66,30 @@ extern "C" __global__ void __launch_bounds__(320) heads_split(bf16* q, bf16* k, 
   rotate_chunk(head, cos + t * 64, sin + t * 64, c);
 }
 
+// heads_split with cos/sin read through the non-coherent path (__ldg), as ropejit reads tables.
+extern "C" __global__ void __launch_bounds__(320) heads_split_ldg(bf16* q, bf16* k,
+                                                                  const float* __restrict__ cos,
+                                                                  const float* __restrict__ sin) {
+  int t = blockIdx.x, h = blockIdx.y * blockDim.y + threadIdx.y, c = threadIdx.x;
+  if (h >= 40) return;
+  bf16* head = h < 32 ? q + (t * 32 + h) * 128 : k + (t * 8 + h - 32) * 128;
+  V8 lo = *reinterpret_cast<const V8*>(head + c * 8);
+  V8 hi = *reinterpret_cast<const V8*>(head + 64 + c * 8);
+  const float4* cs = reinterpret_cast<const float4*>(cos + t * 64) + 2 * c;
+  const float4* sn = reinterpret_cast<const float4*>(sin + t * 64) + 2 * c;
+  float4 c0 = __ldg(cs), c1 = __ldg(cs + 1), s0 = __ldg(sn), s1 = __ldg(sn + 1);
+  float cc[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
+  float ss[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    float a = up(lo.e[j]), b = up(hi.e[j]);
+    lo.e[j] = down(fmaf(a, cc[j], -b * ss[j]));
+    hi.e[j] = down(fmaf(b, cc[j], a * ss[j]));
+  }
+  *reinterpret_cast<V8*>(head + c * 8) = lo;
+  *reinterpret_cast<V8*>(head + 64 + c * 8) = hi;
+}
+
 // Liger's shape: 128 threads per token, each walking chunks i, i + 128, ... (320 in all),
 // every load of the thread issued before the first store.
 extern "C" __global__ void __launch_bounds__(128) token_per_block(bf16* q, bf16* k,
@@ -94,7 +118,8 @@ extern "C" __global__ void __launch_bounds__(320) big_params(bf16* q, bf16* k, c
 def probes():
     module = cupy.RawModule(code=SOURCE, options=("-std=c++17",))
     kernels = {n: module.get_function(n) for n in
-               ("head_per_row", "heads_split", "token_per_block", "big_params")}
+               ("head_per_row", "heads_split", "heads_split_ldg", "token_per_block",
+                "big_params")}
 
     def launch(name, grid, block, x, big=False):
         kernel = kernels[name]
@@ -115,6 +140,8 @@ def probes():
             lambda x: launch("heads_split", lambda t: (t, 5), (8, 8), x),
         "probe heads_split 8x10 (4 blocks/token)":
             lambda x: launch("heads_split", lambda t: (t, 4), (8, 10), x),
+        "probe heads_split_ldg 8x10 (4 blocks/token, __ldg table)":
+            lambda x: launch("heads_split_ldg", lambda t: (t, 4), (8, 10), x),
         "probe heads_split 8x20 (2 blocks/token)":
             lambda x: launch("heads_split", lambda t: (t, 2), (8, 20), x),
         "probe token_per_block (128)":
