@@ -1,10 +1,12 @@
 """PNG plots of ropejit benchmark results: GB/s against tokens for the rope/llama_bf16_t<N>
 rows of ropejit_bench's Google Benchmark JSON, next to the copy of the same bytes timed in
 the same run; the sbhd sweep (sweep/sbhd_<dtype>/b<B>/s<S>) as GB/s against tokens per batch
-with its copy lines; and, given compare_torch.py's JSON, µs per case for ropejit, torch.compile,
-torch eager and the copy.
+with its copy lines; given compare_torch.py's JSON, µs per case for ropejit, torch.compile,
+torch eager and the copy; and given compare_peers.py's JSON, each implementation's decode µs
+(graph replay) and prefill speed as a share of the copy's.
 
-    python3 bench/plot.py bench.json [--compare compare.json] --outdir bench/plots
+    python3 bench/plot.py bench.json [--compare compare.json] [--peers peers.json] --outdir DIR
+    python3 bench/plot.py --peers peers.json --outdir DIR
 """
 
 import argparse
@@ -139,28 +141,81 @@ def plot_compare(compare, path):
     plt.close(fig)
 
 
+PEER_COLORS = ("tab:blue", "tab:orange", "tab:cyan", "tab:green", "tab:olive", "tab:purple")
+
+
+def plot_peers(peers, path):
+    """Left: decode µs per call (graph replay) for every implementation, grouped by tokens, with
+    the same-run copies as a line. Right: prefill speed as a percentage of the copy's."""
+    cases = peers["cases"]
+    impls = list(cases[0]["impls"])
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5),
+                                      gridspec_kw={"width_ratios": [2, 1]})
+    width = 0.8 / len(impls)
+    for side, decode in ((left, True), (right, False)):
+        chosen = [c for c in cases if c["case"].startswith("decode") == decode]
+        for i, name in enumerate(impls):
+            offset = (i - (len(impls) - 1) / 2) * width
+            xs, ys = [], []
+            for j, c in enumerate(chosen):
+                us = c["impls"][name].get("us")
+                if us:
+                    xs.append(j + offset)
+                    ys.append(us if decode else 100.0 * c["copy_us"] / us)
+            side.bar(xs, ys, width, label=name, color=PEER_COLORS[i % len(PEER_COLORS)])
+        labels = [c["case"].replace("decode_t", "").replace("prefill_t", "") for c in chosen]
+        side.set_xticks(range(len(chosen)), labels)
+        side.set_xlabel("tokens")
+        side.grid(True, axis="y", alpha=0.3)
+        if decode:
+            side.plot(range(len(chosen)), [c["copy_us"] for c in chosen], "k--", marker="o",
+                      label=chosen[0].get("copy_kind", "copy") if chosen else "copy")
+            side.set_ylabel("µs per call, CUDA-graph replay (lower is better)")
+            side.legend(fontsize=7)
+        else:
+            side.set_ylabel("% of a same-run copy's speed (L2 flushed)")
+            side.set_ylim(50, 105)
+    gpu = peers.get("context", {}).get("gpu")
+    fig.suptitle(f"RoPE on q and k, 32q/8kv heads, d128, bf16{' — ' + gpu if gpu else ''}",
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("bench", help="Google Benchmark JSON from ropejit_bench --benchmark_out")
+    parser.add_argument("bench", nargs="?",
+                        help="Google Benchmark JSON from ropejit_bench --benchmark_out")
     parser.add_argument("--compare", help="JSON written by bench/compare_torch.py")
+    parser.add_argument("--peers", help="JSON written by bench/compare_peers.py")
     parser.add_argument("--outdir", default="bench/plots")
     args = parser.parse_args()
     os.makedirs(args.outdir, exist_ok=True)
 
-    with open(args.bench) as f:
-        bench = json.load(f)
+    if not args.bench and not args.compare and not args.peers:
+        parser.error("nothing to plot: give a benchmark JSON, --compare or --peers")
     written = []
-    rows = llama_rows(bench)
-    if rows:
-        path = os.path.join(args.outdir, "llama_bf16_gbps.png")
-        plot_bandwidth(rows, bench.get("context", {}).get("gpu"), path)
-        written.append(path)
-    else:
-        print(f"plot: no usable rope/llama_bf16_t<N> rows in {args.bench}", file=sys.stderr)
-    sweep = sweep_rows(bench)
-    if sweep:
-        path = os.path.join(args.outdir, "sweep_sbhd_gbps.png")
-        plot_sweep(sweep, bench.get("context", {}).get("gpu"), path)
+    if args.bench:
+        with open(args.bench) as f:
+            bench = json.load(f)
+        rows = llama_rows(bench)
+        if rows:
+            path = os.path.join(args.outdir, "llama_bf16_gbps.png")
+            plot_bandwidth(rows, bench.get("context", {}).get("gpu"), path)
+            written.append(path)
+        else:
+            print(f"plot: no usable rope/llama_bf16_t<N> rows in {args.bench}", file=sys.stderr)
+        sweep = sweep_rows(bench)
+        if sweep:
+            path = os.path.join(args.outdir, "sweep_sbhd_gbps.png")
+            plot_sweep(sweep, bench.get("context", {}).get("gpu"), path)
+            written.append(path)
+    if args.peers:
+        with open(args.peers) as f:
+            peers = json.load(f)
+        path = os.path.join(args.outdir, "peers_us.png")
+        plot_peers(peers, path)
         written.append(path)
     if args.compare:
         with open(args.compare) as f:

@@ -103,7 +103,8 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   ROPEJIT_LIB=$build/libropejit.so PYTHONPATH=python python3 bench/python_overhead.py \
     --bench $build/bench/ropejit_bench --out "$out/python_overhead.json" > "$out/python_overhead.txt" 2>&1
   cat "$out/python_overhead.txt"
-  python3 bench/plot.py "$out/bench.json" --compare "$out/compare.json" --outdir "$out/plots" 2>&1 | tail -3
+  python3 bench/plot.py "$out/bench.json" --compare "$out/compare.json" --peers "$out/peers.json" \
+    --outdir "$out/plots" 2>&1 | tail -4
 fi
 if [ "$what" = profile ]; then
   # Nsight Compute (clocks left as they are) on one launch of each named bench case, heuristic
@@ -131,6 +132,7 @@ if [ "$what" = profile ]; then
 fi
 if [ "$what" = peers ]; then
   peers
+  python3 bench/plot.py --peers "$out/peers.json" --outdir "$out/plots" 2>&1 | tail -1
   for case in ${3:-}; do
     # Each implementation's kernels on a few eager calls: ropejit's keys (rope_*), Liger's
     # Triton kernel (_triton_rope), FlashInfer's (*Rotary*).
