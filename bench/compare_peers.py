@@ -6,7 +6,7 @@ Two ways of handing over the angles, because the peers take different ones:
   rows  HF's rotary module gathers cos/sin once per forward pass into per-token rows that every
         layer reuses; the kernel reads row t for token t. Liger takes these (full-width, in the
         model dtype, as HF gives them); ropejit takes half-width f32 rows with positions
-        `offset` 0 (row = token).
+        `offset` 0 (row = token), and again HF's own bf16 rows, the tensors Liger gets.
   ids   vLLM/SGLang keep a [max_positions] cos/sin cache and hand each layer int64 position
         ids; the kernel gathers. FlashInfer's cos_sin_cache kernel and its pos_ids kernel (which
         computes cos/sin itself) take these; ropejit takes ids into a half-width f32 table.
@@ -114,6 +114,11 @@ def implementations(ropejit):
             ropejit.apply(q[None], k[None], cos=x.row_cos32, sin=x.row_sin32)
         return fn
 
+    def ropejit_hf_rows(x):
+        def fn(q, k):  # the very tensors Liger gets: full-width bf16 rows, [T, D]
+            ropejit.apply(q[None], k[None], cos=x.row_cos_hf[0], sin=x.row_sin_hf[0])
+        return fn
+
     def liger_rows(x):
         from liger_kernel.transformers.rope import liger_rotary_pos_emb
 
@@ -143,6 +148,7 @@ def implementations(ropejit):
 
     return {
         "ropejit (rows)": ("rows", ropejit_rows),
+        "ropejit (HF bf16 rows)": ("rows", ropejit_hf_rows),
         "Liger (rows)": ("rows", liger_rows),
         "ropejit (ids)": ("ids", ropejit_ids),
         "FlashInfer cache (ids)": ("ids", flashinfer_cache),

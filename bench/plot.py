@@ -141,7 +141,10 @@ def plot_compare(compare, path):
     plt.close(fig)
 
 
-PEER_COLORS = ("tab:blue", "tab:orange", "tab:cyan", "tab:green", "tab:olive", "tab:purple")
+# By name, so that one implementation keeps its colour across runs with different sets.
+PEER_COLORS = {"ropejit (rows)": "tab:blue", "ropejit (HF bf16 rows)": "tab:purple",
+               "Liger (rows)": "tab:orange", "ropejit (ids)": "tab:cyan",
+               "FlashInfer cache (ids)": "tab:green", "FlashInfer computed (ids)": "tab:olive"}
 
 
 def plot_peers(peers, path):
@@ -162,7 +165,7 @@ def plot_peers(peers, path):
                 if us:
                     xs.append(j + offset)
                     ys.append(us if decode else 100.0 * c["copy_us"] / us)
-            side.bar(xs, ys, width, label=name, color=PEER_COLORS[i % len(PEER_COLORS)])
+            side.bar(xs, ys, width, label=name, color=PEER_COLORS.get(name, f"C{i}"))
         labels = [c["case"].replace("decode_t", "").replace("prefill_t", "") for c in chosen]
         side.set_xticks(range(len(chosen)), labels)
         side.set_xlabel("tokens")
