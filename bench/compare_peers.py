@@ -29,6 +29,9 @@ import traceback
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from compare_torch import time_us  # noqa: E402  (bench/ is not a package)
+
 BASE = 10000.0
 Q_HEADS, K_HEADS, HEAD_DIM = 32, 8, 128
 DTYPE = torch.bfloat16
@@ -197,18 +200,8 @@ def graph_us_per_call(fn, reps):
 
 
 def flushed_us(fn, flush, reps):
-    """Median µs of one call with the L2 flushed before it (the flush is outside the events)."""
-    for _ in range(3):
-        fn()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-              for _ in range(reps)]
-    for start, end in events:
-        flush.zero_()
-        start.record()
-        fn()
-        end.record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) * 1e3 for s, e in events)
+    """Median µs of one call with the L2 flushed before it, as compare_torch.py times."""
+    return time_us(fn, flush, 3, reps)
 
 
 def run_case(name, tokens, decode, impls, flush, reps):
@@ -266,20 +259,20 @@ def print_table(rows, impl_names):
         print(f"| {r['case']} | " + " | ".join(cells) + " |")
 
 
-def profile(case, impls):
-    """A few eager calls of each implementation for ncu; no timing."""
-    tokens = int(case.rsplit("_t", 1)[1])
-    x = Inputs(tokens, case.startswith("decode"))
-    for impl_name, (_, factory) in impls.items():
+def profile(tokens, factories, decode=True):
+    """A few eager calls of each implementation for ncu; no timing. `factories`: name ->
+    factory(inputs) as in implementations()."""
+    x = Inputs(tokens, decode)
+    for name, factory in factories.items():
         try:
             fn = factory(x)
             q, k = x.q0.clone(), x.k0.clone()
             for _ in range(5):
                 fn(q, k)
             torch.cuda.synchronize()
-            print(f"profiled {impl_name}")
+            print(f"profiled {name}")
         except Exception as e:
-            print(f"{impl_name}: {first_line(e)}")
+            print(f"{name}: {first_line(e)}")
 
 
 def main():
@@ -295,7 +288,9 @@ def main():
     ropejit = import_ropejit(args.lib)
     impls = implementations(ropejit)
     if args.profile:
-        profile(args.profile, impls)
+        profile(int(args.profile.rsplit("_t", 1)[1]),
+                {name: factory for name, (_, factory) in impls.items()},
+                args.profile.startswith("decode"))
         return
 
     versions = {"ropejit": ropejit.__version__}

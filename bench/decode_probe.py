@@ -12,15 +12,14 @@ bounds checks beyond the head count: the floor a generated kernel could reach pe
 import argparse
 import warnings
 import os
-import statistics
 import sys
 
 import cupy
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compare_peers import (GRAPH_CALLS, HEAD_DIM, K_HEADS, Q_HEADS, Inputs,  # noqa: E402
-                           graph_us_per_call, implementations, import_ropejit)
+from compare_peers import (GRAPH_CALLS, Inputs, graph_us_per_call,  # noqa: E402
+                           implementations, import_ropejit, profile)
 
 SOURCE = r"""
 typedef unsigned short bf16;
@@ -31,12 +30,18 @@ __device__ __forceinline__ unsigned short down(float f) {
 }
 struct alignas(16) V8 { unsigned short e[8]; };
 
-// One 8-pair chunk of one head: lo at col, hi at col + 64.
+template <bool kLdg>
+__device__ __forceinline__ float4 table4(const float* p) {
+  return kLdg ? __ldg(reinterpret_cast<const float4*>(p)) : *reinterpret_cast<const float4*>(p);
+}
+
+// One 8-pair chunk of one head: lo at col, hi at col + 64; kLdg: the table through __ldg.
+template <bool kLdg = false>
 __device__ __forceinline__ void rotate_chunk(bf16* head, const float* cs, const float* sn, int c) {
   V8 lo = *reinterpret_cast<const V8*>(head + c * 8);
   V8 hi = *reinterpret_cast<const V8*>(head + 64 + c * 8);
-  float4 c0 = reinterpret_cast<const float4*>(cs)[2 * c], c1 = reinterpret_cast<const float4*>(cs)[2 * c + 1];
-  float4 s0 = reinterpret_cast<const float4*>(sn)[2 * c], s1 = reinterpret_cast<const float4*>(sn)[2 * c + 1];
+  float4 c0 = table4<kLdg>(cs + 8 * c), c1 = table4<kLdg>(cs + 8 * c + 4);
+  float4 s0 = table4<kLdg>(sn + 8 * c), s1 = table4<kLdg>(sn + 8 * c + 4);
   float cc[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
   float ss[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
 #pragma unroll
@@ -73,21 +78,7 @@ extern "C" __global__ void __launch_bounds__(320) heads_split_ldg(bf16* q, bf16*
   int t = blockIdx.x, h = blockIdx.y * blockDim.y + threadIdx.y, c = threadIdx.x;
   if (h >= 40) return;
   bf16* head = h < 32 ? q + (t * 32 + h) * 128 : k + (t * 8 + h - 32) * 128;
-  V8 lo = *reinterpret_cast<const V8*>(head + c * 8);
-  V8 hi = *reinterpret_cast<const V8*>(head + 64 + c * 8);
-  const float4* cs = reinterpret_cast<const float4*>(cos + t * 64) + 2 * c;
-  const float4* sn = reinterpret_cast<const float4*>(sin + t * 64) + 2 * c;
-  float4 c0 = __ldg(cs), c1 = __ldg(cs + 1), s0 = __ldg(sn), s1 = __ldg(sn + 1);
-  float cc[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
-  float ss[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    float a = up(lo.e[j]), b = up(hi.e[j]);
-    lo.e[j] = down(fmaf(a, cc[j], -b * ss[j]));
-    hi.e[j] = down(fmaf(b, cc[j], a * ss[j]));
-  }
-  *reinterpret_cast<V8*>(head + c * 8) = lo;
-  *reinterpret_cast<V8*>(head + 64 + c * 8) = hi;
+  rotate_chunk<true>(head, cos + t * 64, sin + t * 64, c);
 }
 
 // Liger's shape: 128 threads per token, each walking chunks i, i + 128, ... (320 in all),
@@ -165,16 +156,7 @@ def main():
     impls = {name: factory for name, (_, factory) in peers.items()}
     impls.update(probes())
     if a.profile:
-        x = Inputs(a.profile, decode=True)
-        for name, factory in impls.items():
-            try:
-                fn = factory(x)
-                q, k = x.q0.clone(), x.k0.clone()
-                for _ in range(5):
-                    fn(q, k)
-                torch.cuda.synchronize()
-            except Exception as e:
-                print(f"{name}: {type(e).__name__}: {str(e).splitlines()[0]}")
+        profile(a.profile, impls)
         return
     tokens = (1, 16, 64, 256)
     results = {}
