@@ -8,13 +8,13 @@
 //     one token per block: the most blocks and the shortest chain of dependent loads per
 //     thread. The one-head kernel (fewer registers, less code before the first load) is 9%
 //     faster per graph-replayed call than the two-head kernel running one head per thread
-//     (bench/RESULTS.md, "Decode under graph replay, per launch"). When the heads do not all
-//     fit in one block, the two-head kernel covers them instead, two per thread;
-//     A token's heads are dealt over several blocks (head groups) of up to 10 heads: one token's
+//     (bench/RESULTS.md, "Decode under graph replay, per launch"). A token's heads are dealt
+//     over several blocks (head groups) of up to 10 heads, whatever their number: one token's
 //     40 heads in one block wait on one SM's schedulers, 4 blocks of 10 run on 4 SMs. Under
-//     graph replay on the H100 that took 1 / 16 / 64 / 256 tokens from 1.74 / 1.78 / 1.92 /
-//     2.59 to 1.55 / 1.67 / 1.90 / 2.51 µs per call, the best of the groupings tried at every
-//     size (bench/RESULTS.md, "Decode: where the time goes");
+//     graph replay on the H100 that took 1 / 16 / 64 / 256 tokens from 1.80 / 1.86 / 1.98 /
+//     2.54 to 1.57 / 1.70 / 1.89 / 2.52 µs per call, the best or within 0.03 µs of the best
+//     grouping tried at every size (bench/RESULTS.md, "Head groups"). Fused keys keep whole
+//     heads per block: a thread for every head when they fit (one-head kernel), else two;
 //   - many tokens: two heads per thread in one pass (cos/sin fetched once for both), one token
 //     per block unless blocks would be tiny, and a one-shot grid: small blocks keep the SMs
 //     evenly loaded to the last wave, which measured better than persistent grids;
