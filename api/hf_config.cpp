@@ -474,66 +474,6 @@ ModelRope describe(const json& doc, const std::string& source) {
 
 }  // namespace
 
-// Copies point scaling.short_factor / long_factor at their own arrays, never at the source's.
-ModelRope::ModelRope(const ModelRope& other) { *this = other; }
-ModelRope::ModelRope(ModelRope&& other) noexcept { *this = std::move(other); }
-
-ModelRope& ModelRope::operator=(const ModelRope& other) {
-  if (this == &other) return *this;
-  model_type = other.model_type;
-  head_dim = other.head_dim;
-  rotary_dim = other.rotary_dim;
-  rotary_offset = other.rotary_offset;
-  q_heads = other.q_heads;
-  kv_heads = other.kv_heads;
-  style = other.style;
-  base = other.base;
-  freqs = other.freqs;
-  scaling = other.scaling;
-  short_factor = other.short_factor;
-  long_factor = other.long_factor;
-  mrope = other.mrope;
-  for (int i = 0; i < 3; ++i) mrope_section[i] = other.mrope_section[i];
-  mrope_interleaved = other.mrope_interleaved;
-  max_positions = other.max_positions;
-  norm = other.norm;
-  norm_eps = other.norm_eps;
-  local_base = other.local_base;
-  softmax_scale_multiplier = other.softmax_scale_multiplier;
-  style_reason = other.style_reason;
-  scaling.short_factor = short_factor.empty() ? nullptr : short_factor.data();
-  scaling.long_factor = long_factor.empty() ? nullptr : long_factor.data();
-  return *this;
-}
-
-ModelRope& ModelRope::operator=(ModelRope&& other) noexcept {
-  if (this == &other) return *this;
-  model_type = std::move(other.model_type);
-  head_dim = other.head_dim;
-  rotary_dim = other.rotary_dim;
-  rotary_offset = other.rotary_offset;
-  q_heads = other.q_heads;
-  kv_heads = other.kv_heads;
-  style = other.style;
-  base = other.base;
-  freqs = other.freqs;
-  scaling = other.scaling;
-  short_factor = std::move(other.short_factor);
-  long_factor = std::move(other.long_factor);
-  mrope = other.mrope;
-  for (int i = 0; i < 3; ++i) mrope_section[i] = other.mrope_section[i];
-  mrope_interleaved = other.mrope_interleaved;
-  max_positions = other.max_positions;
-  norm = other.norm;
-  norm_eps = other.norm_eps;
-  local_base = other.local_base;
-  softmax_scale_multiplier = other.softmax_scale_multiplier;
-  style_reason = std::move(other.style_reason);
-  scaling.short_factor = short_factor.empty() ? nullptr : short_factor.data();
-  scaling.long_factor = long_factor.empty() ? nullptr : long_factor.data();
-  return *this;
-}
-
 ModelRope model_from_hf_config(const std::string& json_text) {
   return describe(parse_config(json_text, "config.json"), "config.json");
 }

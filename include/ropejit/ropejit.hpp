@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ropejit {
@@ -287,8 +288,8 @@ void build_tables(const Spec& spec, const TableSpec& table, void* cos, void* sin
 // ---------------------------------------------------------------------------------------
 
 // A model's RoPE as its config.json describes it (the text model's part of a multimodal
-// config). Copies keep scaling.short_factor / long_factor pointing at their own arrays.
-struct ModelRope {
+// config): its fields.
+struct ModelRopeFields {
   std::string model_type;  // "llama", "qwen2_vl", ... (the text config's)
   int32_t head_dim = 0;    // q/k head size
   int32_t rotary_dim = 0;  // rotated elements per head
@@ -314,12 +315,31 @@ struct ModelRope {
   double softmax_scale_multiplier = 1.0;  // DeepSeek yarn: mscale(mscale_all_dim)^2, applied by
                                           // the attention, not by RoPE
   std::string style_reason;               // why `style` (for humans)
+};
 
+// The same, with copies and moves that keep scaling.short_factor / long_factor pointing at the
+// object's own arrays: every field is copied as the compiler copies it, then the two pointers
+// are set again.
+struct ModelRope : ModelRopeFields {
   ModelRope() = default;
-  ModelRope(const ModelRope& other);
-  ModelRope& operator=(const ModelRope& other);
-  ModelRope(ModelRope&& other) noexcept;
-  ModelRope& operator=(ModelRope&& other) noexcept;
+  ModelRope(const ModelRope& other) : ModelRopeFields(other) { own_factors(); }
+  ModelRope(ModelRope&& other) noexcept : ModelRopeFields(std::move(other)) { own_factors(); }
+  ModelRope& operator=(const ModelRope& other) {
+    ModelRopeFields::operator=(other);
+    own_factors();
+    return *this;
+  }
+  ModelRope& operator=(ModelRope&& other) noexcept {
+    ModelRopeFields::operator=(std::move(other));
+    own_factors();
+    return *this;
+  }
+
+ private:
+  void own_factors() {
+    scaling.short_factor = short_factor.empty() ? nullptr : short_factor.data();
+    scaling.long_factor = long_factor.empty() ? nullptr : long_factor.data();
+  }
 };
 
 // Parses config.json text / reads a config.json file (a regular file of at most 4 MiB; nesting
