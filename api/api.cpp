@@ -40,6 +40,27 @@ std::vector<std::string> precompile(const Spec& spec, const std::string& arch) {
   return paths;
 }
 
+void qkv_projection(const QkvProjSpec& spec, const QkvProjArgs& args) {
+  api::engine().qkv_projection(spec, args);
+}
+
+std::vector<std::string> precompile(const QkvProjSpec& spec, const std::string& arch) {
+  const QkvProjSpec c = spec.canonical();
+  const int cc = detail::parse_arch(arch, "arch");
+  if (cc < 80)
+    detail::invalid("arch (", arch, "): the QKV projection needs sm_80 or newer (tensor cores)");
+  detail::DeviceInfo device;
+  device.cc = cc;
+  const std::vector<detail::ProjVariant> variants = autotune::proj_heuristic_variants(c, device);
+  const std::string target = detail::target_for(cc);
+  std::vector<std::string> paths(variants.size());
+  std::vector<std::future<void>> builds;
+  for (size_t i = 0; i < variants.size(); ++i)
+    builds.push_back(api::engine().image_async(c, variants[i], target, &paths[i]));
+  for (std::future<void>& f : builds) f.get();
+  return paths;
+}
+
 Info info() {
   Info out;
   out.version = kVersion;

@@ -160,6 +160,14 @@ class TuningPolicy final : public detail::LaunchPolicy {
                                               const detail::DeviceInfo& device) override {
     return policy_variants(c, shape, device);
   }
+  detail::ProjVariant choose_proj(const QkvProjSpec& c, const detail::ProjShape& shape,
+                                  const detail::DeviceInfo& device) override {
+    return proj_heuristic(c, shape, device);
+  }
+  std::vector<detail::ProjVariant> proj_variants(const QkvProjSpec& c,
+                                                 const detail::DeviceInfo& device) override {
+    return proj_heuristic_variants(c, device);
+  }
 };
 
 }  // namespace

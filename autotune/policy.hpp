@@ -39,6 +39,13 @@ std::vector<detail::KernelVariant> policy_variants(const Spec& canonical,
                                                    const detail::CallShape& shape,
                                                    const detail::DeviceInfo& device);
 
+// The QKV projection's variant for a call (autotune/proj_heuristic.cpp), and every variant it
+// may return for a key (compiled together on the key's first use).
+detail::ProjVariant proj_heuristic(const QkvProjSpec& canonical, const detail::ProjShape& shape,
+                                   const detail::DeviceInfo& device);
+std::vector<detail::ProjVariant> proj_heuristic_variants(const QkvProjSpec& canonical,
+                                                         const detail::DeviceInfo& device);
+
 // The policy api/ installs in the engine: select_config() and policy_variants() behind
 // detail::LaunchPolicy. One per process.
 detail::LaunchPolicy& tuning_policy();

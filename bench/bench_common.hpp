@@ -77,5 +77,7 @@ class CallGraph {
 
 // The fused rows (bench/bench_fused.cpp).
 void register_fused_benchmarks();
+// The decode block's projection rows (bench/bench_proj.cpp).
+void register_proj_benchmarks();
 
 }  // namespace ropejit::bench

@@ -360,6 +360,7 @@ int main(int argc, char** argv) {
             ->Iterations(20)
             ->Unit(benchmark::kMicrosecond);
   register_fused_benchmarks();
+  register_proj_benchmarks();
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

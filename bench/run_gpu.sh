@@ -12,6 +12,8 @@
 #     then Nsight Compute on each implementation's kernel for the named cases (ncu_peers_*.txt)
 #   bench/run_gpu.sh OUTDIR against DIR   the heuristic's rope/graph rows of this tree and of
 #     another checkout DIR (e.g. `git worktree add .base REV`), built alike, runs alternated
+#   bench/run_gpu.sh OUTDIR proj   the decode block's projection: every variant and the default
+#     against the weight-read floor (proj.json), and the unfused torch block (proj_torch.json)
 #   bench/run_gpu.sh OUTDIR flags "NVRTC OPTIONS"   kernel speed and cold compile with extra NVRTC
 #     options against the defaults, heuristic launches, runs alternated A B A B (flags_*.json)
 # bench: tuned run (bench.json), heuristic-only run (bench_untuned.json), torch comparison
@@ -57,6 +59,14 @@ peers() {
   sed -n '/^| case | timing/,$p' "$out/peers.txt"
 }
 
+if [ "$what" = proj ]; then
+  ROPEJIT_TUNING=off $build/bench/ropejit_bench --benchmark_filter='^proj' \
+    --benchmark_out="$out/proj.json" --benchmark_out_format=json > "$out/proj.txt" 2>&1
+  echo "proj bench: exit $?"
+  grep -E "^proj" "$out/proj.txt" | sed -E 's/ +/ /g' | cut -c1-200
+  python3 bench/compare_proj_torch.py --out "$out/proj_torch.json" 2>&1 | tee "$out/proj_torch.txt"
+  exit 0
+fi
 if [ "$what" = tests ] || [ "$what" = all ]; then
   # The README's test command (CPU and GPU suites), then compute-sanitizer over the matrix's
   # sanitizer subset: memcheck (out-of-bounds and misaligned accesses), racecheck (shared-memory
@@ -65,7 +75,8 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
   grep -E "dev.sh:|MESSAGE|tests passed|tests failed|\*\*\*Failed|ERROR" "$out/gpu_tests.log" | cut -c1-240
   for tool in memcheck racecheck initcheck; do
     compute-sanitizer --tool $tool --error-exitcode 99 \
-      $build/tests/ropejit_gpu_tests "--test-case=sanitizer subset*" > "$out/sanitizer_$tool.log" 2>&1
+      $build/tests/ropejit_gpu_tests "--test-case=sanitizer subset*,projection: every axis*" \
+      > "$out/sanitizer_$tool.log" 2>&1
     echo "compute-sanitizer $tool: exit $? ($(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$out/sanitizer_$tool.log" | tail -1))"
   done
 fi

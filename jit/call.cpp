@@ -29,13 +29,6 @@ int32_t low_alignment(uint64_t v) {
   return a;
 }
 
-struct Dim {
-  int64_t stride;
-  int64_t count;
-  const char* name;
-};
-using Dims = std::array<Dim, 3>;
-
 // The first dimension whose stride does not step over everything the smaller strides span
 // (rows of head_dim elements would then overlap), or null; `needed` gets the stride it needed.
 const Dim* overlapping_dim(const Dims& dims, int64_t head_dim, int64_t* needed) {
@@ -55,19 +48,8 @@ const Dim* overlapping_dim(const Dims& dims, int64_t head_dim, int64_t* needed) 
   return nullptr;
 }
 
-// One operand as checked: its strides, the bytes it spans, whether the call writes it.
-struct Operand {
-  const char* name = nullptr;
-  Dims dims{};
-  int64_t elem = 0;              // bytes per element
-  uintptr_t first = 0, end = 0;  // bytes [first, end); empty for an operand without elements
-  bool written = false;
-};
+}  // namespace
 
-// Checks a strided operand of rows of `row` elements: pointer alignment, non-negative strides,
-// no 64-bit overflow of its largest offset, and (when written) rows that never overlap. Returns
-// the largest vector width, in its own elements, that its pointer and strides allow (<= 16
-// bytes); fills `op`.
 int32_t check_strided(const char* name, const void* data, const Dims& dims, int64_t row,
                       int64_t elem, bool written, Operand* op) {
   if (!data) invalid(name, ".data is null");
@@ -100,6 +82,8 @@ int32_t check_strided(const char* name, const void* data, const Dims& dims, int6
     if (d.count > 1) align = std::min(align, low_alignment(uint64_t(d.stride * elem)));
   return int32_t(align / elem);
 }
+
+namespace {
 
 // A q/k/v tensor (or output) of the call: [batch, seq, heads, head_dim] or [tokens, heads, d].
 int32_t check_operand(const char* name, const Tensor& t, bool dense, int64_t batch, int64_t seq,
@@ -138,8 +122,8 @@ bool distinct_rows(const Operand& a, const Operand& b, int64_t row) {
   return false;
 }
 
-// Rejects a written operand that shares memory with any other operand of the call. Rows are
-// head_dim elements in every operand of a call.
+}  // namespace
+
 void check_no_overlap(const Operand* ops, size_t n, int64_t row) {
   for (size_t i = 0; i < n; ++i)
     for (size_t j = i + 1; j < n; ++j) {
@@ -157,6 +141,8 @@ void check_no_overlap(const Operand* ops, size_t n, int64_t row) {
               " written; give each its own memory (or distinct heads of one tensor)");
     }
 }
+
+namespace {
 
 void check_index_pointer(const void* p, IndexType t, const char* name, const char* why) {
   if (!p) invalid(name, " is null but ", why);

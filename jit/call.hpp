@@ -1,6 +1,7 @@
 // Validation of a call's arguments against its spec, and the kernel argument block.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -18,6 +19,34 @@ inline bool scaled_freqs(const Spec& c) {
 inline bool needs_pair_table(const Spec& c) {
   return scaled_freqs(c) || c.positions == Positions::mrope;
 }
+
+// One strided dimension of an operand: `count` rows `stride` elements apart.
+struct Dim {
+  int64_t stride;
+  int64_t count;
+  const char* name;
+};
+using Dims = std::array<Dim, 3>;
+
+// One operand as checked: its strides, the bytes it spans, whether the call writes it.
+struct Operand {
+  const char* name = nullptr;
+  Dims dims{};
+  int64_t elem = 0;              // bytes per element
+  uintptr_t first = 0, end = 0;  // bytes [first, end); empty for an operand without elements
+  bool written = false;
+};
+
+// Checks a strided operand of rows of `row` elements: pointer alignment, non-negative strides,
+// no 64-bit overflow of its largest offset, and (when written) rows that never overlap. Returns
+// the largest vector width, in its own elements, that its pointer and strides allow (<= 16
+// bytes); fills `op`. Names in messages are `name`.`dims[i].name`.
+int32_t check_strided(const char* name, const void* data, const Dims& dims, int64_t row,
+                      int64_t elem, bool written, Operand* op);
+
+// Rejects a written operand that shares memory with any other of the n, unless both are views
+// of distinct rows of `row` elements of one tensor (q and k of a packed QKV output).
+void check_no_overlap(const Operand* ops, size_t n, int64_t row);
 
 // Throws Error(invalid_argument) naming the first bad argument; otherwise the call's shape.
 // Reads no device memory. A call with zero tokens is valid and returns tokens == 0.

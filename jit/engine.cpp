@@ -3,6 +3,7 @@
 // and the device facts), one cuLaunchKernel.
 #include "jit/engine.hpp"
 
+#include <algorithm>
 #include <cstddef>
 #include <cstring>
 #include <functional>
@@ -44,13 +45,14 @@ std::string image_ident(const Spec& c, const KernelVariant& variant, const std::
 // when the calling thread has no current context.
 class ContextScope {
  public:
-  ContextScope(const Driver& d, CUcontext* ctx, const void* ptr) : d_(d) {
+  ContextScope(const Driver& d, CUcontext* ctx, const void* ptr, const char* name = "args.q.data")
+      : d_(d) {
     check(d.CtxGetCurrent(ctx), "cuCtxGetCurrent");
     if (*ctx) return;
     int ordinal = 0;
     if (d.PointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
                               reinterpret_cast<CUdeviceptr>(ptr)) != CUDA_SUCCESS)
-      invalid("args.q.data (", ptr, ") is not device memory and no CUDA context is current");
+      invalid(name, " (", ptr, ") is not device memory and no CUDA context is current");
     CUdevice dev = 0;
     check(d.DeviceGet(&dev, ordinal), "cuDeviceGet");
     check(d.DevicePrimaryCtxRetain(ctx, dev), "cuDevicePrimaryCtxRetain");
@@ -107,6 +109,17 @@ size_t Engine::PlanKeyHash::operator()(const PlanKey& k) const {
   return size_t(h);
 }
 
+size_t Engine::ProjPlanKeyHash::operator()(const ProjPlanKey& k) const {
+  const QkvProjSpec& s = k.spec;
+  uint64_t h = std::hash<const void*>()(k.ctx);
+  mix(h, uint64_t(s.dtype) | uint64_t(s.style) << 4 | uint64_t(s.positions) << 8 |
+             uint64_t(s.index_type) << 12 | uint64_t(s.freqs) << 16 |
+             uint64_t(s.table_dtype) << 20 | uint64_t(s.table_width) << 24 |
+             uint64_t(s.norm) << 28 | uint64_t(uint32_t(k.tiles)) << 32);
+  mix(h, uint64_t(uint32_t(s.head_dim)) << 32 | uint32_t(s.rotary_dim));
+  return size_t(h);
+}
+
 Engine& Engine::instance() {
   static Engine engine;
   return engine;
@@ -124,9 +137,9 @@ void Engine::clear_memory_cache() {
   images_.clear();
 }
 
-const CacheEntry& Engine::image(const Spec& c, const KernelVariant& variant,
-                                const std::string& target, std::string* path) {
-  const std::string ident = image_ident(c, variant, target);
+const CacheEntry& Engine::image_by(const std::string& ident, const std::string& target,
+                                   const std::function<RenderedKernel()>& render,
+                                   std::string* path) {
   std::shared_ptr<ImageSlot> slot;
   bool fresh = false;
   {
@@ -140,7 +153,7 @@ const CacheEntry& Engine::image(const Spec& c, const KernelVariant& variant,
   }
   // Only the first caller for `ident` compiles; others wait here without any global lock.
   std::call_once(slot->once, [&] {
-    const RenderedKernel r = render(c, variant);
+    const RenderedKernel r = render();
     const NvrtcVersion nv = nvrtc_version();
     const std::string hash =
         content_hash(r.source, compile_options(target), target, nv.major, nv.minor);
@@ -162,6 +175,12 @@ const CacheEntry& Engine::image(const Spec& c, const KernelVariant& variant,
   }
   if (path) *path = slot->path;
   return slot->entry;
+}
+
+const CacheEntry& Engine::image(const Spec& c, const KernelVariant& variant,
+                                const std::string& target, std::string* path) {
+  return image_by(
+      image_ident(c, variant, target), target, [&] { return render(c, variant); }, path);
 }
 
 std::future<void> Engine::image_async(const Spec& c, const KernelVariant& variant,
@@ -221,6 +240,32 @@ const DeviceInfo& Engine::device_info(CUcontext ctx) {
   return devices_.emplace(ctx, std::move(info)).first->second;  // nodes never move or die
 }
 
+void Engine::load_once(FunctionSlot* slot, CUstream stream,
+                       const std::function<std::string()>& what,
+                       const std::function<const CacheEntry&()>& image,
+                       const std::function<std::string()>& entry) {
+  std::call_once(slot->once, [&] {
+    const Driver& d = driver();
+    CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
+    check(d.StreamIsCapturing(stream, &capture), "cuStreamIsCapturing");
+    if (capture != CU_STREAM_CAPTURE_STATUS_NONE)
+      invalid("first call of ", what(),
+              " happens during CUDA graph capture; loading a module there could break the "
+              "capture: call it once before capturing (or precompile with `ropejit compile`)");
+    const CacheEntry& e = image();
+    CUmodule module = nullptr;
+    check(d.ModuleLoadData(&module, e.image.data()), "cuModuleLoadData");
+    check(d.ModuleGetFunction(&slot->loaded.fn, module, entry().c_str()), "cuModuleGetFunction");
+    check(d.FuncGetAttribute(&slot->loaded.max_threads, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
+                             slot->loaded.fn),
+          "cuFuncGetAttribute");
+    check(d.FuncGetAttribute(&slot->loaded.regs, CU_FUNC_ATTRIBUTE_NUM_REGS, slot->loaded.fn),
+          "cuFuncGetAttribute");
+    std::lock_guard<std::mutex> lock(stats_mutex_);
+    ++stats_.module_loads;
+  });
+}
+
 const Engine::LoadedFunction& Engine::function(CUcontext ctx, const Spec& c,
                                                const KernelVariant& variant, CUstream stream) {
   const FunctionKey key{ctx, c, variant};
@@ -236,27 +281,10 @@ const Engine::LoadedFunction& Engine::function(CUcontext ctx, const Spec& c,
     if (!s) s = std::make_unique<FunctionSlot>();
     slot = s.get();
   }
-  std::call_once(slot->once, [&] {
-    const Driver& d = driver();
-    CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
-    check(d.StreamIsCapturing(stream, &capture), "cuStreamIsCapturing");
-    if (capture != CU_STREAM_CAPTURE_STATUS_NONE)
-      invalid("first call of ", c.key(), " (", variant.name(),
-              ") happens during CUDA graph capture; loading a module there could break the "
-              "capture: call it once before capturing (or precompile with `ropejit compile`)");
-    const CacheEntry& e = image(c, variant, target_for(device_info(ctx).cc));
-    CUmodule module = nullptr;
-    check(d.ModuleLoadData(&module, e.image.data()), "cuModuleLoadData");
-    const std::string entry = entry_name(c.key(), variant);
-    check(d.ModuleGetFunction(&slot->loaded.fn, module, entry.c_str()), "cuModuleGetFunction");
-    check(d.FuncGetAttribute(&slot->loaded.max_threads, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
-                             slot->loaded.fn),
-          "cuFuncGetAttribute");
-    check(d.FuncGetAttribute(&slot->loaded.regs, CU_FUNC_ATTRIBUTE_NUM_REGS, slot->loaded.fn),
-          "cuFuncGetAttribute");
-    std::lock_guard<std::mutex> lock(stats_mutex_);
-    ++stats_.module_loads;
-  });
+  load_once(
+      slot, stream, [&] { return concat(c.key(), " (", variant.name(), ")"); },
+      [&]() -> const CacheEntry& { return image(c, variant, target_for(device_info(ctx).cc)); },
+      [&] { return entry_name(c.key(), variant); });
   return slot->loaded;
 }
 
@@ -424,6 +452,121 @@ void Engine::launch(const Spec& c, const Args& args, const CallShape& shape,
                      unsigned(cfg.head_groups), 1, p->block_x, unsigned(cfg.rows),
                      unsigned(cfg.tokens_per_block), p->shared_bytes, stream, kernel_args, nullptr),
       "cuLaunchKernel");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The decode block's QKV projection.
+// ---------------------------------------------------------------------------------------------
+
+const CacheEntry& Engine::image(const QkvProjSpec& c, const ProjVariant& variant,
+                                const std::string& target, std::string* path) {
+  return image_by(
+      c.key() + "__" + variant.name() + "@" + target, target, [&] { return render(c, variant); },
+      path);
+}
+
+std::future<void> Engine::image_async(const QkvProjSpec& c, const ProjVariant& variant,
+                                      const std::string& target, std::string* path) {
+  try {
+    return std::async(std::launch::async,
+                      [this, c, variant, target, path] { image(c, variant, target, path); });
+  } catch (const std::system_error&) {
+    std::promise<void> done;  // no thread to spare: compile here
+    try {
+      image(c, variant, target, path);
+      done.set_value();
+    } catch (...) {
+      done.set_exception(std::current_exception());
+    }
+    return done.get_future();
+  }
+}
+
+const Engine::LoadedFunction& Engine::proj_function(CUcontext ctx, const QkvProjSpec& c,
+                                                    const ProjVariant& variant, CUstream stream) {
+  const std::string ident =
+      concat(static_cast<const void*>(ctx), '/', c.key(), "__", variant.name());
+  FunctionSlot* slot = nullptr;  // slots are never erased
+  {
+    std::unique_lock<std::shared_mutex> lock(proj_mutex_);
+    std::unique_ptr<FunctionSlot>& s = proj_functions_[ident];
+    if (!s) s = std::make_unique<FunctionSlot>();
+    slot = s.get();
+  }
+  load_once(
+      slot, stream, [&] { return concat(c.key(), " (", variant.name(), ")"); },
+      [&]() -> const CacheEntry& { return image(c, variant, target_for(device_info(ctx).cc)); },
+      [&] { return entry_name(c.key(), variant.name()); });
+  return slot->loaded;
+}
+
+const Engine::ProjPlan& Engine::proj_plan(CUcontext ctx, const QkvProjSpec& c,
+                                          const ProjShape& shape, CUstream stream) {
+  const ProjPlanKey key{ctx, c, proj_token_tiles(shape.tokens)};
+  {
+    std::shared_lock<std::shared_mutex> lock(proj_mutex_);
+    const auto it = proj_plans_.find(key);
+    if (it != proj_plans_.end()) return it->second;  // nodes never move or die
+  }
+  const DeviceInfo& device = device_info(ctx);
+  if (device.cc < 80)
+    invalid("the QKV projection (", c.key(), ") needs tensor cores of compute capability 8.0 or ",
+            "newer; this GPU is sm_", device.cc);
+  const ProjVariant chosen = policy().choose_proj(c, shape, device);
+  if (const std::string why = proj_variant_problem(chosen); !why.empty())
+    fail(ErrorCode::internal, "policy chose ", chosen.name(), " for ", c.key(), ": ", why);
+  // Every variant the policy may pick for the key is compiled now, concurrently, and loaded,
+  // so a later token count never compiles (nor loads a module inside a graph capture).
+  CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
+  check(driver().StreamIsCapturing(stream, &capture), "cuStreamIsCapturing");
+  std::vector<ProjVariant> all;
+  if (capture == CU_STREAM_CAPTURE_STATUS_NONE) all = policy().proj_variants(c, device);
+  if (std::find(all.begin(), all.end(), chosen) == all.end()) all.push_back(chosen);
+  const std::string target = target_for(device.cc);
+  std::vector<std::future<void>> compiling;
+  for (const ProjVariant& v : all) compiling.push_back(image_async(c, v, target));
+  for (std::future<void>& f : compiling) f.get();  // rethrows a compile error
+  const LoadedFunction* fn = nullptr;
+  for (const ProjVariant& v : all) {
+    const LoadedFunction& loaded = proj_function(ctx, c, v, stream);
+    if (v == chosen) fn = &loaded;
+  }
+  std::unique_lock<std::shared_mutex> lock(proj_mutex_);
+  return proj_plans_.emplace(key, ProjPlan{chosen, fn}).first->second;
+}
+
+void Engine::qkv_projection(const QkvProjSpec& spec, const QkvProjArgs& args) {
+  const QkvProjSpec c = spec.canonical();
+  const ProjShape shape = check_proj_call(c, args);
+  if (shape.tokens == 0) return;
+  launch_proj(c, args, shape, nullptr);
+}
+
+void Engine::launch_proj(const QkvProjSpec& c, const QkvProjArgs& args, const ProjShape& shape,
+                         const ProjVariant* requested) {
+  const Driver& d = driver();
+  CUcontext ctx = nullptr;
+  const ContextScope scope(d, &ctx, args.x, "args.x");
+  CUstream stream = static_cast<CUstream>(args.stream);
+  ProjVariant variant;
+  const LoadedFunction* fn = nullptr;
+  if (requested) {
+    if (const std::string why = proj_variant_problem(*requested); !why.empty())
+      invalid("projection variant ", requested->name(), " is not legal: ", why);
+    if (device_info(ctx).cc < 80)
+      invalid("the QKV projection (", c.key(), ") needs compute capability 8.0 or newer");
+    variant = *requested;
+    fn = &proj_function(ctx, c, variant, stream);
+  } else {
+    const ProjPlan& p = proj_plan(ctx, c, shape, stream);
+    variant = p.variant;
+    fn = p.fn;
+  }
+  ropejit_dev::ProjParams params = make_proj_params(c, args, shape);
+  void* kernel_args[] = {&params};
+  check(d.LaunchKernel(fn->fn, proj_grid_x(shape), proj_grid_y(shape, variant), 1,
+                       unsigned(variant.threads()), 1, 1, 0, stream, kernel_args, nullptr),
+        "cuLaunchKernel");
 }
 
 }  // namespace ropejit::detail

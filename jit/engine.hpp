@@ -5,6 +5,7 @@
 #include <cuda.h>
 
 #include <atomic>
+#include <functional>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -18,6 +19,7 @@
 #include "jit/disk_cache.hpp"
 #include "jit/launch_config.hpp"
 #include "jit/launch_policy.hpp"
+#include "jit/proj.hpp"
 
 namespace ropejit::detail {
 
@@ -49,6 +51,17 @@ class Engine {
   // image() on another thread (on this one when no thread can be created); the future
   // carries its outcome. `path`, when given, must outlive the future.
   std::future<void> image_async(const Spec& canonical, const KernelVariant& variant,
+                                const std::string& target, std::string* path = nullptr);
+
+  // The decode block's QKV projection (jit/proj.hpp): checked, its variant chosen by the policy
+  // once per (context, key, token tiles), compiled and loaded like a RoPE key's kernel.
+  void qkv_projection(const QkvProjSpec& spec, const QkvProjArgs& args);
+  // Launches a checked call with `variant`, or with the policy's choice when it is null.
+  void launch_proj(const QkvProjSpec& canonical, const QkvProjArgs& args, const ProjShape& shape,
+                   const ProjVariant* variant);
+  const CacheEntry& image(const QkvProjSpec& canonical, const ProjVariant& variant,
+                          const std::string& target, std::string* path = nullptr);
+  std::future<void> image_async(const QkvProjSpec& canonical, const ProjVariant& variant,
                                 const std::string& target, std::string* path = nullptr);
 
   // Facts about the GPU owning `ctx`, which must be current (cached per context).
@@ -90,6 +103,37 @@ class Engine {
     int max_threads = 0;
     int regs = 0;  // per thread
   };
+
+  // Any family's compiled image by its identity (key, variant, target): memory -> disk ->
+  // NVRTC on `render()`'s source.
+  const CacheEntry& image_by(const std::string& ident, const std::string& target,
+                             const std::function<RenderedKernel()>& render, std::string* path);
+  // Loads the function `entry()` of `image()` into `slot`, once, in the current context
+  // (refused during a graph capture; `what()` names the kernel in that message).
+  void load_once(FunctionSlot* slot, CUstream stream, const std::function<std::string()>& what,
+                 const std::function<const CacheEntry&()>& image,
+                 const std::function<std::string()>& entry);
+
+  // The projection's plans: per context, key and token tiles, the variant and its function.
+  struct ProjPlanKey {
+    CUcontext ctx;
+    QkvProjSpec spec;
+    int32_t tiles;
+    bool operator==(const ProjPlanKey& o) const {
+      return ctx == o.ctx && spec == o.spec && tiles == o.tiles;
+    }
+  };
+  struct ProjPlanKeyHash {
+    size_t operator()(const ProjPlanKey& k) const;
+  };
+  struct ProjPlan {
+    ProjVariant variant;
+    const LoadedFunction* fn;
+  };
+  const LoadedFunction& proj_function(CUcontext ctx, const QkvProjSpec& canonical,
+                                      const ProjVariant& variant, CUstream stream);
+  const ProjPlan& proj_plan(CUcontext ctx, const QkvProjSpec& canonical, const ProjShape& shape,
+                            CUstream stream);
 
   // What a call without an explicit configuration launches: decided once per context, key,
   // token bucket, head counts and alignment (the policy may read the tuning file or tune).
@@ -148,6 +192,9 @@ class Engine {
   std::unordered_map<FunctionKey, std::unique_ptr<FunctionSlot>, FunctionKeyHash> functions_;
   mutable std::mutex failed_mutex_;
   std::unordered_set<std::string> failed_siblings_;
+  std::shared_mutex proj_mutex_;
+  std::unordered_map<std::string, std::unique_ptr<FunctionSlot>> proj_functions_;
+  std::unordered_map<ProjPlanKey, ProjPlan, ProjPlanKeyHash> proj_plans_;
   std::shared_mutex plans_mutex_;
   std::unordered_map<PlanKey, Plan, PlanKeyHash> plans_;
   std::shared_mutex devices_mutex_;

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "jit/launch_config.hpp"
+#include "jit/proj.hpp"
 
 namespace ropejit::detail {
 
@@ -24,6 +25,14 @@ class LaunchPolicy {
   // loads a module (which inside a graph capture it could not).
   virtual std::vector<KernelVariant> variants(const Spec& canonical, const CallShape& shape,
                                               const DeviceInfo& device) = 0;
+
+  // The decode block's QKV projection: the variant a call launches with (asked once per
+  // context, key and token tiles), and every variant that may return for the key, which the
+  // engine compiles and loads together on the key's first use.
+  virtual ProjVariant choose_proj(const QkvProjSpec& canonical, const ProjShape& shape,
+                                  const DeviceInfo& device) = 0;
+  virtual std::vector<ProjVariant> proj_variants(const QkvProjSpec& canonical,
+                                                 const DeviceInfo& device) = 0;
 };
 
 }  // namespace ropejit::detail

@@ -8,9 +8,9 @@
 #include "jit/errors.hpp"
 
 namespace ropejit::detail {
-namespace {
 
-std::string substitute(const std::string& text, const std::map<std::string, std::string>& vars) {
+std::string substitute_template(const std::string& text,
+                                const std::map<std::string, std::string>& vars) {
   std::string out;
   size_t pos = 0;
   while (true) {
@@ -30,15 +30,17 @@ std::string substitute(const std::string& text, const std::map<std::string, std:
   return out;
 }
 
+namespace {
+
 const char* flag(bool b) { return b ? "true" : "false"; }
 
 }  // namespace
 
-std::string entry_name(const std::string& key, const KernelVariant& variant) {
+std::string entry_name(const std::string& key, const std::string& variant_name) {
   std::string out = key;
   for (char& ch : out)
     if (ch == '-') ch = 'Z';
-  return out + "__" + variant.name();
+  return out + "__" + variant_name;
 }
 
 RenderedKernel render(const Spec& c, const KernelVariant& v) {
@@ -84,7 +86,7 @@ RenderedKernel render(const Spec& c, const KernelVariant& v) {
       {"cache_e4m3", flag(c.cache_store == Store::e4m3)},
       {"write_k", flag(c.fusion == Fusion::qk)},
   };
-  r.source = substitute(embedded_file("rope_entry.cu.in"), vars);
+  r.source = substitute_template(embedded_file("rope_entry.cu.in"), vars);
   return r;
 }
 

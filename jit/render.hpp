@@ -1,6 +1,7 @@
 // Key + kernel variant -> CUDA source (the entry template with its constants bound).
 #pragma once
 
+#include <map>
 #include <string>
 
 #include "jit/launch_config.hpp"
@@ -14,8 +15,15 @@ struct RenderedKernel {
 };
 
 // The kernel's C symbol: the key with '-' spelled 'Z' (keys have no capitals, so the
-// mapping is one-to-one), then "__" and the variant.
-std::string entry_name(const std::string& key, const KernelVariant& variant);
+// mapping is one-to-one), then "__" and the variant's name.
+std::string entry_name(const std::string& key, const std::string& variant_name);
+inline std::string entry_name(const std::string& key, const KernelVariant& variant) {
+  return entry_name(key, variant.name());
+}
+
+// `text` with every {{name}} replaced by vars[name]; an unbound name is an internal error.
+std::string substitute_template(const std::string& text,
+                                const std::map<std::string, std::string>& vars);
 
 RenderedKernel render(const Spec& canonical, const KernelVariant& variant);
 

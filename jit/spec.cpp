@@ -269,4 +269,109 @@ Tensor contiguous(Layout layout, void* data, int64_t batch, int64_t seq, int64_t
   return t;
 }
 
+// ---------------------------------------------------------------------------------------------
+// The decode block's QKV projection keys.
+// ---------------------------------------------------------------------------------------------
+
+void QkvProjSpec::validate() const {
+  check_enum(dtype, "dtype");
+  check_enum(style, "style");
+  check_enum(positions, "positions");
+  check_enum(index_type, "index_type");
+  check_enum(freqs, "freqs");
+  check_enum(table_dtype, "table_dtype");
+  check_enum(table_width, "table_width");
+  check_enum(norm, "norm");
+  if (dtype == DType::f32)
+    detail::invalid("spec.dtype (f32) has no tensor-core projection: use bf16 or f16");
+  if (head_dim < 16 || head_dim % 16 != 0 || head_dim > kMaxHeadDim)
+    detail::invalid("spec.head_dim (", head_dim, ") must be a multiple of 16 in [16, ", kMaxHeadDim,
+                    "]");
+  const int32_t rot = rotary_dim == 0 ? head_dim : rotary_dim;
+  if (rot < 0 || rot % 2 != 0 || rot > head_dim)
+    detail::invalid("spec.rotary_dim (", rotary_dim, ") must be even and <= head_dim (", head_dim,
+                    "); 0 means head_dim");
+  if (positions != Positions::offset && positions != Positions::ids)
+    detail::invalid("spec.positions (", to_string(positions),
+                    ") is not available for the projection: offset or ids");
+  if (freqs != Freqs::table && freqs != Freqs::computed)
+    detail::invalid("spec.freqs (", to_string(freqs),
+                    ") is not available for the projection yet: table or computed (tables of a "
+                    "scaled variant come from build_tables)");
+  if (norm == Norm::rms_all_heads)
+    detail::invalid(
+        "spec.norm (rmsall) is a QK-norm; the projection's norm is over x: none, rms "
+        "or rms1p");
+}
+
+QkvProjSpec QkvProjSpec::canonical() const {
+  validate();
+  QkvProjSpec c = *this;
+  if (c.rotary_dim == 0) c.rotary_dim = c.head_dim;
+  if (c.positions == Positions::offset) c.index_type = IndexType::i64;
+  if (c.freqs != Freqs::table) {
+    c.table_dtype = DType::f32;
+    c.table_width = TableWidth::half;
+  }
+  return c;
+}
+
+bool operator==(const QkvProjSpec& a, const QkvProjSpec& b) {
+  return a.dtype == b.dtype && a.head_dim == b.head_dim && a.rotary_dim == b.rotary_dim &&
+         a.style == b.style && a.positions == b.positions && a.index_type == b.index_type &&
+         a.freqs == b.freqs && a.table_dtype == b.table_dtype && a.table_width == b.table_width &&
+         a.norm == b.norm;
+}
+
+// qkvproj_<dtype>_d<D>_r<R>_<style>_pos-<mode>[-<idx>]_<tab-<tdtype>-<width>|comp>_n<norm>
+std::string QkvProjSpec::key() const {
+  const QkvProjSpec c = canonical();
+  std::ostringstream os;
+  os << "qkvproj_" << to_string(c.dtype) << "_d" << c.head_dim << "_r" << c.rotary_dim << '_'
+     << to_string(c.style) << "_pos-" << to_string(c.positions);
+  if (c.positions != Positions::offset) os << '-' << to_string(c.index_type);
+  if (c.freqs == Freqs::table)
+    os << "_tab-" << to_string(c.table_dtype) << '-' << to_string(c.table_width);
+  else
+    os << "_comp";
+  os << "_n" << to_string(c.norm);
+  return os.str();
+}
+
+QkvProjSpec parse_qkv_proj_key(const std::string& key) {
+  const std::vector<std::string> f = split(key, '_');
+  if (f.size() != 8 || f[0] != "qkvproj")
+    detail::invalid("key '", detail::clipped(key),
+                    "' is not a projection key (qkvproj_<dtype>_d.._r.._<style>_pos-.._.._n..)");
+  QkvProjSpec s;
+  s.dtype = detail::parse_name<DType>(f[1], "key dtype");
+  s.head_dim = parse_dim(f[2], 'd', key);
+  s.rotary_dim = parse_dim(f[3], 'r', key);
+  s.style = detail::parse_name<Style>(f[4], "key style");
+  const std::vector<std::string> pos = split(f[5], '-');
+  if (pos.size() < 2 || pos.size() > 3 || pos[0] != "pos")
+    detail::invalid("key '", detail::clipped(key), "': bad positions field '",
+                    detail::clipped(f[5]), "'");
+  s.positions = detail::parse_name<Positions>(pos[1], "key positions");
+  if (pos.size() == 3) s.index_type = detail::parse_name<IndexType>(pos[2], "key index type");
+  const std::vector<std::string> fr = split(f[6], '-');
+  if (fr[0] == "tab" && fr.size() == 3) {
+    s.freqs = Freqs::table;
+    s.table_dtype = detail::parse_name<DType>(fr[1], "key table dtype");
+    s.table_width = detail::parse_name<TableWidth>(fr[2], "key table width");
+  } else if (fr[0] == "comp" && fr.size() == 1) {
+    s.freqs = Freqs::computed;
+  } else {
+    detail::invalid("key '", detail::clipped(key), "': bad freqs field '", detail::clipped(f[6]),
+                    "'");
+  }
+  if (f[7].size() < 2 || f[7][0] != 'n')
+    detail::invalid("key '", detail::clipped(key), "': bad norm field '", detail::clipped(f[7]),
+                    "'");
+  s.norm = detail::parse_name<Norm>(f[7].substr(1), "key norm");
+  if (s.key() != key)
+    detail::invalid("key '", detail::clipped(key), "' is not canonical (expected '", s.key(), "')");
+  return s;
+}
+
 }  // namespace ropejit

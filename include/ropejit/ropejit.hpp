@@ -256,6 +256,80 @@ struct Info {
 Info info();
 
 // ---------------------------------------------------------------------------------------
+// The decode block: RMSNorm -> QKV projection -> RoPE in one kernel.
+// ---------------------------------------------------------------------------------------
+
+// What selects a QKV projection kernel. For a few tokens (decode), one launch computes
+//   y = RoPE(RMSNorm(x) · Wᵀ)
+// for the packed weight W ([(q_heads + 2 kv_heads) · head_dim][hidden], torch's Linear layout:
+// q's columns, then k's, then v's) and writes q, k (both rotated) and v. Tensor cores with fp32
+// accumulation (sm_80 or newer); RMSNorm's statistics in fp32 and rstd applied to the fp32 sums;
+// RoPE on the fp32 sums, rounded once at the store.
+struct QkvProjSpec {
+  DType dtype = DType::bf16;  // x, W, the norm weight and the outputs: bf16 or f16
+  int32_t head_dim = 128;     // a multiple of 16, <= 512
+  int32_t rotary_dim = 0;     // 0 means head_dim; the first rotary_dim elements of q/k heads rotate
+  Style style = Style::neox;
+  Positions positions = Positions::ids;   // offset or ids
+  IndexType index_type = IndexType::i64;  // of position_ids
+  Freqs freqs = Freqs::table;             // table or computed
+  DType table_dtype = DType::f32;
+  TableWidth table_width = TableWidth::half;
+  // RMSNorm of x before the projection: none, rms (x / sqrt(mean(x^2) + eps) * w), or
+  // rms_one_plus (Gemma's (1 + w)). The normalized activation x_k * w_k is rounded once to the
+  // dtype for the tensor cores (in f16, |x_k * w_k| must stay below 65504); rstd is applied to
+  // the fp32 sums.
+  Norm norm = Norm::rms;
+
+  // Throws Error naming the first invalid field.
+  void validate() const;
+  QkvProjSpec canonical() const;
+  // e.g. qkvproj_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_nrms
+  std::string key() const;
+
+  friend bool operator==(const QkvProjSpec& a, const QkvProjSpec& b);
+  friend bool operator!=(const QkvProjSpec& a, const QkvProjSpec& b) { return !(a == b); }
+};
+
+// Parses a key produced by QkvProjSpec::key(); throws Error on anything else.
+QkvProjSpec parse_qkv_proj_key(const std::string& key);
+
+// One call. Strides in elements; every pointer is device memory.
+struct QkvProjArgs {
+  int64_t tokens = 0;                 // rows of x (a decode step: one per sequence)
+  int64_t hidden = 0;                 // K: a multiple of 8
+  int64_t q_heads = 0;                // >= 1
+  int64_t kv_heads = 0;               // >= 1 (k and v)
+  const void* x = nullptr;            // [tokens][hidden], rows x_stride apart
+  int64_t x_stride = 0;               // 0: hidden
+  const void* norm_weight = nullptr;  // [hidden] (norm != none)
+  double norm_eps = 1e-6;
+  const void* weight = nullptr;  // [(q_heads + 2 kv_heads) * head_dim][hidden]
+  int64_t weight_stride = 0;     // elements between weight rows; 0: hidden
+  // Outputs [tokens][heads][head_dim] (last dimension contiguous; stride_batch is ignored,
+  // stride_seq is the token stride; heads must equal q_heads / kv_heads). They may be views of
+  // one packed [tokens][q + 2 kv heads][head_dim] tensor; they may not overlap the inputs.
+  Tensor q;
+  Tensor k;
+  Tensor v;
+  int64_t position_offset = 0;         // Positions::offset: position = offset + token index
+  const void* position_ids = nullptr;  // Positions::ids: [tokens]
+  const void* cos = nullptr;           // Freqs::table
+  const void* sin = nullptr;
+  int64_t table_stride = 0;  // 0: the row width
+  int64_t table_rows = 0;    // device positions outside [0, table_rows) give NaN
+  double base = 10000.0;     // Freqs::computed
+  void* stream = nullptr;
+};
+
+// Runs the projection on args.stream (compiles the key on first use, like apply()). Nothing is
+// launched when an argument is invalid. Needs a GPU of compute capability 8.0 or newer.
+void qkv_projection(const QkvProjSpec& spec, const QkvProjArgs& args);
+
+// Compiles the key's default kernels for `arch` (no GPU needed); returns the cache files.
+std::vector<std::string> precompile(const QkvProjSpec& spec, const std::string& arch);
+
+// ---------------------------------------------------------------------------------------
 // Frequencies and cos/sin tables on the host, in float64 (no GPU).
 // ---------------------------------------------------------------------------------------
 

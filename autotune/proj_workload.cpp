@@ -1,0 +1,361 @@
+// The QKV projection's problem and its float64 reference.
+//
+// The tolerance follows the kernel's arithmetic (templates/proj_kernel.cuh):
+//   - the normalized activation a_k = round(x_k · w_k) (round(x_k · fp32(1 + w_k)) for Gemma's
+//     form) is reproduced exactly: the product of two 16-bit floats is exact in fp32, so the
+//     kernel's fp32 product and cvt.rn give the bits the reference computes here;
+//   - the dot product of a row: tensor cores with fp32 accumulation, K/16 chained steps, each
+//     allowed two fp32 ulps of the sum of magnitudes, plus the split-K partial sums:
+//     (K/16 + 16) · 2^-22 · Σ|a_k W_nk|;
+//   - rstd: Σx² in fp32 (at most K/4 + 24 chained additions), a division and a square root:
+//     ((K/4 + 24) / 2 + 4) · 2^-24 relative;
+//   - RoPE in fp32 on the sums: the propagated errors times |cos| and |sin|, two roundings of the
+//     products, and the computed angle's error (cos/sin within 2.5e-7 of float64 up to 2^20;
+//     4e-7 allowed); table values are exact inputs;
+//   - one rounding to the output dtype.
+#include "autotune/proj_workload.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "autotune/numbers.hpp"
+#include "jit/driver.hpp"
+#include "jit/errors.hpp"
+
+namespace ropejit::autotune {
+namespace {
+
+constexpr uint8_t kPoison = 0xff;  // NaN in f16 and bf16
+constexpr size_t kGuardBytes = 256;
+
+int64_t elem_bytes(DType t) { return t == DType::f32 ? 4 : 2; }
+
+double unit_roundoff(DType t) {
+  return t == DType::bf16  ? std::ldexp(1.0, -8)
+         : t == DType::f16 ? std::ldexp(1.0, -11)
+                           : std::ldexp(1.0, -24);
+}
+
+// The smallest magnitude one rounding to `t` may lose in absolute terms (subnormal spacing).
+double abs_floor(DType t) { return t == DType::f16 ? std::ldexp(1.0, -25) : 1e-38; }
+
+}  // namespace
+
+ProjProblem::Buffer& ProjProblem::add(std::vector<uint8_t> host) {
+  host.resize(host.size() + kGuardBytes, kPoison);
+  buffers_.push_back(new Buffer{std::move(host), 0});
+  return *buffers_.back();
+}
+
+ProjProblem::ProjProblem(const QkvProjSpec& spec, const ProjSizes& sizes)
+    : spec_(spec.canonical()), sizes_(sizes), rng_(sizes.seed) {
+  const QkvProjSpec& c = spec_;
+  const ProjSizes& z = sizes_;
+  const int64_t D = c.head_dim;
+  const int64_t e = elem_bytes(c.dtype);
+  columns_ = int64_t(z.q_heads + 2 * z.kv_heads) * D;
+  x_stride_ = z.hidden + z.x_gap;
+  w_stride_ = z.hidden + z.weight_gap;
+  std::uniform_real_distribution<double> unit(-1.0, 1.0);
+
+  auto fill = [&](int64_t count, auto value) {
+    std::vector<uint8_t> bytes(size_t(count * e), kPoison);
+    for (int64_t i = 0; i < count; ++i) store_value(c.dtype, bytes.data() + i * e, value(i));
+    return bytes;
+  };
+  // Activations (gaps stay poisoned: the kernel must not read them into a result).
+  {
+    std::vector<uint8_t> bytes(size_t(std::max<int64_t>(z.tokens, 1) * x_stride_ * e), kPoison);
+    for (int64_t m = 0; m < z.tokens; ++m)
+      for (int64_t k = 0; k < z.hidden; ++k)
+        store_value(c.dtype, bytes.data() + (m * x_stride_ + k) * e, 2.0 * z.x_scale * unit(rng_));
+    x_ = &add(std::move(bytes));
+  }
+  // Weights: uniform with the variance of a trained projection (1/K), rows w_stride_ apart.
+  {
+    const double scale = std::sqrt(3.0 / double(z.hidden));
+    std::vector<uint8_t> bytes(size_t(columns_ * w_stride_ * e), kPoison);
+    for (int64_t n = 0; n < columns_; ++n)
+      for (int64_t k = 0; k < z.hidden; ++k)
+        store_value(c.dtype, bytes.data() + (n * w_stride_ + k) * e, scale * unit(rng_));
+    w_ = &add(std::move(bytes));
+  }
+  if (c.norm != Norm::none) {
+    const bool one_plus = c.norm == Norm::rms_one_plus;
+    norm_ = &add(fill(
+        z.hidden, [&](int64_t) { return one_plus ? 0.5 * unit(rng_) : 1.0 + 0.5 * unit(rng_); }));
+  }
+  // Positions.
+  table_rows_ = z.max_position + 1;
+  positions_.resize(size_t(z.tokens));
+  if (c.positions == Positions::ids) {
+    std::uniform_int_distribution<int64_t> pos(0, z.max_position);
+    for (int64_t& p : positions_) p = pos(rng_);
+    for (int32_t i = 0; i < z.bad_positions && i < z.tokens; ++i)
+      positions_[size_t(i * 7 % z.tokens)] = i % 2 ? -1 - i : table_rows_ + i;
+    const int64_t ib = c.index_type == IndexType::i64 ? 8 : 4;
+    std::vector<uint8_t> bytes(size_t(std::max<int64_t>(z.tokens, 1) * ib), 0);
+    for (int64_t m = 0; m < z.tokens; ++m) {
+      if (ib == 8) {
+        std::memcpy(bytes.data() + m * 8, &positions_[size_t(m)], 8);
+      } else {
+        const int32_t v = int32_t(positions_[size_t(m)]);
+        std::memcpy(bytes.data() + m * 4, &v, 4);
+      }
+    }
+    ids_ = &add(std::move(bytes));
+  } else {
+    for (int64_t m = 0; m < z.tokens; ++m) positions_[size_t(m)] = z.position_offset + m;
+    table_rows_ = std::max(table_rows_, z.position_offset + z.tokens);
+  }
+  if (c.freqs == Freqs::table) {
+    Spec rope;  // the plain key whose table this is: same rotary part, style, table format
+    rope.head_dim = c.head_dim;
+    rope.rotary_dim = c.rotary_dim;
+    rope.style = c.style;
+    rope.table_dtype = c.table_dtype;
+    rope.table_width = c.table_width;
+    TableSpec t;
+    t.freqs = Freqs::computed;
+    t.base = z.base;
+    t.rows = table_rows_;
+    table_width_ = c.table_width == TableWidth::half ? c.rotary_dim / 2 : c.rotary_dim;
+    const size_t bytes = size_t(table_rows_ * table_width_ * elem_bytes(c.table_dtype));
+    std::vector<uint8_t> cs(bytes), sn(bytes);
+    build_tables(rope, t, cs.data(), sn.data());
+    cos_ = &add(std::move(cs));
+    sin_ = &add(std::move(sn));
+  }
+  // Outputs, poisoned.
+  const int64_t head_stride = D + z.out_head_gap;
+  if (z.packed_out) {
+    outs_.push_back(&add(std::vector<uint8_t>(
+        size_t(std::max<int64_t>(z.tokens, 1) * (z.q_heads + 2 * z.kv_heads) * head_stride * e),
+        kPoison)));
+  } else {
+    for (const int32_t h : {z.q_heads, z.kv_heads, z.kv_heads})
+      outs_.push_back(&add(std::vector<uint8_t>(
+          size_t(std::max<int64_t>(z.tokens, 1) * h * head_stride * e), kPoison)));
+  }
+  build_reference();
+}
+
+ProjProblem::~ProjProblem() {
+  for (Buffer* b : buffers_) {
+    if (b->device) {
+      std::string why;
+      if (const detail::Driver* d = detail::try_driver(&why)) d->MemFree(b->device);
+    }
+    delete b;
+  }
+}
+
+void ProjProblem::build_reference() {
+  const QkvProjSpec& c = spec_;
+  const ProjSizes& z = sizes_;
+  const int64_t D = c.head_dim, R = c.rotary_dim, K = z.hidden;
+  const int64_t e = elem_bytes(c.dtype);
+  const DType te = c.table_dtype;
+  const int64_t tb = elem_bytes(te);
+  expected_.value.assign(size_t(z.tokens * columns_), 0.0);
+  expected_.tol.assign(size_t(z.tokens * columns_), 0.0);
+  const double gamma_dot = (double(K) / 16 + 16) * std::ldexp(1.0, -22);
+  const double rel_rstd = ((double(K) / 4 + 24) / 2 + 4) * std::ldexp(1.0, -24);
+  const double u32 = std::ldexp(1.0, -24);
+  const double u_out = unit_roundoff(c.dtype);
+  std::vector<double> a(static_cast<size_t>(K));
+  std::vector<double> sum(static_cast<size_t>(columns_)), mag(static_cast<size_t>(columns_));
+  for (int64_t m = 0; m < z.tokens; ++m) {
+    const uint8_t* xr = x_->host.data() + m * x_stride_ * e;
+    double sumsq = 0;
+    for (int64_t k = 0; k < K; ++k) {
+      const double x = load_value(c.dtype, xr + k * e);
+      sumsq += x * x;
+      if (c.norm == Norm::none) {
+        a[size_t(k)] = x;
+        continue;
+      }
+      double w = load_value(c.dtype, norm_->host.data() + k * e);
+      if (c.norm == Norm::rms_one_plus) w = double(1.0f + float(w));  // fp32, as the kernel
+      const double product = double(float(x * w));                    // the kernel's fp32 multiply
+      a[size_t(k)] =
+          c.dtype == DType::bf16 ? bf16_value(bf16_bits(product)) : f16_value(f16_bits(product));
+    }
+    const double rstd =
+        c.norm == Norm::none ? 1.0 : 1.0 / std::sqrt(sumsq / double(K) + double(float(z.norm_eps)));
+    for (int64_t n = 0; n < columns_; ++n) {
+      const uint8_t* wr = w_->host.data() + n * w_stride_ * e;
+      double s = 0, s_abs = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        const double t = a[size_t(k)] * load_value(c.dtype, wr + k * e);
+        s += t;
+        s_abs += std::fabs(t);
+      }
+      sum[size_t(n)] = rstd * s;
+      // Error of the kernel's fp32 y = rstd · Σ (absolute).
+      mag[size_t(n)] = rstd * gamma_dot * s_abs +
+                       (c.norm == Norm::none ? 0.0 : (rel_rstd + u32) * std::fabs(rstd * s));
+    }
+    const int64_t pos = positions_[size_t(m)];
+    for (int64_t n = 0; n < columns_; ++n) {
+      const int64_t head = n / D, el = n % D;
+      const bool rotary_head = head < z.q_heads + z.kv_heads;
+      double value = sum[size_t(n)], err = mag[size_t(n)];
+      if (rotary_head && el < R) {
+        // The pair: neox (j, j + R/2), gptj (2j, 2j + 1); `first` says which side n is.
+        const int64_t j = c.style == Style::neox ? el % (R / 2) : el / 2;
+        const bool first = c.style == Style::neox ? el < R / 2 : el % 2 == 0;
+        const int64_t partner =
+            head * D + (c.style == Style::neox ? (first ? el + R / 2 : el - R / 2)
+                                               : (first ? el + 1 : el - 1));
+        double cs = 0, sn = 0, angle_err = 0;
+        if (c.freqs == Freqs::computed) {
+          const double theta = std::pow(z.base, -2.0 * double(j) / double(R));
+          cs = std::cos(double(pos) * theta);
+          sn = std::sin(double(pos) * theta);
+          angle_err = 4e-7;
+        } else if (pos < 0 || pos >= table_rows_) {
+          cs = sn = std::nan("");
+        } else {
+          const int64_t col =
+              c.table_width == TableWidth::full && c.style == Style::gptj ? 2 * j : j;
+          cs = load_value(te, cos_->host.data() + (pos * table_width_ + col) * tb);
+          sn = load_value(te, sin_->host.data() + (pos * table_width_ + col) * tb);
+        }
+        const double self = sum[size_t(n)], other = sum[size_t(partner)];
+        // first: self·cos − other·sin; second: self·cos + other·sin (other is the first).
+        value = first ? self * cs - other * sn : self * cs + other * sn;
+        err = mag[size_t(n)] * std::fabs(cs) + mag[size_t(partner)] * std::fabs(sn) +
+              2 * u32 * (std::fabs(self * cs) + std::fabs(other * sn)) +
+              angle_err * (std::fabs(self) + std::fabs(other)) * (1 + 1e-6);
+      }
+      const size_t at = size_t(m * columns_ + n);
+      expected_.value[at] = value;
+      expected_.tol[at] = u_out * std::fabs(value) + (1 + u_out) * err + abs_floor(c.dtype);
+    }
+  }
+}
+
+void ProjProblem::upload() {
+  const detail::Driver& d = detail::driver();
+  for (Buffer* b : buffers_) {
+    if (!b->device) detail::check(d.MemAlloc(&b->device, b->host.size()), "cuMemAlloc");
+    detail::check(d.MemcpyHtoD(b->device, b->host.data(), b->host.size()), "cuMemcpyHtoD");
+  }
+}
+
+QkvProjArgs ProjProblem::args(void* stream) const {
+  const ProjSizes& z = sizes_;
+  const int64_t D = spec_.head_dim;
+  const int64_t e = elem_bytes(spec_.dtype);
+  auto ptr = [](const Buffer* b) { return reinterpret_cast<void*>(b ? b->device : 0); };
+  QkvProjArgs a;
+  a.tokens = z.tokens;
+  a.hidden = z.hidden;
+  a.q_heads = z.q_heads;
+  a.kv_heads = z.kv_heads;
+  a.x = ptr(x_);
+  a.x_stride = x_stride_;
+  a.norm_weight = ptr(norm_);
+  a.norm_eps = z.norm_eps;
+  a.weight = ptr(w_);
+  a.weight_stride = w_stride_;
+  const int64_t hs = D + z.out_head_gap;
+  const int32_t heads[3] = {z.q_heads, z.kv_heads, z.kv_heads};
+  Tensor* outs[3] = {&a.q, &a.k, &a.v};
+  int64_t first_head = 0;
+  for (int i = 0; i < 3; ++i) {
+    Tensor& t = *outs[i];
+    t.heads = heads[i];
+    t.stride_head = hs;
+    if (z.packed_out) {
+      t.data = static_cast<char*>(ptr(outs_[0])) + first_head * hs * e;
+      t.stride_seq = int64_t(z.q_heads + 2 * z.kv_heads) * hs;
+    } else {
+      t.data = ptr(outs_[size_t(i)]);
+      t.stride_seq = heads[i] * hs;
+    }
+    first_head += heads[i];
+  }
+  a.position_offset = z.position_offset;
+  a.position_ids = ptr(ids_);
+  a.cos = ptr(cos_);
+  a.sin = ptr(sin_);
+  a.table_rows = table_rows_;
+  a.base = z.base;
+  a.stream = stream;
+  return a;
+}
+
+int64_t ProjProblem::weight_bytes() const {
+  return columns_ * sizes_.hidden * elem_bytes(spec_.dtype);
+}
+
+int64_t ProjProblem::bytes_moved() const {
+  const int64_t e = elem_bytes(spec_.dtype);
+  return weight_bytes() + sizes_.tokens * sizes_.hidden * e + sizes_.tokens * columns_ * e +
+         (spec_.norm != Norm::none ? sizes_.hidden * e : 0);
+}
+
+CheckReport ProjProblem::check() {
+  const detail::Driver& d = detail::driver();
+  detail::check(d.CtxSynchronize(), "kernel");
+  const QkvProjSpec& c = spec_;
+  const ProjSizes& z = sizes_;
+  const int64_t D = c.head_dim, e = elem_bytes(c.dtype);
+  const int64_t hs = D + z.out_head_gap;
+  CheckReport r;
+  double err2 = 0, ref2 = 0;
+  for (size_t b = 0; b < outs_.size(); ++b) {
+    Buffer& out = *outs_[b];
+    std::vector<uint8_t> got(out.host.size());
+    detail::check(d.MemcpyDtoH(got.data(), out.device, got.size()), "cuMemcpyDtoH");
+    std::vector<bool> addressed(got.size() / size_t(e), false);
+    const int64_t heads = z.packed_out ? z.q_heads + 2 * z.kv_heads
+                          : b == 0     ? z.q_heads
+                                       : z.kv_heads;
+    const int64_t first_column = z.packed_out ? 0
+                                 : b == 0     ? 0
+                                 : b == 1     ? z.q_heads * D
+                                              : (z.q_heads + z.kv_heads) * D;
+    for (int64_t m = 0; m < z.tokens; ++m)
+      for (int64_t h = 0; h < heads; ++h)
+        for (int64_t el = 0; el < D; ++el) {
+          const int64_t at = m * heads * hs + h * hs + el;
+          addressed[size_t(at)] = true;
+          const size_t ref_at = size_t(m * columns_ + first_column + h * D + el);
+          const double want = expected_.value[ref_at], tol = expected_.tol[ref_at];
+          const double have = load_value(c.dtype, got.data() + at * e);
+          ++r.checked;
+          const bool ok = std::isnan(want) ? std::isnan(have) : std::fabs(have - want) <= tol;
+          if (!std::isnan(want) && std::isfinite(have)) {
+            err2 += (have - want) * (have - want);
+            ref2 += want * want;
+            r.max_abs_err = std::max(r.max_abs_err, std::fabs(have - want));
+          }
+          if (!ok) {
+            ++r.mismatches;
+            if (r.first_failure.empty())
+              r.first_failure = detail::concat("token ", m, " column ", first_column + h * D + el,
+                                               ": got ", have, ", expected ", want, " +- ", tol);
+          }
+        }
+    // Gaps between heads and the guard after the buffer: untouched poison.
+    for (size_t i = 0; i < got.size(); ++i) {
+      if (i / size_t(e) < addressed.size() && addressed[i / size_t(e)]) continue;
+      if (got[i] != kPoison) {
+        ++r.mismatches;
+        if (r.first_failure.empty())
+          r.first_failure = detail::concat("output buffer ", b, " byte ", i,
+                                           " is outside every output element but was written");
+        break;
+      }
+    }
+  }
+  r.max_rel_l2 = ref2 > 0 ? std::sqrt(err2 / ref2) : 0;
+  r.ok = r.mismatches == 0;
+  return r;
+}
+
+}  // namespace ropejit::autotune

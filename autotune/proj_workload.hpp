@@ -1,0 +1,88 @@
+// A QKV projection problem (QkvProjSpec) that owns its data: random host inputs, device buffers
+// with poisoned outputs and guard bytes, and a float64 reference with a tolerance derived from
+// the kernel's arithmetic. Used by the GPU tests, the benchmark and `ropejit demo`.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "autotune/workload.hpp"
+#include "ropejit/ropejit.hpp"
+
+namespace ropejit::autotune {
+
+struct ProjSizes {
+  int64_t tokens = 3;
+  int64_t hidden = 256;
+  int32_t q_heads = 4;
+  int32_t kv_heads = 2;
+  int64_t x_gap = 0;            // extra elements after every x row (a multiple of 8)
+  int64_t weight_gap = 0;       // extra elements after every weight row (a multiple of 8)
+  bool packed_out = true;       // q, k and v as heads of one [tokens][q + 2 kv][d] buffer
+  int64_t out_head_gap = 0;     // extra elements between output heads, checked untouched
+  int64_t position_offset = 0;  // Positions::offset
+  int64_t max_position = 4095;  // ids are drawn from [0, max_position]
+  int32_t bad_positions = 0;    // ids outside the table: their rotated columns must be NaN
+  double base = 10000.0;
+  double norm_eps = 1e-6;
+  double x_scale = 1.0;  // activations are uniform in [-2, 2] times this
+  uint64_t seed = 1;
+};
+
+class ProjProblem {
+ public:
+  // Generates host data and the reference; needs no GPU.
+  ProjProblem(const QkvProjSpec& spec, const ProjSizes& sizes);
+  ~ProjProblem();
+  ProjProblem(const ProjProblem&) = delete;
+  ProjProblem& operator=(const ProjProblem&) = delete;
+
+  const QkvProjSpec& spec() const { return spec_; }
+  const ProjSizes& sizes() const { return sizes_; }
+
+  // Allocates device buffers, uploads the inputs and poisons the outputs (again on every call).
+  void upload();
+  QkvProjArgs args(void* stream = nullptr) const;
+  // Copies the outputs back and compares every byte of them (guards and gaps included) with the
+  // reference.
+  CheckReport check();
+
+  // The weight's bytes (the projection's floor: it must be read once) and everything a launch
+  // moves (weight, activations, norm weight, outputs).
+  int64_t weight_bytes() const;
+  int64_t bytes_moved() const;
+
+  // The float64 reference on host data: expected value and tolerance of output element
+  // (token, column) of the projection, columns as in the weight (q heads, k heads, v heads).
+  // NaN expected for rotated columns at a position outside the table.
+  struct Expected {
+    std::vector<double> value, tol;
+  };
+  const Expected& expected() const { return expected_; }
+
+ private:
+  struct Buffer {
+    std::vector<uint8_t> host;
+    unsigned long long device = 0;
+  };
+  Buffer& add(std::vector<uint8_t> host);
+  void build_reference();
+
+  QkvProjSpec spec_;
+  ProjSizes sizes_;
+  std::mt19937_64 rng_;
+  int64_t columns_ = 0, x_stride_ = 0, w_stride_ = 0, table_rows_ = 0, table_width_ = 0;
+  std::vector<Buffer*> buffers_;
+  Buffer* x_ = nullptr;
+  Buffer* w_ = nullptr;
+  Buffer* norm_ = nullptr;
+  Buffer* ids_ = nullptr;
+  Buffer* cos_ = nullptr;
+  Buffer* sin_ = nullptr;
+  std::vector<Buffer*> outs_;  // one (packed) or three
+  std::vector<int64_t> positions_;
+  Expected expected_;
+};
+
+}  // namespace ropejit::autotune

@@ -1,0 +1,92 @@
+// The decode block's QKV projection (RMSNorm -> QKV GEMM -> RoPE, one kernel) at Llama-3-8B's
+// shape (hidden 4096, 32 q + 8 kv heads of 128: a 6144 x 4096 bf16 weight, 50 MB), against the
+// weight-read floor: the weight's bytes at the bandwidth of a same-run device copy (a copy of
+// 2 x 50 MB, half read and half written, takes twice the floor). L2 flushed before every
+// timed call: the weight is as large as the H100's L2, so repeated calls would otherwise find
+// part of it there.
+//   proj/llama3_8b_m<M>: the library's choice for M tokens;
+//   proj_variants/m<M>/<variant>: every legal kernel variant with the call's token tiles, to
+//   see what the heuristic leaves.
+#include <string>
+#include <vector>
+
+#include "api/engine.hpp"
+#include "autotune/proj_workload.hpp"
+#include "bench_common.hpp"
+
+namespace ropejit::bench {
+namespace {
+
+QkvProjSpec llama_spec() {
+  QkvProjSpec s;  // bf16, d128, neox, ids, f32 half table, RMSNorm
+  return s;
+}
+
+autotune::ProjSizes llama_sizes(int64_t tokens) {
+  autotune::ProjSizes z;
+  z.tokens = tokens;
+  z.hidden = 4096;
+  z.q_heads = 32;
+  z.kv_heads = 8;
+  z.max_position = 8191;
+  return z;
+}
+
+void run_proj(benchmark::State& state, int64_t tokens, const detail::ProjVariant* variant) {
+  const QkvProjSpec s = llama_spec();
+  const QkvProjSpec c = s.canonical();
+  autotune::ProjProblem p(s, llama_sizes(tokens));
+  p.upload();
+  const QkvProjArgs args = p.args(g_stream);
+  const detail::ProjShape shape = detail::check_proj_call(c, args);
+  auto call = [&] {
+    if (variant)
+      api::engine().launch_proj(c, args, shape, variant);
+    else
+      qkv_projection(s, args);
+  };
+  call();
+  const autotune::CheckReport r = p.check();
+  if (!r.ok) {
+    state.SkipWithError(("wrong result: " + r.first_failure).c_str());
+    return;
+  }
+  time_against_copy(state, 2 * p.weight_bytes(), call);  // copy_us: a copy of 2 x W
+  const double floor_us = state.counters["copy_us"] / 2;
+  state.counters["floor_us"] = floor_us;
+  state.counters["x_floor"] = state.counters["median_us"] / floor_us;
+  state.counters["weight_gbps"] = double(p.weight_bytes()) / state.counters["median_us"] / 1e3;
+  state.counters["pct_copy"] = 100.0 * floor_us / state.counters["median_us"];
+  state.SetBytesProcessed(int64_t(state.iterations()) * p.bytes_moved());
+  state.SetLabel(c.key() + (variant ? " " + variant->name() : std::string(" default")));
+}
+
+}  // namespace
+
+void register_proj_benchmarks() {
+  for (const int64_t m : {1, 2, 4, 8, 16, 32, 64})
+    benchmark::RegisterBenchmark(("proj/llama3_8b_m" + std::to_string(m)).c_str(),
+                                 [m](benchmark::State& st) { run_proj(st, m, nullptr); })
+        ->UseManualTime()
+        ->Iterations(50)
+        ->Unit(benchmark::kMicrosecond);
+  static std::vector<detail::ProjVariant> variants;
+  for (const int32_t tiles : {1, 2, 4, 8})
+    for (const int32_t splits : {1, 2, 4, 8})
+      for (const int32_t unroll : {1, 2, 4}) {
+        const detail::ProjVariant v{tiles, splits, unroll};
+        if (detail::proj_variant_problem(v).empty()) variants.push_back(v);
+      }
+  for (const int64_t m : {1, 16, 64})
+    for (const detail::ProjVariant& v : variants) {
+      if (v.token_tiles != detail::proj_token_tiles(m)) continue;
+      const detail::ProjVariant* pv = &v;
+      benchmark::RegisterBenchmark(("proj_variants/m" + std::to_string(m) + "/" + v.name()).c_str(),
+                                   [m, pv](benchmark::State& st) { run_proj(st, m, pv); })
+          ->UseManualTime()
+          ->Iterations(30)
+          ->Unit(benchmark::kMicrosecond);
+    }
+}
+
+}  // namespace ropejit::bench

@@ -1,0 +1,116 @@
+"""The unfused torch decode block that ropejit's projection kernel replaces, timed on the GPU in
+the same run as `ropejit_bench --benchmark_filter=proj/` (bench/run_gpu.sh proj): Llama-3-8B's
+RMSNorm -> QKV projection -> RoPE at M = 1..64 tokens, bf16.
+
+    unfused: HF's LlamaRMSNorm (fp32 statistics, weight times the bf16-rounded normalized x),
+             F.linear with the packed [6144, 4096] weight (cuBLAS), split into q, k, v, HF's
+             rotate_half RoPE on q and k with cos/sin gathered at the position ids;
+    gemm:    F.linear alone (the cuBLAS GEMV/GEMM the fused kernel competes with);
+    floor:   a device copy of 2 x the weight's bytes, halved (the weight read at copy bandwidth).
+
+Each timed call starts with a cold L2 (the 50 MB weight is as large as the H100's L2). Plain
+launches and CUDA-graph replays (one call per graph) are both timed; medians in µs.
+
+    python3 bench/compare_proj_torch.py --out $OUT/proj_torch.json
+"""
+
+import argparse
+import json
+import statistics
+
+import torch
+import torch.nn.functional as F
+
+HIDDEN, Q_HEADS, KV_HEADS, HEAD_DIM = 4096, 32, 8, 128
+COLUMNS = (Q_HEADS + 2 * KV_HEADS) * HEAD_DIM
+EPS = 1e-5
+FLUSH_BYTES = 256 << 20
+
+
+def rms_norm(x, w):
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + EPS)
+    return w * h.to(x.dtype)
+
+
+def rotate_half(t):
+    a, b = t.chunk(2, dim=-1)
+    return torch.cat((-b, a), dim=-1)
+
+
+def unfused(x, norm_w, weight, cos, sin, ids):
+    y = F.linear(rms_norm(x, norm_w), weight)
+    m = x.shape[0]
+    q, k, v = y.split([Q_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM], dim=-1)
+    q = q.view(m, Q_HEADS, HEAD_DIM)
+    k = k.view(m, KV_HEADS, HEAD_DIM)
+    c = cos[ids].unsqueeze(1)
+    s = sin[ids].unsqueeze(1)
+    return q * c + rotate_half(q) * s, k * c + rotate_half(k) * s, v.view(m, KV_HEADS, HEAD_DIM)
+
+
+def time_us(fn, flush, reps, graph):
+    if graph:
+        fn()
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+        fn = g.replay
+    for _ in range(3):
+        fn()
+    samples = []
+    for _ in range(reps):
+        flush.zero_()
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        samples.append(start.elapsed_time(stop) * 1e3)
+    return statistics.median(samples)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--reps", type=int, default=50)
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    dev = "cuda"
+    flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=dev)
+    weight = (torch.rand(COLUMNS, HIDDEN, device=dev) * 2 - 1).mul_((3 / HIDDEN) ** 0.5)
+    weight = weight.to(torch.bfloat16)
+    norm_w = (1 + 0.5 * (torch.rand(HIDDEN, device=dev) * 2 - 1)).to(torch.bfloat16)
+    inv = 1.0 / (10000.0 ** (torch.arange(0, HEAD_DIM, 2, device=dev).float() / HEAD_DIM))
+    angles = torch.arange(8192, device=dev).float()[:, None] * inv[None, :]
+    emb = torch.cat((angles, angles), dim=-1)
+    cos, sin = emb.cos().to(torch.bfloat16), emb.sin().to(torch.bfloat16)
+    src = torch.empty(2 * weight.numel() * 2 // 2, dtype=torch.uint8, device=dev)
+    dst = torch.empty_like(src)
+    copy_us = time_us(lambda: dst.copy_(src), flush, args.reps, graph=False)
+    rows = []
+    print(f"GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; L2 flushed before each")
+    print("| M | unfused µs | unfused graph µs | F.linear µs | F.linear graph µs | floor µs |")
+    print("|---|---|---|---|---|---|")
+    for m in (1, 2, 4, 8, 16, 32, 64):
+        x = torch.randn(m, HIDDEN, device=dev).to(torch.bfloat16)
+        ids = torch.randint(0, 8192, (m,), device=dev)
+        row = {"tokens": m, "floor_us": copy_us / 2}
+        full = lambda: unfused(x, norm_w, weight, cos, sin, ids)  # noqa: E731
+        gemm = lambda: F.linear(x, weight)  # noqa: E731
+        row["unfused_us"] = time_us(full, flush, args.reps, graph=False)
+        row["unfused_graph_us"] = time_us(full, flush, args.reps, graph=True)
+        row["linear_us"] = time_us(gemm, flush, args.reps, graph=False)
+        row["linear_graph_us"] = time_us(gemm, flush, args.reps, graph=True)
+        rows.append(row)
+        print(f"| {m} | {row['unfused_us']:.1f} | {row['unfused_graph_us']:.1f} | "
+              f"{row['linear_us']:.1f} | {row['linear_graph_us']:.1f} | {row['floor_us']:.1f} |")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+                       "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,255 @@
+// The QKV projection's variants, call checks, argument block and rendering.
+#include "jit/proj.hpp"
+
+#include <cmath>
+#include <map>
+
+#include "jit/call.hpp"
+#include "jit/embedded.hpp"
+#include "jit/errors.hpp"
+#include "jit/launch_config.hpp"
+
+namespace ropejit::detail {
+namespace {
+
+// Kernel limits: token groups go to gridDim.y (at most 65535 of up to 64 tokens); the
+// hidden dimension's mean is taken in fp32, exact up to 2^24.
+constexpr int64_t kMaxHidden = int64_t(1) << 24;
+constexpr int64_t kMaxHeads = 65536;
+constexpr int64_t kMaxGridY = 65535;
+
+const char* flag(bool b) { return b ? "true" : "false"; }
+
+bool power_of_two(int32_t v) { return v > 0 && (v & (v - 1)) == 0; }
+
+struct Range {
+  const char* name;
+  uintptr_t first, end;
+};
+
+// A [first, end) byte range of `rows` rows of `row` elements, `stride` apart.
+Range range_of(const char* name, const void* p, int64_t rows, int64_t stride, int64_t row,
+               int64_t elem) {
+  const uintptr_t first = reinterpret_cast<uintptr_t>(p);
+  if (!p || rows == 0) return Range{name, first, first};
+  return Range{name, first, first + uint64_t(((rows - 1) * stride + row) * elem)};
+}
+
+void check_index(const void* p, IndexType t, const char* name) {
+  if (!p) invalid(name, " is null but spec.positions is ids");
+  const uint64_t bytes = t == IndexType::i64 ? 8 : 4;
+  if (reinterpret_cast<uintptr_t>(p) % bytes != 0)
+    invalid(name, " (", p, ") is not aligned to its ", bytes, "-byte elements");
+}
+
+// A read-only matrix of 16-byte rows: [rows][cols] with `stride`, 16-byte aligned.
+void check_matrix(const char* name, const char* stride_name, const void* p, int64_t rows,
+                  int64_t cols, int64_t stride, int64_t elem) {
+  if (!p) invalid(name, " is null");
+  if (reinterpret_cast<uintptr_t>(p) % 16 != 0)
+    invalid(name, " (", p, ") is not 16-byte aligned (the kernel reads 16-byte vectors)");
+  if (stride < cols)
+    invalid(stride_name, " (", stride, ") is smaller than a row (", cols, " elements)");
+  if ((stride * elem) % 16 != 0)
+    invalid(stride_name, " (", stride, ") is not a multiple of ", 16 / elem,
+            " elements (16-byte rows)");
+  int64_t span = 0;
+  if (__builtin_mul_overflow(rows, stride, &span) || __builtin_mul_overflow(span, elem, &span) ||
+      reinterpret_cast<uintptr_t>(p) > UINTPTR_MAX - uint64_t(span))
+    invalid(name, ": ", rows, " rows of ", stride, " elements overflow 64-bit offsets");
+}
+
+}  // namespace
+
+std::string ProjVariant::name() const { return concat('m', token_tiles, 's', splits, 'u', unroll); }
+
+std::string proj_variant_problem(const ProjVariant& v) {
+  if (!power_of_two(v.token_tiles) || v.token_tiles > 8)
+    return concat("token_tiles (", v.token_tiles, ") must be 1, 2, 4 or 8");
+  if (v.splits < 1 || v.splits > 8) return concat("splits (", v.splits, ") must be in [1, 8]");
+  if (!power_of_two(v.unroll) || v.unroll > 4)
+    return concat("unroll (", v.unroll, ") must be 1, 2 or 4");
+  if (v.token_tiles * v.unroll > 16)
+    return concat("token_tiles (", v.token_tiles, ") x unroll (", v.unroll,
+                  ") must be <= 16 (registers)");
+  return "";
+}
+
+int32_t proj_token_tiles(int64_t tokens) {
+  const int64_t tiles = (tokens + 7) / 8;
+  int32_t t = 1;
+  while (t < tiles && t < 8) t *= 2;
+  return t;
+}
+
+uint32_t proj_grid_x(const ProjShape& s) { return uint32_t((s.pairs + 7) / 8); }
+
+uint32_t proj_grid_y(const ProjShape& s, const ProjVariant& v) {
+  const int64_t per_block = int64_t(v.token_tiles) * 8;
+  return uint32_t((s.tokens + per_block - 1) / per_block);
+}
+
+ProjShape check_proj_call(const QkvProjSpec& c, const QkvProjArgs& a) {
+  ProjShape s;
+  const int64_t elem = element_bytes(c.dtype);
+  if (a.tokens < 0) invalid("args.tokens (", a.tokens, ") must be >= 0");
+  if (a.tokens > kMaxGridY * 8)  // the smallest token group a variant takes
+    invalid("args.tokens (", a.tokens, ") exceeds ", kMaxGridY * 8,
+            "; the fused projection is for decode-sized calls");
+  if (a.hidden < 8 || a.hidden % 8 != 0 || a.hidden > kMaxHidden)
+    invalid("args.hidden (", a.hidden, ") must be a multiple of 8 in [8, ", kMaxHidden,
+            "] (16-byte vectors)");
+  if (a.q_heads < 1 || a.q_heads > kMaxHeads)
+    invalid("args.q_heads (", a.q_heads, ") must be in [1, ", kMaxHeads, "]");
+  if (a.kv_heads < 1 || a.kv_heads > kMaxHeads)
+    invalid("args.kv_heads (", a.kv_heads, ") must be in [1, ", kMaxHeads, "]");
+  s.tokens = a.tokens;
+  s.hidden = a.hidden;
+  s.q_heads = int32_t(a.q_heads);
+  s.kv_heads = int32_t(a.kv_heads);
+  const int64_t columns = (a.q_heads + 2 * a.kv_heads) * c.head_dim;
+  s.pairs = columns / 2;
+
+  const int64_t x_stride = a.x_stride == 0 ? a.hidden : a.x_stride;
+  const int64_t w_stride = a.weight_stride == 0 ? a.hidden : a.weight_stride;
+  check_matrix("args.x", "args.x_stride", a.x, a.tokens, a.hidden, x_stride, elem);
+  check_matrix("args.weight", "args.weight_stride", a.weight, columns, a.hidden, w_stride, elem);
+  if (c.norm != Norm::none) {
+    if (!a.norm_weight) invalid("args.norm_weight is null but spec.norm is ", to_string(c.norm));
+    check_matrix("args.norm_weight", "args.hidden", a.norm_weight, 1, a.hidden, a.hidden, elem);
+    if (!(std::isfinite(a.norm_eps) && a.norm_eps >= 0))
+      invalid("args.norm_eps (", a.norm_eps, ") must be a finite number >= 0");
+  }
+
+  // Outputs: rows of head_dim that never overlap; q, k and v may be heads of one tensor.
+  Operand outs[3];
+  const char* names[3] = {"args.q", "args.k", "args.v"};
+  const Tensor* ts[3] = {&a.q, &a.k, &a.v};
+  const int64_t heads[3] = {a.q_heads, a.kv_heads, a.kv_heads};
+  for (int i = 0; i < 3; ++i) {
+    if (ts[i]->data && ts[i]->heads != heads[i])
+      invalid(names[i], ".heads (", ts[i]->heads, ") must be ", heads[i]);
+    const Dims dims = {Dim{ts[i]->stride_seq, a.tokens, "stride_seq"},
+                       Dim{ts[i]->stride_head, heads[i], "stride_head"}, Dim{0, 1, "-"}};
+    check_strided(names[i], ts[i]->data, dims, c.head_dim, elem, true, &outs[i]);
+  }
+  check_no_overlap(outs, 3, c.head_dim);
+
+  // Positions and frequencies.
+  if (c.positions == Positions::ids) {
+    check_index(a.position_ids, c.index_type, "args.position_ids");
+  } else if (a.position_offset < 0 || a.position_offset > (int64_t(1) << 62) - a.tokens) {
+    invalid("args.position_offset (", a.position_offset, ") must be in [0, 2^62 - tokens]");
+  }
+  int64_t table_stride = 0, width = 0;
+  const int64_t telem = element_bytes(c.table_dtype);
+  if (c.freqs == Freqs::computed) {
+    if (!(std::isfinite(a.base) && a.base > 1.0))
+      invalid("args.base (", a.base, ") must be a finite number > 1");
+  } else {
+    width = c.table_width == TableWidth::half ? c.rotary_dim / 2 : c.rotary_dim;
+    if (!a.cos || !a.sin) invalid("args.", a.cos ? "sin" : "cos", " is null but freqs is tab");
+    for (const void* p : {a.cos, a.sin})
+      if (reinterpret_cast<uintptr_t>(p) % uint64_t(telem) != 0)
+        invalid("args.", p == a.cos ? "cos" : "sin", " (", p, ") is not aligned to its ", telem,
+                "-byte elements");
+    if (a.table_rows < 1) invalid("args.table_rows (", a.table_rows, ") must be >= 1");
+    table_stride = a.table_stride == 0 ? width : a.table_stride;
+    if (table_stride < width)
+      invalid("args.table_stride (", a.table_stride, ") is smaller than the row width (", width,
+              ")");
+    int64_t span = 0;
+    if (__builtin_mul_overflow(a.table_rows, table_stride, &span) ||
+        __builtin_mul_overflow(span, telem, &span))
+      invalid("args.table_rows (", a.table_rows, ") * table_stride overflows");
+  }
+
+  // Nothing read may be written: every output against every input.
+  if (a.tokens > 0) {
+    const int64_t ibytes = c.index_type == IndexType::i64 ? 8 : 4;
+    const Range inputs[] = {
+        range_of("args.x", a.x, a.tokens, x_stride, a.hidden, elem),
+        range_of("args.weight", a.weight, columns, w_stride, a.hidden, elem),
+        range_of("args.norm_weight", c.norm != Norm::none ? a.norm_weight : nullptr, 1, a.hidden,
+                 a.hidden, elem),
+        range_of("args.position_ids", c.positions == Positions::ids ? a.position_ids : nullptr,
+                 a.tokens, 1, 1, ibytes),
+        range_of("args.cos", c.freqs == Freqs::table ? a.cos : nullptr, a.table_rows, table_stride,
+                 width, telem),
+        range_of("args.sin", c.freqs == Freqs::table ? a.sin : nullptr, a.table_rows, table_stride,
+                 width, telem)};
+    for (const Operand& o : outs)
+      for (const Range& in : inputs)
+        if (o.first < o.end && in.first < in.end && o.first < in.end && in.first < o.end)
+          invalid(o.name, " and ", in.name, " overlap in memory (", o.name, " spans [",
+                  reinterpret_cast<const void*>(o.first), ", ",
+                  reinterpret_cast<const void*>(o.end), "), ", in.name, " [",
+                  reinterpret_cast<const void*>(in.first), ", ",
+                  reinterpret_cast<const void*>(in.end),
+                  ")); the projection reads its inputs while writing its outputs");
+  }
+  return s;
+}
+
+ropejit_dev::ProjParams make_proj_params(const QkvProjSpec& c, const QkvProjArgs& a,
+                                         const ProjShape& s) {
+  ropejit_dev::ProjParams p{};
+  p.x = a.x;
+  p.norm_w = c.norm != Norm::none ? a.norm_weight : nullptr;
+  p.w = a.weight;
+  p.x_stride = a.x_stride == 0 ? a.hidden : a.x_stride;
+  p.w_stride = a.weight_stride == 0 ? a.hidden : a.weight_stride;
+  p.tokens = s.tokens;
+  p.hidden = s.hidden;
+  p.pairs = s.pairs;
+  const Tensor* ts[3] = {&a.q, &a.k, &a.v};
+  const int32_t heads[3] = {s.q_heads, s.kv_heads, s.kv_heads};
+  for (int i = 0; i < 3; ++i) {
+    p.out[i].data = ts[i]->data;
+    p.out[i].stride_token = ts[i]->stride_seq;
+    p.out[i].stride_head = ts[i]->stride_head;
+    p.out[i].heads = heads[i];
+  }
+  p.positions = c.positions == Positions::ids ? a.position_ids : nullptr;
+  p.pos_offset = a.position_offset;
+  p.cos = a.cos;
+  p.sin = a.sin;
+  const int64_t width = c.table_width == TableWidth::half ? c.rotary_dim / 2 : c.rotary_dim;
+  p.table_stride = a.table_stride == 0 ? width : a.table_stride;
+  p.table_rows = a.table_rows;
+  p.log2_base = c.freqs == Freqs::computed ? std::log2(a.base) : 0.0;
+  p.norm_eps = float(a.norm_eps);
+  return p;
+}
+
+RenderedKernel render(const QkvProjSpec& c, const ProjVariant& v) {
+  if (const std::string why = proj_variant_problem(v); !why.empty())
+    invalid("projection variant ", v.name(), ": ", why);
+  RenderedKernel r;
+  r.key = c.key();
+  r.entry = entry_name(r.key, v.name());
+  const std::map<std::string, std::string> vars = {
+      {"key", r.key},
+      {"variant", v.name()},
+      {"entry", r.entry},
+      {"dtype", std::to_string(int(c.dtype))},
+      {"head_dim", std::to_string(c.head_dim)},
+      {"rotary_dim", std::to_string(c.rotary_dim)},
+      {"table_dtype", std::to_string(int(c.table_dtype))},
+      {"norm", std::to_string(int(c.norm))},
+      {"token_tiles", std::to_string(v.token_tiles)},
+      {"splits", std::to_string(v.splits)},
+      {"unroll", std::to_string(v.unroll)},
+      {"neox", flag(c.style == Style::neox)},
+      {"pos_ids", flag(c.positions == Positions::ids)},
+      {"idx64", flag(c.index_type == IndexType::i64)},
+      {"computed", flag(c.freqs == Freqs::computed)},
+      {"table_full", flag(c.table_width == TableWidth::full)},
+      {"threads", std::to_string(v.threads())},
+      {"min_blocks", std::to_string(v.min_blocks())},
+  };
+  r.source = substitute_template(embedded_file("proj_entry.cu.in"), vars);
+  return r;
+}
+
+}  // namespace ropejit::detail

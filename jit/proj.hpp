@@ -1,0 +1,61 @@
+// The decode block's QKV projection (QkvProjSpec): kernel variants, call checking, the argument
+// block and rendering. The engine (jit/engine.cpp) compiles, caches and launches it like a RoPE
+// key; autotune/ chooses the variant.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "jit/render.hpp"
+#include "templates/proj_params.cuh"
+
+namespace ropejit::detail {
+
+// Constants baked into a projection kernel (templates/proj_kernel.cuh).
+struct ProjVariant {
+  int32_t token_tiles = 1;  // tokens per block, in eights: 1, 2, 4 or 8
+  int32_t splits = 4;       // warps per block, each a slice of the hidden dimension: 1..8
+  int32_t unroll = 2;       // 32-element chunks per warp per loop iteration: 1, 2 or 4
+
+  int32_t threads() const { return 32 * splits; }
+  // Blocks the kernel is compiled to keep resident per SM (__launch_bounds__): 1024 threads'
+  // worth for up to 16 tokens, so that a Llama-sized grid (384 blocks) runs in one wave on
+  // 132 SMs; 512 threads' worth for more tokens, whose activations need the registers.
+  int32_t min_blocks() const { return std::max(1, (token_tiles <= 2 ? 1024 : 512) / threads()); }
+  std::string name() const;  // "m2s4u2"
+  friend bool operator==(const ProjVariant& a, const ProjVariant& b) {
+    return a.token_tiles == b.token_tiles && a.splits == b.splits && a.unroll == b.unroll;
+  }
+};
+
+// "" when `v` may be compiled, else the reason, starting with the field's name.
+std::string proj_variant_problem(const ProjVariant& v);
+
+// What about a call decides its launch.
+struct ProjShape {
+  int64_t tokens = 0;
+  int64_t hidden = 0;
+  int32_t q_heads = 0;
+  int32_t kv_heads = 0;
+  int64_t pairs = 0;  // output column pairs: (q_heads + 2 kv_heads) * head_dim / 2
+};
+
+// Token tiles a call needs, as a power of two: 1 (<= 8 tokens), 2, 4, or 8 (> 32 tokens).
+int32_t proj_token_tiles(int64_t tokens);
+
+// Throws Error(invalid_argument) naming the first bad argument; otherwise the call's shape.
+// Reads no device memory. Zero tokens is valid (nothing to do).
+ProjShape check_proj_call(const QkvProjSpec& canonical, const QkvProjArgs& args);
+
+ropejit_dev::ProjParams make_proj_params(const QkvProjSpec& canonical, const QkvProjArgs& args,
+                                         const ProjShape& shape);
+
+// Grid of a launch: blocks of 8 column pairs (x) by groups of token_tiles * 8 tokens (y).
+uint32_t proj_grid_x(const ProjShape& shape);
+uint32_t proj_grid_y(const ProjShape& shape, const ProjVariant& v);
+
+RenderedKernel render(const QkvProjSpec& canonical, const ProjVariant& variant);
+
+}  // namespace ropejit::detail

@@ -1,0 +1,325 @@
+// The decode block's QKV projection in one kernel: y = RoPE(RMSNorm(x) · Wᵀ) for a few tokens.
+//
+// Tensor cores (mma.sync m16n8k16, fp32 accumulation, sm_80+) with the weight as the 16-row
+// operand and the tokens as the 8-column one, so one token costs no more than eight. Each
+// block owns 8 column pairs (16 weight rows) over the whole hidden dimension, its warps
+// splitting the hidden dimension (kSplits) and summing through shared memory; blockIdx.y
+// takes the next kTokenTiles * 8 tokens.
+//
+// Rows of the 16-row operand are chosen so that row r and row r + 8 are the two columns of
+// one rotary pair (neox: i and i + R/2; gptj: 2i and 2i + 1; columns past the rotary part and
+// v's in consecutive twos): the accumulator fragment then gives every thread both columns of
+// its pair, and RoPE is applied in registers on the fp32 sums, rounded once at the store.
+//
+// The hidden dimension is read in a permuted order, the same for both operands: thread
+// (group g, lane-in-group t) loads 8 consecutive elements at k0 + 8t of its two weight rows
+// and of token g's activations, and feeds elements 0..3 to the first k16 step and 4..7 to the
+// second. A sum does not depend on the order of its terms, and every load is 16 bytes.
+//
+// RMSNorm: y = rstd(x) · Σ_k bf16(x_k · w_k) W_nk. The weight product is rounded once to the
+// operand dtype (exactly what the float64 reference reproduces), the statistics Σ x² are
+// gathered while the activations stream by, and rstd is applied to the fp32 sums.
+#pragma once
+#include "proj_params.cuh"
+#include "rope_freqs.cuh"
+
+namespace ropejit_dev {
+
+enum : int { kProjNormNone = 0, kProjNormRms = 1, kProjNormRmsOnePlus = 2 };
+
+template <int kDType>
+struct MmaOp;
+
+template <>
+struct MmaOp<kBF16> {
+  static __device__ __forceinline__ void run(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0,
+                                             u32 b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+  // Two floats rounded to nearest even, `lo` in the low half.
+  static __device__ __forceinline__ u32 pack(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+  }
+};
+
+template <>
+struct MmaOp<kF16> {
+  static __device__ __forceinline__ void run(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0,
+                                             u32 b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+  static __device__ __forceinline__ u32 pack(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+  }
+};
+
+// 16 bytes of weights, read once: not kept in L1.
+__device__ __forceinline__ uint4 load_stream16(const void* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
+template <class Cfg>
+struct ProjKernel {
+  typedef typename Elem<Cfg::kDType>::Raw Raw;
+  typedef MmaOp<Cfg::kDType> Mma;
+  enum : int {
+    kPairsPerHead = Cfg::kHeadDim / 2,
+    kRotPairs = Cfg::kRotaryDim / 2,
+    kTiles = Cfg::kTokenTiles,  // 8 tokens each
+    kSplits = Cfg::kSplits,     // warps per block, each a slice of the hidden dimension
+    kUnroll = Cfg::kUnroll,     // 32-element chunks per warp per iteration
+    kStep = 32 * kUnroll * kSplits
+  };
+
+  // The two output columns of the thread's pair, and where they go.
+  struct Pair {
+    int part;  // 0 q, 1 k, 2 v
+    int head;  // within its part
+    int a, b;  // columns within the head
+    int j;     // rotary pair index (rotated only when j < kRotPairs and part < 2)
+    bool rotate;
+    long long col;  // output column of `a` in the projection (weight row)
+    long long col_b;
+  };
+
+  static __device__ __forceinline__ Pair locate(const ProjParams& p, long long pair) {
+    Pair r;
+    const int head = int(pair / kPairsPerHead);
+    const int j = int(pair % kPairsPerHead);
+    if (j < kRotPairs) {
+      r.a = Cfg::kNeox ? j : 2 * j;
+      r.b = Cfg::kNeox ? j + kRotPairs : 2 * j + 1;
+    } else {
+      r.a = Cfg::kRotaryDim + 2 * (j - kRotPairs);
+      r.b = r.a + 1;
+    }
+    r.j = j;
+    r.col = (long long)head * Cfg::kHeadDim + r.a;
+    r.col_b = (long long)head * Cfg::kHeadDim + r.b;
+    const int q = p.out[0].heads, k = p.out[1].heads;
+    r.part = head < q ? 0 : head < q + k ? 1 : 2;
+    r.head = head - (r.part == 0 ? 0 : r.part == 1 ? q : q + k);
+    r.rotate = j < kRotPairs && r.part < 2;
+    return r;
+  }
+
+  static __device__ __forceinline__ long long position(const ProjParams& p, long long token) {
+    if (Cfg::kPosIds) {
+      return Cfg::kIdx64 ? static_cast<const long long*>(p.positions)[token]
+                         : (long long)static_cast<const int*>(p.positions)[token];
+    }
+    return p.pos_offset + token;
+  }
+
+  // cos and sin of pair j at `pos`; NaN for a table position outside the table.
+  static __device__ __forceinline__ void angle(const ProjParams& p, int j, long long pos, float* c,
+                                               float* s) {
+    if (Cfg::kComputed) {
+      const double turns = double(pos) * turns_per_position<Cfg::kRotaryDim>(j, p.log2_base);
+      sincos_turns(turns, s, c);
+      return;
+    }
+    if (pos < 0 || pos >= p.table_rows) {
+      *c = *s = __int_as_float(0x7fc00000);
+      return;
+    }
+    const long long at = pos * p.table_stride + ((Cfg::kTableFull && !Cfg::kNeox) ? 2 * j : j);
+    *c = table_load<Cfg::kTableDType>(p.cos, at);
+    *s = table_load<Cfg::kTableDType>(p.sin, at);
+  }
+
+  // Rotates and stores the pair's two columns for one token.
+  static __device__ __forceinline__ void finish(const ProjParams& p, const Pair& r, long long token,
+                                                float ya, float yb, float rstd) {
+    if (Cfg::kNorm != kProjNormNone) {
+      ya *= rstd;
+      yb *= rstd;
+    }
+    if (r.rotate) {
+      float c, s;
+      angle(p, r.j, position(p, token), &c, &s);
+      const float a = fmaf(ya, c, -yb * s);
+      const float b = fmaf(yb, c, ya * s);
+      ya = a;
+      yb = b;
+    }
+    const ProjOutput& o = p.out[r.part];
+    Raw* row = static_cast<Raw*>(o.data) + token * o.stride_token + r.head * o.stride_head;
+    row[r.a] = Elem<Cfg::kDType>::store(ya);
+    row[r.b] = Elem<Cfg::kDType>::store(yb);
+  }
+
+  // One token's 8 activations (as loaded) -> the two k16 steps' B registers, and Σ x².
+  static __device__ __forceinline__ void operand(uint4 xv, uint4 nv, float& sumsq, u32* b) {
+    if (Cfg::kNorm == kProjNormNone) {
+      b[0] = xv.x;
+      b[1] = xv.y;
+      b[2] = xv.z;
+      b[3] = xv.w;
+      return;
+    }
+    const u32 xs[4] = {xv.x, xv.y, xv.z, xv.w};
+    const u32 ns[4] = {nv.x, nv.y, nv.z, nv.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float x0 = Elem<Cfg::kDType>::load(Raw(xs[i] & 0xffffu));
+      const float x1 = Elem<Cfg::kDType>::load(Raw(xs[i] >> 16));
+      float w0 = Elem<Cfg::kDType>::load(Raw(ns[i] & 0xffffu));
+      float w1 = Elem<Cfg::kDType>::load(Raw(ns[i] >> 16));
+      if (Cfg::kNorm == kProjNormRmsOnePlus) {
+        w0 = 1.0f + w0;
+        w1 = 1.0f + w1;
+      }
+      sumsq = fmaf(x0, x0, sumsq);
+      sumsq = fmaf(x1, x1, sumsq);
+      b[i] = Mma::pack(x0 * w0, x1 * w1);
+    }
+  }
+
+  // One loop iteration's operands: kUnroll 32-element chunks of the thread's two weight rows,
+  // the norm weight, and the activations of its token in each tile (zero past the end).
+  struct Stage {
+    uint4 a[kUnroll], b[kUnroll], n[kUnroll], x[kUnroll][kTiles];
+
+    __device__ __forceinline__ void load(const ProjParams& p, const char* wa, const char* wb,
+                                         const char* const* xrow, const bool* token_in, bool live,
+                                         long long k0, int t) {
+      const uint4 zero = make_uint4(0, 0, 0, 0);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const long long k = k0 + 32 * u + 8 * t;
+        const bool in = k < p.hidden;  // hidden is a multiple of 8: all 8 or none
+        const long long off = k * (long long)sizeof(Raw);
+        a[u] = in && live ? load_stream16(wa + off) : zero;
+        b[u] = in && live ? load_stream16(wb + off) : zero;
+        n[u] = in && Cfg::kNorm != kProjNormNone
+                   ? __ldg(reinterpret_cast<const uint4*>(static_cast<const char*>(p.norm_w) + off))
+                   : zero;
+#pragma unroll
+        for (int i = 0; i < kTiles; ++i)
+          x[u][i] = in && token_in[i] ? __ldg(reinterpret_cast<const uint4*>(xrow[i] + off)) : zero;
+      }
+    }
+  };
+
+  static __device__ void run(const ProjParams& p) {
+    __shared__ float partial[kSplits > 1 ? kSplits : 1][kTiles][4][32];
+    __shared__ float sums[kSplits][kTiles * 8];
+    const int lane = int(threadIdx.x) & 31;
+    const int warp = int(threadIdx.x) >> 5;
+    const int g = lane >> 2;  // row group: the pair, and the token whose activations it loads
+    const int t = lane & 3;   // lane in group: which 8 elements of a 32-element chunk
+    const long long pair = (long long)blockIdx.x * 8 + g;
+    const bool live = pair < p.pairs;
+    const Pair r = locate(p, live ? pair : 0);
+    const long long first_token = (long long)blockIdx.y * kTiles * 8;  // this block's tokens
+    const char* wa = static_cast<const char*>(p.w) + r.col * p.w_stride * (long long)sizeof(Raw);
+    const char* wb = static_cast<const char*>(p.w) + r.col_b * p.w_stride * (long long)sizeof(Raw);
+    const char* xrow[kTiles];
+    bool token_in[kTiles];
+#pragma unroll
+    for (int i = 0; i < kTiles; ++i) {
+      const long long token = first_token + i * 8 + g;
+      token_in[i] = token < p.tokens;
+      xrow[i] = static_cast<const char*>(p.x) +
+                (token_in[i] ? token : 0) * p.x_stride * (long long)sizeof(Raw);
+    }
+
+    float acc[kTiles][4];
+    float sumsq[kTiles];
+#pragma unroll
+    for (int i = 0; i < kTiles; ++i) {
+      acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+      sumsq[i] = 0.0f;
+    }
+    // Software-pipelined: the next iteration's loads are issued before this one's products,
+    // so every warp keeps two iterations of weight loads in flight.
+    const long long first = (long long)warp * 32 * kUnroll;
+    Stage cur, next;
+    cur.load(p, wa, wb, xrow, token_in, live, first, t);
+    for (long long k0 = first; k0 < p.hidden; k0 += kStep) {
+      next.load(p, wa, wb, xrow, token_in, live, k0 + kStep, t);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+#pragma unroll
+        for (int i = 0; i < kTiles; ++i) {
+          u32 b[4];
+          operand(cur.x[u][i], cur.n[u], sumsq[i], b);
+          Mma::run(acc[i], cur.a[u].x, cur.b[u].x, cur.a[u].y, cur.b[u].y, b[0], b[1]);
+          Mma::run(acc[i], cur.a[u].z, cur.b[u].z, cur.a[u].w, cur.b[u].w, b[2], b[3]);
+        }
+      }
+      cur = next;
+    }
+
+    // Σ x² of token i * 8 + g: the group's four lanes hold disjoint parts of each slice.
+    if (Cfg::kNorm != kProjNormNone) {
+#pragma unroll
+      for (int i = 0; i < kTiles; ++i) {
+        float s = sumsq[i];
+        s += __shfl_xor_sync(0xffffffffu, s, 1);
+        s += __shfl_xor_sync(0xffffffffu, s, 2);
+        if (t == 0) sums[warp][i * 8 + g] = s;
+      }
+    }
+    if (kSplits > 1) {
+#pragma unroll
+      for (int i = 0; i < kTiles; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) partial[warp][i][e][lane] = acc[i][e];
+    }
+    if (kSplits > 1 || Cfg::kNorm != kProjNormNone) __syncthreads();
+
+    // The accumulator fragment: lane (g, t) holds columns (row g, row g + 8) = (a, b) of its
+    // pair for tokens 2t and 2t + 1 of each tile. Warp w finishes tiles w, w + kSplits, ...
+    // (the loop is unrolled so that acc[] stays in registers)
+    if (!live) return;
+#pragma unroll
+    for (int i = 0; i < kTiles; ++i) {
+      if (i % kSplits != warp) continue;
+      float c[4];
+      if (kSplits > 1) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float s = 0.0f;
+#pragma unroll
+          for (int w = 0; w < kSplits; ++w) s += partial[w][i][e][lane];
+          c[e] = s;
+        }
+      } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) c[e] = acc[i][e];
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int local = i * 8 + 2 * t + h;
+        const long long token = first_token + local;
+        if (token >= p.tokens) continue;
+        float rstd = 1.0f;
+        if (Cfg::kNorm != kProjNormNone) {
+          float s = 0.0f;
+#pragma unroll
+          for (int w = 0; w < kSplits; ++w) s += sums[w][local];
+          rstd = 1.0f / sqrtf(s / float(p.hidden) + p.norm_eps);
+        }
+        finish(p, r, token, c[h], c[2 + h], rstd);
+      }
+    }
+  }
+};
+
+}  // namespace ropejit_dev

@@ -1,0 +1,37 @@
+// Argument block of the decode block's projection kernels (templates/proj_kernel.cuh), shared
+// by the host (jit/proj.cpp) and the generated kernels. Plain C types only.
+#pragma once
+
+namespace ropejit_dev {
+
+// One output of the projection (q, k or v): [tokens][heads][head_dim], element strides.
+struct ProjOutput {
+  void* data;
+  long long stride_token;
+  long long stride_head;
+  int heads;
+  int pad_;
+};
+
+struct ProjParams {
+  const void* x;       // [tokens][hidden] activations, row stride x_stride
+  const void* norm_w;  // [hidden] RMSNorm weight (null without a norm)
+  const void* w;       // [columns][hidden] weight: row n is output column n (torch's Linear)
+  long long x_stride;
+  long long w_stride;
+  long long tokens;
+  long long hidden;
+  long long pairs;  // output column pairs: columns / 2
+  ProjOutput out[3];
+  const void* positions;  // per-token ids (index dtype of the key), or null with an offset
+  long long pos_offset;
+  const void* cos;  // table rows, row r holds position r
+  const void* sin;
+  long long table_stride;
+  long long table_rows;
+  double log2_base;
+  float norm_eps;
+  int pad_;
+};
+
+}  // namespace ropejit_dev

@@ -1,0 +1,265 @@
+// The decode block's QKV projection without a GPU: spec validation, keys, variants, call
+// checking (every bad argument named, nothing launched) and NVRTC compilation for sm_80 and
+// sm_90.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "api/engine.hpp"
+#include "autotune/proj_workload.hpp"
+#include "jit/proj.hpp"
+
+using namespace ropejit;
+using detail::ProjVariant;
+
+namespace {
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+// A valid call on made-up device addresses (nothing is dereferenced when checking): x, weight
+// and norm weight, then a packed [tokens][q + 2 kv][d] output, ids and tables, far apart.
+struct Fake {
+  QkvProjSpec spec;
+  QkvProjArgs args;
+  Fake() {
+    args.tokens = 4;
+    args.hidden = 256;
+    args.q_heads = 4;
+    args.kv_heads = 2;
+    args.x = reinterpret_cast<void*>(0x10000000);
+    args.weight = reinterpret_cast<void*>(0x20000000);
+    args.norm_weight = reinterpret_cast<void*>(0x30000000);
+    char* out = reinterpret_cast<char*>(0x40000000);
+    const int64_t row = 8 * 128;
+    args.q = Tensor{out, 4, 0, row, 128};
+    args.k = Tensor{out + 4 * 128 * 2, 2, 0, row, 128};
+    args.v = Tensor{out + 6 * 128 * 2, 2, 0, row, 128};
+    args.position_ids = reinterpret_cast<void*>(0x50000000);
+    args.cos = reinterpret_cast<void*>(0x60000000);
+    args.sin = reinterpret_cast<void*>(0x70000000);
+    args.table_rows = 4096;
+  }
+  std::string check() const {
+    return error_of([&] { detail::check_proj_call(spec.canonical(), args); });
+  }
+};
+
+}  // namespace
+
+TEST_CASE("projection spec: validation names the field and value") {
+  QkvProjSpec s;
+  CHECK(error_of([&] { s.validate(); }).empty());
+  s.dtype = DType::f32;
+  CHECK(contains(error_of([&] { s.validate(); }), "spec.dtype (f32)"));
+  s = QkvProjSpec{};
+  s.head_dim = 72;
+  CHECK(contains(error_of([&] { s.validate(); }), "spec.head_dim (72) must be a multiple of 16"));
+  s = QkvProjSpec{};
+  s.rotary_dim = 33;
+  CHECK(contains(error_of([&] { s.validate(); }), "spec.rotary_dim (33)"));
+  s = QkvProjSpec{};
+  s.positions = Positions::seq_offsets;
+  CHECK(contains(error_of([&] { s.validate(); }), "spec.positions (seqoff)"));
+  s = QkvProjSpec{};
+  s.freqs = Freqs::llama3;
+  CHECK(contains(error_of([&] { s.validate(); }), "spec.freqs (llama3)"));
+  s = QkvProjSpec{};
+  s.norm = Norm::rms_all_heads;
+  CHECK(contains(error_of([&] { s.validate(); }), "spec.norm (rmsall)"));
+  s = QkvProjSpec{};
+  s.style = Style(7);
+  CHECK(contains(error_of([&] { s.validate(); }), "spec.style (7) is not a known value"));
+}
+
+TEST_CASE("projection keys: golden strings, canonical form, round trip") {
+  QkvProjSpec s;
+  CHECK(s.key() == "qkvproj_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_nrms");
+  s.positions = Positions::offset;
+  s.index_type = IndexType::i32;  // unused with offsets: canonical form resets it
+  s.freqs = Freqs::computed;
+  s.table_dtype = DType::bf16;  // unused with computed frequencies
+  s.norm = Norm::rms_one_plus;
+  s.dtype = DType::f16;
+  s.style = Style::gptj;
+  s.rotary_dim = 64;
+  CHECK(s.key() == "qkvproj_f16_d128_r64_gptj_pos-offset_comp_nrms1p");
+  CHECK(parse_qkv_proj_key(s.key()) == s.canonical());
+  for (const char* bad : {"qkvproj_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half", "rope_bf16_d128",
+                          "qkvproj_bf16_d128_r128_neox_pos-offset-i64_comp_nrms",  // not canonical
+                          "qkvproj_bf16_d128_r128_neox_pos-ids-i64_tab-f32_nrms",
+                          "qkvproj_bf16_d72_r72_neox_pos-ids-i64_comp_nrms"})
+    CHECK_MESSAGE(!error_of([&] { parse_qkv_proj_key(bad); }).empty(), bad);
+}
+
+TEST_CASE("projection variants: names, legality, token tiles") {
+  ProjVariant v;
+  CHECK(v.name() == "m1s4u2");
+  CHECK(detail::proj_variant_problem(v).empty());
+  v.token_tiles = 3;
+  CHECK(contains(detail::proj_variant_problem(v), "token_tiles (3)"));
+  v = ProjVariant{};
+  v.splits = 9;
+  CHECK(contains(detail::proj_variant_problem(v), "splits (9)"));
+  v = ProjVariant{8, 4, 4};
+  CHECK(contains(detail::proj_variant_problem(v), "registers"));
+  CHECK(detail::proj_token_tiles(1) == 1);
+  CHECK(detail::proj_token_tiles(8) == 1);
+  CHECK(detail::proj_token_tiles(9) == 2);
+  CHECK(detail::proj_token_tiles(17) == 4);
+  CHECK(detail::proj_token_tiles(33) == 8);
+  CHECK(detail::proj_token_tiles(4096) == 8);
+  detail::ProjShape shape;
+  shape.tokens = 100;
+  shape.pairs = 3072;
+  CHECK(detail::proj_grid_x(shape) == 384);
+  CHECK(detail::proj_grid_y(shape, ProjVariant{8, 4, 1}) == 2);
+}
+
+TEST_CASE("projection calls: every bad argument is named, a good one passes") {
+  CHECK(Fake{}.check().empty());
+  struct Bad {
+    const char* expect;
+    std::function<void(Fake&)> edit;
+  };
+  const std::vector<Bad> cases = {
+      {"args.tokens (-1)", [](Fake& f) { f.args.tokens = -1; }},
+      {"args.hidden (12)", [](Fake& f) { f.args.hidden = 12; }},
+      {"args.q_heads (0)", [](Fake& f) { f.args.q_heads = 0; }},
+      {"args.kv_heads (0)", [](Fake& f) { f.args.kv_heads = 0; }},
+      {"args.x is null", [](Fake& f) { f.args.x = nullptr; }},
+      {"args.x (0x10000008) is not 16-byte aligned",
+       [](Fake& f) { f.args.x = reinterpret_cast<void*>(0x10000008); }},
+      {"args.x_stride (128) is smaller than a row", [](Fake& f) { f.args.x_stride = 128; }},
+      {"args.x_stride (260) is not a multiple of 8", [](Fake& f) { f.args.x_stride = 260; }},
+      {"args.weight is null", [](Fake& f) { f.args.weight = nullptr; }},
+      {"args.weight_stride (260) is not", [](Fake& f) { f.args.weight_stride = 260; }},
+      {"args.norm_weight is null but spec.norm is rms",
+       [](Fake& f) { f.args.norm_weight = nullptr; }},
+      {"args.norm_eps (-1)", [](Fake& f) { f.args.norm_eps = -1; }},
+      {"args.q.heads (3) must be 4", [](Fake& f) { f.args.q.heads = 3; }},
+      {"args.v.data is null", [](Fake& f) { f.args.v.data = nullptr; }},
+      {"args.k.stride_head (64) makes rows overlap", [](Fake& f) { f.args.k.stride_head = 64; }},
+      {"args.q and args.k overlap",
+       [](Fake& f) { f.args.k.data = static_cast<char*>(f.args.q.data) + 2 * 128 * 2; }},
+      {"args.q and args.x overlap", [](Fake& f) { f.args.q.data = const_cast<void*>(f.args.x); }},
+      {"args.v and args.weight overlap",
+       [](Fake& f) { f.args.v.data = static_cast<char*>(const_cast<void*>(f.args.weight)) + 64; }},
+      {"args.position_ids is null", [](Fake& f) { f.args.position_ids = nullptr; }},
+      {"args.table_rows (0)", [](Fake& f) { f.args.table_rows = 0; }},
+      {"args.cos is null", [](Fake& f) { f.args.cos = nullptr; }},
+      {"args.base (1)",
+       [](Fake& f) {
+         f.spec.freqs = Freqs::computed;
+         f.args.base = 1.0;
+       }},
+      {"args.position_offset (-5)",
+       [](Fake& f) {
+         f.spec.positions = Positions::offset;
+         f.args.position_offset = -5;
+       }},
+  };
+  for (const Bad& b : cases) {
+    Fake f;
+    b.edit(f);
+    const std::string why = f.check();
+    CHECK_MESSAGE(contains(why, b.expect), std::string(b.expect), " -> '", why, "'");
+  }
+  // Without a norm its weight may be anything.
+  Fake f;
+  f.spec.norm = Norm::none;
+  f.args.norm_weight = nullptr;
+  CHECK(f.check().empty());
+  // Zero tokens: valid, nothing to check in the outputs.
+  f = Fake{};
+  f.args.tokens = 0;
+  CHECK(f.check().empty());
+}
+
+TEST_CASE("projection: a call without a driver fails with one clear message, after checking") {
+  Fake f;
+  f.args.hidden = 12;  // checked before the driver is touched
+  CHECK(contains(error_of([&] { qkv_projection(f.spec, f.args); }), "args.hidden (12)"));
+}
+
+TEST_CASE("projection keys compile for sm_80 and sm_90 (every default variant)") {
+  // A spread over the axes: dtype, head_dim/rotary_dim, style, positions, table formats and
+  // computed frequencies, norms.
+  struct Row {
+    DType dtype;
+    int32_t d, r;
+    Style style;
+    Positions pos;
+    IndexType idx;
+    Freqs freqs;
+    DType table;
+    TableWidth width;
+    Norm norm;
+  };
+  const std::vector<Row> rows = {
+      {DType::bf16, 128, 128, Style::neox, Positions::ids, IndexType::i64, Freqs::table, DType::f32,
+       TableWidth::half, Norm::rms},
+      {DType::f16, 64, 32, Style::gptj, Positions::offset, IndexType::i64, Freqs::computed,
+       DType::f32, TableWidth::half, Norm::none},
+      {DType::bf16, 80, 80, Style::gptj, Positions::ids, IndexType::i32, Freqs::table, DType::bf16,
+       TableWidth::full, Norm::rms_one_plus},
+      {DType::f16, 256, 64, Style::neox, Positions::ids, IndexType::i64, Freqs::table, DType::f16,
+       TableWidth::full, Norm::rms},
+      {DType::bf16, 512, 512, Style::neox, Positions::offset, IndexType::i64, Freqs::computed,
+       DType::f32, TableWidth::half, Norm::rms_one_plus},
+  };
+  for (const Row& r : rows) {
+    QkvProjSpec s;
+    s.dtype = r.dtype;
+    s.head_dim = r.d;
+    s.rotary_dim = r.r;
+    s.style = r.style;
+    s.positions = r.pos;
+    s.index_type = r.idx;
+    s.freqs = r.freqs;
+    s.table_dtype = r.table;
+    s.table_width = r.width;
+    s.norm = r.norm;
+    for (const char* arch : {"sm_80", "sm_90"}) {
+      std::vector<std::string> paths;
+      CHECK_NOTHROW(paths = precompile(s, arch));
+      CHECK_MESSAGE(paths.size() == 4, s.key(), " ", arch);
+    }
+  }
+  QkvProjSpec s;
+  CHECK(contains(error_of([&] { precompile(s, "sm_75"); }), "needs sm_80 or newer"));
+}
+
+TEST_CASE("projection reference: tolerances stay near one rounding of the output") {
+  // The float64 reference's tolerance must stay near one rounding of the output, or a test
+  // against it could not fail on small errors.
+  QkvProjSpec s;
+  s.freqs = Freqs::computed;
+  s.positions = Positions::offset;
+  autotune::ProjSizes z;
+  z.tokens = 2;
+  z.hidden = 512;
+  autotune::ProjProblem p(s, z);
+  const auto& e = p.expected();
+  double worst = 0, typical = 0;
+  for (size_t i = 0; i < e.value.size(); ++i) {
+    const double rel = e.tol[i] / std::max(std::fabs(e.value[i]), 1e-3);
+    worst = std::max(worst, rel);
+    typical += rel;
+  }
+  typical /= double(e.value.size());
+  CHECK(typical < 0.02);  // bf16's own rounding is 0.0039 relative
+  CHECK(worst < 2.0);     // near-zero values get the absolute part only
+}
