@@ -310,3 +310,92 @@ const char* ropejit_last_error(void) { return last_error.c_str(); }
 const char* ropejit_version(void) { return ropejit::kVersion; }
 
 }  // extern "C"
+
+namespace {
+
+ropejit::QkvProjSpec to_proj_spec(const ropejit_qkv_proj_spec& s) {
+  ropejit::QkvProjSpec o;
+  o.dtype = ropejit::DType(s.dtype);
+  o.head_dim = s.head_dim;
+  o.rotary_dim = s.rotary_dim;
+  o.style = ropejit::Style(s.style);
+  o.positions = ropejit::Positions(s.positions);
+  o.index_type = ropejit::IndexType(s.index_type);
+  o.freqs = ropejit::Freqs(s.freqs);
+  o.table_dtype = ropejit::DType(s.table_dtype);
+  o.table_width = ropejit::TableWidth(s.table_width);
+  o.norm = ropejit::Norm(s.norm);
+  return o;
+}
+
+ropejit::QkvProjArgs to_proj_args(const ropejit_qkv_proj_args& a) {
+  ropejit::QkvProjArgs o;
+  o.tokens = a.tokens;
+  o.hidden = a.hidden;
+  o.q_heads = a.q_heads;
+  o.kv_heads = a.kv_heads;
+  o.x = a.x;
+  o.x_stride = a.x_stride;
+  o.norm_weight = a.norm_weight;
+  o.norm_eps = a.norm_eps;
+  o.weight = a.weight;
+  o.weight_stride = a.weight_stride;
+  o.q = to_tensor(a.q);
+  o.k = to_tensor(a.k);
+  o.v = to_tensor(a.v);
+  o.position_offset = a.position_offset;
+  o.position_ids = a.position_ids;
+  o.cos = a.cos;
+  o.sin = a.sin;
+  o.table_stride = a.table_stride;
+  o.table_rows = a.table_rows;
+  o.base = a.base;
+  o.stream = a.stream;
+  return o;
+}
+
+}  // namespace
+
+void ropejit_qkv_proj_spec_init(ropejit_qkv_proj_spec* spec) {
+  if (!spec) return;
+  const ropejit::QkvProjSpec d;
+  *spec = ropejit_qkv_proj_spec{int32_t(d.dtype),       d.head_dim,
+                                d.rotary_dim,           int32_t(d.style),
+                                int32_t(d.positions),   int32_t(d.index_type),
+                                int32_t(d.freqs),       int32_t(d.table_dtype),
+                                int32_t(d.table_width), int32_t(d.norm)};
+}
+
+void ropejit_qkv_proj_args_init(ropejit_qkv_proj_args* args) {
+  if (!args) return;
+  const ropejit::QkvProjArgs d;
+  *args = ropejit_qkv_proj_args{};
+  args->norm_eps = d.norm_eps;
+  args->base = d.base;
+}
+
+ropejit_status ropejit_qkv_projection(const ropejit_qkv_proj_spec* spec,
+                                      const ropejit_qkv_proj_args* args) {
+  if (!spec) return null_argument("spec");
+  if (!args) return null_argument("args");
+  return guarded([&] { ropejit::qkv_projection(to_proj_spec(*spec), to_proj_args(*args)); });
+}
+
+ropejit_status ropejit_qkv_proj_key(const ropejit_qkv_proj_spec* spec, char* buf, size_t size) {
+  if (!spec) return null_argument("spec");
+  if (!buf) return null_argument("buf");
+  return guarded([&] {
+    const std::string key = to_proj_spec(*spec).key();
+    if (key.size() + 1 > size)
+      throw ropejit::Error(
+          ropejit::ErrorCode::invalid_argument,
+          "ropejit: size (" + std::to_string(size) + ") is too small for key " + key);
+    std::memcpy(buf, key.c_str(), key.size() + 1);
+  });
+}
+
+ropejit_status ropejit_qkv_proj_precompile(const ropejit_qkv_proj_spec* spec, const char* arch) {
+  if (!spec) return null_argument("spec");
+  if (!arch) return null_argument("arch");
+  return guarded([&] { ropejit::precompile(to_proj_spec(*spec), arch); });
+}

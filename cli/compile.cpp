@@ -122,6 +122,7 @@ int run_compile(const CompileOptions& o) {
   for (const std::string& arch : o.archs)
     targets.push_back(detail::target_for(detail::parse_arch(arch, "--arch")));
   std::vector<Kernel> kernels;
+  std::vector<QkvProjSpec> proj_specs;
   std::string about;
   if (from_tuning) {
     kernels = tuning_file_kernels(o.from_tuning, targets, &about);
@@ -138,11 +139,15 @@ int run_compile(const CompileOptions& o) {
       for (const Spec& s : model_specs(m, dtype))
         (detail::missing_kernel(s).empty() ? specs : skipped).push_back(s);
     for (const std::string& key : o.keys) {
+      if (key.rfind("qkvproj_", 0) == 0) {  // the decode block's projection: its own family
+        proj_specs.push_back(parse_qkv_proj_key(key));
+        continue;
+      }
       const Spec s = parse_key(key);
       detail::require_kernel(s);  // asked for by name: an error, not a skip
       specs.push_back(s);
     }
-    if (specs.empty() && skipped.empty())
+    if (specs.empty() && skipped.empty() && proj_specs.empty())
       detail::invalid(
           "compile needs --preset NAME, --hf-config FILE, --key KEY or --from-tuning FILE");
     if (targets.empty()) targets.push_back("sm_90");
@@ -159,7 +164,17 @@ int run_compile(const CompileOptions& o) {
   const detail::EngineStats before = engine.stats();
   const auto t0 = std::chrono::steady_clock::now();
   const unsigned threads = o.jobs ? o.jobs : std::max(1u, std::thread::hardware_concurrency());
-  const size_t failures = compile_all(kernels, threads);
+  size_t failures = compile_all(kernels, threads);
+  for (const QkvProjSpec& s : proj_specs)
+    for (const std::string& arch : o.archs.empty() ? std::vector<std::string>{"sm_90"} : o.archs) {
+      try {
+        const size_t n = precompile(s, arch).size();
+        std::printf("%s: %zu kernels for %s\n", s.key().c_str(), n, arch.c_str());
+      } catch (const Error& e) {
+        std::fprintf(stderr, "%s (%s): %s\n", s.key().c_str(), arch.c_str(), e.what());
+        ++failures;
+      }
+    }
   const detail::EngineStats after = engine.stats();
   std::printf("%s: %zu kernels in %.2f s: %zu compiled, %zu from the disk cache, %zu failed\n",
               about.c_str(), kernels.size(), ms_since(t0) / 1000,

@@ -11,6 +11,7 @@
 #include "jit/coverage.hpp"
 #include "jit/names.hpp"
 #include "jit/nvrtc.hpp"
+#include "jit/proj.hpp"
 #include "jit/render.hpp"
 
 namespace ropejit::cli {
@@ -19,6 +20,14 @@ namespace {}  // namespace
 int run_source(const std::string& key, const std::string& hf_config, const std::string& dtype) {
   if (key.empty() == hf_config.empty())
     detail::invalid("source needs a KEY or --hf-config FILE (one of them)");
+  if (key.rfind("qkvproj_", 0) == 0) {  // the decode block's projection, its one-token kernel
+    const QkvProjSpec spec = parse_qkv_proj_key(key);
+    detail::ProjShape one_token;
+    one_token.tokens = 1;
+    const detail::ProjVariant v = autotune::proj_heuristic(spec, one_token, detail::DeviceInfo{});
+    std::fputs(detail::render(spec, v).source.c_str(), stdout);
+    return 0;
+  }
   const Spec spec = key.empty() ? spec_from_model(model_from_hf_config_file(hf_config),
                                                   detail::parse_name<DType>(dtype, "--dtype"))
                                 : parse_key(key);

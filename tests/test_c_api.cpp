@@ -71,3 +71,27 @@ TEST_CASE("C contiguous strides") {
   CHECK(t.stride_head == 320);
   CHECK(t.stride_batch == 960);
 }
+
+TEST_CASE("C API: the projection's defaults, key, errors and precompile") {
+  ropejit_qkv_proj_spec s;
+  ropejit_qkv_proj_spec_init(&s);
+  char key[256];
+  REQUIRE(ropejit_qkv_proj_key(&s, key, sizeof key) == ROPEJIT_OK);
+  CHECK(std::string(key) == ropejit::QkvProjSpec{}.key());
+  CHECK(ropejit_qkv_proj_key(&s, key, 8) == ROPEJIT_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(ropejit_last_error()).find("too small") != std::string::npos);
+  ropejit_qkv_proj_args a;
+  ropejit_qkv_proj_args_init(&a);
+  CHECK(a.norm_eps == ropejit::QkvProjArgs{}.norm_eps);
+  CHECK(a.base == ropejit::QkvProjArgs{}.base);
+  a.hidden = 12;  // checked before anything touches the GPU
+  a.tokens = 1;
+  CHECK(ropejit_qkv_projection(&s, &a) == ROPEJIT_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(ropejit_last_error()).find("args.hidden (12)") != std::string::npos);
+  CHECK(ropejit_qkv_projection(nullptr, &a) == ROPEJIT_ERROR_INVALID_ARGUMENT);
+  s.head_dim = 72;
+  CHECK(ropejit_qkv_proj_precompile(&s, "sm_90") == ROPEJIT_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(ropejit_last_error()).find("spec.head_dim (72)") != std::string::npos);
+  s.head_dim = 64;
+  CHECK(ropejit_qkv_proj_precompile(&s, "sm_90") == ROPEJIT_OK);
+}

@@ -169,3 +169,23 @@ TEST_CASE("ROPEJIT_NVRTC_FLAGS: appended to the compile, part of the cache key")
   CHECK(has(r, "unrecognized option --no-such-flag"));
   CHECK(has(r, "2 failed"));
 }
+
+TEST_CASE("ropejit compile and source take the decode block's projection keys") {
+  Run r = run(
+      "compile --arch sm_80,sm_90 --key qkvproj_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_nrms");
+  INFO(r.output);
+  CHECK(r.status == 0);
+  CHECK(has(r, "qkvproj_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_nrms: 4 kernels for sm_80"));
+  CHECK(has(r, "qkvproj_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_nrms: 4 kernels for sm_90"));
+  r = run("compile --arch sm_75 --key qkvproj_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_nrms");
+  CHECK(r.status != 0);
+  CHECK(has(r, "needs sm_80 or newer"));
+  r = run("source qkvproj_f16_d64_r32_gptj_pos-offset_comp_nrms1p");
+  CHECK(r.status == 0);
+  CHECK(has(r, "#include \"proj_kernel.cuh\""));
+  CHECK(has(r, "kRotaryDim = 32,"));
+  CHECK(has(r, "kSplits = 8,"));  // the heuristic's one-token variant
+  r = run("source qkvproj_bf16_d72_r72_neox_pos-offset_comp_nrms");
+  CHECK(r.status != 0);
+  CHECK(has(r, "spec.head_dim (72) must be a multiple of 16"));
+}

@@ -75,6 +75,14 @@ TEST_SUITE("gpu") {
           p.upload();
           qkv_projection(s, p.args());
           expect_ok(p, s.key() + " tokens " + std::to_string(z.tokens));
+          // Another split of the hidden dimension and unroll on the same problem.
+          const QkvProjSpec c = s.canonical();
+          const detail::ProjShape shape = detail::check_proj_call(c, p.args());
+          const int32_t tiles = detail::proj_token_tiles(z.tokens);
+          const detail::ProjVariant other{tiles, 2 + n % 3, tiles <= 4 ? 1 + n % 2 : 1};
+          p.upload();
+          api::engine().launch_proj(c, p.args(), shape, &other);
+          expect_ok(p, s.key() + " " + other.name() + " tokens " + std::to_string(z.tokens));
         }
   }
 

@@ -9,6 +9,7 @@
 
 #include "api/engine.hpp"
 #include "autotune/proj_workload.hpp"
+#include "jit/nvrtc.hpp"
 #include "jit/proj.hpp"
 
 using namespace ropejit;
@@ -236,6 +237,9 @@ TEST_CASE("projection keys compile for sm_80 and sm_90 (every default variant)")
       std::vector<std::string> paths;
       CHECK_NOTHROW(paths = precompile(s, arch));
       CHECK_MESSAGE(paths.size() == 4, s.key(), " ", arch);
+      // A variant the heuristic does not pick: unrolled, two warps.
+      CHECK_NOTHROW(api::engine().image(s.canonical(), ProjVariant{4, 2, 2},
+                                        detail::target_for(detail::parse_arch(arch, "arch"))));
     }
   }
   QkvProjSpec s;

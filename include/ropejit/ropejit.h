@@ -210,6 +210,44 @@ ROPEJIT_API const char* ropejit_version(void);
  * cffi) check their own layouts against them. */
 ROPEJIT_API void ropejit_struct_sizes(size_t* spec, size_t* args);
 
+/* The decode block's QKV projection: ropejit::QkvProjSpec / QkvProjArgs. */
+typedef struct {
+  int32_t dtype, head_dim, rotary_dim, style, positions, index_type, freqs;
+  int32_t table_dtype, table_width, norm;
+} ropejit_qkv_proj_spec;
+
+typedef struct {
+  int64_t tokens, hidden, q_heads, kv_heads;
+  const void* x;
+  int64_t x_stride;
+  const void* norm_weight;
+  double norm_eps;
+  const void* weight;
+  int64_t weight_stride;
+  ropejit_tensor q, k, v;
+  int64_t position_offset;
+  const void* position_ids;
+  const void* cos;
+  const void* sin;
+  int64_t table_stride, table_rows;
+  double base;
+  void* stream;
+} ropejit_qkv_proj_args;
+
+/* Fill with the C++ defaults (bf16, d128, neox, int64 ids, f32 half table, RMSNorm; eps 1e-6,
+ * base 10000). */
+ROPEJIT_API void ropejit_qkv_proj_spec_init(ropejit_qkv_proj_spec* spec);
+ROPEJIT_API void ropejit_qkv_proj_args_init(ropejit_qkv_proj_args* args);
+/* y = RoPE(RMSNorm(x) · Wᵀ) into q, k, v in one launch; on error nothing is launched. */
+ROPEJIT_API ropejit_status ropejit_qkv_projection(const ropejit_qkv_proj_spec* spec,
+                                                  const ropejit_qkv_proj_args* args);
+/* The key string (NUL-terminated; an error when `size` is too small) and a no-GPU precompile
+ * for `arch` (sm_80 or newer). */
+ROPEJIT_API ropejit_status ropejit_qkv_proj_key(const ropejit_qkv_proj_spec* spec, char* buf,
+                                                size_t size);
+ROPEJIT_API ropejit_status ropejit_qkv_proj_precompile(const ropejit_qkv_proj_spec* spec,
+                                                       const char* arch);
+
 #ifdef __cplusplus
 }
 #endif

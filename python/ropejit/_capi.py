@@ -1,5 +1,5 @@
 """ctypes mirror of include/ropejit/ropejit.h: every struct field for field (the fused-call
-fields too, though the package exposes only plain RoPE for now), the enum values, the
+fields too, though the package exposes only plain RoPE and the decode block's projection), the enum values, the
 prototypes, and the load of the bundled libropejit.so with its struct-size check."""
 
 import ctypes
@@ -75,6 +75,23 @@ class ropejit_model(ctypes.Structure):
         ("softmax_scale_multiplier", _f64)]
 
 
+class ropejit_qkv_proj_spec(ctypes.Structure):
+    _fields_ = [(name, _i32) for name in (
+        "dtype", "head_dim", "rotary_dim", "style", "positions", "index_type", "freqs",
+        "table_dtype", "table_width", "norm")]
+
+
+class ropejit_qkv_proj_args(ctypes.Structure):
+    _fields_ = [
+        ("tokens", _i64), ("hidden", _i64), ("q_heads", _i64), ("kv_heads", _i64),
+        ("x", _ptr), ("x_stride", _i64), ("norm_weight", _ptr), ("norm_eps", _f64),
+        ("weight", _ptr), ("weight_stride", _i64),
+        ("q", ropejit_tensor), ("k", ropejit_tensor), ("v", ropejit_tensor),
+        ("position_offset", _i64), ("position_ids", _ptr), ("cos", _ptr), ("sin", _ptr),
+        ("table_stride", _i64), ("table_rows", _i64), ("base", _f64), ("stream", _ptr),
+    ]
+
+
 # Canonical keys are about 70 characters; this leaves room for the fused axes.
 KEY_BUFFER = 512
 
@@ -95,6 +112,14 @@ _PROTOTYPES = {
     "ropejit_spec_from_hf_config_text": (ctypes.c_int, [ctypes.c_char_p, _i32,
                                                         ctypes.POINTER(ropejit_spec),
                                                         ctypes.POINTER(ropejit_model)]),
+    "ropejit_qkv_proj_spec_init": (None, [ctypes.POINTER(ropejit_qkv_proj_spec)]),
+    "ropejit_qkv_proj_args_init": (None, [ctypes.POINTER(ropejit_qkv_proj_args)]),
+    "ropejit_qkv_projection": (ctypes.c_int, [ctypes.POINTER(ropejit_qkv_proj_spec),
+                                              ctypes.POINTER(ropejit_qkv_proj_args)]),
+    "ropejit_qkv_proj_key": (ctypes.c_int, [ctypes.POINTER(ropejit_qkv_proj_spec),
+                                            ctypes.c_char_p, ctypes.c_size_t]),
+    "ropejit_qkv_proj_precompile": (ctypes.c_int, [ctypes.POINTER(ropejit_qkv_proj_spec),
+                                                   ctypes.c_char_p]),
     "ropejit_last_error": (ctypes.c_char_p, []),
     "ropejit_version": (ctypes.c_char_p, []),
     "ropejit_struct_sizes": (None, [ctypes.POINTER(ctypes.c_size_t),

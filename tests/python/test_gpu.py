@@ -263,3 +263,53 @@ def test_jax_if_installed():
     angles = torch.arange(8, dtype=torch.float64)[:, None] * inv
     ref.assert_close(out, ref.rotate(x0, angles.cos()[None, :, None], angles.sin()[None, :, None],
                                      False))
+
+
+@pytest.mark.parametrize("tokens,norm,style,table", [
+    (1, "rms", "neox", True), (5, "rms_one_plus", "gptj", False), (16, "none", "neox", True),
+    (37, "rms", "gptj", True)])
+def test_qkv_projection_against_float64(tokens, norm, style, table):
+    """ropejit.decode.qkv_projection against RMSNorm -> projection -> RoPE in float64, with the
+    activation rounded once as the kernel rounds it (x * w to bf16), tolerance a few bf16 ulps."""
+    from ropejit import decode
+    torch.manual_seed(tokens)
+    hidden, qh, kvh, d = 512, 4, 2, 64
+    x = (torch.rand(tokens, hidden, device="cuda") * 4 - 2).bfloat16()
+    w = ((torch.rand((qh + 2 * kvh) * d, hidden, device="cuda") * 2 - 1) * (3 / hidden) ** 0.5)
+    w = w.bfloat16()
+    nw = (torch.rand(hidden, device="cuda") * (1 if norm == "rms_one_plus" else 1) + 0.5)
+    nw = nw.bfloat16()
+    ids = torch.randint(0, 4096, (tokens,), device="cuda")
+    cos, sin = tables(4096, d)
+    q, k, v = decode.qkv_projection(x, w, q_heads=qh, kv_heads=kvh, head_dim=d,
+                                    norm_weight=None if norm == "none" else nw, eps=1e-6,
+                                    norm=norm, position_ids=ids,
+                                    cos=cos if table else None, sin=sin if table else None,
+                                    style=style)
+    x64 = x.double()
+    if norm == "none":
+        a = x64
+    else:
+        wf = (1 + nw.float()) if norm == "rms_one_plus" else nw.float()
+        a = (x.float() * wf).bfloat16().double()
+    y = a @ w.double().t()
+    if norm != "none":
+        y = y / torch.sqrt((x64 * x64).mean(-1, keepdim=True) + float(torch.tensor(1e-6).float()))
+    y = y.view(tokens, qh + 2 * kvh, d)
+    inv = 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float64, device="cuda") / d)
+    ang = ids.double()[:, None] * inv
+    c, s = ang.cos()[:, None, :], ang.sin()[:, None, :]
+    if table:  # the fp32 table values the kernel reads
+        c, s = cos.double()[ids][:, None, :], sin.double()[ids][:, None, :]
+    rot = y[:, :qh + kvh]
+    if style == "neox":
+        lo, hi = rot[..., :d // 2], rot[..., d // 2:]
+        rot = torch.cat((lo * c - hi * s, hi * c + lo * s), dim=-1)
+    else:
+        ev, od = rot[..., 0::2], rot[..., 1::2]
+        rot = torch.stack((ev * c - od * s, od * c + ev * s), dim=-1).flatten(-2)
+    want = torch.cat((rot, y[:, qh + kvh:]), dim=1)
+    got = torch.cat((q, k, v), dim=1).double()
+    err = (got - want).abs()
+    assert torch.all(err <= 2 ** -7 * want.abs() + 1e-3), float((err - 2 ** -7 * want.abs()).max())
+    assert q.shape == (tokens, qh, d) and v.shape == (tokens, kvh, d)

@@ -204,3 +204,13 @@ def test_without_a_driver_a_valid_call_fails_with_no_driver():
         ropejit.apply(q, k, base=10000.0)
     assert e.value.code == ropejit.ErrorCode.no_driver
     assert "libcuda.so.1" in e.value.message
+
+
+def test_qkv_projection_key_and_errors():
+    from ropejit import decode
+    assert decode.qkv_projection_key() == "qkvproj_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_nrms"
+    assert (decode.qkv_projection_key(dtype="f16", head_dim=64, rotary_dim=32, style="gptj",
+                                      positions="offset", freqs="computed", norm="rms_one_plus")
+            == "qkvproj_f16_d64_r32_gptj_pos-offset_comp_nrms1p")
+    with pytest.raises(ropejit.InvalidArgument, match=r"spec.head_dim \(72\)"):
+        decode.qkv_projection_key(head_dim=72)

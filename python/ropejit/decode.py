@@ -1,0 +1,140 @@
+"""The decode block's QKV projection (C++ ``ropejit::qkv_projection``): RMSNorm -> packed QKV
+projection -> RoPE in one kernel, for decode-sized calls on torch CUDA tensors.
+
+    import ropejit.decode
+    q, k, v = ropejit.decode.qkv_projection(
+        hidden, layer.self_attn.qkv_proj.weight, q_heads=32, kv_heads=8, head_dim=128,
+        norm_weight=layer.input_layernorm.weight, eps=1e-5, position_ids=ids, cos=cos, sin=sin)
+
+``weight`` is torch's Linear weight of the packed projection, ``[(q_heads + 2 kv_heads) *
+head_dim, hidden]`` (q's rows, then k's, then v's); ``x`` is ``[tokens, hidden]``. q and k come
+back rotated, ``[tokens, heads, head_dim]``; v as projected. ``cos``/``sin`` are tables
+``[rows, rotary_dim / 2]`` (or full width) indexed by position; without them the frequencies
+are computed from ``base``. Needs a GPU of compute capability 8.0 or newer; bf16 or fp16.
+"""
+
+import ctypes
+
+from ropejit import _capi
+
+_NORMS = {"none": 0, "rms": 1, "rms_one_plus": 2}
+
+
+def _fail(message):
+    from ropejit.errors import InvalidArgument
+    raise InvalidArgument(f"ropejit: {message}")
+
+
+def _spec(x, head_dim, rotary_dim, style, positions, index_type, cos, norm):
+    import torch
+    dtypes = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
+    s = _capi.ropejit_qkv_proj_spec()
+    _capi.lib.ropejit_qkv_proj_spec_init(ctypes.byref(s))
+    if x.dtype not in dtypes:
+        _fail(f"x.dtype ({x.dtype}) must be torch.bfloat16 or torch.float16")
+    s.dtype = _capi.DTYPES[dtypes[x.dtype]]
+    s.head_dim = head_dim
+    s.rotary_dim = rotary_dim or 0
+    if style not in _capi.STYLES:
+        _fail(f"style ({style!r}) must be one of: {', '.join(_capi.STYLES)}")
+    s.style = _capi.STYLES[style]
+    s.positions = _capi.POSITIONS[positions]
+    s.index_type = _capi.INDEX_TYPES[index_type]
+    if norm not in _NORMS:
+        _fail(f"norm ({norm!r}) must be one of: {', '.join(_NORMS)}")
+    s.norm = _NORMS[norm]
+    if cos is None:
+        s.freqs = _capi.FREQS["computed"]
+    else:
+        s.freqs = _capi.FREQS["table"]
+        if cos.dtype not in dtypes:
+            _fail(f"cos.dtype ({cos.dtype}) must be float32, bfloat16 or float16")
+        s.table_dtype = _capi.DTYPES[dtypes[cos.dtype]]
+        half = (rotary_dim or head_dim) // 2
+        s.table_width = _capi.TABLE_WIDTHS["half" if cos.shape[-1] == half else "full"]
+    return s
+
+
+def qkv_projection(x, weight, *, q_heads, kv_heads, head_dim=128, rotary_dim=None,
+                   norm_weight=None, eps=1e-6, norm="rms", position_ids=None, position_offset=0,
+                   cos=None, sin=None, base=10000.0, style="neox"):
+    """Returns (q, k, v), new tensors ``[tokens, heads, head_dim]``; see the module docstring.
+    ``norm="none"`` skips RMSNorm; ``"rms_one_plus"`` is Gemma's ``(1 + w)``."""
+    import torch
+    if not (isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor)):
+        _fail("x and weight must be torch tensors")
+    if x.dim() != 2 or x.stride(-1) != 1:
+        _fail(f"x must be [tokens, hidden] with a contiguous last dimension, got shape "
+              f"{tuple(x.shape)} and strides {x.stride()}")
+    if weight.dim() != 2 or weight.stride(-1) != 1 or weight.dtype != x.dtype:
+        _fail(f"weight must be [columns, hidden] of x's dtype with a contiguous last dimension, "
+              f"got shape {tuple(weight.shape)}, dtype {weight.dtype}")
+    if weight.shape[1] != x.shape[1]:
+        _fail(f"weight.shape[1] ({weight.shape[1]}) must equal x.shape[1] ({x.shape[1]})")
+    if weight.shape[0] != (q_heads + 2 * kv_heads) * head_dim:
+        _fail(f"weight.shape[0] ({weight.shape[0]}) must be (q_heads + 2 kv_heads) x head_dim "
+              f"= {(q_heads + 2 * kv_heads) * head_dim}")
+    if (cos is None) != (sin is None):
+        _fail("cos and sin go together (or neither: frequencies computed from base)")
+    if norm != "none" and norm_weight is None:
+        _fail(f"norm ({norm!r}) needs norm_weight")
+    for name, t in (("norm_weight", norm_weight), ("cos", cos), ("sin", sin),
+                    ("position_ids", position_ids)):
+        if t is not None and t.device != x.device:
+            _fail(f"{name} is on {t.device} but x is on {x.device}")
+    if norm_weight is not None and (norm_weight.dtype != x.dtype or not norm_weight.is_contiguous()):
+        _fail(f"norm_weight must be contiguous in x's dtype ({x.dtype}), got {norm_weight.dtype}")
+    if cos is not None and (cos.dim() != 2 or cos.stride(-1) != 1 or sin.shape != cos.shape
+                            or sin.stride() != cos.stride() or sin.dtype != cos.dtype):
+        _fail("cos and sin must be [rows, width] tables of one shape, strides and dtype")
+    positions, index_type = "offset", "i64"
+    if position_ids is not None:
+        if position_ids.dtype not in (torch.int32, torch.int64) or not position_ids.is_contiguous():
+            _fail(f"position_ids must be contiguous int32 or int64, got {position_ids.dtype}")
+        if position_ids.numel() != x.shape[0]:
+            _fail(f"position_ids has {position_ids.numel()} entries for {x.shape[0]} tokens")
+        positions = "ids"
+        index_type = "i64" if position_ids.dtype == torch.int64 else "i32"
+    spec = _spec(x, head_dim, rotary_dim, style, positions, index_type, cos, norm)
+    tokens = x.shape[0]
+    out = torch.empty(tokens, q_heads + 2 * kv_heads, head_dim, dtype=x.dtype, device=x.device)
+    q, k, v = out.split([q_heads, kv_heads, kv_heads], dim=1)
+    a = _capi.ropejit_qkv_proj_args()
+    _capi.lib.ropejit_qkv_proj_args_init(ctypes.byref(a))
+    a.tokens, a.hidden, a.q_heads, a.kv_heads = tokens, x.shape[1], q_heads, kv_heads
+    a.x, a.x_stride = x.data_ptr(), x.stride(0)
+    a.weight, a.weight_stride = weight.data_ptr(), weight.stride(0)
+    if norm_weight is not None:
+        a.norm_weight = norm_weight.data_ptr()
+    a.norm_eps = eps
+    for field, t, heads in (("q", q, q_heads), ("k", k, kv_heads), ("v", v, kv_heads)):
+        setattr(a, field, _capi.ropejit_tensor(t.data_ptr(), heads, 0, t.stride(0), t.stride(1)))
+    a.position_offset = position_offset
+    if position_ids is not None:
+        a.position_ids = position_ids.data_ptr()
+    if cos is not None:
+        a.cos, a.sin = cos.data_ptr(), sin.data_ptr()
+        a.table_stride, a.table_rows = cos.stride(0), cos.shape[0]
+    a.base = base
+    if tokens == 0:
+        return q, k, v
+    with torch.cuda.device(x.device):
+        a.stream = torch.cuda.current_stream(x.device).cuda_stream
+        _capi.check(_capi.lib.ropejit_qkv_projection(ctypes.byref(spec), ctypes.byref(a)))
+    return q, k, v
+
+
+def qkv_projection_key(dtype="bf16", head_dim=128, rotary_dim=None, style="neox",
+                       positions="ids", index_type="i64", freqs="table", table_dtype="f32",
+                       table_width="half", norm="rms"):
+    """The key string of a projection kernel (no GPU needed)."""
+    s = _capi.ropejit_qkv_proj_spec()
+    _capi.lib.ropejit_qkv_proj_spec_init(ctypes.byref(s))
+    s.dtype, s.head_dim, s.rotary_dim = _capi.DTYPES[dtype], head_dim, rotary_dim or 0
+    s.style, s.positions = _capi.STYLES[style], _capi.POSITIONS[positions]
+    s.index_type, s.freqs = _capi.INDEX_TYPES[index_type], _capi.FREQS[freqs]
+    s.table_dtype, s.table_width = _capi.DTYPES[table_dtype], _capi.TABLE_WIDTHS[table_width]
+    s.norm = _NORMS[norm]
+    buf = ctypes.create_string_buffer(_capi.KEY_BUFFER)
+    _capi.check(_capi.lib.ropejit_qkv_proj_key(ctypes.byref(s), buf, len(buf)))
+    return buf.value.decode()
