@@ -124,6 +124,25 @@ bool distinct_rows(const Operand& a, const Operand& b, int64_t row) {
 
 }  // namespace
 
+int64_t check_table(const void* cos, const void* sin, DType table_dtype, int64_t width,
+                    int64_t table_rows, int64_t table_stride) {
+  const int64_t telem = element_bytes(table_dtype);
+  if (!cos || !sin) invalid("args.", cos ? "sin" : "cos", " is null but freqs is tab");
+  for (const void* p : {cos, sin})
+    if (reinterpret_cast<uintptr_t>(p) % uint64_t(telem) != 0)
+      invalid("args.", p == cos ? "cos" : "sin", " (", p, ") is not aligned to its ", telem,
+              "-byte elements");
+  if (table_rows < 1) invalid("args.table_rows (", table_rows, ") must be >= 1");
+  const int64_t stride = table_stride == 0 ? width : table_stride;
+  if (stride < width)
+    invalid("args.table_stride (", table_stride, ") is smaller than the row width (", width, ")");
+  int64_t span = 0;
+  if (__builtin_mul_overflow(table_rows, stride, &span) ||
+      __builtin_mul_overflow(span, telem, &span))
+    invalid("args.table_rows (", table_rows, ") * table_stride overflows");
+  return stride;
+}
+
 void check_no_overlap(const Operand* ops, size_t n, int64_t row) {
   for (size_t i = 0; i < n; ++i)
     for (size_t j = i + 1; j < n; ++j) {
@@ -274,19 +293,8 @@ void check_frequencies(const Spec& c, const Args& a, CallShape* shape) {
   }
   const int64_t width = c.table_width == TableWidth::half ? c.rotary_dim / 2 : c.rotary_dim;
   const int64_t telem = element_bytes(c.table_dtype);
-  if (!a.cos || !a.sin) invalid("args.", a.cos ? "sin" : "cos", " is null but freqs is tab");
-  for (const void* p : {a.cos, a.sin})
-    if (reinterpret_cast<uintptr_t>(p) % uint64_t(telem) != 0)
-      invalid("args.", p == a.cos ? "cos" : "sin", " (", p, ") is not aligned to its ", telem,
-              "-byte elements");
-  if (a.table_rows < 1) invalid("args.table_rows (", a.table_rows, ") must be >= 1");
-  const int64_t stride = a.table_stride == 0 ? width : a.table_stride;
-  if (stride < width)
-    invalid("args.table_stride (", a.table_stride, ") is smaller than the row width (", width, ")");
-  int64_t span = 0;
-  if (__builtin_mul_overflow(a.table_rows, stride, &span) ||
-      __builtin_mul_overflow(span, telem, &span))
-    invalid("args.table_rows (", a.table_rows, ") * table_stride overflows");
+  const int64_t stride =
+      check_table(a.cos, a.sin, c.table_dtype, width, a.table_rows, a.table_stride);
   shape->table_align = low_alignment(reinterpret_cast<uintptr_t>(a.cos) |
                                      reinterpret_cast<uintptr_t>(a.sin) | uint64_t(stride * telem));
   const bool dense = c.layout != Layout::thd;

@@ -44,6 +44,11 @@ struct Operand {
 int32_t check_strided(const char* name, const void* data, const Dims& dims, int64_t row,
                       int64_t elem, bool written, Operand* op);
 
+// The cos/sin tables of a table key (rows of `width` elements of `table_dtype`): pointers,
+// alignment, row count, stride (0: the width) and 64-bit overflow. Returns the row stride.
+int64_t check_table(const void* cos, const void* sin, DType table_dtype, int64_t width,
+                    int64_t table_rows, int64_t table_stride);
+
 // Rejects a written operand that shares memory with any other of the n, unless both are views
 // of distinct rows of `row` elements of one tensor (q and k of a packed QKV output).
 void check_no_overlap(const Operand* ops, size_t n, int64_t row);

@@ -148,20 +148,7 @@ ProjShape check_proj_call(const QkvProjSpec& c, const QkvProjArgs& a) {
       invalid("args.base (", a.base, ") must be a finite number > 1");
   } else {
     width = c.table_width == TableWidth::half ? c.rotary_dim / 2 : c.rotary_dim;
-    if (!a.cos || !a.sin) invalid("args.", a.cos ? "sin" : "cos", " is null but freqs is tab");
-    for (const void* p : {a.cos, a.sin})
-      if (reinterpret_cast<uintptr_t>(p) % uint64_t(telem) != 0)
-        invalid("args.", p == a.cos ? "cos" : "sin", " (", p, ") is not aligned to its ", telem,
-                "-byte elements");
-    if (a.table_rows < 1) invalid("args.table_rows (", a.table_rows, ") must be >= 1");
-    table_stride = a.table_stride == 0 ? width : a.table_stride;
-    if (table_stride < width)
-      invalid("args.table_stride (", a.table_stride, ") is smaller than the row width (", width,
-              ")");
-    int64_t span = 0;
-    if (__builtin_mul_overflow(a.table_rows, table_stride, &span) ||
-        __builtin_mul_overflow(span, telem, &span))
-      invalid("args.table_rows (", a.table_rows, ") * table_stride overflows");
+    table_stride = check_table(a.cos, a.sin, c.table_dtype, width, a.table_rows, a.table_stride);
   }
 
   // Nothing read may be written: every output against every input.
