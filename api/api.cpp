@@ -61,6 +61,23 @@ std::vector<std::string> precompile(const QkvProjSpec& spec, const std::string& 
   return paths;
 }
 
+void rms_norm(const RmsNormSpec& spec, const RmsNormArgs& args) {
+  api::engine().rms_norm(spec, args);
+}
+
+std::vector<std::string> precompile(const RmsNormSpec& spec, const std::string& arch) {
+  const RmsNormSpec c = spec.canonical();
+  const std::string target = detail::target_for(detail::parse_arch(arch, "arch"));
+  std::vector<std::string> paths(5);
+  std::vector<std::future<void>> builds;
+  for (int32_t i = 0; i < 5; ++i)
+    builds.push_back(std::async(std::launch::async, [&, i] {
+      api::engine().image(c, detail::NormVariant{1 << i}, target, &paths[size_t(i)]);
+    }));
+  for (std::future<void>& f : builds) f.get();
+  return paths;
+}
+
 Info info() {
   Info out;
   out.version = kVersion;

@@ -79,5 +79,7 @@ class CallGraph {
 void register_fused_benchmarks();
 // The decode block's projection rows (bench/bench_proj.cpp).
 void register_proj_benchmarks();
+// RMSNorm rows (bench/bench_proj.cpp).
+void register_norm_benchmarks();
 
 }  // namespace ropejit::bench

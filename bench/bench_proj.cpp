@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "api/engine.hpp"
+#include "autotune/norm_workload.hpp"
 #include "autotune/proj_workload.hpp"
 #include "bench_common.hpp"
 
@@ -87,6 +88,44 @@ void register_proj_benchmarks() {
           ->Iterations(30)
           ->Unit(benchmark::kMicrosecond);
     }
+}
+
+}  // namespace ropejit::bench
+
+namespace ropejit::bench {
+namespace {
+
+void run_norm(benchmark::State& state, int64_t rows, bool residual) {
+  const RmsNormSpec s{DType::bf16, Norm::rms, residual};
+  autotune::NormSizes z;
+  z.rows = rows;
+  z.hidden = 4096;
+  autotune::NormProblem p(s, z);
+  p.upload();
+  const RmsNormArgs args = p.args(g_stream);
+  rms_norm(s, args);
+  const autotune::CheckReport r = p.check();
+  if (!r.ok) {
+    state.SkipWithError(("wrong result: " + r.first_failure).c_str());
+    return;
+  }
+  p.upload();  // the residual was updated in place
+  time_against_copy(state, p.bytes_moved(), [&] { rms_norm(s, args); });
+  state.SetLabel(s.key());
+}
+
+}  // namespace
+
+void register_norm_benchmarks() {
+  for (const bool residual : {false, true})
+    for (const int64_t rows : {1, 64, 4096, 32768})
+      benchmark::RegisterBenchmark(
+          (std::string("rmsnorm/h4096") + (residual ? "_res" : "") + "_rows" + std::to_string(rows))
+              .c_str(),
+          [rows, residual](benchmark::State& st) { run_norm(st, rows, residual); })
+          ->UseManualTime()
+          ->Iterations(50)
+          ->Unit(benchmark::kMicrosecond);
 }
 
 }  // namespace ropejit::bench

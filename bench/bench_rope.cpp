@@ -361,6 +361,7 @@ int main(int argc, char** argv) {
             ->Unit(benchmark::kMicrosecond);
   register_fused_benchmarks();
   register_proj_benchmarks();
+  register_norm_benchmarks();
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

@@ -12,8 +12,9 @@
 #     then Nsight Compute on each implementation's kernel for the named cases (ncu_peers_*.txt)
 #   bench/run_gpu.sh OUTDIR against DIR   the heuristic's rope/graph rows of this tree and of
 #     another checkout DIR (e.g. `git worktree add .base REV`), built alike, runs alternated
-#   bench/run_gpu.sh OUTDIR proj   the decode block's projection: every variant and the default
-#     against the weight-read floor (proj.json), and the unfused torch block (proj_torch.json)
+#   bench/run_gpu.sh OUTDIR proj   the decode block's projection (every variant and the default
+#     against the weight-read floor) and RMSNorm against a copy (proj.json), and the unfused
+#     torch block (proj_torch.json)
 #   bench/run_gpu.sh OUTDIR flags "NVRTC OPTIONS"   kernel speed and cold compile with extra NVRTC
 #     options against the defaults, heuristic launches, runs alternated A B A B (flags_*.json)
 # bench: tuned run (bench.json), heuristic-only run (bench_untuned.json), torch comparison
@@ -60,10 +61,10 @@ peers() {
 }
 
 if [ "$what" = proj ]; then
-  ROPEJIT_TUNING=off $build/bench/ropejit_bench --benchmark_filter='^proj' \
+  ROPEJIT_TUNING=off $build/bench/ropejit_bench --benchmark_filter='^(proj|rmsnorm)' \
     --benchmark_out="$out/proj.json" --benchmark_out_format=json > "$out/proj.txt" 2>&1
   echo "proj bench: exit $?"
-  grep -E "^proj" "$out/proj.txt" | sed -E 's/ +/ /g' | cut -c1-200
+  grep -E "^(proj|rmsnorm)" "$out/proj.txt" | sed -E 's/ +/ /g' | cut -c1-200
   python3 bench/compare_proj_torch.py --out "$out/proj_torch.json" 2>&1 | tee "$out/proj_torch.txt"
   exit 0
 fi

@@ -120,6 +120,13 @@ size_t Engine::ProjPlanKeyHash::operator()(const ProjPlanKey& k) const {
   return size_t(h);
 }
 
+size_t Engine::NormPlanKeyHash::operator()(const NormPlanKey& k) const {
+  uint64_t h = std::hash<const void*>()(k.ctx);
+  mix(h, uint64_t(k.spec.dtype) | uint64_t(k.spec.norm) << 8 | uint64_t(k.spec.residual) << 16 |
+             uint64_t(uint32_t(k.vecs)) << 32);
+  return size_t(h);
+}
+
 Engine& Engine::instance() {
   static Engine engine;
   return engine;
@@ -482,22 +489,28 @@ std::future<void> Engine::image_async(const QkvProjSpec& c, const ProjVariant& v
   }
 }
 
-const Engine::LoadedFunction& Engine::proj_function(CUcontext ctx, const QkvProjSpec& c,
-                                                    const ProjVariant& variant, CUstream stream) {
-  const std::string ident =
-      concat(static_cast<const void*>(ctx), '/', c.key(), "__", variant.name());
+const Engine::LoadedFunction& Engine::named_function(
+    CUcontext ctx, const std::string& key, const std::string& variant, CUstream stream,
+    const std::function<const CacheEntry&()>& image) {
+  const std::string ident = concat(static_cast<const void*>(ctx), '/', key, "__", variant);
   FunctionSlot* slot = nullptr;  // slots are never erased
   {
     std::unique_lock<std::shared_mutex> lock(proj_mutex_);
-    std::unique_ptr<FunctionSlot>& s = proj_functions_[ident];
+    std::unique_ptr<FunctionSlot>& s = named_functions_[ident];
     if (!s) s = std::make_unique<FunctionSlot>();
     slot = s.get();
   }
   load_once(
-      slot, stream, [&] { return concat(c.key(), " (", variant.name(), ")"); },
-      [&]() -> const CacheEntry& { return image(c, variant, target_for(device_info(ctx).cc)); },
-      [&] { return entry_name(c.key(), variant.name()); });
+      slot, stream, [&] { return concat(key, " (", variant, ")"); }, image,
+      [&] { return entry_name(key, variant); });
   return slot->loaded;
+}
+
+const Engine::LoadedFunction& Engine::proj_function(CUcontext ctx, const QkvProjSpec& c,
+                                                    const ProjVariant& variant, CUstream stream) {
+  return named_function(ctx, c.key(), variant.name(), stream, [&]() -> const CacheEntry& {
+    return image(c, variant, target_for(device_info(ctx).cc));
+  });
 }
 
 const Engine::ProjPlan& Engine::proj_plan(CUcontext ctx, const QkvProjSpec& c,
@@ -566,6 +579,46 @@ void Engine::launch_proj(const QkvProjSpec& c, const QkvProjArgs& args, const Pr
   void* kernel_args[] = {&params};
   check(d.LaunchKernel(fn->fn, proj_grid_x(shape), proj_grid_y(shape, variant), 1,
                        unsigned(variant.threads()), 1, 1, 0, stream, kernel_args, nullptr),
+        "cuLaunchKernel");
+}
+
+// ---------------------------------------------------------------------------------------------
+// RMSNorm.
+// ---------------------------------------------------------------------------------------------
+
+const CacheEntry& Engine::image(const RmsNormSpec& c, const NormVariant& variant,
+                                const std::string& target, std::string* path) {
+  return image_by(
+      c.key() + "__" + variant.name() + "@" + target, target, [&] { return render(c, variant); },
+      path);
+}
+
+void Engine::rms_norm(const RmsNormSpec& spec, const RmsNormArgs& args) {
+  const RmsNormSpec c = spec.canonical();
+  const NormShape shape = check_norm_call(c, args);
+  if (shape.rows == 0) return;
+  const Driver& d = driver();
+  CUcontext ctx = nullptr;
+  const ContextScope scope(d, &ctx, args.x, "args.x");
+  CUstream stream = static_cast<CUstream>(args.stream);
+  const NormPlanKey key{ctx, c, shape.variant.vecs};
+  const LoadedFunction* fn = nullptr;
+  {
+    std::shared_lock<std::shared_mutex> lock(proj_mutex_);
+    const auto it = norm_plans_.find(key);
+    if (it != norm_plans_.end()) fn = it->second;
+  }
+  if (!fn) {
+    fn = &named_function(ctx, c.key(), shape.variant.name(), stream, [&]() -> const CacheEntry& {
+      return image(c, shape.variant, target_for(device_info(ctx).cc));
+    });
+    std::unique_lock<std::shared_mutex> lock(proj_mutex_);
+    norm_plans_.emplace(key, fn);
+  }
+  ropejit_dev::NormParams params = make_norm_params(c, args);
+  void* kernel_args[] = {&params};
+  check(d.LaunchKernel(fn->fn, unsigned(shape.rows), 1, 1, unsigned(kNormThreads), 1, 1, 0, stream,
+                       kernel_args, nullptr),
         "cuLaunchKernel");
 }
 

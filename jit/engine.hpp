@@ -19,6 +19,7 @@
 #include "jit/disk_cache.hpp"
 #include "jit/launch_config.hpp"
 #include "jit/launch_policy.hpp"
+#include "jit/norm.hpp"
 #include "jit/proj.hpp"
 
 namespace ropejit::detail {
@@ -63,6 +64,11 @@ class Engine {
                           const std::string& target, std::string* path = nullptr);
   std::future<void> image_async(const QkvProjSpec& canonical, const ProjVariant& variant,
                                 const std::string& target, std::string* path = nullptr);
+
+  // RMSNorm (jit/norm.hpp): checked; the variant the row length needs, compiled on first use.
+  void rms_norm(const RmsNormSpec& spec, const RmsNormArgs& args);
+  const CacheEntry& image(const RmsNormSpec& canonical, const NormVariant& variant,
+                          const std::string& target, std::string* path = nullptr);
 
   // Facts about the GPU owning `ctx`, which must be current (cached per context).
   const DeviceInfo& device_info(CUcontext ctx);
@@ -132,6 +138,23 @@ class Engine {
   };
   const LoadedFunction& proj_function(CUcontext ctx, const QkvProjSpec& canonical,
                                       const ProjVariant& variant, CUstream stream);
+  // Any family's function by key and variant name in `ctx`, loaded once from `image()`.
+  const LoadedFunction& named_function(CUcontext ctx, const std::string& key,
+                                       const std::string& variant, CUstream stream,
+                                       const std::function<const CacheEntry&()>& image);
+
+  // RMSNorm's plans: per context, key and variant, the loaded function.
+  struct NormPlanKey {
+    CUcontext ctx;
+    RmsNormSpec spec;
+    int32_t vecs;
+    bool operator==(const NormPlanKey& o) const {
+      return ctx == o.ctx && spec == o.spec && vecs == o.vecs;
+    }
+  };
+  struct NormPlanKeyHash {
+    size_t operator()(const NormPlanKey& k) const;
+  };
   const ProjPlan& proj_plan(CUcontext ctx, const QkvProjSpec& canonical, const ProjShape& shape,
                             CUstream stream);
 
@@ -192,9 +215,10 @@ class Engine {
   std::unordered_map<FunctionKey, std::unique_ptr<FunctionSlot>, FunctionKeyHash> functions_;
   mutable std::mutex failed_mutex_;
   std::unordered_set<std::string> failed_siblings_;
-  std::shared_mutex proj_mutex_;
-  std::unordered_map<std::string, std::unique_ptr<FunctionSlot>> proj_functions_;
+  std::shared_mutex proj_mutex_;  // named_functions_, proj_plans_, norm_plans_
+  std::unordered_map<std::string, std::unique_ptr<FunctionSlot>> named_functions_;
   std::unordered_map<ProjPlanKey, ProjPlan, ProjPlanKeyHash> proj_plans_;
+  std::unordered_map<NormPlanKey, const LoadedFunction*, NormPlanKeyHash> norm_plans_;
   std::shared_mutex plans_mutex_;
   std::unordered_map<PlanKey, Plan, PlanKeyHash> plans_;
   std::shared_mutex devices_mutex_;

@@ -375,3 +375,49 @@ QkvProjSpec parse_qkv_proj_key(const std::string& key) {
 }
 
 }  // namespace ropejit
+
+namespace ropejit {
+
+// ---------------------------------------------------------------------------------------------
+// RMSNorm keys.
+// ---------------------------------------------------------------------------------------------
+
+void RmsNormSpec::validate() const {
+  check_enum(dtype, "dtype");
+  check_enum(norm, "norm");
+  unsigned char residual_byte = 0;
+  std::memcpy(&residual_byte, &residual, 1);
+  if (residual_byte > 1)
+    detail::invalid("spec.residual (", int(residual_byte), ") must be true or false");
+  if (norm != Norm::rms && norm != Norm::rms_one_plus)
+    detail::invalid("spec.norm (", to_string(norm), ") must be rms or rms1p for RMSNorm");
+}
+
+RmsNormSpec RmsNormSpec::canonical() const {
+  validate();
+  return *this;
+}
+
+// rmsnorm_<dtype>_n<norm>[_res]
+std::string RmsNormSpec::key() const {
+  validate();
+  return std::string("rmsnorm_") + to_string(dtype) + "_n" + to_string(norm) +
+         (residual ? "_res" : "");
+}
+
+RmsNormSpec parse_rms_norm_key(const std::string& key) {
+  const std::vector<std::string> f = split(key, '_');
+  if (f.size() < 3 || f.size() > 4 || f[0] != "rmsnorm" || f[2].size() < 2 || f[2][0] != 'n' ||
+      (f.size() == 4 && f[3] != "res"))
+    detail::invalid("key '", detail::clipped(key),
+                    "' is not an RMSNorm key (rmsnorm_<dtype>_n<norm>[_res])");
+  RmsNormSpec s;
+  s.dtype = detail::parse_name<DType>(f[1], "key dtype");
+  s.norm = detail::parse_name<Norm>(f[2].substr(1), "key norm");
+  s.residual = f.size() == 4;
+  if (s.key() != key)
+    detail::invalid("key '", detail::clipped(key), "' is not canonical (expected '", s.key(), "')");
+  return s;
+}
+
+}  // namespace ropejit

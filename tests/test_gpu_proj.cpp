@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "api/engine.hpp"
+#include "autotune/norm_workload.hpp"
 #include "autotune/proj_workload.hpp"
 #include "gpu_helpers.hpp"
 
@@ -138,5 +139,44 @@ TEST_SUITE("gpu") {
         stream, [&] { qkv_projection(s, p.args(stream)); }, 3);
     expect_ok(p, "graph replay");
     d.StreamDestroy(stream);
+  }
+}
+
+TEST_SUITE("gpu") {
+  TEST_CASE("RMSNorm: every dtype, norm, residual and row length against float64") {
+    testing::use_primary_context();
+    int n = 0;
+    for (const DType t : {DType::bf16, DType::f16, DType::f32})
+      for (const Norm norm : {Norm::rms, Norm::rms_one_plus})
+        for (const bool residual : {false, true})
+          for (const int64_t hidden : {8, 72, 2048, 4104, 8192}) {
+            ++n;
+            const RmsNormSpec s{t, norm, residual};
+            autotune::NormSizes z;
+            z.rows = n % 4 == 0 ? 1 : 37;
+            z.hidden = hidden;
+            z.gap = n % 3 == 0 ? 8 : 0;
+            z.in_place = n % 5 == 2;
+            z.x_scale = n % 7 == 0 ? 100.0 : 1.0;
+            z.seed = uint64_t(n);
+            autotune::NormProblem p(s, z);
+            p.upload();
+            rms_norm(s, p.args());
+            const autotune::CheckReport r = p.check();
+            CHECK_MESSAGE(r.ok, s.key(), " hidden ", hidden, ": ", r.mismatches, " of ", r.checked,
+                          " wrong; ", r.first_failure);
+          }
+    // The longest rows each dtype takes (16 vectors per thread).
+    for (const DType t : {DType::bf16, DType::f32}) {
+      const RmsNormSpec s{t, Norm::rms, true};
+      autotune::NormSizes z;
+      z.rows = 3;
+      z.hidden = t == DType::f32 ? 16384 : 32768;
+      autotune::NormProblem p(s, z);
+      p.upload();
+      rms_norm(s, p.args());
+      const autotune::CheckReport r = p.check();
+      CHECK_MESSAGE(r.ok, s.key(), ": ", r.first_failure);
+    }
   }
 }

@@ -267,3 +267,81 @@ TEST_CASE("projection reference: tolerances stay near one rounding of the output
   CHECK(typical < 0.02);  // bf16's own rounding is 0.0039 relative
   CHECK(worst < 2.0);     // near-zero values get the absolute part only
 }
+
+TEST_CASE("RMSNorm keys: validation, golden strings, round trip") {
+  RmsNormSpec s;
+  CHECK(s.key() == "rmsnorm_bf16_nrms");
+  s.dtype = DType::f16;
+  s.norm = Norm::rms_one_plus;
+  s.residual = true;
+  CHECK(s.key() == "rmsnorm_f16_nrms1p_res");
+  CHECK(parse_rms_norm_key(s.key()) == s);
+  CHECK(parse_rms_norm_key("rmsnorm_f32_nrms") == RmsNormSpec{DType::f32, Norm::rms, false});
+  for (const char* bad : {"rmsnorm_bf16", "rmsnorm_bf16_nrmsall", "rmsnorm_bf16_nrms_add",
+                          "rmsnorm_bf17_nrms", "rope_bf16_nrms"})
+    CHECK_MESSAGE(!error_of([&] { parse_rms_norm_key(bad); }).empty(), bad);
+  s = RmsNormSpec{};
+  s.norm = Norm::none;
+  CHECK(contains(error_of([&] { s.validate(); }), "spec.norm (none) must be rms or rms1p"));
+}
+
+TEST_CASE("RMSNorm calls: every bad argument is named") {
+  const RmsNormSpec spec{DType::bf16, Norm::rms, true};
+  auto good = [] {
+    RmsNormArgs a;
+    a.rows = 4;
+    a.hidden = 4096;
+    a.x = reinterpret_cast<void*>(0x10000000);
+    a.residual = reinterpret_cast<void*>(0x20000000);
+    a.weight = reinterpret_cast<void*>(0x30000000);
+    a.out = reinterpret_cast<void*>(0x40000000);
+    return a;
+  };
+  auto check = [&](const RmsNormArgs& a) {
+    return error_of([&] { detail::check_norm_call(spec, a); });
+  };
+  CHECK(check(good()).empty());
+  CHECK(detail::check_norm_call(spec, good()).variant.vecs == 2);  // 512 vectors, 256 threads
+  struct Bad {
+    const char* expect;
+    std::function<void(RmsNormArgs&)> edit;
+  };
+  const std::vector<Bad> cases = {
+      {"args.rows (-1)", [](RmsNormArgs& a) { a.rows = -1; }},
+      {"args.hidden (12) must be a multiple of 8", [](RmsNormArgs& a) { a.hidden = 12; }},
+      {"args.hidden (65536)", [](RmsNormArgs& a) { a.hidden = 65536; }},
+      {"args.eps (-1)", [](RmsNormArgs& a) { a.eps = -1; }},
+      {"args.x is null", [](RmsNormArgs& a) { a.x = nullptr; }},
+      {"args.residual is null", [](RmsNormArgs& a) { a.residual = nullptr; }},
+      {"args.weight (0x30000002) is not 16-byte aligned",
+       [](RmsNormArgs& a) { a.weight = reinterpret_cast<void*>(0x30000002); }},
+      {"args.out stride (100) is not a multiple of 8", [](RmsNormArgs& a) { a.out_stride = 100; }},
+      {"args.out stride (1024) makes rows overlap", [](RmsNormArgs& a) { a.out_stride = 1024; }},
+      {"args.residual and args.out overlap",
+       [](RmsNormArgs& a) { a.out = static_cast<char*>(a.residual) + 64; }},
+      {"args.x and args.out overlap",
+       [](RmsNormArgs& a) { a.out = static_cast<char*>(const_cast<void*>(a.x)) + 16; }},
+  };
+  for (const Bad& b : cases) {
+    RmsNormArgs a = good();
+    b.edit(a);
+    const std::string why = check(a);
+    CHECK_MESSAGE(contains(why, b.expect), std::string(b.expect), " -> '", why, "'");
+  }
+  RmsNormArgs in_place = good();
+  in_place.out = const_cast<void*>(in_place.x);
+  CHECK(check(in_place).empty());
+}
+
+TEST_CASE("RMSNorm keys compile for sm_80 and sm_90 (every row-length variant)") {
+  for (const DType t : {DType::bf16, DType::f16, DType::f32})
+    for (const Norm n : {Norm::rms, Norm::rms_one_plus})
+      for (const bool res : {false, true}) {
+        const RmsNormSpec s{t, n, res};
+        for (const char* arch : {"sm_80", "sm_90"}) {
+          std::vector<std::string> paths;
+          CHECK_NOTHROW(paths = precompile(s, arch));
+          CHECK_MESSAGE(paths.size() == 5, s.key(), " ", arch);
+        }
+      }
+}

@@ -329,6 +329,48 @@ void qkv_projection(const QkvProjSpec& spec, const QkvProjArgs& args);
 // Compiles the key's default kernels for `arch` (no GPU needed); returns the cache files.
 std::vector<std::string> precompile(const QkvProjSpec& spec, const std::string& arch);
 
+// RMSNorm over the last dimension, alone (the decode block's norm where the projection is not
+// fused, e.g. before a GEMM of a large batch):
+//   out = x / sqrt(mean(x²) + eps) · w   (rms), or · (1 + w) (rms_one_plus, Gemma)
+// in fp32, rounded once. With `residual`, x + residual is formed first (rounded once to the
+// dtype), written back to args.residual, and normalized (vLLM's fused_add_rms_norm).
+struct RmsNormSpec {
+  DType dtype = DType::bf16;  // f32, f16, bf16 (x, residual, weight, out)
+  Norm norm = Norm::rms;      // rms or rms_one_plus
+  bool residual = false;
+
+  void validate() const;
+  RmsNormSpec canonical() const;
+  std::string key() const;  // rmsnorm_bf16_nrms, rmsnorm_f16_nrms1p_res
+
+  friend bool operator==(const RmsNormSpec& a, const RmsNormSpec& b) {
+    return a.dtype == b.dtype && a.norm == b.norm && a.residual == b.residual;
+  }
+  friend bool operator!=(const RmsNormSpec& a, const RmsNormSpec& b) { return !(a == b); }
+};
+
+RmsNormSpec parse_rms_norm_key(const std::string& key);
+
+// One call: `rows` rows of `hidden` elements; strides in elements (0: hidden), 16-byte aligned
+// rows; out may be x itself (in place) but may not partly overlap any input.
+struct RmsNormArgs {
+  int64_t rows = 0;
+  int64_t hidden = 0;  // a multiple of 16 bytes' elements; at most 16 vectors per thread of 256
+  const void* x = nullptr;
+  int64_t x_stride = 0;
+  void* residual = nullptr;  // spec.residual: read, and overwritten with x + residual
+  int64_t residual_stride = 0;
+  const void* weight = nullptr;  // [hidden]
+  double eps = 1e-6;
+  void* out = nullptr;
+  int64_t out_stride = 0;
+  void* stream = nullptr;
+};
+
+void rms_norm(const RmsNormSpec& spec, const RmsNormArgs& args);
+// Compiles the key's kernels for `arch` (every row length it takes; no GPU needed).
+std::vector<std::string> precompile(const RmsNormSpec& spec, const std::string& arch);
+
 // ---------------------------------------------------------------------------------------
 // Frequencies and cos/sin tables on the host, in float64 (no GPU).
 // ---------------------------------------------------------------------------------------
