@@ -495,6 +495,11 @@ const Engine::LoadedFunction& Engine::named_function(
   const std::string ident = concat(static_cast<const void*>(ctx), '/', key, "__", variant);
   FunctionSlot* slot = nullptr;  // slots are never erased
   {
+    std::shared_lock<std::shared_mutex> lock(proj_mutex_);
+    const auto it = named_functions_.find(ident);
+    if (it != named_functions_.end()) slot = it->second.get();
+  }
+  if (!slot) {
     std::unique_lock<std::shared_mutex> lock(proj_mutex_);
     std::unique_ptr<FunctionSlot>& s = named_functions_[ident];
     if (!s) s = std::make_unique<FunctionSlot>();

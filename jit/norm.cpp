@@ -1,6 +1,7 @@
 // RMSNorm's variants, call checks, argument block and rendering.
 #include "jit/norm.hpp"
 
+#include <cfloat>
 #include <cmath>
 #include <map>
 
@@ -23,7 +24,7 @@ Operand check_rows(const char* name, const void* p, int64_t rows, int64_t hidden
   if (!p) invalid(name, " is null");
   if (reinterpret_cast<uintptr_t>(p) % 16 != 0)
     invalid(name, " (", p, ") is not 16-byte aligned (the kernel reads 16-byte vectors)");
-  if ((stride * elem) % 16 != 0)
+  if (stride % (16 / elem) != 0)
     invalid(name, " stride (", stride, ") is not a multiple of ", 16 / elem,
             " elements (16-byte rows)");
   if (written && rows > 1 && stride < hidden)
@@ -48,8 +49,8 @@ NormShape check_norm_call(const RmsNormSpec& c, const RmsNormArgs& a) {
   if (a.hidden < per || a.hidden % per != 0 || a.hidden > max_hidden)
     invalid("args.hidden (", a.hidden, ") must be a multiple of ", per, " in [", per, ", ",
             max_hidden, "] for ", to_string(c.dtype));
-  if (!(std::isfinite(a.eps) && a.eps >= 0))
-    invalid("args.eps (", a.eps, ") must be a finite number >= 0");
+  if (!(std::isfinite(a.eps) && a.eps >= 0 && a.eps <= FLT_MAX))
+    invalid("args.eps (", a.eps, ") must be a number in [0, FLT_MAX] (a float)");
   s.rows = a.rows;
   s.hidden = a.hidden;
   const int64_t per_thread = (a.hidden / per + kNormThreads - 1) / kNormThreads;

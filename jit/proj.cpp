@@ -1,6 +1,7 @@
 // The QKV projection's variants, call checks, argument block and rendering.
 #include "jit/proj.hpp"
 
+#include <cfloat>
 #include <cmath>
 #include <map>
 
@@ -50,7 +51,7 @@ void check_matrix(const char* name, const char* stride_name, const void* p, int6
     invalid(name, " (", p, ") is not 16-byte aligned (the kernel reads 16-byte vectors)");
   if (stride < cols)
     invalid(stride_name, " (", stride, ") is smaller than a row (", cols, " elements)");
-  if ((stride * elem) % 16 != 0)
+  if (stride % (16 / elem) != 0)
     invalid(stride_name, " (", stride, ") is not a multiple of ", 16 / elem,
             " elements (16-byte rows)");
   int64_t span = 0;
@@ -117,8 +118,8 @@ ProjShape check_proj_call(const QkvProjSpec& c, const QkvProjArgs& a) {
   if (c.norm != Norm::none) {
     if (!a.norm_weight) invalid("args.norm_weight is null but spec.norm is ", to_string(c.norm));
     check_matrix("args.norm_weight", "args.hidden", a.norm_weight, 1, a.hidden, a.hidden, elem);
-    if (!(std::isfinite(a.norm_eps) && a.norm_eps >= 0))
-      invalid("args.norm_eps (", a.norm_eps, ") must be a finite number >= 0");
+    if (!(std::isfinite(a.norm_eps) && a.norm_eps >= 0 && a.norm_eps <= FLT_MAX))
+      invalid("args.norm_eps (", a.norm_eps, ") must be a number in [0, FLT_MAX] (a float)");
   }
 
   // Outputs: rows of head_dim that never overlap; q, k and v may be heads of one tensor.

@@ -70,7 +70,7 @@ TEST_SUITE("gpu") {
           z.x_gap = n % 5 == 3 ? 16 : 0;
           z.weight_gap = n % 6 == 4 ? 8 : 0;
           z.position_offset = pos == Positions::offset ? 17 * n : 0;
-          z.bad_positions = pos == Positions::ids && fr == Freqs::table ? 1 : 0;
+          z.bad_positions = pos == Positions::ids && fr == Freqs::table ? 2 : 0;  // both sides
           z.seed = uint64_t(1000 + n);
           autotune::ProjProblem p(s, z);
           p.upload();

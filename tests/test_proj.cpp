@@ -150,6 +150,9 @@ TEST_CASE("projection calls: every bad argument is named, a good one passes") {
       {"args.norm_weight is null but spec.norm is rms",
        [](Fake& f) { f.args.norm_weight = nullptr; }},
       {"args.norm_eps (-1)", [](Fake& f) { f.args.norm_eps = -1; }},
+      {"args.norm_eps (1e+300)", [](Fake& f) { f.args.norm_eps = 1e300; }},
+      {"args.x: 4 rows of 4611686018427387904 elements overflow",
+       [](Fake& f) { f.args.x_stride = int64_t(1) << 62; }},
       {"args.q.heads (3) must be 4", [](Fake& f) { f.args.q.heads = 3; }},
       {"args.v.data is null", [](Fake& f) { f.args.v.data = nullptr; }},
       {"args.k.stride_head (64) makes rows overlap", [](Fake& f) { f.args.k.stride_head = 64; }},
@@ -237,6 +240,8 @@ TEST_CASE("projection keys compile for sm_80 and sm_90 (every default variant)")
       std::vector<std::string> paths;
       CHECK_NOTHROW(paths = precompile(s, arch));
       CHECK_MESSAGE(paths.size() == 4, s.key(), " ", arch);
+      if (api::engine().disk().enabled())  // each variant's cache file was written
+        for (const std::string& path : paths) CHECK_MESSAGE(!path.empty(), s.key(), " ", arch);
       // A variant the heuristic does not pick: unrolled, two warps.
       CHECK_NOTHROW(api::engine().image(s.canonical(), ProjVariant{4, 2, 2},
                                         detail::target_for(detail::parse_arch(arch, "arch"))));
@@ -342,6 +347,8 @@ TEST_CASE("RMSNorm keys compile for sm_80 and sm_90 (every row-length variant)")
           std::vector<std::string> paths;
           CHECK_NOTHROW(paths = precompile(s, arch));
           CHECK_MESSAGE(paths.size() == 5, s.key(), " ", arch);
+          if (api::engine().disk().enabled())
+            for (const std::string& path : paths) CHECK_MESSAGE(!path.empty(), s.key(), " ", arch);
         }
       }
 }

@@ -50,8 +50,11 @@ def _spec(x, head_dim, rotary_dim, style, positions, index_type, cos, norm):
         if cos.dtype not in dtypes:
             _fail(f"cos.dtype ({cos.dtype}) must be float32, bfloat16 or float16")
         s.table_dtype = _capi.DTYPES[dtypes[cos.dtype]]
-        half = (rotary_dim or head_dim) // 2
-        s.table_width = _capi.TABLE_WIDTHS["half" if cos.shape[-1] == half else "full"]
+        rot = rotary_dim or head_dim
+        if cos.shape[-1] not in (rot // 2, rot):
+            _fail(f"cos.shape[-1] ({cos.shape[-1]}) must be rotary_dim / 2 ({rot // 2}, half "
+                  f"width) or rotary_dim ({rot}, full width)")
+        s.table_width = _capi.TABLE_WIDTHS["half" if cos.shape[-1] == rot // 2 else "full"]
     return s
 
 
@@ -63,6 +66,8 @@ def qkv_projection(x, weight, *, q_heads, kv_heads, head_dim=128, rotary_dim=Non
     import torch
     if not (isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor)):
         _fail("x and weight must be torch tensors")
+    if not x.is_cuda:
+        _fail(f"x is on {x.device}: the projection runs on a CUDA device")
     if x.dim() != 2 or x.stride(-1) != 1:
         _fail(f"x must be [tokens, hidden] with a contiguous last dimension, got shape "
               f"{tuple(x.shape)} and strides {x.stride()}")
@@ -78,12 +83,19 @@ def qkv_projection(x, weight, *, q_heads, kv_heads, head_dim=128, rotary_dim=Non
         _fail("cos and sin go together (or neither: frequencies computed from base)")
     if norm != "none" and norm_weight is None:
         _fail(f"norm ({norm!r}) needs norm_weight")
-    for name, t in (("norm_weight", norm_weight), ("cos", cos), ("sin", sin),
+    for name, t in (("weight", weight), ("norm_weight", norm_weight), ("cos", cos), ("sin", sin),
                     ("position_ids", position_ids)):
         if t is not None and t.device != x.device:
             _fail(f"{name} is on {t.device} but x is on {x.device}")
-    if norm_weight is not None and (norm_weight.dtype != x.dtype or not norm_weight.is_contiguous()):
-        _fail(f"norm_weight must be contiguous in x's dtype ({x.dtype}), got {norm_weight.dtype}")
+    if norm_weight is not None and (norm_weight.dtype != x.dtype or not norm_weight.is_contiguous()
+                                    or norm_weight.dim() != 1
+                                    or norm_weight.numel() != x.shape[1]):
+        _fail(f"norm_weight must be a contiguous [{x.shape[1]}] tensor in x's dtype ({x.dtype}), "
+              f"got shape {tuple(norm_weight.shape)}, dtype {norm_weight.dtype}")
+    for name, t in (("x", x), ("weight", weight), ("cos", cos)):
+        if t is not None and t.shape[0] > 1 and t.stride(0) == 0:
+            _fail(f"{name} has stride 0 over its rows (an expanded tensor): pass "
+                  f"{name}.contiguous()")
     if cos is not None and (cos.dim() != 2 or cos.stride(-1) != 1 or sin.shape != cos.shape
                             or sin.stride() != cos.stride() or sin.dtype != cos.dtype):
         _fail("cos and sin must be [rows, width] tables of one shape, strides and dtype")
@@ -102,7 +114,8 @@ def qkv_projection(x, weight, *, q_heads, kv_heads, head_dim=128, rotary_dim=Non
     a = _capi.ropejit_qkv_proj_args()
     _capi.lib.ropejit_qkv_proj_args_init(ctypes.byref(a))
     a.tokens, a.hidden, a.q_heads, a.kv_heads = tokens, x.shape[1], q_heads, kv_heads
-    a.x, a.x_stride = x.data_ptr(), x.stride(0)
+    # A stride of 0 means "the row length" to the C API; a single row's stride is irrelevant.
+    a.x, a.x_stride = x.data_ptr(), x.stride(0) if x.shape[0] > 1 else x.shape[1]
     a.weight, a.weight_stride = weight.data_ptr(), weight.stride(0)
     if norm_weight is not None:
         a.norm_weight = norm_weight.data_ptr()
@@ -114,7 +127,8 @@ def qkv_projection(x, weight, *, q_heads, kv_heads, head_dim=128, rotary_dim=Non
         a.position_ids = position_ids.data_ptr()
     if cos is not None:
         a.cos, a.sin = cos.data_ptr(), sin.data_ptr()
-        a.table_stride, a.table_rows = cos.stride(0), cos.shape[0]
+        a.table_stride = cos.stride(0) if cos.shape[0] > 1 else cos.shape[1]
+        a.table_rows = cos.shape[0]
     a.base = base
     if tokens == 0:
         return q, k, v

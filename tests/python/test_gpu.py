@@ -277,7 +277,7 @@ def test_qkv_projection_against_float64(tokens, norm, style, table):
     x = (torch.rand(tokens, hidden, device="cuda") * 4 - 2).bfloat16()
     w = ((torch.rand((qh + 2 * kvh) * d, hidden, device="cuda") * 2 - 1) * (3 / hidden) ** 0.5)
     w = w.bfloat16()
-    nw = (torch.rand(hidden, device="cuda") * (1 if norm == "rms_one_plus" else 1) + 0.5)
+    nw = torch.rand(hidden, device="cuda") + (-0.5 if norm == "rms_one_plus" else 0.5)
     nw = nw.bfloat16()
     ids = torch.randint(0, 4096, (tokens,), device="cuda")
     cos, sin = tables(4096, d)

@@ -214,3 +214,12 @@ def test_qkv_projection_key_and_errors():
             == "qkvproj_f16_d64_r32_gptj_pos-offset_comp_nrms1p")
     with pytest.raises(ropejit.InvalidArgument, match=r"spec.head_dim \(72\)"):
         decode.qkv_projection_key(head_dim=72)
+
+
+def test_qkv_projection_refuses_bad_tensors_before_the_gpu():
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed")
+    from ropejit import decode
+    x = torch.zeros(2, 64, dtype=torch.bfloat16)
+    w = torch.zeros((4 + 2 * 2) * 16, 64, dtype=torch.bfloat16)
+    with pytest.raises(ropejit.InvalidArgument, match="runs on a CUDA device"):
+        decode.qkv_projection(x, w, q_heads=4, kv_heads=2, head_dim=16, norm="none")
