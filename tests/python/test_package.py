@@ -140,7 +140,9 @@ def test_precompile_rejects_a_bad_arch():
 # Every field of the C structs, as offsetof() in a C compiler sees them.
 _STRUCTS = {"ropejit_spec": _capi.ropejit_spec, "ropejit_tensor": _capi.ropejit_tensor,
             "ropejit_scaling": _capi.ropejit_scaling, "ropejit_kv_cache": _capi.ropejit_kv_cache,
-            "ropejit_args": _capi.ropejit_args, "ropejit_model": _capi.ropejit_model}
+            "ropejit_args": _capi.ropejit_args, "ropejit_model": _capi.ropejit_model,
+            "ropejit_qkv_proj_spec": _capi.ropejit_qkv_proj_spec,
+            "ropejit_qkv_proj_args": _capi.ropejit_qkv_proj_args}
 
 
 def test_structs_match_the_c_header(tmp_path):
