@@ -169,6 +169,15 @@ ropejit_status guarded(Fn&& fn) {
   return ROPEJIT_ERROR_INTERNAL;
 }
 
+// A key into the caller's buffer of `size` bytes, NUL-terminated; too small is an error.
+void copy_key(const std::string& key, char* buf, size_t size) {
+  if (key.size() + 1 > size)
+    throw ropejit::Error(
+        ropejit::ErrorCode::invalid_argument,
+        "ropejit: size (" + std::to_string(size) + ") is too small for key " + key);
+  std::memcpy(buf, key.c_str(), key.size() + 1);
+}
+
 ropejit_status null_argument(const char* name) {
   last_error = std::string("ropejit: ") + name + " is null";
   return ROPEJIT_ERROR_INVALID_ARGUMENT;
@@ -228,14 +237,7 @@ ropejit_status ropejit_apply(const ropejit_spec* spec, const ropejit_args* args)
 ropejit_status ropejit_key(const ropejit_spec* spec, char* buf, size_t size) {
   if (!spec) return null_argument("spec");
   if (!buf) return null_argument("buf");
-  return guarded([&] {
-    const std::string key = to_spec(*spec).key();
-    if (key.size() + 1 > size)
-      throw ropejit::Error(
-          ropejit::ErrorCode::invalid_argument,
-          "ropejit: size (" + std::to_string(size) + ") is too small for key " + key);
-    std::memcpy(buf, key.c_str(), key.size() + 1);
-  });
+  return guarded([&] { copy_key(to_spec(*spec).key(), buf, size); });
 }
 
 ropejit_status ropejit_precompile(const ropejit_spec* spec, const char* arch) {
@@ -384,14 +386,7 @@ ropejit_status ropejit_qkv_projection(const ropejit_qkv_proj_spec* spec,
 ropejit_status ropejit_qkv_proj_key(const ropejit_qkv_proj_spec* spec, char* buf, size_t size) {
   if (!spec) return null_argument("spec");
   if (!buf) return null_argument("buf");
-  return guarded([&] {
-    const std::string key = to_proj_spec(*spec).key();
-    if (key.size() + 1 > size)
-      throw ropejit::Error(
-          ropejit::ErrorCode::invalid_argument,
-          "ropejit: size (" + std::to_string(size) + ") is too small for key " + key);
-    std::memcpy(buf, key.c_str(), key.size() + 1);
-  });
+  return guarded([&] { copy_key(to_proj_spec(*spec).key(), buf, size); });
 }
 
 ropejit_status ropejit_qkv_proj_precompile(const ropejit_qkv_proj_spec* spec, const char* arch) {

@@ -190,21 +190,30 @@ const CacheEntry& Engine::image(const Spec& c, const KernelVariant& variant,
       image_ident(c, variant, target), target, [&] { return render(c, variant); }, path);
 }
 
-std::future<void> Engine::image_async(const Spec& c, const KernelVariant& variant,
-                                      const std::string& target, std::string* path) {
+namespace {
+
+// `work` on another thread, or on this one when no thread can be created; the future carries
+// its outcome.
+std::future<void> on_another_thread(std::function<void()> work) {
   try {
-    return std::async(std::launch::async,
-                      [this, c, variant, target, path] { image(c, variant, target, path); });
+    return std::async(std::launch::async, work);
   } catch (const std::system_error&) {
-    std::promise<void> done;  // no thread to spare: compile here
+    std::promise<void> done;  // no thread to spare: do it here
     try {
-      image(c, variant, target, path);
+      work();
       done.set_value();
     } catch (...) {
       done.set_exception(std::current_exception());
     }
     return done.get_future();
   }
+}
+
+}  // namespace
+
+std::future<void> Engine::image_async(const Spec& c, const KernelVariant& variant,
+                                      const std::string& target, std::string* path) {
+  return on_another_thread([this, c, variant, target, path] { image(c, variant, target, path); });
 }
 
 bool Engine::sibling_failed(const std::string& ident) const {
@@ -474,19 +483,7 @@ const CacheEntry& Engine::image(const QkvProjSpec& c, const ProjVariant& variant
 
 std::future<void> Engine::image_async(const QkvProjSpec& c, const ProjVariant& variant,
                                       const std::string& target, std::string* path) {
-  try {
-    return std::async(std::launch::async,
-                      [this, c, variant, target, path] { image(c, variant, target, path); });
-  } catch (const std::system_error&) {
-    std::promise<void> done;  // no thread to spare: compile here
-    try {
-      image(c, variant, target, path);
-      done.set_value();
-    } catch (...) {
-      done.set_exception(std::current_exception());
-    }
-    return done.get_future();
-  }
+  return on_another_thread([this, c, variant, target, path] { image(c, variant, target, path); });
 }
 
 const Engine::LoadedFunction& Engine::named_function(
