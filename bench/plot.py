@@ -186,18 +186,61 @@ def plot_peers(peers, path):
     plt.close(fig)
 
 
+def proj_rows(bench):
+    """tokens -> (median µs, floor µs) of the proj/llama3_8b_m<M> rows."""
+    rows = {}
+    for b in bench.get("benchmarks", []):
+        m = re.match(r"proj/llama3_8b_m(\d+)/", b.get("name", ""))
+        if m and "median_us" in b and "floor_us" in b:
+            rows[int(m.group(1))] = (b["median_us"], b["floor_us"])
+    return dict(sorted(rows.items()))
+
+
+def plot_proj(rows, torch_rows, gpu, path):
+    """The decode block's projection: µs against tokens for the fused kernel, the unfused torch
+    block (graph replay and eager), cuBLAS's F.linear alone, and the weight-read floor."""
+    fig, ax = plt.subplots(figsize=(9.5, 4.5))
+    tokens = list(rows)
+    ax.plot(tokens, [rows[t][0] for t in tokens], "o-", color="tab:blue",
+            label="ropejit fused (RMSNorm + QKV + RoPE)")
+    ax.plot(tokens, [rows[t][1] for t in tokens], "k--", label="weight-read floor (copy bandwidth)")
+    if torch_rows:
+        t2 = [r["tokens"] for r in torch_rows]
+        ax.plot(t2, [r["unfused_graph_us"] for r in torch_rows], "s-", color="tab:orange",
+                label="torch unfused, graph replay")
+        ax.plot(t2, [r["unfused_us"] for r in torch_rows], "s:", color="tab:orange", alpha=0.6,
+                label="torch unfused, eager")
+        ax.plot(t2, [r["linear_graph_us"] for r in torch_rows], "^-", color="tab:green",
+                label="F.linear alone (cuBLAS), graph replay")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(tokens, [str(t) for t in tokens])
+    ax.set_xlabel("tokens (M)")
+    ax.set_ylabel("µs per call, L2 flushed (lower is better)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.set_title(f"Llama-3-8B QKV projection (4096 → 6144, bf16){' — ' + gpu if gpu else ''}",
+                 fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("bench", nargs="?",
                         help="Google Benchmark JSON from ropejit_bench --benchmark_out")
     parser.add_argument("--compare", help="JSON written by bench/compare_torch.py")
     parser.add_argument("--peers", help="JSON written by bench/compare_peers.py")
+    parser.add_argument("--proj", help="ropejit_bench JSON with the proj/ rows "
+                                       "(bench/run_gpu.sh proj writes proj.json)")
+    parser.add_argument("--proj-torch", help="JSON written by bench/compare_proj_torch.py")
     parser.add_argument("--outdir", default="bench/plots")
     args = parser.parse_args()
     os.makedirs(args.outdir, exist_ok=True)
 
-    if not args.bench and not args.compare and not args.peers:
-        parser.error("nothing to plot: give a benchmark JSON, --compare or --peers")
+    if not args.bench and not args.compare and not args.peers and not args.proj:
+        parser.error("nothing to plot: give a benchmark JSON, --compare, --peers or --proj")
     written = []
     if args.bench:
         with open(args.bench) as f:
@@ -226,6 +269,20 @@ def main():
         path = os.path.join(args.outdir, "compare_us.png")
         plot_compare(compare, path)
         written.append(path)
+    if args.proj:
+        with open(args.proj) as f:
+            bench = json.load(f)
+        torch_rows = None
+        if args.proj_torch:
+            with open(args.proj_torch) as f:
+                torch_rows = json.load(f)["rows"]
+        rows = proj_rows(bench)
+        if rows:
+            path = os.path.join(args.outdir, "proj_us.png")
+            plot_proj(rows, torch_rows, bench.get("context", {}).get("gpu"), path)
+            written.append(path)
+        else:
+            print(f"plot: no proj/llama3_8b_m<M> rows in {args.proj}", file=sys.stderr)
     for path in written:
         print(f"wrote {path}")
     if not written:

@@ -66,6 +66,8 @@ if [ "$what" = proj ]; then
   echo "proj bench: exit $?"
   grep -E "^(proj|rmsnorm)" "$out/proj.txt" | sed -E 's/ +/ /g' | cut -c1-200
   python3 bench/compare_proj_torch.py --out "$out/proj_torch.json" 2>&1 | tee "$out/proj_torch.txt"
+  python3 bench/plot.py --proj "$out/proj.json" --proj-torch "$out/proj_torch.json" \
+    --outdir "$out/plots"
   exit 0
 fi
 if [ "$what" = tests ] || [ "$what" = all ]; then
