@@ -10,14 +10,13 @@
 #include "autotune/numbers.hpp"
 #include "jit/driver.hpp"
 #include "jit/errors.hpp"
+#include "jit/launch_config.hpp"
 
 namespace ropejit::autotune {
 namespace {
 
 constexpr uint8_t kPoison = 0xff;
 constexpr size_t kGuardBytes = 256;
-
-int64_t elem_bytes(DType t) { return t == DType::f32 ? 4 : 2; }
 
 double round_to(DType t, double v) {
   return t == DType::bf16  ? bf16_value(bf16_bits(v))
@@ -36,7 +35,8 @@ NormProblem::Buffer& NormProblem::add(std::vector<uint8_t> host) {
 NormProblem::NormProblem(const RmsNormSpec& spec, const NormSizes& sizes)
     : spec_(spec.canonical()), sizes_(sizes) {
   const DType t = spec_.dtype;
-  const int64_t e = elem_bytes(t), K = sizes.hidden, rows = std::max<int64_t>(sizes.rows, 1);
+  const int64_t e = detail::element_bytes(t), K = sizes.hidden,
+                rows = std::max<int64_t>(sizes.rows, 1);
   stride_ = K + sizes.gap;
   std::mt19937_64 rng(sizes.seed);
   std::uniform_real_distribution<double> unit(-1.0, 1.0);
@@ -127,7 +127,7 @@ RmsNormArgs NormProblem::args(void* stream) const {
 }
 
 int64_t NormProblem::bytes_moved() const {
-  const int64_t row = sizes_.rows * sizes_.hidden * elem_bytes(spec_.dtype);
+  const int64_t row = sizes_.rows * sizes_.hidden * detail::element_bytes(spec_.dtype);
   return 2 * row + (spec_.residual ? 2 * row : 0);
 }
 
@@ -135,7 +135,7 @@ CheckReport NormProblem::check() {
   const detail::Driver& d = detail::driver();
   detail::check(d.CtxSynchronize(), "kernel");
   const DType t = spec_.dtype;
-  const int64_t e = elem_bytes(t), K = sizes_.hidden;
+  const int64_t e = detail::element_bytes(t), K = sizes_.hidden;
   CheckReport r;
   std::vector<uint8_t> got(out_->host.size());
   detail::check(d.MemcpyDtoH(got.data(), out_->device, got.size()), "cuMemcpyDtoH");

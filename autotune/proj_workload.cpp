@@ -22,14 +22,13 @@
 #include "autotune/numbers.hpp"
 #include "jit/driver.hpp"
 #include "jit/errors.hpp"
+#include "jit/launch_config.hpp"
 
 namespace ropejit::autotune {
 namespace {
 
 constexpr uint8_t kPoison = 0xff;  // NaN in f16 and bf16
 constexpr size_t kGuardBytes = 256;
-
-int64_t elem_bytes(DType t) { return t == DType::f32 ? 4 : 2; }
 
 double unit_roundoff(DType t) {
   return t == DType::bf16  ? std::ldexp(1.0, -8)
@@ -53,7 +52,7 @@ ProjProblem::ProjProblem(const QkvProjSpec& spec, const ProjSizes& sizes)
   const QkvProjSpec& c = spec_;
   const ProjSizes& z = sizes_;
   const int64_t D = c.head_dim;
-  const int64_t e = elem_bytes(c.dtype);
+  const int64_t e = detail::element_bytes(c.dtype);
   columns_ = int64_t(z.q_heads + 2 * z.kv_heads) * D;
   x_stride_ = z.hidden + z.x_gap;
   w_stride_ = z.hidden + z.weight_gap;
@@ -121,7 +120,7 @@ ProjProblem::ProjProblem(const QkvProjSpec& spec, const ProjSizes& sizes)
     t.base = z.base;
     t.rows = table_rows_;
     table_width_ = c.table_width == TableWidth::half ? c.rotary_dim / 2 : c.rotary_dim;
-    const size_t bytes = size_t(table_rows_ * table_width_ * elem_bytes(c.table_dtype));
+    const size_t bytes = size_t(table_rows_ * table_width_ * detail::element_bytes(c.table_dtype));
     std::vector<uint8_t> cs(bytes), sn(bytes);
     build_tables(rope, t, cs.data(), sn.data());
     cos_ = &add(std::move(cs));
@@ -155,9 +154,9 @@ void ProjProblem::build_reference() {
   const QkvProjSpec& c = spec_;
   const ProjSizes& z = sizes_;
   const int64_t D = c.head_dim, R = c.rotary_dim, K = z.hidden;
-  const int64_t e = elem_bytes(c.dtype);
+  const int64_t e = detail::element_bytes(c.dtype);
   const DType te = c.table_dtype;
-  const int64_t tb = elem_bytes(te);
+  const int64_t tb = detail::element_bytes(te);
   expected_.value.assign(size_t(z.tokens * columns_), 0.0);
   expected_.tol.assign(size_t(z.tokens * columns_), 0.0);
   const double gamma_dot = (double(K) / 16 + 16) * std::ldexp(1.0, -22);
@@ -248,7 +247,7 @@ void ProjProblem::upload() {
 QkvProjArgs ProjProblem::args(void* stream) const {
   const ProjSizes& z = sizes_;
   const int64_t D = spec_.head_dim;
-  const int64_t e = elem_bytes(spec_.dtype);
+  const int64_t e = detail::element_bytes(spec_.dtype);
   auto ptr = [](const Buffer* b) { return reinterpret_cast<void*>(b ? b->device : 0); };
   QkvProjArgs a;
   a.tokens = z.tokens;
@@ -289,11 +288,11 @@ QkvProjArgs ProjProblem::args(void* stream) const {
 }
 
 int64_t ProjProblem::weight_bytes() const {
-  return columns_ * sizes_.hidden * elem_bytes(spec_.dtype);
+  return columns_ * sizes_.hidden * detail::element_bytes(spec_.dtype);
 }
 
 int64_t ProjProblem::bytes_moved() const {
-  const int64_t e = elem_bytes(spec_.dtype);
+  const int64_t e = detail::element_bytes(spec_.dtype);
   return weight_bytes() + sizes_.tokens * sizes_.hidden * e + sizes_.tokens * columns_ * e +
          (spec_.norm != Norm::none ? sizes_.hidden * e : 0);
 }
@@ -303,7 +302,7 @@ CheckReport ProjProblem::check() {
   detail::check(d.CtxSynchronize(), "kernel");
   const QkvProjSpec& c = spec_;
   const ProjSizes& z = sizes_;
-  const int64_t D = c.head_dim, e = elem_bytes(c.dtype);
+  const int64_t D = c.head_dim, e = detail::element_bytes(c.dtype);
   const int64_t hs = D + z.out_head_gap;
   CheckReport r;
   double err2 = 0, ref2 = 0;
