@@ -44,6 +44,18 @@ void qkv_projection(const QkvProjSpec& spec, const QkvProjArgs& args) {
   api::engine().qkv_projection(spec, args);
 }
 
+size_t qkv_projection_workspace_bytes(const QkvProjSpec& spec, const QkvProjArgs& args) {
+  const QkvProjSpec c = spec.canonical();
+  if (args.tokens < 0) detail::invalid("args.tokens (", args.tokens, ") must be >= 0");
+  if (args.hidden < 8 || args.hidden % 8 != 0 || args.hidden > (int64_t(1) << 24))
+    detail::invalid("args.hidden (", args.hidden, ") must be a multiple of 8 in [8, 2^24]");
+  return detail::proj_workspace_bytes(c, args.tokens, args.hidden);
+}
+
+ProjPath qkv_projection_path(const QkvProjSpec& spec, const QkvProjArgs& args) {
+  return api::engine().qkv_projection_path(spec, args, true);
+}
+
 std::vector<std::string> precompile(const QkvProjSpec& spec, const std::string& arch) {
   const QkvProjSpec c = spec.canonical();
   const int cc = detail::parse_arch(arch, "arch");

@@ -353,6 +353,9 @@ ropejit::QkvProjArgs to_proj_args(const ropejit_qkv_proj_args& a) {
   o.table_rows = a.table_rows;
   o.base = a.base;
   o.stream = a.stream;
+  o.path = ropejit::ProjPath(a.path);
+  o.workspace = a.workspace;
+  o.workspace_bytes = a.workspace_bytes;
   return o;
 }
 
@@ -381,6 +384,27 @@ ropejit_status ropejit_qkv_projection(const ropejit_qkv_proj_spec* spec,
   if (!spec) return null_argument("spec");
   if (!args) return null_argument("args");
   return guarded([&] { ropejit::qkv_projection(to_proj_spec(*spec), to_proj_args(*args)); });
+}
+
+ropejit_status ropejit_qkv_projection_workspace_bytes(const ropejit_qkv_proj_spec* spec,
+                                                      const ropejit_qkv_proj_args* args,
+                                                      size_t* bytes) {
+  if (!spec) return null_argument("spec");
+  if (!args) return null_argument("args");
+  if (!bytes) return null_argument("bytes");
+  return guarded([&] {
+    *bytes = ropejit::qkv_projection_workspace_bytes(to_proj_spec(*spec), to_proj_args(*args));
+  });
+}
+
+ropejit_status ropejit_qkv_projection_path(const ropejit_qkv_proj_spec* spec,
+                                           const ropejit_qkv_proj_args* args, int32_t* path) {
+  if (!spec) return null_argument("spec");
+  if (!args) return null_argument("args");
+  if (!path) return null_argument("path");
+  return guarded([&] {
+    *path = int32_t(ropejit::qkv_projection_path(to_proj_spec(*spec), to_proj_args(*args)));
+  });
 }
 
 ropejit_status ropejit_qkv_proj_key(const ropejit_qkv_proj_spec* spec, char* buf, size_t size) {

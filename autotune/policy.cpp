@@ -56,6 +56,14 @@ class TuningStore {
     }
   }
 
+  std::optional<ProjPath> find_proj(const detail::DeviceInfo& dev, const std::string& key,
+                                    int64_t bucket, int64_t hidden, int32_t q, int32_t kv) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const ProjTuningEntry* e = cache_for(dev).find_proj(key, bucket, hidden, q, kv);
+    if (!e) return std::nullopt;
+    return e->path;
+  }
+
   const std::string& path() const { return path_; }
 
  private:
@@ -148,6 +156,16 @@ std::vector<detail::KernelVariant> policy_variants(const Spec& c, const detail::
   return out;
 }
 
+ProjPath select_proj_path(const QkvProjSpec& c, const detail::ProjShape& shape,
+                          const detail::DeviceInfo& device) {
+  const ProjPath fallback = proj_heuristic_path(c, shape, device);
+  if (tuning_mode() == TuningMode::off) return fallback;
+  return TuningStore::instance()
+      .find_proj(device, c.key(), detail::proj_path_bucket(shape.tokens), shape.hidden,
+                 shape.q_heads, shape.kv_heads)
+      .value_or(fallback);
+}
+
 namespace {
 
 class TuningPolicy final : public detail::LaunchPolicy {
@@ -167,6 +185,10 @@ class TuningPolicy final : public detail::LaunchPolicy {
   std::vector<detail::ProjVariant> proj_variants(const QkvProjSpec& c,
                                                  const detail::DeviceInfo& device) override {
     return proj_heuristic_variants(c, device);
+  }
+  ProjPath choose_proj_path(const QkvProjSpec& c, const detail::ProjShape& shape,
+                            const detail::DeviceInfo& device) override {
+    return select_proj_path(c, shape, device);
   }
 };
 

@@ -46,6 +46,15 @@ detail::ProjVariant proj_heuristic(const QkvProjSpec& canonical, const detail::P
 std::vector<detail::ProjVariant> proj_heuristic_variants(const QkvProjSpec& canonical,
                                                          const detail::DeviceInfo& device);
 
+// The QKV projection's path for a call shape: the heuristic's (fused up to 16 tokens), and the
+// tuning file's projection entry for the shape's token bucket where there is one (ROPEJIT_TUNING
+// off: the heuristic only; a miss is never an error nor tuned on the spot: `ropejit tune
+// --proj` measures it).
+ProjPath proj_heuristic_path(const QkvProjSpec& canonical, const detail::ProjShape& shape,
+                             const detail::DeviceInfo& device);
+ProjPath select_proj_path(const QkvProjSpec& canonical, const detail::ProjShape& shape,
+                          const detail::DeviceInfo& device);
+
 // The policy api/ installs in the engine: select_config() and policy_variants() behind
 // detail::LaunchPolicy. One per process.
 detail::LaunchPolicy& tuning_policy();

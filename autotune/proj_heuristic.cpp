@@ -29,6 +29,18 @@ detail::ProjVariant proj_heuristic(const QkvProjSpec& canonical, const detail::P
   return variant_for_tiles(detail::proj_token_tiles(shape.tokens));
 }
 
+// The path by token count. The H100 at Llama-3-8B's projection (bench/RESULTS.md): the fused
+// kernel takes 27.7 µs at 16 tokens, cuBLAS's GEMM alone 28.9 µs (plus the RMSNorm and RoPE
+// launches of the unfused path); at 32 tokens the fused kernel takes 39.9 µs against cuBLAS's
+// 28.6 µs. So fused up to 16 tokens, unfused beyond; `ropejit tune --proj` measures the
+// crossover of a shape on its GPU and the tuning file overrides this.
+ProjPath proj_heuristic_path(const QkvProjSpec& canonical, const detail::ProjShape& shape,
+                             const detail::DeviceInfo& device) {
+  (void)canonical;
+  (void)device;
+  return shape.tokens <= 16 ? ProjPath::fused : ProjPath::unfused;
+}
+
 std::vector<detail::ProjVariant> proj_heuristic_variants(const QkvProjSpec& canonical,
                                                          const detail::DeviceInfo& device) {
   (void)canonical;

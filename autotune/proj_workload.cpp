@@ -23,6 +23,7 @@
 #include "jit/driver.hpp"
 #include "jit/errors.hpp"
 #include "jit/launch_config.hpp"
+#include "jit/proj.hpp"
 
 namespace ropejit::autotune {
 namespace {
@@ -137,7 +138,13 @@ ProjProblem::ProjProblem(const QkvProjSpec& spec, const ProjSizes& sizes)
       outs_.push_back(&add(std::vector<uint8_t>(
           size_t(std::max<int64_t>(z.tokens, 1) * h * head_stride * e), kPoison)));
   }
-  build_reference();
+  if (z.path != ProjPath::fused) {
+    workspace_bytes_ = detail::proj_workspace_bytes(c, z.tokens, z.hidden);
+    workspace_ = &add(std::vector<uint8_t>(workspace_bytes_, kPoison));
+  }
+  if (!z.reference) return;
+  if (z.path != ProjPath::unfused) build_reference();
+  if (z.path != ProjPath::fused) build_unfused_reference();
 }
 
 ProjProblem::~ProjProblem() {
@@ -236,6 +243,110 @@ void ProjProblem::build_reference() {
   }
 }
 
+// The unfused path (RMSNorm key -> GEMM -> RoPE key):
+//   - the normalized activation a_k = round((x_k · rstd) · w_k) in fp32: rstd carries the fp32
+//     Σx² error (as above) and two fp32 products follow, so the device's a_k is the float64
+//     value's rounding unless that value lies within (rel_rstd + 3 · 2^-24) of a rounding
+//     boundary; there the neighbour is allowed too, its distance times |W_nk| added to the
+//     column's error;
+//   - the GEMM (cuBLASLt, fp32 accumulation in tensor cores, any split of K): (K/8 + 64) chained
+//     steps of two fp32 ulps of Σ|a_k W_nk|;
+//   - y rounded once to the dtype; v and the columns RoPE leaves alone are that value;
+//   - RoPE in fp32 on the rounded y, as the fused path's epilogue, and one more rounding.
+void ProjProblem::build_unfused_reference() {
+  const QkvProjSpec& c = spec_;
+  const ProjSizes& z = sizes_;
+  const int64_t D = c.head_dim, R = c.rotary_dim, K = z.hidden;
+  const int64_t e = detail::element_bytes(c.dtype);
+  const DType te = c.table_dtype;
+  const int64_t tb = detail::element_bytes(te);
+  Expected& out = expected_unfused_;
+  out.value.assign(size_t(z.tokens * columns_), 0.0);
+  out.tol.assign(size_t(z.tokens * columns_), 0.0);
+  const double gamma_dot = (double(K) / 8 + 64) * std::ldexp(1.0, -22);
+  const double rel_rstd = ((double(K) / 4 + 24) / 2 + 4) * std::ldexp(1.0, -24);
+  const double u32 = std::ldexp(1.0, -24);
+  const double u_out = unit_roundoff(c.dtype);
+  auto round_to = [&](double v) {
+    return c.dtype == DType::bf16 ? bf16_value(bf16_bits(v)) : f16_value(f16_bits(v));
+  };
+  std::vector<double> a(static_cast<size_t>(K)), amb(static_cast<size_t>(K), 0.0);
+  std::vector<double> y(static_cast<size_t>(columns_)), ey(static_cast<size_t>(columns_));
+  for (int64_t m = 0; m < z.tokens; ++m) {
+    const uint8_t* xr = x_->host.data() + m * x_stride_ * e;
+    double sumsq = 0;
+    for (int64_t k = 0; k < K; ++k) {
+      const double x = load_value(c.dtype, xr + k * e);
+      sumsq += x * x;
+    }
+    const double rstd = 1.0 / std::sqrt(sumsq / double(K) + double(float(z.norm_eps)));
+    for (int64_t k = 0; k < K; ++k) {
+      const double x = load_value(c.dtype, xr + k * e);
+      if (c.norm == Norm::none) {
+        a[size_t(k)] = x;
+        continue;
+      }
+      double w = load_value(c.dtype, norm_->host.data() + k * e);
+      if (c.norm == Norm::rms_one_plus) w = double(1.0f + float(w));  // fp32, as the kernel
+      const double v = x * rstd * w, slack = (rel_rstd + 3 * u32) * std::fabs(v);
+      const double r = round_to(v);
+      a[size_t(k)] = r;
+      amb[size_t(k)] =
+          std::max(std::fabs(round_to(v - slack) - r), std::fabs(round_to(v + slack) - r));
+    }
+    for (int64_t n = 0; n < columns_; ++n) {
+      const uint8_t* wr = w_->host.data() + n * w_stride_ * e;
+      double sum = 0, s_abs = 0, s_amb = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        const double wv = load_value(c.dtype, wr + k * e);
+        const double t = a[size_t(k)] * wv;
+        sum += t;
+        s_abs += std::fabs(t);
+        s_amb += amb[size_t(k)] * std::fabs(wv);
+      }
+      const double err = gamma_dot * s_abs + s_amb;  // of the fp32 sum
+      y[size_t(n)] = sum;
+      ey[size_t(n)] = u_out * std::fabs(sum) + (1 + u_out) * err;  // after rounding to the dtype
+    }
+    const int64_t pos = positions_[size_t(m)];
+    for (int64_t n = 0; n < columns_; ++n) {
+      const int64_t head = n / D, el = n % D;
+      const bool rotary_head = head < z.q_heads + z.kv_heads;
+      double value = y[size_t(n)], tol = ey[size_t(n)] + abs_floor(c.dtype);
+      if (rotary_head && el < R) {
+        const int64_t j = c.style == Style::neox ? el % (R / 2) : el / 2;
+        const bool first = c.style == Style::neox ? el < R / 2 : el % 2 == 0;
+        const int64_t partner =
+            head * D + (c.style == Style::neox ? (first ? el + R / 2 : el - R / 2)
+                                               : (first ? el + 1 : el - 1));
+        double cs = 0, sn = 0, angle_err = 0;
+        if (c.freqs == Freqs::computed) {
+          const double theta = std::pow(z.base, -2.0 * double(j) / double(R));
+          cs = std::cos(double(pos) * theta);
+          sn = std::sin(double(pos) * theta);
+          angle_err = 4e-7;
+        } else if (pos < 0 || pos >= table_rows_) {
+          cs = sn = std::nan("");
+        } else {
+          const int64_t col =
+              c.table_width == TableWidth::full && c.style == Style::gptj ? 2 * j : j;
+          cs = load_value(te, cos_->host.data() + (pos * table_width_ + col) * tb);
+          sn = load_value(te, sin_->host.data() + (pos * table_width_ + col) * tb);
+        }
+        const double self = y[size_t(n)], other = y[size_t(partner)];
+        value = first ? self * cs - other * sn : self * cs + other * sn;
+        const double err = ey[size_t(n)] * std::fabs(cs) + ey[size_t(partner)] * std::fabs(sn) +
+                           2 * u32 * (std::fabs(self * cs) + std::fabs(other * sn)) +
+                           angle_err * (std::fabs(self) + std::fabs(other)) * (1 + 1e-6);
+        tol = u_out * std::fabs(value) + (1 + u_out) * err + abs_floor(c.dtype);
+      }
+      const size_t at = size_t(m * columns_ + n);
+      out.value[at] = value;
+      out.tol[at] = tol;
+    }
+  }
+}
+
 void ProjProblem::upload() {
   const detail::Driver& d = detail::driver();
   for (Buffer* b : buffers_) {
@@ -283,6 +394,9 @@ QkvProjArgs ProjProblem::args(void* stream) const {
   a.sin = ptr(sin_);
   a.table_rows = table_rows_;
   a.base = z.base;
+  a.path = z.path;
+  a.workspace = ptr(workspace_);
+  a.workspace_bytes = workspace_bytes_;
   a.stream = stream;
   return a;
 }
@@ -300,16 +414,51 @@ int64_t ProjProblem::bytes_moved() const {
 CheckReport ProjProblem::check() {
   const detail::Driver& d = detail::driver();
   detail::check(d.CtxSynchronize(), "kernel");
+  if (!sizes_.reference)
+    detail::invalid("ProjProblem::check: the problem was made without a reference");
+  std::vector<std::vector<uint8_t>> got;
+  for (Buffer* out : outs_) {
+    got.emplace_back(out->host.size());
+    detail::check(d.MemcpyDtoH(got.back().data(), out->device, got.back().size()), "cuMemcpyDtoH");
+  }
+  CheckReport r;
+  if (sizes_.path != ProjPath::unfused) {
+    r = compare(expected_, got);
+    matched_ = ProjPath::fused;
+  }
+  if (sizes_.path == ProjPath::unfused || (sizes_.path == ProjPath::automatic && !r.ok)) {
+    CheckReport u = compare(expected_unfused_, got);
+    if (sizes_.path == ProjPath::unfused || u.ok) {
+      r = u;
+      matched_ = ProjPath::unfused;
+    }
+  }
+  // The workspace's guard: the unfused path writes nothing past workspace_bytes.
+  if (workspace_) {
+    std::vector<uint8_t> guard(kGuardBytes);
+    detail::check(d.MemcpyDtoH(guard.data(), workspace_->device + workspace_bytes_, kGuardBytes),
+                  "cuMemcpyDtoH");
+    for (const uint8_t b : guard)
+      if (b != kPoison) {
+        ++r.mismatches;
+        r.ok = false;
+        if (r.first_failure.empty()) r.first_failure = "the guard after the workspace was written";
+        break;
+      }
+  }
+  return r;
+}
+
+CheckReport ProjProblem::compare(const Expected& want_all,
+                                 const std::vector<std::vector<uint8_t>>& all) const {
   const QkvProjSpec& c = spec_;
   const ProjSizes& z = sizes_;
   const int64_t D = c.head_dim, e = detail::element_bytes(c.dtype);
   const int64_t hs = D + z.out_head_gap;
   CheckReport r;
   double err2 = 0, ref2 = 0;
-  for (size_t b = 0; b < outs_.size(); ++b) {
-    Buffer& out = *outs_[b];
-    std::vector<uint8_t> got(out.host.size());
-    detail::check(d.MemcpyDtoH(got.data(), out.device, got.size()), "cuMemcpyDtoH");
+  for (size_t b = 0; b < all.size(); ++b) {
+    const std::vector<uint8_t>& got = all[b];
     std::vector<bool> addressed(got.size() / size_t(e), false);
     const int64_t heads = z.packed_out ? z.q_heads + 2 * z.kv_heads
                           : b == 0     ? z.q_heads
@@ -324,7 +473,7 @@ CheckReport ProjProblem::check() {
           const int64_t at = m * heads * hs + h * hs + el;
           addressed[size_t(at)] = true;
           const size_t ref_at = size_t(m * columns_ + first_column + h * D + el);
-          const double want = expected_.value[ref_at], tol = expected_.tol[ref_at];
+          const double want = want_all.value[ref_at], tol = want_all.tol[ref_at];
           const double have = load_value(c.dtype, got.data() + at * e);
           ++r.checked;
           const bool ok = std::isnan(want) ? std::isnan(have) : std::fabs(have - want) <= tol;

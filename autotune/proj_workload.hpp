@@ -28,6 +28,10 @@ struct ProjSizes {
   double norm_eps = 1e-6;
   double x_scale = 1.0;  // activations are uniform in [-2, 2] times this
   uint64_t seed = 1;
+  // What args() asks for. unfused and automatic come with a poisoned workspace (guarded); with
+  // automatic, check() accepts the result of either path and matched() says which.
+  ProjPath path = ProjPath::fused;
+  bool reference = true;  // false: no float64 reference (timing only; check() refuses)
 };
 
 class ProjProblem {
@@ -60,6 +64,11 @@ class ProjProblem {
     std::vector<double> value, tol;
   };
   const Expected& expected() const { return expected_; }
+  // The unfused path's reference (sizes.path unfused or automatic): the normalized activation
+  // and the projection each rounded to the dtype, as that path computes.
+  const Expected& expected_unfused() const { return expected_unfused_; }
+  // The path whose reference the last check() matched (automatic: fused tried first).
+  ProjPath matched() const { return matched_; }
 
  private:
   struct Buffer {
@@ -68,6 +77,8 @@ class ProjProblem {
   };
   Buffer& add(std::vector<uint8_t> host);
   void build_reference();
+  void build_unfused_reference();
+  CheckReport compare(const Expected& want, const std::vector<std::vector<uint8_t>>& got) const;
 
   QkvProjSpec spec_;
   ProjSizes sizes_;
@@ -81,8 +92,11 @@ class ProjProblem {
   Buffer* cos_ = nullptr;
   Buffer* sin_ = nullptr;
   std::vector<Buffer*> outs_;  // one (packed) or three
+  Buffer* workspace_ = nullptr;
+  size_t workspace_bytes_ = 0;
   std::vector<int64_t> positions_;
-  Expected expected_;
+  Expected expected_, expected_unfused_;
+  ProjPath matched_ = ProjPath::fused;
 };
 
 }  // namespace ropejit::autotune

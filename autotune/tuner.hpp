@@ -7,6 +7,7 @@
 
 #include "autotune/tuning_cache.hpp"
 #include "jit/launch_config.hpp"
+#include "jit/proj.hpp"
 
 namespace ropejit::autotune {
 
@@ -31,5 +32,21 @@ Fingerprint current_fingerprint();
 // given head counts, on buffers this function owns; never touches callers' data. Needs a
 // current CUDA context. Deterministic tie-break: the earlier candidate wins.
 TuneReport tune(const Spec& canonical, int64_t bucket, int32_t q_heads, int32_t k_heads);
+
+// The decode block's projection: the fused kernel (the heuristic's variant) and the unfused
+// path (RMSNorm key -> cuBLASLt GEMM -> RoPE key), both checked against float64 where the host
+// reference is affordable (tokens x columns x hidden <= 2^32), then timed (L2 flushed, medians);
+// the faster is the entry's path (a tie goes to fused).
+struct ProjTuneReport {
+  ProjTuningEntry best;
+  detail::ProjVariant variant;  // the fused kernel's
+  double fused_us = 0, unfused_us = 0;
+  bool checked = false;  // both paths passed the float64 check
+};
+
+// Tunes `canonical`'s path at `bucket` tokens for one projection shape, on buffers it owns.
+// Needs a current CUDA context and cuBLASLt.
+ProjTuneReport tune_proj(const QkvProjSpec& canonical, int64_t bucket, int64_t hidden,
+                         int32_t q_heads, int32_t kv_heads);
 
 }  // namespace ropejit::autotune

@@ -32,6 +32,10 @@ constexpr size_t kMaxJsonDepth = 16;
 constexpr int32_t kMaxHeads = 65536;
 
 const char* const kTopFields[] = {"schema", "fingerprint", "entries"};
+// Top-level arrays added later (absent in older files, written only when not empty).
+const char* const kOptionalTopFields[] = {"projections"};
+const char* const kProjEntryFields[] = {"key",      "bucket", "hidden",   "q_heads",
+                                        "kv_heads", "path",   "fused_us", "unfused_us"};
 const char* const kFingerprintFields[] = {"gpu", "cc", "sm_count", "driver", "nvrtc", "library"};
 const char* const kEntryFields[] = {"key",    "bucket",    "q_heads", "k_heads",
                                     "config", "median_us", "gbps",    "default_us"};
@@ -44,6 +48,9 @@ const char* const kOptionalConfigFields[] = {"head_groups"};
 bool is_pow2(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
 
 auto slot_of(const TuningEntry& e) { return std::tie(e.key, e.bucket, e.q_heads, e.k_heads); }
+auto slot_of(const ProjTuningEntry& e) {
+  return std::tie(e.key, e.bucket, e.hidden, e.q_heads, e.kv_heads);
+}
 
 const char* type_of(const json& v) {
   if (v.is_number_integer()) return "integer";
@@ -176,6 +183,28 @@ bool read_entry(const json& j, TuningEntry* e, std::string* why) {
   return config.ok() && (*why = invalid_entry_reason(*e)).empty();
 }
 
+bool read_proj_entry(const json& j, ProjTuningEntry* e, std::string* why) {
+  Fields entry(j, "", kProjEntryFields, why);
+  entry.string("key", &e->key);
+  entry.integer("bucket", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(),
+                &e->bucket);
+  entry.integer("hidden", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(),
+                &e->hidden);
+  entry.int32("q_heads", &e->q_heads);
+  entry.int32("kv_heads", &e->kv_heads);
+  std::string path;
+  entry.string("path", &path);
+  entry.number("fused_us", &e->fused_us);
+  entry.number("unfused_us", &e->unfused_us);
+  if (!entry.ok()) return false;
+  if (path != "fused" && path != "unfused") {
+    *why = concat("field 'path' (", detail::clipped(path), ") must be \"fused\" or \"unfused\"");
+    return false;
+  }
+  e->path = path == "fused" ? ProjPath::fused : ProjPath::unfused;
+  return (*why = invalid_entry_reason(*e)).empty();
+}
+
 std::string describe(const Fingerprint& f) {
   return concat(f.gpu_name.empty() ? "an unnamed GPU" : f.gpu_name, " (sm_", f.cc, ", ", f.sm_count,
                 " SMs)");
@@ -188,7 +217,9 @@ struct FileContents {
   std::string why;  // rejected / other_gpu
   Fingerprint fingerprint;
   std::vector<TuningEntry> entries;
+  std::vector<ProjTuningEntry> proj_entries;
   std::vector<std::pair<size_t, std::string>> entry_problems;  // index, why
+  std::vector<std::pair<size_t, std::string>> proj_problems;   // index, why
 };
 
 // Where `here` is null, the file's own fingerprint is taken (no GPU check): what
@@ -242,10 +273,14 @@ FileContents parse_tuning_text(const std::string& text, const Fingerprint* here)
                      kTuningSchemaVersion, ")");
     return out;
   }
-  Fields top(doc, "", kTopFields, &out.why);
+  Fields top(doc, "", kTopFields, kOptionalTopFields, &out.why);
   if (!top.ok() || !read_fingerprint(doc.at("fingerprint"), &out.fingerprint, &out.why)) return out;
   if (!doc.at("entries").is_array()) {
     out.why = concat("field 'entries' must be an array, got ", type_of(doc.at("entries")));
+    return out;
+  }
+  if (doc.contains("projections") && !doc.at("projections").is_array()) {
+    out.why = concat("field 'projections' must be an array, got ", type_of(doc.at("projections")));
     return out;
   }
   if (here && !out.fingerprint.same_gpu(*here)) {
@@ -262,6 +297,17 @@ FileContents parse_tuning_text(const std::string& text, const Fingerprint* here)
       out.entries.push_back(std::move(e));
     else
       out.entry_problems.emplace_back(i, why);
+  }
+  if (doc.contains("projections")) {
+    const json& projections = doc.at("projections");
+    for (size_t i = 0; i < projections.size(); ++i) {
+      ProjTuningEntry e;
+      std::string why;
+      if (read_proj_entry(projections[i], &e, &why))
+        out.proj_entries.push_back(std::move(e));
+      else
+        out.proj_problems.emplace_back(i, why);
+    }
   }
   return out;
 }
@@ -323,6 +369,58 @@ std::string invalid_entry_reason(const TuningEntry& e) {
   return {};
 }
 
+bool operator==(const ProjTuningEntry& a, const ProjTuningEntry& b) {
+  return slot_of(a) == slot_of(b) && a.path == b.path && a.fused_us == b.fused_us &&
+         a.unfused_us == b.unfused_us;
+}
+
+std::string invalid_entry_reason(const ProjTuningEntry& e) {
+  try {
+    parse_qkv_proj_key(e.key);
+  } catch (const Error& err) {
+    const std::string what = err.what();
+    const std::string tag = "ropejit: ";
+    return concat("key: ", what.compare(0, tag.size(), tag) == 0 ? what.substr(tag.size()) : what);
+  }
+  if (!is_pow2(e.bucket) || e.bucket > kMaxBucket)
+    return concat("bucket (", e.bucket, ") must be a power of two in 1..2^31");
+  if (e.hidden < 8 || e.hidden % 8 != 0 || e.hidden > (int64_t(1) << 24))
+    return concat("hidden (", e.hidden, ") must be a multiple of 8 in [8, 2^24]");
+  if (e.q_heads < 1 || e.q_heads > kMaxHeads)
+    return concat("q_heads (", e.q_heads, ") must be in 1..", kMaxHeads);
+  if (e.kv_heads < 1 || e.kv_heads > kMaxHeads)
+    return concat("kv_heads (", e.kv_heads, ") must be in 1..", kMaxHeads);
+  if (e.path != ProjPath::fused && e.path != ProjPath::unfused)
+    return concat("path (", int(e.path), ") must be fused or unfused");
+  const std::pair<const char*, double> times[] = {{"fused_us", e.fused_us},
+                                                  {"unfused_us", e.unfused_us}};
+  for (const auto& [name, v] : times)
+    if (!std::isfinite(v) || v < 0) return concat(name, " (", v, ") must be finite and >= 0");
+  return {};
+}
+
+void TuningCache::put(const ProjTuningEntry& e) {
+  if (const std::string why = invalid_entry_reason(e); !why.empty())
+    detail::invalid("projection tuning entry for ", e.key, " is invalid: ", why);
+  const auto it = std::lower_bound(
+      proj_entries_.begin(), proj_entries_.end(), e,
+      [](const ProjTuningEntry& a, const ProjTuningEntry& b) { return slot_of(a) < slot_of(b); });
+  if (it != proj_entries_.end() && slot_of(*it) == slot_of(e))
+    *it = e;
+  else
+    proj_entries_.insert(it, e);
+}
+
+const ProjTuningEntry* TuningCache::find_proj(const std::string& key, int64_t bucket,
+                                              int64_t hidden, int32_t q_heads,
+                                              int32_t kv_heads) const {
+  const auto slot = std::tie(key, bucket, hidden, q_heads, kv_heads);
+  const auto it = std::lower_bound(
+      proj_entries_.begin(), proj_entries_.end(), slot,
+      [](const ProjTuningEntry& a, const decltype(slot)& b) { return slot_of(a) < b; });
+  return it != proj_entries_.end() && slot_of(*it) == slot ? &*it : nullptr;
+}
+
 TuningCache TuningCache::load(const std::string& path, const Fingerprint& here) {
   TuningCache cache;
   cache.fingerprint_ = here;
@@ -342,7 +440,10 @@ TuningCache TuningCache::load(const std::string& path, const Fingerprint& here) 
       cache.fingerprint_ = file.fingerprint;
       for (const auto& [index, why] : file.entry_problems)
         warn(concat("ignoring entry ", index, " of tuning file ", path, " (", why, ")"));
+      for (const auto& [index, why] : file.proj_problems)
+        warn(concat("ignoring projection entry ", index, " of tuning file ", path, " (", why, ")"));
       for (const TuningEntry& e : file.entries) cache.put(e);
+      for (const ProjTuningEntry& e : file.proj_entries) cache.put(e);
       break;
   }
   return cache;
@@ -355,7 +456,10 @@ TuningCache TuningCache::parse(const std::string& text, const Fingerprint& here)
   cache.fingerprint_ = file.fingerprint;
   for (const auto& [index, why] : file.entry_problems)
     cache.warnings_.push_back(concat("ignoring entry ", index, " (", why, ")"));
+  for (const auto& [index, why] : file.proj_problems)
+    cache.warnings_.push_back(concat("ignoring projection entry ", index, " (", why, ")"));
   for (const TuningEntry& e : file.entries) cache.put(e);
+  for (const ProjTuningEntry& e : file.proj_entries) cache.put(e);
   return cache;
 }
 
@@ -372,7 +476,14 @@ TuningCache TuningCache::load_as_tuned(const std::string& path) {
     cache.warnings_.push_back(message);
     detail::warn_once("tuning:" + message, message);
   }
+  for (const auto& [index, why] : file.proj_problems) {
+    const std::string message =
+        concat("ignoring projection entry ", index, " of tuning file ", path, " (", why, ")");
+    cache.warnings_.push_back(message);
+    detail::warn_once("tuning:" + message, message);
+  }
   for (const TuningEntry& e : file.entries) cache.put(e);
+  for (const ProjTuningEntry& e : file.proj_entries) cache.put(e);
   return cache;
 }
 
@@ -431,6 +542,22 @@ json TuningCache::to_json() const {
   doc["schema"] = kTuningSchemaVersion;
   doc["fingerprint"] = std::move(fp);
   doc["entries"] = std::move(entries);
+  if (!proj_entries_.empty()) {
+    json projections = json::array();
+    for (const ProjTuningEntry& e : proj_entries_) {
+      json j = json::object();
+      j["key"] = e.key;
+      j["bucket"] = e.bucket;
+      j["hidden"] = e.hidden;
+      j["q_heads"] = e.q_heads;
+      j["kv_heads"] = e.kv_heads;
+      j["path"] = e.path == ProjPath::fused ? "fused" : "unfused";
+      j["fused_us"] = e.fused_us;
+      j["unfused_us"] = e.unfused_us;
+      projections.push_back(std::move(j));
+    }
+    doc["projections"] = std::move(projections);
+  }
   return doc;
 }
 
@@ -441,6 +568,8 @@ void TuningCache::save(const std::string& path) const {
   if (old.state == FileState::ok) {
     for (const TuningEntry& e : old.entries)
       if (!merged.find(e.key, e.bucket, e.q_heads, e.k_heads)) merged.put(e);
+    for (const ProjTuningEntry& e : old.proj_entries)
+      if (!merged.find_proj(e.key, e.bucket, e.hidden, e.q_heads, e.kv_heads)) merged.put(e);
   } else if (old.state == FileState::rejected) {
     const std::string message = concat("replacing unusable tuning file ", path, " (", old.why, ")");
     detail::warn_once("tuning:" + message, message);

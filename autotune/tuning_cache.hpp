@@ -39,6 +39,19 @@ struct TuningEntry {
   friend bool operator==(const TuningEntry& a, const TuningEntry& b);
 };
 
+// The decode block's QKV projection: which path (fused kernel, or RMSNorm -> cuBLASLt GEMM ->
+// RoPE) is faster for a token bucket of one projection shape, as `ropejit tune --proj` measured.
+struct ProjTuningEntry {
+  std::string key;     // QkvProjSpec::key(); must parse with ropejit::parse_qkv_proj_key
+  int64_t bucket = 1;  // tokens rounded up to a power of two, 1..2^31
+  int64_t hidden = 0;  // a multiple of 8 in [8, 2^24]
+  int32_t q_heads = 0, kv_heads = 0;    // 1..65536
+  ProjPath path = ProjPath::fused;      // fused or unfused
+  double fused_us = 0, unfused_us = 0;  // finite, >= 0 (0: not measured)
+
+  friend bool operator==(const ProjTuningEntry& a, const ProjTuningEntry& b);
+};
+
 class TuningCache {
  public:
   // Reads `path` (a regular file of at most 16 MiB, JSON nested at most 16 deep; anything else,
@@ -71,6 +84,13 @@ class TuningCache {
                           int32_t k_heads) const;
   // Deterministic order: sorted by key, bucket, q_heads, k_heads.
   const std::vector<TuningEntry>& entries() const { return entries_; }
+
+  // Projection entries (the file's optional "projections" array), sorted by key, bucket,
+  // hidden, q_heads, kv_heads; put() replaces the entry of the same slot.
+  void put(const ProjTuningEntry& e);
+  const ProjTuningEntry* find_proj(const std::string& key, int64_t bucket, int64_t hidden,
+                                   int32_t q_heads, int32_t kv_heads) const;
+  const std::vector<ProjTuningEntry>& proj_entries() const { return proj_entries_; }
   // What load() ignored and why, in the order found (each also reported once on stderr).
   const std::vector<std::string>& warnings() const { return warnings_; }
 
@@ -87,12 +107,14 @@ class TuningCache {
  private:
   Fingerprint fingerprint_;
   std::vector<TuningEntry> entries_;
+  std::vector<ProjTuningEntry> proj_entries_;
   std::vector<std::string> warnings_;
 };
 
 // Empty when `e` may be used (the checks load() applies to each entry), else the offending
 // field and why: the tuning file is data only and can only select legal launch configurations.
 std::string invalid_entry_reason(const TuningEntry& e);
+std::string invalid_entry_reason(const ProjTuningEntry& e);
 
 // Default tuning-file path: $ROPEJIT_TUNING_FILE if set ("" or "off": no tuning file), else
 // <dir>/tuning.json where <dir> is detail::DiskCache::default_dir(); "" when neither is

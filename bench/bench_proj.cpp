@@ -6,7 +6,12 @@
 // part of it there.
 //   proj/llama3_8b_m<M>: the library's choice for M tokens;
 //   proj_variants/m<M>/<variant>: every legal kernel variant with the call's token tiles, to
-//   see what the heuristic leaves.
+//   see what the heuristic leaves;
+//   proj_path/m<M>/<fused|unfused|auto>: the fused kernel, the unfused path (RMSNorm key ->
+//   cuBLASLt GEMM -> RoPE key) and the automatic choice (tuning file, else the heuristic) from
+//   1 to 4096 tokens: the chooser should track the faster of the two everywhere. Results are
+//   checked against float64 up to 64 tokens (the host reference costs M x 6144 x 4096
+//   multiply-adds); the GPU tests check every path at larger token counts on smaller shapes.
 #include <string>
 #include <vector>
 
@@ -62,9 +67,48 @@ void run_proj(benchmark::State& state, int64_t tokens, const detail::ProjVariant
   state.SetLabel(c.key() + (variant ? " " + variant->name() : std::string(" default")));
 }
 
+void run_path(benchmark::State& state, int64_t tokens, ProjPath path) {
+  const QkvProjSpec s = llama_spec();
+  autotune::ProjSizes z = llama_sizes(tokens);
+  z.path = path == ProjPath::fused ? ProjPath::fused : ProjPath::automatic;  // workspace
+  z.reference = tokens <= 64;
+  autotune::ProjProblem p(s, z);
+  p.upload();
+  QkvProjArgs args = p.args(g_stream);
+  args.path = path;
+  auto call = [&] { qkv_projection(s, args); };
+  call();
+  if (z.reference) {
+    const autotune::CheckReport r = p.check();
+    if (!r.ok) {
+      state.SkipWithError(("wrong result: " + r.first_failure).c_str());
+      return;
+    }
+  }
+  const ProjPath taken = path == ProjPath::automatic ? qkv_projection_path(s, args) : path;
+  time_against_copy(state, 2 * p.weight_bytes(), call);
+  const double floor_us = state.counters["copy_us"] / 2;
+  state.counters["floor_us"] = floor_us;
+  state.counters["x_floor"] = state.counters["median_us"] / floor_us;
+  state.counters["unfused"] = taken == ProjPath::unfused ? 1 : 0;
+  state.counters["tflops"] =
+      2.0 * double(tokens) * double(p.weight_bytes() / 2) / state.counters["median_us"] / 1e6;
+  state.SetBytesProcessed(int64_t(state.iterations()) * p.bytes_moved());
+  state.SetLabel(s.key() + " " + to_string(path) + " -> " + to_string(taken) +
+                 (z.reference ? "" : " (unchecked)"));
+}
+
 }  // namespace
 
 void register_proj_benchmarks() {
+  for (const int64_t m : {1, 2, 4, 8, 16, 24, 32, 48, 64, 128, 256, 512, 1024, 2048, 4096})
+    for (const ProjPath path : {ProjPath::fused, ProjPath::unfused, ProjPath::automatic})
+      benchmark::RegisterBenchmark(
+          ("proj_path/m" + std::to_string(m) + "/" + to_string(path)).c_str(),
+          [m, path](benchmark::State& st) { run_path(st, m, path); })
+          ->UseManualTime()
+          ->Iterations(30)
+          ->Unit(benchmark::kMicrosecond);
   for (const int64_t m : {1, 2, 4, 8, 16, 32, 64})
     benchmark::RegisterBenchmark(("proj/llama3_8b_m" + std::to_string(m)).c_str(),
                                  [m](benchmark::State& st) { run_proj(st, m, nullptr); })

@@ -1,6 +1,6 @@
 """The unfused torch decode block that ropejit's projection kernel replaces, timed on the GPU in
 the same run as `ropejit_bench --benchmark_filter=proj/` (bench/run_gpu.sh proj): Llama-3-8B's
-RMSNorm -> QKV projection -> RoPE at M = 1..64 tokens, bf16.
+RMSNorm -> QKV projection -> RoPE at M = 1..4096 tokens, bf16.
 
     unfused: HF's LlamaRMSNorm (fp32 statistics, weight times the bf16-rounded normalized x),
              F.linear with the packed [6144, 4096] weight (cuBLAS), split into q, k, v, HF's
@@ -93,7 +93,7 @@ def main():
     print(f"GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; L2 flushed before each")
     print("| M | unfused µs | unfused graph µs | F.linear µs | F.linear graph µs | floor µs |")
     print("|---|---|---|---|---|---|")
-    for m in (1, 2, 4, 8, 16, 32, 64):
+    for m in (1, 2, 4, 8, 16, 24, 32, 48, 64, 128, 256, 512, 1024, 2048, 4096):
         x = torch.randn(m, HIDDEN, device=dev).to(torch.bfloat16)
         ids = torch.randint(0, 8192, (m,), device=dev)
         row = {"tokens": m, "floor_us": copy_us / 2}

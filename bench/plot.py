@@ -196,14 +196,39 @@ def proj_rows(bench):
     return dict(sorted(rows.items()))
 
 
-def plot_proj(rows, torch_rows, gpu, path):
-    """The decode block's projection: µs against tokens for the fused kernel, the unfused torch
-    block (graph replay and eager), cuBLAS's F.linear alone, and the weight-read floor."""
+def proj_path_rows(bench):
+    """path -> {tokens: median µs} of the proj_path/m<M>/<path> rows, and tokens -> floor µs."""
+    paths, floor = {}, {}
+    for b in bench.get("benchmarks", []):
+        m = re.match(r"proj_path/m(\d+)/(\w+)", b.get("name", ""))
+        if m and "median_us" in b:
+            paths.setdefault(m.group(2), {})[int(m.group(1))] = b["median_us"]
+            floor[int(m.group(1))] = b.get("floor_us", 0)
+    return {k: dict(sorted(v.items())) for k, v in paths.items()}, dict(sorted(floor.items()))
+
+
+def plot_proj(rows, torch_rows, gpu, path, path_rows=None):
+    """The decode block's projection: µs against tokens for the fused kernel (and, from the
+    proj_path rows, the unfused path and the automatic choice), the unfused torch block (graph
+    replay and eager), cuBLAS's F.linear alone, and the weight-read floor."""
     fig, ax = plt.subplots(figsize=(9.5, 4.5))
-    tokens = list(rows)
-    ax.plot(tokens, [rows[t][0] for t in tokens], "o-", color="tab:blue",
-            label="ropejit fused (RMSNorm + QKV + RoPE)")
-    ax.plot(tokens, [rows[t][1] for t in tokens], "k--", label="weight-read floor (copy bandwidth)")
+    paths, floor = path_rows or ({}, {})
+    if paths:
+        tokens = list(floor)
+        styles = {"fused": ("o-", "tab:blue", "ropejit fused kernel"),
+                  "unfused": ("D-", "tab:purple", "ropejit unfused (RMSNorm key, cuBLASLt, RoPE key)"),
+                  "auto": ("x--", "black", "ropejit automatic (tuned choice)")}
+        for name, (marker, color, label) in styles.items():
+            if name in paths:
+                t = list(paths[name])
+                ax.plot(t, [paths[name][x] for x in t], marker, color=color, label=label)
+        ax.plot(tokens, [floor[t] for t in tokens], "k:", label="weight-read floor (copy bandwidth)")
+    else:
+        tokens = list(rows)
+        ax.plot(tokens, [rows[t][0] for t in tokens], "o-", color="tab:blue",
+                label="ropejit fused (RMSNorm + QKV + RoPE)")
+        ax.plot(tokens, [rows[t][1] for t in tokens], "k--",
+                label="weight-read floor (copy bandwidth)")
     if torch_rows:
         t2 = [r["tokens"] for r in torch_rows]
         ax.plot(t2, [r["unfused_graph_us"] for r in torch_rows], "s-", color="tab:orange",
@@ -277,9 +302,19 @@ def main():
             with open(args.proj_torch) as f:
                 torch_rows = json.load(f)["rows"]
         rows = proj_rows(bench)
-        if rows:
+        path_rows = proj_path_rows(bench)
+        paths = path_rows[0]
+        if paths.get("auto"):
+            # The chooser against the better of the two paths, per token count.
+            print("| M | fused µs | unfused µs | automatic µs | automatic / best |")
+            print("|---|---|---|---|---|")
+            for t, auto in paths["auto"].items():
+                f, u = paths.get("fused", {}).get(t), paths.get("unfused", {}).get(t)
+                best = min(x for x in (f, u) if x is not None)
+                print(f"| {t} | {f:.1f} | {u:.1f} | {auto:.1f} | {auto / best:.3f} |")
+        if rows or paths:
             path = os.path.join(args.outdir, "proj_us.png")
-            plot_proj(rows, torch_rows, bench.get("context", {}).get("gpu"), path)
+            plot_proj(rows, torch_rows, bench.get("context", {}).get("gpu"), path, path_rows)
             written.append(path)
         else:
             print(f"plot: no proj/llama3_8b_m<M> rows in {args.proj}", file=sys.stderr)

@@ -102,6 +102,9 @@ int main(int argc, char** argv) {
   tune->add_option("--style", to.style, "neox, gptj")->excludes(key);
   tune->add_option("--positions", to.positions, "offset, seqoff, ids")->excludes(key);
   tune->add_option("--freqs", to.freqs, "tab, comp")->excludes(key);
+  tune->add_option("--hidden", to.hidden,
+                   "Hidden size for projection keys (--key qkvproj_... --heads Q,KV): times the "
+                   "fused kernel against RMSNorm -> cuBLASLt GEMM -> RoPE per token bucket");
   tune->add_option("--tokens", to.tokens, "Token counts to tune (bucketed to powers of two)")
       ->delimiter(',');
   tune->add_option("--out", to.out, "Tuning file (default: $ROPEJIT_TUNING_FILE or the cache dir)");

@@ -12,6 +12,7 @@
 
 #include "jit/driver.hpp"
 #include "jit/errors.hpp"
+#include "jit/gemm.hpp"
 #include "jit/nvrtc.hpp"
 #include "jit/render.hpp"
 
@@ -115,8 +116,11 @@ size_t Engine::ProjPlanKeyHash::operator()(const ProjPlanKey& k) const {
   mix(h, uint64_t(s.dtype) | uint64_t(s.style) << 4 | uint64_t(s.positions) << 8 |
              uint64_t(s.index_type) << 12 | uint64_t(s.freqs) << 16 |
              uint64_t(s.table_dtype) << 20 | uint64_t(s.table_width) << 24 |
-             uint64_t(s.norm) << 28 | uint64_t(uint32_t(k.tiles)) << 32);
+             uint64_t(s.norm) << 28);
   mix(h, uint64_t(uint32_t(s.head_dim)) << 32 | uint32_t(s.rotary_dim));
+  mix(h, uint64_t(k.bucket));
+  mix(h, uint64_t(k.hidden));
+  mix(h, uint64_t(uint32_t(k.q_heads)) << 32 | uint32_t(k.kv_heads));
   return size_t(h);
 }
 
@@ -516,8 +520,10 @@ const Engine::LoadedFunction& Engine::proj_function(CUcontext ctx, const QkvProj
 }
 
 const Engine::ProjPlan& Engine::proj_plan(CUcontext ctx, const QkvProjSpec& c,
-                                          const ProjShape& shape, CUstream stream) {
-  const ProjPlanKey key{ctx, c, proj_token_tiles(shape.tokens)};
+                                          const QkvProjArgs& args, const ProjShape& shape,
+                                          CUstream stream) {
+  const ProjPlanKey key{
+      ctx, c, proj_path_bucket(shape.tokens), shape.hidden, shape.q_heads, shape.kv_heads};
   {
     std::shared_lock<std::shared_mutex> lock(proj_mutex_);
     const auto it = proj_plans_.find(key);
@@ -530,8 +536,12 @@ const Engine::ProjPlan& Engine::proj_plan(CUcontext ctx, const QkvProjSpec& c,
   const ProjVariant chosen = policy().choose_proj(c, shape, device);
   if (const std::string why = proj_variant_problem(chosen); !why.empty())
     fail(ErrorCode::internal, "policy chose ", chosen.name(), " for ", c.key(), ": ", why);
+  const ProjPath path = policy().choose_proj_path(c, shape, device);
+  if (path != ProjPath::fused && path != ProjPath::unfused)
+    fail(ErrorCode::internal, "policy chose path ", int(path), " for ", c.key());
   // Every variant the policy may pick for the key is compiled now, concurrently, and loaded,
-  // so a later token count never compiles (nor loads a module inside a graph capture).
+  // so a later token count never compiles (nor loads a module inside a graph capture); the
+  // unfused path's kernels too, where this call could take it.
   CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
   check(driver().StreamIsCapturing(stream, &capture), "cuStreamIsCapturing");
   std::vector<ProjVariant> all;
@@ -540,6 +550,9 @@ const Engine::ProjPlan& Engine::proj_plan(CUcontext ctx, const QkvProjSpec& c,
   const std::string target = target_for(device.cc);
   std::vector<std::future<void>> compiling;
   for (const ProjVariant& v : all) compiling.push_back(image_async(c, v, target));
+  if (capture == CU_STREAM_CAPTURE_STATUS_NONE && gemm_unavailable().empty() &&
+      proj_split_problem(c, args, shape, false).empty())
+    prepare_unfused(ctx, c, args, shape, stream);
   for (std::future<void>& f : compiling) f.get();  // rethrows a compile error
   const LoadedFunction* fn = nullptr;
   for (const ProjVariant& v : all) {
@@ -547,14 +560,102 @@ const Engine::ProjPlan& Engine::proj_plan(CUcontext ctx, const QkvProjSpec& c,
     if (v == chosen) fn = &loaded;
   }
   std::unique_lock<std::shared_mutex> lock(proj_mutex_);
-  return proj_plans_.emplace(key, ProjPlan{chosen, fn}).first->second;
+  return proj_plans_.emplace(key, ProjPlan{path, chosen, fn}).first->second;
+}
+
+namespace {
+
+// The unfused path's steps as calls of the other key families.
+RmsNormSpec split_norm_spec(const QkvProjSpec& c) {
+  RmsNormSpec n;
+  n.dtype = c.dtype;
+  n.norm = c.norm;
+  return n;
+}
+
+Spec split_rope_spec(const QkvProjSpec& c) {
+  Spec r;
+  r.layout = Layout::bshd;
+  r.dtype = c.dtype;
+  r.head_dim = c.head_dim;
+  r.rotary_dim = c.rotary_dim;
+  r.style = c.style;
+  r.positions = c.positions;
+  r.index_type = c.index_type;
+  r.freqs = c.freqs;
+  r.table_dtype = c.table_dtype;
+  r.table_width = c.table_width;
+  return r;
+}
+
+// q and k rotated in place: one sequence of `tokens`.
+Args split_rope_args(const QkvProjArgs& a) {
+  Args r;
+  r.batch = 1;
+  r.seq_len = a.tokens;
+  r.q = Tensor{a.q.data, a.q_heads, 0, a.q.stride_seq, a.q.stride_head};
+  r.k = Tensor{a.k.data, a.kv_heads, 0, a.k.stride_seq, a.k.stride_head};
+  r.position_offset = a.position_offset;
+  r.position_ids = a.position_ids;
+  r.cos = a.cos;
+  r.sin = a.sin;
+  r.table_stride = a.table_stride;
+  r.table_rows = a.table_rows;
+  r.base = a.base;
+  r.stream = a.stream;
+  return r;
+}
+
+}  // namespace
+
+void Engine::prepare_unfused(CUcontext ctx, const QkvProjSpec& c, const QkvProjArgs& args,
+                             const ProjShape& shape, CUstream stream) {
+  if (c.norm != Norm::none) {
+    RmsNormArgs n;
+    n.rows = 1;
+    n.hidden = shape.hidden;
+    n.x = args.x;
+    n.weight = args.norm_weight;
+    n.out = const_cast<void*>(args.x);  // checked only, never launched
+    const RmsNormSpec ns = split_norm_spec(c);
+    const NormShape norm_shape = check_norm_call(ns, n);
+    named_function(ctx, ns.key(), norm_shape.variant.name(), stream, [&]() -> const CacheEntry& {
+      return image(ns, norm_shape.variant, target_for(device_info(ctx).cc));
+    });
+  }
+  planned(split_rope_spec(c), split_rope_args(args));  // loads the RoPE key's kernels
+  gemm_prepare(ctx);                                   // cuBLASLt's handle for the context
 }
 
 void Engine::qkv_projection(const QkvProjSpec& spec, const QkvProjArgs& args) {
   const QkvProjSpec c = spec.canonical();
   const ProjShape shape = check_proj_call(c, args);
   if (shape.tokens == 0) return;
-  launch_proj(c, args, shape, nullptr);
+  if (args.path == ProjPath::unfused) return launch_proj_unfused(c, args, shape);
+  const Driver& d = driver();
+  CUcontext ctx = nullptr;
+  const ContextScope scope(d, &ctx, args.x, "args.x");
+  CUstream stream = static_cast<CUstream>(args.stream);
+  const ProjPlan& p = proj_plan(ctx, c, args, shape, stream);
+  if (args.path == ProjPath::automatic && p.path == ProjPath::unfused &&
+      gemm_unavailable().empty() && proj_split_problem(c, args, shape, true).empty())
+    return launch_proj_unfused(c, args, shape);
+  launch_fused(*p.fn, p.variant, c, args, shape, stream);
+}
+
+ProjPath Engine::qkv_projection_path(const QkvProjSpec& spec, const QkvProjArgs& args,
+                                     bool ignore_workspace) {
+  const QkvProjSpec c = spec.canonical();
+  const ProjShape shape = check_proj_call(c, args);
+  if (args.path != ProjPath::automatic) return args.path;
+  if (shape.tokens == 0) return ProjPath::fused;
+  CUcontext ctx = nullptr;
+  const ContextScope scope(driver(), &ctx, args.x, "args.x");
+  const ProjPlan& p = proj_plan(ctx, c, args, shape, static_cast<CUstream>(args.stream));
+  if (p.path == ProjPath::unfused && gemm_unavailable().empty() &&
+      proj_split_problem(c, args, shape, !ignore_workspace).empty())
+    return ProjPath::unfused;
+  return ProjPath::fused;
 }
 
 void Engine::launch_proj(const QkvProjSpec& c, const QkvProjArgs& args, const ProjShape& shape,
@@ -563,25 +664,102 @@ void Engine::launch_proj(const QkvProjSpec& c, const QkvProjArgs& args, const Pr
   CUcontext ctx = nullptr;
   const ContextScope scope(d, &ctx, args.x, "args.x");
   CUstream stream = static_cast<CUstream>(args.stream);
-  ProjVariant variant;
-  const LoadedFunction* fn = nullptr;
-  if (requested) {
-    if (const std::string why = proj_variant_problem(*requested); !why.empty())
-      invalid("projection variant ", requested->name(), " is not legal: ", why);
-    if (device_info(ctx).cc < 80)
-      invalid("the QKV projection (", c.key(), ") needs compute capability 8.0 or newer");
-    variant = *requested;
-    fn = &proj_function(ctx, c, variant, stream);
-  } else {
-    const ProjPlan& p = proj_plan(ctx, c, shape, stream);
-    variant = p.variant;
-    fn = p.fn;
+  if (!requested) {
+    const ProjPlan& p = proj_plan(ctx, c, args, shape, stream);
+    return launch_fused(*p.fn, p.variant, c, args, shape, stream);
   }
+  if (const std::string why = proj_variant_problem(*requested); !why.empty())
+    invalid("projection variant ", requested->name(), " is not legal: ", why);
+  if (device_info(ctx).cc < 80)
+    invalid("the QKV projection (", c.key(), ") needs compute capability 8.0 or newer");
+  launch_fused(proj_function(ctx, c, *requested, stream), *requested, c, args, shape, stream);
+}
+
+void Engine::launch_fused(const LoadedFunction& fn, const ProjVariant& variant,
+                          const QkvProjSpec& c, const QkvProjArgs& args, const ProjShape& shape,
+                          CUstream stream) {
   ropejit_dev::ProjParams params = make_proj_params(c, args, shape);
   void* kernel_args[] = {&params};
-  check(d.LaunchKernel(fn->fn, proj_grid_x(shape), proj_grid_y(shape, variant), 1,
-                       unsigned(variant.threads()), 1, 1, 0, stream, kernel_args, nullptr),
+  check(driver().LaunchKernel(fn.fn, proj_grid_x(shape), proj_grid_y(shape, variant), 1,
+                              unsigned(variant.threads()), 1, 1, 0, stream, kernel_args, nullptr),
         "cuLaunchKernel");
+}
+
+void Engine::launch_proj_unfused(const QkvProjSpec& c, const QkvProjArgs& args,
+                                 const ProjShape& shape) {
+  if (const std::string why = proj_split_problem(c, args, shape, true); !why.empty()) invalid(why);
+  if (!gemm_unavailable().empty()) fail(ErrorCode::no_driver, gemm_unavailable());
+  const Driver& d = driver();
+  CUcontext ctx = nullptr;
+  const ContextScope scope(d, &ctx, args.x, "args.x");
+  if (device_info(ctx).cc < 80)
+    invalid("the QKV projection (", c.key(), ") needs compute capability 8.0 or newer");
+  CUstream stream = static_cast<CUstream>(args.stream);
+  const int64_t elem = element_bytes(c.dtype);
+  char* workspace = static_cast<char*>(args.workspace);
+  const size_t norm_bytes = proj_norm_bytes(c, shape.tokens, shape.hidden);
+
+  // 1. RMSNorm into the workspace (rounded once to the dtype, as torch's module does).
+  GemmCall g;
+  g.dtype = c.dtype;
+  g.m = shape.tokens;
+  g.k = shape.hidden;
+  g.a = args.x;
+  g.lda = args.x_stride == 0 ? shape.hidden : args.x_stride;
+  if (c.norm != Norm::none) {
+    RmsNormArgs n;
+    n.rows = shape.tokens;
+    n.hidden = shape.hidden;
+    n.x = args.x;
+    n.x_stride = g.lda;
+    n.weight = args.norm_weight;
+    n.eps = args.norm_eps;
+    n.out = workspace;
+    n.out_stride = shape.hidden;
+    n.stream = args.stream;
+    rms_norm(split_norm_spec(c), n);
+    g.a = workspace;
+    g.lda = shape.hidden;
+  }
+  g.workspace = workspace + norm_bytes;
+  g.workspace_bytes = args.workspace_bytes - norm_bytes;
+  g.stream = stream;
+
+  // 2. The projection: one GEMM when q, k and v are heads of one packed tensor, else one each.
+  const int64_t wstride = args.weight_stride == 0 ? shape.hidden : args.weight_stride;
+  const int64_t D = c.head_dim;
+  const Tensor* outs[3] = {&args.q, &args.k, &args.v};
+  const int64_t heads[3] = {shape.q_heads, shape.kv_heads, shape.kv_heads};
+  auto row_stride = [&](const Tensor& t, int64_t n) {
+    return shape.tokens > 1 ? t.stride_seq : std::max(t.stride_seq, n);
+  };
+  const char* q0 = static_cast<const char*>(args.q.data);
+  const bool packed = args.k.data == q0 + shape.q_heads * D * elem &&
+                      args.v.data == q0 + (shape.q_heads + shape.kv_heads) * D * elem &&
+                      args.k.stride_seq == args.q.stride_seq &&
+                      args.v.stride_seq == args.q.stride_seq;
+  if (packed) {
+    g.n = (shape.q_heads + 2 * shape.kv_heads) * D;
+    g.b = args.weight;
+    g.ldb = wstride;
+    g.d = args.q.data;
+    g.ldd = row_stride(args.q, g.n);
+    gemm(ctx, g);
+  } else {
+    int64_t row = 0;
+    for (int i = 0; i < 3; ++i) {
+      g.n = heads[i] * D;
+      g.b = static_cast<const char*>(args.weight) + row * wstride * elem;
+      g.ldb = wstride;
+      g.d = outs[i]->data;
+      g.ldd = row_stride(*outs[i], g.n);
+      gemm(ctx, g);
+      row += g.n;
+    }
+  }
+
+  // 3. RoPE in place on q and k (one launch).
+  apply(split_rope_spec(c), split_rope_args(args));
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -57,9 +57,18 @@ class Engine {
   // The decode block's QKV projection (jit/proj.hpp): checked, its variant chosen by the policy
   // once per (context, key, token tiles), compiled and loaded like a RoPE key's kernel.
   void qkv_projection(const QkvProjSpec& spec, const QkvProjArgs& args);
-  // Launches a checked call with `variant`, or with the policy's choice when it is null.
+  // The path a call with these arguments takes (args.path, else the policy's choice where the
+  // call allows the unfused path; `ignore_workspace`: as if the workspace were given).
+  ProjPath qkv_projection_path(const QkvProjSpec& spec, const QkvProjArgs& args,
+                               bool ignore_workspace);
+  // Launches a checked call's fused kernel with `variant`, or with the policy's choice when it
+  // is null.
   void launch_proj(const QkvProjSpec& canonical, const QkvProjArgs& args, const ProjShape& shape,
                    const ProjVariant* variant);
+  // Runs a checked call through the unfused path: RMSNorm key into the workspace, cuBLASLt
+  // GEMM(s) into q/k/v, the RoPE key in place on q and k.
+  void launch_proj_unfused(const QkvProjSpec& canonical, const QkvProjArgs& args,
+                           const ProjShape& shape);
   const CacheEntry& image(const QkvProjSpec& canonical, const ProjVariant& variant,
                           const std::string& target, std::string* path = nullptr);
   std::future<void> image_async(const QkvProjSpec& canonical, const ProjVariant& variant,
@@ -120,22 +129,33 @@ class Engine {
                  const std::function<const CacheEntry&()>& image,
                  const std::function<std::string()>& entry);
 
-  // The projection's plans: per context, key and token tiles, the variant and its function.
+  // The projection's plans: per context, key, token bucket (proj_path_bucket), hidden size and
+  // head counts, the path, the fused kernel's variant and its function.
   struct ProjPlanKey {
     CUcontext ctx;
     QkvProjSpec spec;
-    int32_t tiles;
+    int64_t bucket, hidden;
+    int32_t q_heads, kv_heads;
     bool operator==(const ProjPlanKey& o) const {
-      return ctx == o.ctx && spec == o.spec && tiles == o.tiles;
+      return ctx == o.ctx && spec == o.spec && bucket == o.bucket && hidden == o.hidden &&
+             q_heads == o.q_heads && kv_heads == o.kv_heads;
     }
   };
   struct ProjPlanKeyHash {
     size_t operator()(const ProjPlanKey& k) const;
   };
   struct ProjPlan {
+    ProjPath path;
     ProjVariant variant;
     const LoadedFunction* fn;
   };
+  // The unfused path's pieces for this call's key and alignment, prepared outside a capture:
+  // the RMSNorm and RoPE kernels loaded, cuBLASLt's handle created.
+  void prepare_unfused(CUcontext ctx, const QkvProjSpec& canonical, const QkvProjArgs& args,
+                       const ProjShape& shape, CUstream stream);
+  void launch_fused(const LoadedFunction& fn, const ProjVariant& variant,
+                    const QkvProjSpec& canonical, const QkvProjArgs& args, const ProjShape& shape,
+                    CUstream stream);
   const LoadedFunction& proj_function(CUcontext ctx, const QkvProjSpec& canonical,
                                       const ProjVariant& variant, CUstream stream);
   // Any family's function by key and variant name in `ctx`, loaded once from `image()`.
@@ -155,8 +175,8 @@ class Engine {
   struct NormPlanKeyHash {
     size_t operator()(const NormPlanKey& k) const;
   };
-  const ProjPlan& proj_plan(CUcontext ctx, const QkvProjSpec& canonical, const ProjShape& shape,
-                            CUstream stream);
+  const ProjPlan& proj_plan(CUcontext ctx, const QkvProjSpec& canonical, const QkvProjArgs& args,
+                            const ProjShape& shape, CUstream stream);
 
   // What a call without an explicit configuration launches: decided once per context, key,
   // token bucket, head counts and alignment (the policy may read the tuning file or tune).

@@ -33,6 +33,11 @@ class LaunchPolicy {
                                   const DeviceInfo& device) = 0;
   virtual std::vector<ProjVariant> proj_variants(const QkvProjSpec& canonical,
                                                  const DeviceInfo& device) = 0;
+  // The projection's path for calls of this shape (fused or unfused; asked once per context,
+  // key, token bucket proj_path_bucket(tokens), hidden size and head counts). An unfused answer
+  // is taken only where the call allows it (workspace, output layout, cuBLASLt present).
+  virtual ProjPath choose_proj_path(const QkvProjSpec& canonical, const ProjShape& shape,
+                                    const DeviceInfo& device) = 0;
 };
 
 }  // namespace ropejit::detail

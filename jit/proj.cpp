@@ -9,6 +9,8 @@
 #include "jit/embedded.hpp"
 #include "jit/errors.hpp"
 #include "jit/launch_config.hpp"
+#include "jit/names.hpp"
+#include "jit/norm.hpp"
 
 namespace ropejit::detail {
 namespace {
@@ -83,6 +85,52 @@ int32_t proj_token_tiles(int64_t tokens) {
   return t;
 }
 
+size_t proj_norm_bytes(const QkvProjSpec& c, int64_t tokens, int64_t hidden) {
+  if (c.norm == Norm::none) return 0;
+  const uint64_t bytes = uint64_t(tokens) * uint64_t(hidden) * uint64_t(element_bytes(c.dtype));
+  return size_t((bytes + 255) / 256 * 256);
+}
+
+size_t proj_workspace_bytes(const QkvProjSpec& c, int64_t tokens, int64_t hidden) {
+  return proj_norm_bytes(c, tokens, hidden) + kGemmWorkspaceBytes;
+}
+
+int64_t proj_path_bucket(int64_t tokens) {
+  int64_t b = 1;
+  while (b < tokens) b *= 2;
+  return b;
+}
+
+std::string proj_split_problem(const QkvProjSpec& c, const QkvProjArgs& a, const ProjShape& s,
+                               bool need_workspace) {
+  const Tensor* ts[3] = {&a.q, &a.k, &a.v};
+  const char* names[3] = {"args.q", "args.k", "args.v"};
+  const int64_t heads[3] = {s.q_heads, s.kv_heads, s.kv_heads};
+  for (int i = 0; i < 3; ++i) {
+    if (heads[i] > 1 && ts[i]->stride_head != c.head_dim)
+      return concat(names[i], ".stride_head (", ts[i]->stride_head, ") is not head_dim (",
+                    c.head_dim, "): the unfused path's GEMM writes a token's heads as one row");
+    if (s.tokens > 1 && ts[i]->stride_seq < heads[i] * c.head_dim)
+      return concat(names[i], ".stride_seq (", ts[i]->stride_seq, ") is smaller than a token's ",
+                    heads[i] * c.head_dim, " elements: the unfused path's GEMM writes rows");
+  }
+  const int64_t elem = element_bytes(c.dtype);
+  if (c.norm != Norm::none && s.hidden * elem > int64_t(kNormThreads) * 16 * 16)
+    return concat("args.hidden (", s.hidden, ") exceeds the RMSNorm key's ",
+                  int64_t(kNormThreads) * 16 * 16 / elem, " elements per row (unfused path)");
+  if (need_workspace) {
+    const size_t need = proj_workspace_bytes(c, s.tokens, s.hidden);
+    if (!a.workspace)
+      return concat("args.workspace is null; the unfused path needs ", need,
+                    " bytes (qkv_projection_workspace_bytes)");
+    if (a.workspace_bytes < need)
+      return concat("args.workspace_bytes (", a.workspace_bytes, ") is smaller than the ", need,
+                    " bytes the unfused path needs at ", s.tokens, " tokens of ", s.hidden,
+                    " (qkv_projection_workspace_bytes)");
+  }
+  return "";
+}
+
 uint32_t proj_grid_x(const ProjShape& s) { return uint32_t((s.pairs + 7) / 8); }
 
 uint32_t proj_grid_y(const ProjShape& s, const ProjVariant& v) {
@@ -93,6 +141,7 @@ uint32_t proj_grid_y(const ProjShape& s, const ProjVariant& v) {
 ProjShape check_proj_call(const QkvProjSpec& c, const QkvProjArgs& a) {
   ProjShape s;
   const int64_t elem = element_bytes(c.dtype);
+  if (!is_valid(a.path)) invalid("args.path (", int32_t(a.path), ") is not a known value");
   if (a.tokens < 0) invalid("args.tokens (", a.tokens, ") must be >= 0");
   if (a.tokens > kMaxGridY * 8)  // the smallest token group a variant takes
     invalid("args.tokens (", a.tokens, ") exceeds ", kMaxGridY * 8,
@@ -166,6 +215,21 @@ ProjShape check_proj_call(const QkvProjSpec& c, const QkvProjArgs& a) {
                  width, telem),
         range_of("args.sin", c.freqs == Freqs::table ? a.sin : nullptr, a.table_rows, table_stride,
                  width, telem)};
+    // The workspace is written by the unfused path: it may overlap nothing.
+    if (a.workspace) {
+      if (reinterpret_cast<uintptr_t>(a.workspace) % 256 != 0)
+        invalid("args.workspace (", a.workspace, ") is not 256-byte aligned");
+      if (reinterpret_cast<uintptr_t>(a.workspace) > UINTPTR_MAX - a.workspace_bytes)
+        invalid("args.workspace_bytes (", a.workspace_bytes, ") overflows the address space");
+      const uintptr_t w0 = reinterpret_cast<uintptr_t>(a.workspace), w1 = w0 + a.workspace_bytes;
+      auto clash = [&](const char* name, uintptr_t first, uintptr_t end) {
+        if (w0 < w1 && first < end && w0 < end && first < w1)
+          invalid("args.workspace and ", name, " overlap in memory (the workspace spans [",
+                  a.workspace, ", ", reinterpret_cast<const void*>(w1), "))");
+      };
+      for (const Operand& o : outs) clash(o.name, o.first, o.end);
+      for (const Range& in : inputs) clash(in.name, in.first, in.end);
+    }
     for (const Operand& o : outs)
       for (const Range& in : inputs)
         if (o.first < o.end && in.first < in.end && o.first < in.end && in.first < o.end)
@@ -176,6 +240,9 @@ ProjShape check_proj_call(const QkvProjSpec& c, const QkvProjArgs& a) {
                   reinterpret_cast<const void*>(in.end),
                   ")); the projection reads its inputs while writing its outputs");
   }
+  if (a.path == ProjPath::unfused)
+    if (const std::string why = proj_split_problem(c, a, s, true); !why.empty())
+      invalid(why, " (args.path is unfused)");
   return s;
 }
 

@@ -52,6 +52,21 @@ ProjShape check_proj_call(const QkvProjSpec& canonical, const QkvProjArgs& args)
 ropejit_dev::ProjParams make_proj_params(const QkvProjSpec& canonical, const QkvProjArgs& args,
                                          const ProjShape& shape);
 
+// The unfused path (RMSNorm key -> cuBLASLt GEMM -> RoPE key). Its workspace holds the
+// normalized activation (none without a norm), 256-byte aligned, then cuBLASLt's scratch.
+constexpr size_t kGemmWorkspaceBytes = size_t(32) << 20;
+size_t proj_norm_bytes(const QkvProjSpec& canonical, int64_t tokens, int64_t hidden);
+size_t proj_workspace_bytes(const QkvProjSpec& canonical, int64_t tokens, int64_t hidden);
+
+// "" when a checked call can take the unfused path, else why not, starting with the argument's
+// name: q/k/v heads contiguous within a token (stride_head == head_dim), rows the RMSNorm key
+// takes, and (with `need_workspace`) a workspace of proj_workspace_bytes().
+std::string proj_split_problem(const QkvProjSpec& canonical, const QkvProjArgs& args,
+                               const ProjShape& shape, bool need_workspace);
+
+// The token bucket a path choice is made for: tokens rounded up to a power of two.
+int64_t proj_path_bucket(int64_t tokens);
+
 // Grid of a launch: blocks of 8 column pairs (x) by groups of token_tiles * 8 tokens (y).
 uint32_t proj_grid_x(const ProjShape& shape);
 uint32_t proj_grid_y(const ProjShape& shape, const ProjVariant& v);

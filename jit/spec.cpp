@@ -20,6 +20,7 @@ const char* to_string(Fusion v) { return detail::name_of(v); }
 const char* to_string(Norm v) { return detail::name_of(v); }
 const char* to_string(KvCache v) { return detail::name_of(v); }
 const char* to_string(Store v) { return detail::name_of(v); }
+const char* to_string(ProjPath v) { return detail::name_of(v); }
 
 namespace {
 

@@ -94,4 +94,19 @@ TEST_CASE("C API: the projection's defaults, key, errors and precompile") {
   CHECK(std::string(ropejit_last_error()).find("spec.head_dim (72)") != std::string::npos);
   s.head_dim = 64;
   CHECK(ropejit_qkv_proj_precompile(&s, "sm_90") == ROPEJIT_OK);
+  CHECK(a.path == 0);  // automatic
+  CHECK(a.workspace == nullptr);
+  size_t bytes = 0;
+  CHECK(ropejit_qkv_projection_workspace_bytes(&s, &a, &bytes) == ROPEJIT_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(ropejit_last_error()).find("args.hidden (12)") != std::string::npos);
+  a.hidden = 4096;
+  a.tokens = 64;
+  REQUIRE(ropejit_qkv_projection_workspace_bytes(&s, &a, &bytes) == ROPEJIT_OK);
+  CHECK(bytes == size_t(64 * 4096 * 2) + (size_t(32) << 20));
+  CHECK(ropejit_qkv_projection_workspace_bytes(&s, &a, nullptr) == ROPEJIT_ERROR_INVALID_ARGUMENT);
+  int32_t path = -1;
+  CHECK(ropejit_qkv_projection_path(&s, nullptr, &path) == ROPEJIT_ERROR_INVALID_ARGUMENT);
+  a.path = 9;
+  CHECK(ropejit_qkv_projection_path(&s, &a, &path) == ROPEJIT_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(ropejit_last_error()).find("args.path (9)") != std::string::npos);
 }

@@ -189,3 +189,25 @@ TEST_CASE("ropejit compile and source take the decode block's projection keys") 
   CHECK(r.status != 0);
   CHECK(has(r, "spec.head_dim (72) must be a multiple of 16"));
 }
+
+TEST_CASE("ropejit tune takes projection keys: the path per token bucket") {
+  const std::string key = "qkvproj_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_nrms";
+  Run r = run("tune --key " + key + " --heads 32,8 --hidden 4096 --tokens 1,20,64 --dry-run");
+  INFO(r.output);
+  CHECK(r.status == 0);
+  CHECK(has(r, (key + "  bucket 1  hidden 4096  heads 32/8: fused (m1s8u1) vs unfused").c_str()));
+  CHECK(has(r, (key + "  bucket 32  hidden 4096  heads 32/8: fused (m4s8u1) vs unfused").c_str()));
+  CHECK(has(r, (key + "  bucket 64  hidden 4096  heads 32/8: fused (m8s4u1) vs unfused").c_str()));
+  r = run("tune --key " + key + " --heads 32,8 --dry-run");
+  CHECK(r.status != 0);
+  CHECK(has(r, "--hidden (0) must be a multiple of 8"));
+  r = run("tune --key " + key + " --heads 32 --hidden 4096 --dry-run");
+  CHECK(r.status != 0);
+  CHECK(has(r, "--heads (32) must be Q,KV"));
+  r = run("tune --key qkvproj_bf16_d72_r72_neox_pos-offset_comp_nrms --heads 32,8 --hidden 64");
+  CHECK(r.status != 0);
+  CHECK(has(r, "--key: spec.head_dim (72)"));
+  r = run("tune --heads 32,8 --hidden 4096 --dry-run");
+  CHECK(r.status != 0);
+  CHECK(has(r, "--hidden (4096) is for projection keys only"));
+}

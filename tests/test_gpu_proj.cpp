@@ -10,6 +10,7 @@
 #include "autotune/norm_workload.hpp"
 #include "autotune/proj_workload.hpp"
 #include "gpu_helpers.hpp"
+#include "test_util.hpp"
 
 using namespace ropejit;
 
@@ -37,6 +38,140 @@ QkvProjSpec spec_of(DType dtype, int32_t d, int32_t r, Style style, Positions po
 }  // namespace
 
 TEST_SUITE("gpu") {
+  TEST_CASE("projection, unfused path (RMSNorm -> cuBLASLt GEMM -> RoPE): every axis") {
+    testing::use_primary_context();
+    const int32_t dims[][2] = {{128, 128}, {64, 32}, {80, 80}, {96, 64}, {256, 256}};
+    const DType dtypes[] = {DType::bf16, DType::f16};
+    const Norm norms[] = {Norm::rms, Norm::none, Norm::rms_one_plus};
+    const int64_t tokens[] = {1, 17, 64, 3, 130};
+    int n = 0;
+    for (const auto& d : dims)
+      for (const DType dt : dtypes)
+        for (const Norm norm : norms) {
+          ++n;
+          const Style style = n % 2 ? Style::gptj : Style::neox;
+          const Positions pos = (n / 2) % 2 ? Positions::offset : Positions::ids;
+          const Freqs fr = (n / 3) % 2 ? Freqs::computed : Freqs::table;
+          QkvProjSpec s = spec_of(dt, d[0], d[1], style, pos, fr, norm);
+          if (fr == Freqs::table) {
+            s.table_dtype = n % 3 == 0 ? DType::bf16 : DType::f32;
+            s.table_width = n % 4 == 1 ? TableWidth::full : TableWidth::half;
+            s.index_type = n % 5 == 0 ? IndexType::i32 : IndexType::i64;
+          }
+          autotune::ProjSizes z;
+          z.tokens = tokens[size_t(n) % 5];
+          z.hidden = n % 2 ? 264 : 512;
+          z.q_heads = 3 + n % 3;
+          z.kv_heads = 1 + n % 2;
+          z.packed_out = n % 3 != 1;  // one GEMM, or one per output
+          z.x_gap = n % 5 == 3 ? 16 : 0;
+          z.weight_gap = n % 6 == 4 ? 8 : 0;
+          z.position_offset = pos == Positions::offset ? 17 * n : 0;
+          z.bad_positions = pos == Positions::ids && fr == Freqs::table ? 2 : 0;
+          z.path = ProjPath::unfused;
+          z.seed = uint64_t(2000 + n);
+          autotune::ProjProblem p(s, z);
+          p.upload();
+          qkv_projection(s, p.args());
+          expect_ok(p, s.key() + " unfused, tokens " + std::to_string(z.tokens) +
+                           (z.packed_out ? " packed" : " three outputs"));
+        }
+  }
+
+  TEST_CASE("projection: the automatic path follows the heuristic, the workspace and the layout") {
+    testing::use_primary_context();
+    testing::ScopedEnv off("ROPEJIT_TUNING", "off");  // the heuristic: fused up to 16 tokens
+    const QkvProjSpec s =
+        spec_of(DType::bf16, 128, 128, Style::neox, Positions::ids, Freqs::table, Norm::rms);
+    for (const int64_t tokens : {8, 16, 17, 64, 200}) {
+      autotune::ProjSizes z;
+      z.tokens = tokens;
+      z.hidden = 1032;  // a shape no other test plans
+      z.q_heads = 6;
+      z.kv_heads = 2;
+      z.path = ProjPath::automatic;
+      z.seed = uint64_t(tokens);
+      autotune::ProjProblem p(s, z);
+      p.upload();
+      const ProjPath want = tokens <= 16 ? ProjPath::fused : ProjPath::unfused;
+      CHECK(qkv_projection_path(s, p.args()) == want);
+      qkv_projection(s, p.args());
+      expect_ok(p, "automatic, tokens " + std::to_string(tokens));
+      CHECK_MESSAGE(p.matched() == want, tokens, " tokens");
+      // Without a workspace the call runs fused, whatever the choice.
+      QkvProjArgs bare = p.args();
+      bare.workspace = nullptr;
+      bare.workspace_bytes = 0;
+      p.upload();
+      qkv_projection(s, bare);
+      expect_ok(p, "automatic without workspace, tokens " + std::to_string(tokens));
+      CHECK(p.matched() == ProjPath::fused);
+    }
+    // Outputs with gaps between heads cannot be a GEMM's rows: fused, and unfused is refused.
+    autotune::ProjSizes z;
+    z.tokens = 64;
+    z.hidden = 1032;
+    z.q_heads = 6;
+    z.kv_heads = 2;
+    z.out_head_gap = 8;
+    z.path = ProjPath::automatic;
+    autotune::ProjProblem p(s, z);
+    p.upload();
+    CHECK(qkv_projection_path(s, p.args()) == ProjPath::fused);
+    qkv_projection(s, p.args());
+    expect_ok(p, "automatic with head gaps");
+    CHECK(p.matched() == ProjPath::fused);
+    QkvProjArgs forced = p.args();
+    forced.path = ProjPath::unfused;
+    CHECK_THROWS_WITH_AS(qkv_projection(s, forced),
+                         doctest::Contains("args.q.stride_head (136) is not head_dim (128)"),
+                         Error);
+  }
+
+  TEST_CASE("projection: the unfused path inside a CUDA graph, planned during the capture") {
+    testing::use_primary_context();
+    testing::ScopedEnv off("ROPEJIT_TUNING", "off");
+    const QkvProjSpec s =
+        spec_of(DType::f16, 64, 64, Style::gptj, Positions::offset, Freqs::computed, Norm::rms);
+    autotune::ProjSizes z;
+    z.tokens = 1;
+    z.hidden = 776;
+    z.q_heads = 8;
+    z.kv_heads = 4;
+    z.position_offset = 40;
+    z.path = ProjPath::automatic;
+    autotune::ProjProblem warm(s, z);
+    warm.upload();
+    qkv_projection(s, warm.args());  // the key's first use: fused, and prepares the unfused path
+    expect_ok(warm, "warm-up");
+    z.tokens = 96;  // a new bucket whose plan, GEMM algorithm and RoPE plan are made in capture
+    autotune::ProjProblem p(s, z);
+    p.upload();
+    const detail::Driver& d = detail::driver();
+    CUstream stream = nullptr;
+    detail::check(d.StreamCreate(&stream, 0), "cuStreamCreate");
+    testing::capture_and_replay(
+        stream, [&] { qkv_projection(s, p.args(stream)); }, 2);
+    expect_ok(p, "graph replay at 96 tokens");
+    CHECK(p.matched() == ProjPath::unfused);
+    d.StreamDestroy(stream);
+  }
+
+  TEST_CASE("ropejit tune --key qkvproj_...: the path per token bucket into the tuning file") {
+    const std::string file = testing::temp_dir() + "/proj_tuning.json";
+    const std::string key = "qkvproj_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_nrms";
+    const testing::CommandResult r =
+        testing::run_command(std::string(ROPEJIT_CLI_PATH) + " tune --key " + key +
+                             " --heads 4,2 --hidden 512 --tokens 8,64 --out " + file);
+    INFO(r.output);
+    REQUIRE(r.status == 0);
+    CHECK(r.output.find("[2/2] " + key + "  bucket 64: fused ") != std::string::npos);
+    CHECK(r.output.find("| " + key + " | 8 | 512 | 4/2 |") != std::string::npos);
+    const std::string text = testing::read_file(file);
+    CHECK(text.find("\"projections\"") != std::string::npos);
+    CHECK(text.find("\"unfused_us\"") != std::string::npos);
+  }
+
   TEST_CASE("projection: every axis against float64 (norms, styles, partial rotary, tables)") {
     testing::use_primary_context();
     const int32_t dims[][2] = {{128, 128}, {64, 32}, {80, 80}, {96, 64}, {256, 256}, {512, 128}};

@@ -174,6 +174,37 @@ TEST_CASE("projection calls: every bad argument is named, a good one passes") {
          f.spec.positions = Positions::offset;
          f.args.position_offset = -5;
        }},
+      {"args.path (7) is not a known value", [](Fake& f) { f.args.path = ProjPath(7); }},
+      {"args.workspace is null; the unfused path needs 33556480 bytes",
+       [](Fake& f) { f.args.path = ProjPath::unfused; }},
+      {"args.workspace_bytes (4096) is smaller than the 33556480 bytes",
+       [](Fake& f) {
+         f.args.path = ProjPath::unfused;
+         f.args.workspace = reinterpret_cast<void*>(0x80000000);
+         f.args.workspace_bytes = 4096;
+       }},
+      {"args.k.stride_head (136) is not head_dim (128)",
+       [](Fake& f) {
+         f.args.path = ProjPath::unfused;
+         f.args.workspace = reinterpret_cast<void*>(0x80000000);
+         f.args.workspace_bytes = size_t(64) << 20;
+         f.args.k = Tensor{reinterpret_cast<void*>(0x48000000), 2, 0, 2 * 136, 136};
+       }},
+      {"args.workspace (0x80000010) is not 256-byte aligned",
+       [](Fake& f) {
+         f.args.workspace = reinterpret_cast<void*>(0x80000010);
+         f.args.workspace_bytes = size_t(64) << 20;
+       }},
+      {"args.workspace and args.x overlap",
+       [](Fake& f) {
+         f.args.workspace = reinterpret_cast<void*>(0x0f000000);
+         f.args.workspace_bytes = size_t(64) << 20;
+       }},
+      {"args.workspace and args.q overlap",
+       [](Fake& f) {
+         f.args.workspace = reinterpret_cast<void*>(0x3ff00000);
+         f.args.workspace_bytes = size_t(2) << 20;
+       }},
   };
   for (const Bad& b : cases) {
     Fake f;
@@ -190,6 +221,36 @@ TEST_CASE("projection calls: every bad argument is named, a good one passes") {
   f = Fake{};
   f.args.tokens = 0;
   CHECK(f.check().empty());
+  // The unfused path with its workspace; an automatic call with gaps between heads is valid
+  // (it runs fused) but the unfused path says why it cannot take it.
+  f = Fake{};
+  f.args.path = ProjPath::unfused;
+  f.args.workspace = reinterpret_cast<void*>(0x80000000);
+  f.args.workspace_bytes = qkv_projection_workspace_bytes(f.spec, f.args);
+  CHECK(f.check().empty());
+  f.args.path = ProjPath::automatic;
+  f.args.q = Tensor{f.args.q.data, 4, 0, 4 * 136, 136};  // q alone, gaps between heads
+  f.args.k = Tensor{reinterpret_cast<void*>(0x44000000), 2, 0, 2 * 128, 128};
+  f.args.v = Tensor{reinterpret_cast<void*>(0x46000000), 2, 0, 2 * 128, 128};
+  CHECK(f.check().empty());
+  const detail::ProjShape shape = detail::check_proj_call(f.spec.canonical(), f.args);
+  CHECK(contains(detail::proj_split_problem(f.spec.canonical(), f.args, shape, true),
+                 "args.q.stride_head (136) is not head_dim (128)"));
+}
+
+TEST_CASE("projection: the unfused path's workspace size") {
+  Fake f;
+  // 4 tokens x 256 bf16 = 2048 bytes of normalized activation, 256-aligned, + 32 MiB.
+  CHECK(qkv_projection_workspace_bytes(f.spec, f.args) == 2048 + (size_t(32) << 20));
+  f.args.tokens = 3;
+  f.args.hidden = 24;  // 144 bytes, rounded up to 256
+  CHECK(qkv_projection_workspace_bytes(f.spec, f.args) == 256 + (size_t(32) << 20));
+  f.spec.norm = Norm::none;  // the GEMM reads x itself
+  CHECK(qkv_projection_workspace_bytes(f.spec, f.args) == size_t(32) << 20);
+  f.args.hidden = 12;
+  CHECK(contains(error_of([&] { qkv_projection_workspace_bytes(f.spec, f.args); }),
+                 "args.hidden (12)"));
+  CHECK(std::string(to_string(ProjPath::unfused)) == "unfused");
 }
 
 TEST_CASE("projection: a call without a driver fails with one clear message, after checking") {
@@ -271,6 +332,27 @@ TEST_CASE("projection reference: tolerances stay near one rounding of the output
   typical /= double(e.value.size());
   CHECK(typical < 0.02);  // bf16's own rounding is 0.0039 relative
   CHECK(worst < 2.0);     // near-zero values get the absolute part only
+}
+
+TEST_CASE("projection reference, unfused path: within a few roundings of the output") {
+  // Three roundings (normalized activation, projection, RoPE) and cuBLASLt's accumulation: the
+  // tolerance is wider than the fused path's but still a few bf16 roundings on typical values.
+  QkvProjSpec s;
+  s.freqs = Freqs::computed;
+  s.positions = Positions::offset;
+  autotune::ProjSizes z;
+  z.tokens = 2;
+  z.hidden = 512;
+  z.path = ProjPath::unfused;
+  autotune::ProjProblem p(s, z);
+  const auto& e = p.expected_unfused();
+  REQUIRE(e.value.size() == size_t(2 * 8 * 128));
+  double typical = 0;
+  for (size_t i = 0; i < e.value.size(); ++i)
+    typical += e.tol[i] / std::max(std::fabs(e.value[i]), 1e-3);
+  typical /= double(e.value.size());
+  CHECK(typical < 0.06);
+  CHECK(p.expected().value.empty());  // only the path asked for is built
 }
 
 TEST_CASE("RMSNorm keys: validation, golden strings, round trip") {

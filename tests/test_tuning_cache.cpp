@@ -243,6 +243,73 @@ TEST_CASE("tuning cache: head groups are written only when used, files without t
   for (const TuningEntry& g : golden.entries()) CHECK(g.config.head_groups == 1);
 }
 
+TEST_CASE("tuning cache: projection paths round trip, are validated, and are optional") {
+  ScopedEnv quiet("ROPEJIT_QUIET", "1");
+  const std::string key = "qkvproj_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_nrms";
+  TuningCache c = golden_cache();
+  CHECK_FALSE(c.to_json().contains("projections"));  // written only when there are some
+  ProjTuningEntry p;
+  p.key = key;
+  p.bucket = 64;
+  p.hidden = 4096;
+  p.q_heads = 32;
+  p.kv_heads = 8;
+  p.path = ProjPath::unfused;
+  p.fused_us = 59.2;
+  p.unfused_us = 36.0;
+  c.put(p);
+  ProjTuningEntry q = p;
+  q.bucket = 8;
+  q.path = ProjPath::fused;
+  c.put(q);
+  q.fused_us = 25.0;
+  c.put(q);  // same slot: replaced
+  REQUIRE(c.proj_entries().size() == 2);
+  CHECK(c.proj_entries()[0].bucket == 8);  // sorted
+  const std::string path = temp_dir() + "/tuning.json";
+  c.save(path);
+  const TuningCache back = TuningCache::load(path, h200());
+  CHECK(back.warnings().empty());
+  CHECK(back.proj_entries() == c.proj_entries());
+  CHECK(back.entries() == c.entries());
+  const ProjTuningEntry* found = back.find_proj(key, 64, 4096, 32, 8);
+  REQUIRE(found != nullptr);
+  CHECK(found->path == ProjPath::unfused);
+  CHECK(back.find_proj(key, 64, 4096, 32, 4) == nullptr);
+  // Saving a cache without projections keeps the file's.
+  golden_cache().save(path);
+  CHECK(TuningCache::load(path, h200()).proj_entries().size() == 2);
+
+  // Bad projection entries are skipped, each with a warning naming the field; the rest load.
+  json doc = c.to_json();
+  json bad = doc.at("projections")[0];
+  const std::pair<std::function<void(json&)>, const char*> cases[] = {
+      {[](json& j) { j["path"] = "fast"; }, "field 'path' (fast) must be"},
+      {[](json& j) { j["bucket"] = 3; }, "bucket (3) must be a power of two"},
+      {[](json& j) { j["hidden"] = 12; }, "hidden (12) must be a multiple of 8"},
+      {[](json& j) { j["kv_heads"] = 0; }, "kv_heads (0) must be in 1..65536"},
+      {[](json& j) { j["key"] = "rope_bshd"; }, "key: "},
+      {[](json& j) { j["fused_us"] = -1.0; }, "fused_us (-1) must be finite"},
+      {[](json& j) { j["extra"] = 1; }, "unknown field 'extra'"},
+      {[](json& j) { j.erase("unfused_us"); }, "missing field 'unfused_us'"},
+  };
+  for (const auto& [edit, expect] : cases) {
+    json d = doc;
+    json e = bad;
+    edit(e);
+    d["projections"].push_back(e);
+    const TuningCache t = TuningCache::parse(d.dump(), h200());
+    CHECK(t.proj_entries().size() == 2);
+    REQUIRE(t.warnings().size() == 1);
+    CHECK_MESSAGE(t.warnings()[0].find(expect) != std::string::npos, t.warnings()[0]);
+    CHECK(t.warnings()[0].find("projection entry 2") != std::string::npos);
+  }
+  json d = doc;
+  d["projections"] = 5;
+  CHECK_THROWS_WITH_AS(TuningCache::parse(d.dump(), h200()),
+                       doctest::Contains("field 'projections' must be an array"), Error);
+}
+
 TEST_CASE("tuning cache: schema 1 is frozen by a golden file") {
   const std::string golden = std::string(ROPEJIT_GOLDEN_DIR) + "/tuning_v1.json";
   const TuningCache c = golden_cache();

@@ -232,6 +232,9 @@ typedef struct {
   int64_t table_stride, table_rows;
   double base;
   void* stream;
+  int32_t path;           /* ropejit::ProjPath: 0 automatic, 1 fused, 2 unfused */
+  void* workspace;        /* the unfused path's scratch (256-byte aligned device memory) */
+  size_t workspace_bytes; /* ropejit_qkv_projection_workspace_bytes() */
 } ropejit_qkv_proj_args;
 
 /* Fill with the C++ defaults (bf16, d128, neox, int64 ids, f32 half table, RMSNorm; eps 1e-6,
@@ -241,6 +244,15 @@ ROPEJIT_API void ropejit_qkv_proj_args_init(ropejit_qkv_proj_args* args);
 /* y = RoPE(RMSNorm(x) · Wᵀ) into q, k, v in one launch; on error nothing is launched. */
 ROPEJIT_API ropejit_status ropejit_qkv_projection(const ropejit_qkv_proj_spec* spec,
                                                   const ropejit_qkv_proj_args* args);
+/* Bytes of workspace the unfused path needs for args->tokens and args->hidden (no GPU needed),
+ * and the path (ropejit::ProjPath) a call with these arguments takes, the workspace not looked
+ * at: provide one when it is 2 (unfused). */
+ROPEJIT_API ropejit_status ropejit_qkv_projection_workspace_bytes(const ropejit_qkv_proj_spec* spec,
+                                                                  const ropejit_qkv_proj_args* args,
+                                                                  size_t* bytes);
+ROPEJIT_API ropejit_status ropejit_qkv_projection_path(const ropejit_qkv_proj_spec* spec,
+                                                       const ropejit_qkv_proj_args* args,
+                                                       int32_t* path);
 /* The key string (NUL-terminated; an error when `size` is too small) and a no-GPU precompile
  * for `arch` (sm_80 or newer). */
 ROPEJIT_API ropejit_status ropejit_qkv_proj_key(const ropejit_qkv_proj_spec* spec, char* buf,

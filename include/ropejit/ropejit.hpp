@@ -294,6 +294,20 @@ struct QkvProjSpec {
 // Parses a key produced by QkvProjSpec::key(); throws Error on anything else.
 QkvProjSpec parse_qkv_proj_key(const std::string& key);
 
+// How a projection call computes (QkvProjArgs::path).
+enum class ProjPath : int32_t {
+  // The tuning file's choice for this token count and shape (`ropejit tune --proj` measures the
+  // crossover), else the heuristic's: fused for up to 16 tokens, unfused beyond. Unfused needs
+  // the workspace and outputs whose heads are contiguous; without them the call runs fused.
+  automatic = 0,
+  fused = 1,  // one kernel (templates/proj_kernel.cuh)
+  // RMSNorm key -> cuBLASLt GEMM (loaded with dlopen) -> RoPE key, as torch's unfused sequence
+  // computes it: the normalized activation and the projection are each rounded to the dtype
+  // before the next step. Needs args.workspace and q/k/v heads contiguous within a token.
+  unfused = 2,
+};
+const char* to_string(ProjPath v);
+
 // One call. Strides in elements; every pointer is device memory.
 struct QkvProjArgs {
   int64_t tokens = 0;                 // rows of x (a decode step: one per sequence)
@@ -319,12 +333,30 @@ struct QkvProjArgs {
   int64_t table_stride = 0;  // 0: the row width
   int64_t table_rows = 0;    // device positions outside [0, table_rows) give NaN
   double base = 10000.0;     // Freqs::computed
+  ProjPath path = ProjPath::automatic;
+  // Scratch for the unfused path (device memory, 256-byte aligned, not read or written by the
+  // fused kernel, never overlapping the inputs or outputs): qkv_projection_workspace_bytes().
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
   void* stream = nullptr;
 };
 
 // Runs the projection on args.stream (compiles the key on first use, like apply()). Nothing is
-// launched when an argument is invalid. Needs a GPU of compute capability 8.0 or newer.
+// launched when an argument is invalid. Needs a GPU of compute capability 8.0 or newer. The
+// unfused path's first use also compiles its RMSNorm and RoPE keys and loads cuBLASLt.
 void qkv_projection(const QkvProjSpec& spec, const QkvProjArgs& args);
+
+// Bytes of workspace the unfused path needs for args.tokens and args.hidden: the normalized
+// activation (none without a norm), 256-byte aligned, plus 32 MiB for cuBLASLt. Needs no GPU.
+size_t qkv_projection_workspace_bytes(const QkvProjSpec& spec, const QkvProjArgs& args);
+
+// The path a call with these arguments takes on its GPU: args.path when not automatic, else the
+// tuning file's or the heuristic's choice for the token count where the call allows the unfused
+// path (outputs' heads contiguous, cuBLASLt loadable). The workspace is not looked at: ask this
+// to know whether to provide one (an automatic call without it runs fused). Checks the
+// arguments as qkv_projection() does and prepares the key (compiles on first use); launches
+// nothing.
+ProjPath qkv_projection_path(const QkvProjSpec& spec, const QkvProjArgs& args);
 
 // Compiles the key's default kernels for `arch` (no GPU needed); returns the cache files.
 std::vector<std::string> precompile(const QkvProjSpec& spec, const std::string& arch);

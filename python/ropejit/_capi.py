@@ -89,7 +89,12 @@ class ropejit_qkv_proj_args(ctypes.Structure):
         ("q", ropejit_tensor), ("k", ropejit_tensor), ("v", ropejit_tensor),
         ("position_offset", _i64), ("position_ids", _ptr), ("cos", _ptr), ("sin", _ptr),
         ("table_stride", _i64), ("table_rows", _i64), ("base", _f64), ("stream", _ptr),
+        ("path", _i32), ("workspace", _ptr), ("workspace_bytes", ctypes.c_size_t),
     ]
+
+
+# ropejit::ProjPath
+PROJ_PATHS = {"auto": 0, "fused": 1, "unfused": 2}
 
 
 # Canonical keys are about 70 characters; this leaves room for the fused axes.
@@ -116,6 +121,12 @@ _PROTOTYPES = {
     "ropejit_qkv_proj_args_init": (None, [ctypes.POINTER(ropejit_qkv_proj_args)]),
     "ropejit_qkv_projection": (ctypes.c_int, [ctypes.POINTER(ropejit_qkv_proj_spec),
                                               ctypes.POINTER(ropejit_qkv_proj_args)]),
+    "ropejit_qkv_projection_workspace_bytes": (
+        ctypes.c_int, [ctypes.POINTER(ropejit_qkv_proj_spec),
+                       ctypes.POINTER(ropejit_qkv_proj_args), ctypes.POINTER(ctypes.c_size_t)]),
+    "ropejit_qkv_projection_path": (
+        ctypes.c_int, [ctypes.POINTER(ropejit_qkv_proj_spec),
+                       ctypes.POINTER(ropejit_qkv_proj_args), ctypes.POINTER(_i32)]),
     "ropejit_qkv_proj_key": (ctypes.c_int, [ctypes.POINTER(ropejit_qkv_proj_spec),
                                             ctypes.c_char_p, ctypes.c_size_t]),
     "ropejit_qkv_proj_precompile": (ctypes.c_int, [ctypes.POINTER(ropejit_qkv_proj_spec),

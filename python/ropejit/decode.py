@@ -1,5 +1,7 @@
 """The decode block's QKV projection (C++ ``ropejit::qkv_projection``): RMSNorm -> packed QKV
-projection -> RoPE in one kernel, for decode-sized calls on torch CUDA tensors.
+projection -> RoPE on torch CUDA tensors: one fused kernel for decode-sized calls, and for more
+tokens (where a tensor-core GEMM wins) the unfused path, RMSNorm key -> cuBLASLt GEMM -> RoPE
+key, chosen per token count by the tuning file (``ropejit tune --proj``) or the heuristic.
 
     import ropejit.decode
     q, k, v = ropejit.decode.qkv_projection(
@@ -11,6 +13,10 @@ head_dim, hidden]`` (q's rows, then k's, then v's); ``x`` is ``[tokens, hidden]`
 back rotated, ``[tokens, heads, head_dim]``; v as projected. ``cos``/``sin`` are tables
 ``[rows, rotary_dim / 2]`` (or full width) indexed by position; without them the frequencies
 are computed from ``base``. Needs a GPU of compute capability 8.0 or newer; bf16 or fp16.
+``path`` is ``"auto"`` (the default), ``"fused"`` or ``"unfused"``; the unfused path's workspace
+comes from torch's caching allocator. Like torch's own sequence, the unfused path rounds the
+normalized activation and the projection to the dtype before the next step; the fused kernel
+rounds only ``x * w`` and its outputs.
 """
 
 import ctypes
@@ -18,6 +24,10 @@ import ctypes
 from ropejit import _capi
 
 _NORMS = {"none": 0, "rms": 1, "rms_one_plus": 2}
+
+# The path an automatic call takes, per (spec, token bucket, hidden, heads, device): asked of the
+# library once, so that a decode step costs no extra C call.
+_paths = {}
 
 
 def _fail(message):
@@ -60,10 +70,12 @@ def _spec(x, head_dim, rotary_dim, style, positions, index_type, cos, norm):
 
 def qkv_projection(x, weight, *, q_heads, kv_heads, head_dim=128, rotary_dim=None,
                    norm_weight=None, eps=1e-6, norm="rms", position_ids=None, position_offset=0,
-                   cos=None, sin=None, base=10000.0, style="neox"):
+                   cos=None, sin=None, base=10000.0, style="neox", path="auto"):
     """Returns (q, k, v), new tensors ``[tokens, heads, head_dim]``; see the module docstring.
     ``norm="none"`` skips RMSNorm; ``"rms_one_plus"`` is Gemma's ``(1 + w)``."""
     import torch
+    if path not in _capi.PROJ_PATHS:
+        _fail(f"path ({path!r}) must be one of: {', '.join(_capi.PROJ_PATHS)}")
     if not (isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor)):
         _fail("x and weight must be torch tensors")
     if not x.is_cuda:
@@ -130,10 +142,27 @@ def qkv_projection(x, weight, *, q_heads, kv_heads, head_dim=128, rotary_dim=Non
         a.table_stride = cos.stride(0) if cos.shape[0] > 1 else cos.shape[1]
         a.table_rows = cos.shape[0]
     a.base = base
+    a.path = _capi.PROJ_PATHS[path]
     if tokens == 0:
         return q, k, v
     with torch.cuda.device(x.device):
         a.stream = torch.cuda.current_stream(x.device).cuda_stream
+        taken = path
+        if path == "auto":
+            slot = (bytes(spec), 1 << (tokens - 1).bit_length(), a.hidden, q_heads, kv_heads,
+                    x.device.index)
+            taken = _paths.get(slot)
+            if taken is None:
+                code = ctypes.c_int32()
+                _capi.check(_capi.lib.ropejit_qkv_projection_path(
+                    ctypes.byref(spec), ctypes.byref(a), ctypes.byref(code)))
+                taken = _paths[slot] = "unfused" if code.value == 2 else "fused"
+        if taken == "unfused":
+            size = ctypes.c_size_t()
+            _capi.check(_capi.lib.ropejit_qkv_projection_workspace_bytes(
+                ctypes.byref(spec), ctypes.byref(a), ctypes.byref(size)))
+            workspace = torch.empty(size.value, dtype=torch.uint8, device=x.device)
+            a.workspace, a.workspace_bytes = workspace.data_ptr(), size.value
         _capi.check(_capi.lib.ropejit_qkv_projection(ctypes.byref(spec), ctypes.byref(a)))
     return q, k, v
 

@@ -285,7 +285,7 @@ def test_qkv_projection_against_float64(tokens, norm, style, table):
                                     norm_weight=None if norm == "none" else nw, eps=1e-6,
                                     norm=norm, position_ids=ids,
                                     cos=cos if table else None, sin=sin if table else None,
-                                    style=style)
+                                    style=style, path="fused")
     x64 = x.double()
     if norm == "none":
         a = x64
@@ -313,3 +313,54 @@ def test_qkv_projection_against_float64(tokens, norm, style, table):
     err = (got - want).abs()
     assert torch.all(err <= 2 ** -7 * want.abs() + 1e-3), float((err - 2 ** -7 * want.abs()).max())
     assert q.shape == (tokens, qh, d) and v.shape == (tokens, kvh, d)
+
+
+@pytest.mark.parametrize("tokens,path", [(64, "unfused"), (64, "auto"), (64, "fused"),
+                                         (200, "auto"), (3, "unfused")])
+def test_qkv_projection_paths_against_float64(tokens, path):
+    """Every path of ropejit.decode.qkv_projection against float64 RMSNorm -> projection -> RoPE
+    computed with that path's roundings: the fused kernel rounds x * w and applies rstd to the
+    sums; the unfused path (RMSNorm key -> cuBLASLt -> RoPE key) rounds the normalized activation
+    and the projection to bf16, as torch's sequence does. "auto" must match one of the two."""
+    from ropejit import decode
+    torch.manual_seed(tokens)
+    hidden, qh, kvh, d = 1024, 8, 2, 128
+    x = (torch.rand(tokens, hidden, device="cuda") * 4 - 2).bfloat16()
+    w = ((torch.rand((qh + 2 * kvh) * d, hidden, device="cuda") * 2 - 1) * (3 / hidden) ** 0.5)
+    w = w.bfloat16()
+    nw = (torch.rand(hidden, device="cuda") + 0.5).bfloat16()
+    ids = torch.randint(0, 4096, (tokens,), device="cuda")
+    q, k, v = decode.qkv_projection(x, w, q_heads=qh, kv_heads=kvh, head_dim=d, norm_weight=nw,
+                                    eps=1e-6, position_ids=ids, base=500000.0, path=path)
+    got = torch.cat((q, k, v), dim=1).double()
+    x64 = x.double()
+    rstd = 1 / torch.sqrt((x64 * x64).mean(-1, keepdim=True) + float(torch.tensor(1e-6).float()))
+    inv = 500000.0 ** (-torch.arange(0, d, 2, dtype=torch.float64, device="cuda") / d)
+    ang = ids.double()[:, None] * inv
+    c, s = ang.cos()[:, None, :], ang.sin()[:, None, :]
+
+    def finish(y):  # RoPE on q and k of [tokens, columns]; the value and its inputs' size
+        y = y.view(tokens, qh + 2 * kvh, d)
+        lo, hi = y[:, :qh + kvh, :d // 2], y[:, :qh + kvh, d // 2:]
+        rot = torch.cat((lo * c - hi * s, hi * c + lo * s), dim=-1)
+        mag = torch.cat((lo.abs() * c.abs() + hi.abs() * s.abs(),
+                         hi.abs() * c.abs() + lo.abs() * s.abs()), dim=-1)
+        return torch.cat((rot, y[:, qh + kvh:]), dim=1), torch.cat((mag, y[:, qh + kvh:].abs()), 1)
+
+    fused = finish(((x.float() * nw.float()).bfloat16().double() @ w.double().t()) * rstd)
+    a = (x64 * rstd * nw.double()).bfloat16().double()  # the RMSNorm key's output
+    unfused = finish((a @ w.double().t()).bfloat16().double())
+
+    def close(ref):
+        # Within one bf16 ulp of the rotation's inputs (the unfused path's rounded projection may
+        # round the other way where float64 sits near a tie) and a rounding of the output.
+        want, mag = ref
+        scale = want.pow(2).mean(dim=(1, 2), keepdim=True).sqrt()
+        tol = 2 ** -7 * mag + 2 ** -8 * want.abs() + 2 ** -10 * scale
+        return bool(torch.all((got - want).abs() <= tol))
+
+    matched = {"fused": close(fused), "unfused": close(unfused)}
+    if path == "auto":
+        assert matched["fused"] or matched["unfused"], matched
+    else:
+        assert matched[path], matched

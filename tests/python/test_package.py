@@ -225,3 +225,5 @@ def test_qkv_projection_refuses_bad_tensors_before_the_gpu():
     w = torch.zeros((4 + 2 * 2) * 16, 64, dtype=torch.bfloat16)
     with pytest.raises(ropejit.InvalidArgument, match="runs on a CUDA device"):
         decode.qkv_projection(x, w, q_heads=4, kv_heads=2, head_dim=16, norm="none")
+    with pytest.raises(ropejit.InvalidArgument, match=r"path \('fast'\) must be one of"):
+        decode.qkv_projection(x, w, q_heads=4, kv_heads=2, head_dim=16, norm="none", path="fast")
