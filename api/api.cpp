@@ -73,6 +73,46 @@ std::vector<std::string> precompile(const QkvProjSpec& spec, const std::string& 
   return paths;
 }
 
+void ffn_gate_up(const FfnSpec& spec, const FfnArgs& args) {
+  api::engine().ffn_gate_up(spec, args);
+}
+
+size_t ffn_gate_up_workspace_bytes(const FfnSpec& spec, const FfnArgs& args) {
+  const FfnSpec c = spec.canonical();
+  if (args.tokens < 0) detail::invalid("args.tokens (", args.tokens, ") must be >= 0");
+  if (args.hidden < 8 || args.hidden % 8 != 0 || args.hidden > (int64_t(1) << 24))
+    detail::invalid("args.hidden (", args.hidden, ") must be a multiple of 8 in [8, 2^24]");
+  if (args.intermediate < 1 || args.intermediate > (int64_t(1) << 24))
+    detail::invalid("args.intermediate (", args.intermediate, ") must be in [1, 2^24]");
+  return detail::ffn_workspace_bytes(c, args.tokens, args.hidden, args.intermediate);
+}
+
+ProjPath ffn_gate_up_path(const FfnSpec& spec, const FfnArgs& args) {
+  return api::engine().ffn_gate_up_path(spec, args, true);
+}
+
+std::vector<std::string> precompile(const FfnSpec& spec, const std::string& arch) {
+  const FfnSpec c = spec.canonical();
+  const int cc = detail::parse_arch(arch, "arch");
+  if (cc < 80)
+    detail::invalid("arch (", arch, "): the FFN's gate/up needs sm_80 or newer (tensor cores)");
+  detail::DeviceInfo device;
+  device.cc = cc;
+  const std::vector<detail::ProjVariant> variants = autotune::ffn_heuristic_variants(c, device);
+  const std::string target = detail::target_for(cc);
+  std::vector<std::string> paths(variants.size() + 2);
+  std::vector<std::future<void>> builds;
+  for (size_t i = 0; i < variants.size(); ++i)
+    builds.push_back(api::engine().image_async(c, variants[i], target, &paths[i]));
+  for (const int32_t vec : {8, 1})  // the unfused path's GLU kernels
+    builds.push_back(std::async(std::launch::async, [&, vec] {
+      api::engine().glu_image(c, detail::GluVariant{vec}, target,
+                              &paths[variants.size() + (vec == 8 ? 0 : 1)]);
+    }));
+  for (std::future<void>& f : builds) f.get();
+  return paths;
+}
+
 void rms_norm(const RmsNormSpec& spec, const RmsNormArgs& args) {
   api::engine().rms_norm(spec, args);
 }

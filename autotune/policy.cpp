@@ -57,9 +57,9 @@ class TuningStore {
   }
 
   std::optional<ProjPath> find_proj(const detail::DeviceInfo& dev, const std::string& key,
-                                    int64_t bucket, int64_t hidden, int32_t q, int32_t kv) {
+                                    int64_t bucket, int64_t hidden, int64_t columns) {
     std::lock_guard<std::mutex> lock(mutex_);
-    const ProjTuningEntry* e = cache_for(dev).find_proj(key, bucket, hidden, q, kv);
+    const ProjTuningEntry* e = cache_for(dev).find_proj(key, bucket, hidden, columns);
     if (!e) return std::nullopt;
     return e->path;
   }
@@ -162,7 +162,17 @@ ProjPath select_proj_path(const QkvProjSpec& c, const detail::ProjShape& shape,
   if (tuning_mode() == TuningMode::off) return fallback;
   return TuningStore::instance()
       .find_proj(device, c.key(), detail::proj_path_bucket(shape.tokens), shape.hidden,
-                 shape.q_heads, shape.kv_heads)
+                 2 * shape.pairs)
+      .value_or(fallback);
+}
+
+ProjPath select_ffn_path(const FfnSpec& c, const detail::ProjShape& shape,
+                         const detail::DeviceInfo& device) {
+  const ProjPath fallback = ffn_heuristic_path(c, shape, device);
+  if (tuning_mode() == TuningMode::off) return fallback;
+  return TuningStore::instance()
+      .find_proj(device, c.key(), detail::proj_path_bucket(shape.tokens), shape.hidden,
+                 2 * shape.pairs)
       .value_or(fallback);
 }
 
@@ -189,6 +199,18 @@ class TuningPolicy final : public detail::LaunchPolicy {
   ProjPath choose_proj_path(const QkvProjSpec& c, const detail::ProjShape& shape,
                             const detail::DeviceInfo& device) override {
     return select_proj_path(c, shape, device);
+  }
+  detail::ProjVariant choose_ffn(const FfnSpec& c, const detail::ProjShape& shape,
+                                 const detail::DeviceInfo& device) override {
+    return ffn_heuristic(c, shape, device);
+  }
+  std::vector<detail::ProjVariant> ffn_variants(const FfnSpec& c,
+                                                const detail::DeviceInfo& device) override {
+    return ffn_heuristic_variants(c, device);
+  }
+  ProjPath choose_ffn_path(const FfnSpec& c, const detail::ProjShape& shape,
+                           const detail::DeviceInfo& device) override {
+    return select_ffn_path(c, shape, device);
   }
 };
 

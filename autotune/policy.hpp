@@ -55,6 +55,17 @@ ProjPath proj_heuristic_path(const QkvProjSpec& canonical, const detail::ProjSha
 ProjPath select_proj_path(const QkvProjSpec& canonical, const detail::ProjShape& shape,
                           const detail::DeviceInfo& device);
 
+// The FFN's gate/up: the same variants as the projection's (by token tiles), the same path rule
+// (fused up to 16 tokens) and the tuning file's entry for the key, bucket and weight shape.
+detail::ProjVariant ffn_heuristic(const FfnSpec& canonical, const detail::ProjShape& shape,
+                                  const detail::DeviceInfo& device);
+std::vector<detail::ProjVariant> ffn_heuristic_variants(const FfnSpec& canonical,
+                                                        const detail::DeviceInfo& device);
+ProjPath ffn_heuristic_path(const FfnSpec& canonical, const detail::ProjShape& shape,
+                            const detail::DeviceInfo& device);
+ProjPath select_ffn_path(const FfnSpec& canonical, const detail::ProjShape& shape,
+                         const detail::DeviceInfo& device);
+
 // The policy api/ installs in the engine: select_config() and policy_variants() behind
 // detail::LaunchPolicy. One per process.
 detail::LaunchPolicy& tuning_policy();

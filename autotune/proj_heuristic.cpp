@@ -50,4 +50,29 @@ std::vector<detail::ProjVariant> proj_heuristic_variants(const QkvProjSpec& cano
   return out;
 }
 
+// The FFN's gate/up runs the same kernel with another epilogue: the same variants by token
+// tiles, and the same crossover until `ropejit tune --key ffnglu_...` measures its own.
+detail::ProjVariant ffn_heuristic(const FfnSpec& canonical, const detail::ProjShape& shape,
+                                  const detail::DeviceInfo& device) {
+  (void)canonical;
+  (void)device;
+  return variant_for_tiles(detail::proj_token_tiles(shape.tokens));
+}
+
+std::vector<detail::ProjVariant> ffn_heuristic_variants(const FfnSpec& canonical,
+                                                        const detail::DeviceInfo& device) {
+  (void)canonical;
+  (void)device;
+  std::vector<detail::ProjVariant> out;
+  for (const int32_t tiles : {1, 2, 4, 8}) out.push_back(variant_for_tiles(tiles));
+  return out;
+}
+
+ProjPath ffn_heuristic_path(const FfnSpec& canonical, const detail::ProjShape& shape,
+                            const detail::DeviceInfo& device) {
+  (void)canonical;
+  (void)device;
+  return shape.tokens <= 16 ? ProjPath::fused : ProjPath::unfused;
+}
+
 }  // namespace ropejit::autotune

@@ -48,5 +48,8 @@ struct ProjTuneReport {
 // Needs a current CUDA context and cuBLASLt.
 ProjTuneReport tune_proj(const QkvProjSpec& canonical, int64_t bucket, int64_t hidden,
                          int32_t q_heads, int32_t kv_heads);
+// The same for the FFN's gate/up (hidden -> intermediate).
+ProjTuneReport tune_ffn(const FfnSpec& canonical, int64_t bucket, int64_t hidden,
+                        int64_t intermediate);
 
 }  // namespace ropejit::autotune

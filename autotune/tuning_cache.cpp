@@ -34,8 +34,8 @@ constexpr int32_t kMaxHeads = 65536;
 const char* const kTopFields[] = {"schema", "fingerprint", "entries"};
 // Top-level arrays added later (absent in older files, written only when not empty).
 const char* const kOptionalTopFields[] = {"projections"};
-const char* const kProjEntryFields[] = {"key",      "bucket", "hidden",   "q_heads",
-                                        "kv_heads", "path",   "fused_us", "unfused_us"};
+const char* const kProjEntryFields[] = {"key",  "bucket",   "hidden",    "columns",
+                                        "path", "fused_us", "unfused_us"};
 const char* const kFingerprintFields[] = {"gpu", "cc", "sm_count", "driver", "nvrtc", "library"};
 const char* const kEntryFields[] = {"key",    "bucket",    "q_heads", "k_heads",
                                     "config", "median_us", "gbps",    "default_us"};
@@ -48,9 +48,7 @@ const char* const kOptionalConfigFields[] = {"head_groups"};
 bool is_pow2(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
 
 auto slot_of(const TuningEntry& e) { return std::tie(e.key, e.bucket, e.q_heads, e.k_heads); }
-auto slot_of(const ProjTuningEntry& e) {
-  return std::tie(e.key, e.bucket, e.hidden, e.q_heads, e.kv_heads);
-}
+auto slot_of(const ProjTuningEntry& e) { return std::tie(e.key, e.bucket, e.hidden, e.columns); }
 
 const char* type_of(const json& v) {
   if (v.is_number_integer()) return "integer";
@@ -190,8 +188,8 @@ bool read_proj_entry(const json& j, ProjTuningEntry* e, std::string* why) {
                 &e->bucket);
   entry.integer("hidden", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(),
                 &e->hidden);
-  entry.int32("q_heads", &e->q_heads);
-  entry.int32("kv_heads", &e->kv_heads);
+  entry.integer("columns", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(),
+                &e->columns);
   std::string path;
   entry.string("path", &path);
   entry.number("fused_us", &e->fused_us);
@@ -376,7 +374,10 @@ bool operator==(const ProjTuningEntry& a, const ProjTuningEntry& b) {
 
 std::string invalid_entry_reason(const ProjTuningEntry& e) {
   try {
-    parse_qkv_proj_key(e.key);
+    if (e.key.rfind("ffnglu_", 0) == 0)
+      parse_ffn_key(e.key);
+    else
+      parse_qkv_proj_key(e.key);
   } catch (const Error& err) {
     const std::string what = err.what();
     const std::string tag = "ropejit: ";
@@ -386,10 +387,8 @@ std::string invalid_entry_reason(const ProjTuningEntry& e) {
     return concat("bucket (", e.bucket, ") must be a power of two in 1..2^31");
   if (e.hidden < 8 || e.hidden % 8 != 0 || e.hidden > (int64_t(1) << 24))
     return concat("hidden (", e.hidden, ") must be a multiple of 8 in [8, 2^24]");
-  if (e.q_heads < 1 || e.q_heads > kMaxHeads)
-    return concat("q_heads (", e.q_heads, ") must be in 1..", kMaxHeads);
-  if (e.kv_heads < 1 || e.kv_heads > kMaxHeads)
-    return concat("kv_heads (", e.kv_heads, ") must be in 1..", kMaxHeads);
+  if (e.columns < 1 || e.columns > kMaxBucket)
+    return concat("columns (", e.columns, ") must be in 1..2^31");
   if (e.path != ProjPath::fused && e.path != ProjPath::unfused)
     return concat("path (", int(e.path), ") must be fused or unfused");
   const std::pair<const char*, double> times[] = {{"fused_us", e.fused_us},
@@ -412,9 +411,8 @@ void TuningCache::put(const ProjTuningEntry& e) {
 }
 
 const ProjTuningEntry* TuningCache::find_proj(const std::string& key, int64_t bucket,
-                                              int64_t hidden, int32_t q_heads,
-                                              int32_t kv_heads) const {
-  const auto slot = std::tie(key, bucket, hidden, q_heads, kv_heads);
+                                              int64_t hidden, int64_t columns) const {
+  const auto slot = std::tie(key, bucket, hidden, columns);
   const auto it = std::lower_bound(
       proj_entries_.begin(), proj_entries_.end(), slot,
       [](const ProjTuningEntry& a, const decltype(slot)& b) { return slot_of(a) < b; });
@@ -549,8 +547,7 @@ json TuningCache::to_json() const {
       j["key"] = e.key;
       j["bucket"] = e.bucket;
       j["hidden"] = e.hidden;
-      j["q_heads"] = e.q_heads;
-      j["kv_heads"] = e.kv_heads;
+      j["columns"] = e.columns;
       j["path"] = e.path == ProjPath::fused ? "fused" : "unfused";
       j["fused_us"] = e.fused_us;
       j["unfused_us"] = e.unfused_us;
@@ -569,7 +566,7 @@ void TuningCache::save(const std::string& path) const {
     for (const TuningEntry& e : old.entries)
       if (!merged.find(e.key, e.bucket, e.q_heads, e.k_heads)) merged.put(e);
     for (const ProjTuningEntry& e : old.proj_entries)
-      if (!merged.find_proj(e.key, e.bucket, e.hidden, e.q_heads, e.kv_heads)) merged.put(e);
+      if (!merged.find_proj(e.key, e.bucket, e.hidden, e.columns)) merged.put(e);
   } else if (old.state == FileState::rejected) {
     const std::string message = concat("replacing unusable tuning file ", path, " (", old.why, ")");
     detail::warn_once("tuning:" + message, message);

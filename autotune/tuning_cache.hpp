@@ -39,13 +39,15 @@ struct TuningEntry {
   friend bool operator==(const TuningEntry& a, const TuningEntry& b);
 };
 
-// The decode block's QKV projection: which path (fused kernel, or RMSNorm -> cuBLASLt GEMM ->
-// RoPE) is faster for a token bucket of one projection shape, as `ropejit tune --proj` measured.
+// The decode block's projections (QKV, FFN gate/up): which path (fused kernel, or RMSNorm ->
+// cuBLASLt GEMM -> epilogue key) is faster for a token bucket of one weight shape, as
+// `ropejit tune --key qkvproj_...|ffnglu_... --hidden N` measured. Both paths' cost depends on
+// the weight's shape only (hidden x columns), not on how the columns split into heads.
 struct ProjTuningEntry {
-  std::string key;     // QkvProjSpec::key(); must parse with ropejit::parse_qkv_proj_key
-  int64_t bucket = 1;  // tokens rounded up to a power of two, 1..2^31
-  int64_t hidden = 0;  // a multiple of 8 in [8, 2^24]
-  int32_t q_heads = 0, kv_heads = 0;    // 1..65536
+  std::string key;      // QkvProjSpec::key() or FfnSpec::key()
+  int64_t bucket = 1;   // tokens rounded up to a power of two, 1..2^31
+  int64_t hidden = 0;   // a multiple of 8 in [8, 2^24]
+  int64_t columns = 0;  // weight rows: (q + 2 kv heads) x head_dim, or 2 x intermediate; 1..2^31
   ProjPath path = ProjPath::fused;      // fused or unfused
   double fused_us = 0, unfused_us = 0;  // finite, >= 0 (0: not measured)
 
@@ -86,10 +88,10 @@ class TuningCache {
   const std::vector<TuningEntry>& entries() const { return entries_; }
 
   // Projection entries (the file's optional "projections" array), sorted by key, bucket,
-  // hidden, q_heads, kv_heads; put() replaces the entry of the same slot.
+  // hidden, columns; put() replaces the entry of the same slot.
   void put(const ProjTuningEntry& e);
   const ProjTuningEntry* find_proj(const std::string& key, int64_t bucket, int64_t hidden,
-                                   int32_t q_heads, int32_t kv_heads) const;
+                                   int64_t columns) const;
   const std::vector<ProjTuningEntry>& proj_entries() const { return proj_entries_; }
   // What load() ignored and why, in the order found (each also reported once on stderr).
   const std::vector<std::string>& warnings() const { return warnings_; }

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "api/engine.hpp"
+#include "autotune/ffn_workload.hpp"
 #include "autotune/norm_workload.hpp"
 #include "autotune/proj_workload.hpp"
 #include "bench_common.hpp"
@@ -98,9 +99,52 @@ void run_path(benchmark::State& state, int64_t tokens, ProjPath path) {
                  (z.reference ? "" : " (unchecked)"));
 }
 
+// The FFN's gate/up at Llama-3-8B's shape (hidden 4096, intermediate 14336: two 14336 x 4096
+// bf16 weights, 235 MB), every path, against the weight-read floor. Checked against float64 up
+// to 8 tokens (M x 28672 x 4096 host multiply-adds).
+void run_ffn_path(benchmark::State& state, int64_t tokens, ProjPath path) {
+  const FfnSpec s;  // bf16, RMSNorm, SiLU
+  autotune::FfnSizes z;
+  z.tokens = tokens;
+  z.hidden = 4096;
+  z.intermediate = 14336;
+  z.path = path == ProjPath::fused ? ProjPath::fused : ProjPath::automatic;
+  z.reference = tokens <= 8;
+  autotune::FfnProblem p(s, z);
+  p.upload();
+  FfnArgs args = p.args(g_stream);
+  args.path = path;
+  auto call = [&] { ffn_gate_up(s, args); };
+  call();
+  if (z.reference) {
+    const autotune::CheckReport r = p.check();
+    if (!r.ok) {
+      state.SkipWithError(("wrong result: " + r.first_failure).c_str());
+      return;
+    }
+  }
+  const ProjPath taken = path == ProjPath::automatic ? ffn_gate_up_path(s, args) : path;
+  time_against_copy(state, 2 * p.weight_bytes(), call);
+  const double floor_us = state.counters["copy_us"] / 2;
+  state.counters["floor_us"] = floor_us;
+  state.counters["x_floor"] = state.counters["median_us"] / floor_us;
+  state.counters["unfused"] = taken == ProjPath::unfused ? 1 : 0;
+  state.SetBytesProcessed(int64_t(state.iterations()) * p.bytes_moved());
+  state.SetLabel(s.key() + " " + to_string(path) + " -> " + to_string(taken) +
+                 (z.reference ? "" : " (unchecked)"));
+}
+
 }  // namespace
 
 void register_proj_benchmarks() {
+  for (const int64_t m : {1, 4, 8, 16, 32, 64, 256, 1024, 4096})
+    for (const ProjPath path : {ProjPath::fused, ProjPath::unfused, ProjPath::automatic})
+      benchmark::RegisterBenchmark(
+          ("ffn_path/m" + std::to_string(m) + "/" + to_string(path)).c_str(),
+          [m, path](benchmark::State& st) { run_ffn_path(st, m, path); })
+          ->UseManualTime()
+          ->Iterations(20)
+          ->Unit(benchmark::kMicrosecond);
   for (const int64_t m : {1, 2, 4, 8, 16, 24, 32, 48, 64, 128, 256, 512, 1024, 2048, 4096})
     for (const ProjPath path : {ProjPath::fused, ProjPath::unfused, ProjPath::automatic})
       benchmark::RegisterBenchmark(

@@ -1,6 +1,7 @@
 """The unfused torch decode block that ropejit's projection kernel replaces, timed on the GPU in
 the same run as `ropejit_bench --benchmark_filter=proj/` (bench/run_gpu.sh proj): Llama-3-8B's
-RMSNorm -> QKV projection -> RoPE at M = 1..4096 tokens, bf16.
+RMSNorm -> QKV projection -> RoPE at M = 1..4096 tokens, bf16, and the FFN's RMSNorm -> gate/up
+projection -> SiLU(g) * u.
 
     unfused: HF's LlamaRMSNorm (fp32 statistics, weight times the bf16-rounded normalized x),
              F.linear with the packed [6144, 4096] weight (cuBLAS), split into q, k, v, HF's
@@ -47,6 +48,11 @@ def unfused(x, norm_w, weight, cos, sin, ids):
     c = cos[ids].unsqueeze(1)
     s = sin[ids].unsqueeze(1)
     return q * c + rotate_half(q) * s, k * c + rotate_half(k) * s, v.view(m, KV_HEADS, HEAD_DIM)
+
+
+def ffn(x, norm_w, gate_up, inter):
+    g, u = F.linear(rms_norm(x, norm_w), gate_up).split([inter, inter], dim=-1)
+    return F.silu(g) * u
 
 
 def time_us(fn, flush, reps, graph):
@@ -106,10 +112,34 @@ def main():
         rows.append(row)
         print(f"| {m} | {row['unfused_us']:.1f} | {row['unfused_graph_us']:.1f} | "
               f"{row['linear_us']:.1f} | {row['linear_graph_us']:.1f} | {row['floor_us']:.1f} |")
+    # The FFN's gate/up at Llama-3-8B's shape: RMSNorm -> F.linear with the merged [2 x 14336,
+    # 4096] gate_up weight -> SiLU(g) * u, against F.linear alone and the weight-read floor.
+    inter = 14336
+    gate_up = (torch.rand(2 * inter, HIDDEN, device=dev) * 2 - 1).mul_((3 / HIDDEN) ** 0.5)
+    gate_up = gate_up.to(torch.bfloat16)
+    src = torch.empty(2 * gate_up.numel(), dtype=torch.uint8, device=dev)
+    dst = torch.empty_like(src)
+    ffn_copy_us = time_us(lambda: dst.copy_(src), flush, args.reps, graph=False)
+    ffn_rows = []
+    print("\nFFN gate/up (4096 -> 2 x 14336, bf16)")
+    print("| M | unfused µs | unfused graph µs | F.linear µs | F.linear graph µs | floor µs |")
+    print("|---|---|---|---|---|---|")
+    for m in (1, 4, 8, 16, 32, 64, 256, 1024, 4096):
+        x = torch.randn(m, HIDDEN, device=dev).to(torch.bfloat16)
+        row = {"tokens": m, "floor_us": ffn_copy_us / 2}
+        full = lambda: ffn(x, norm_w, gate_up, inter)  # noqa: E731
+        gemm = lambda: F.linear(x, gate_up)  # noqa: E731
+        row["unfused_us"] = time_us(full, flush, args.reps, graph=False)
+        row["unfused_graph_us"] = time_us(full, flush, args.reps, graph=True)
+        row["linear_us"] = time_us(gemm, flush, args.reps, graph=False)
+        row["linear_graph_us"] = time_us(gemm, flush, args.reps, graph=True)
+        ffn_rows.append(row)
+        print(f"| {m} | {row['unfused_us']:.1f} | {row['unfused_graph_us']:.1f} | "
+              f"{row['linear_us']:.1f} | {row['linear_graph_us']:.1f} | {row['floor_us']:.1f} |")
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-                       "rows": rows}, f, indent=1)
+                       "rows": rows, "ffn_rows": ffn_rows}, f, indent=1)
 
 
 if __name__ == "__main__":

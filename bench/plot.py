@@ -196,18 +196,19 @@ def proj_rows(bench):
     return dict(sorted(rows.items()))
 
 
-def proj_path_rows(bench):
-    """path -> {tokens: median µs} of the proj_path/m<M>/<path> rows, and tokens -> floor µs."""
+def proj_path_rows(bench, prefix="proj_path"):
+    """path -> {tokens: median µs} of the <prefix>/m<M>/<path> rows, and tokens -> floor µs."""
     paths, floor = {}, {}
     for b in bench.get("benchmarks", []):
-        m = re.match(r"proj_path/m(\d+)/(\w+)", b.get("name", ""))
+        m = re.match(prefix + r"/m(\d+)/(\w+)", b.get("name", ""))
         if m and "median_us" in b:
             paths.setdefault(m.group(2), {})[int(m.group(1))] = b["median_us"]
             floor[int(m.group(1))] = b.get("floor_us", 0)
     return {k: dict(sorted(v.items())) for k, v in paths.items()}, dict(sorted(floor.items()))
 
 
-def plot_proj(rows, torch_rows, gpu, path, path_rows=None):
+def plot_proj(rows, torch_rows, gpu, path, path_rows=None,
+              title="Llama-3-8B QKV projection (4096 → 6144, bf16)"):
     """The decode block's projection: µs against tokens for the fused kernel (and, from the
     proj_path rows, the unfused path and the automatic choice), the unfused torch block (graph
     replay and eager), cuBLAS's F.linear alone, and the weight-read floor."""
@@ -244,8 +245,7 @@ def plot_proj(rows, torch_rows, gpu, path, path_rows=None):
     ax.set_ylabel("µs per call, L2 flushed (lower is better)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    ax.set_title(f"Llama-3-8B QKV projection (4096 → 6144, bf16){' — ' + gpu if gpu else ''}",
-                 fontsize=9)
+    ax.set_title(f"{title}{' — ' + gpu if gpu else ''}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -304,14 +304,26 @@ def main():
         rows = proj_rows(bench)
         path_rows = proj_path_rows(bench)
         paths = path_rows[0]
-        if paths.get("auto"):
+        ffn_path_rows = proj_path_rows(bench, "ffn_path")
+        for name, found in (("QKV projection", paths), ("FFN gate/up", ffn_path_rows[0])):
+            if not found.get("auto"):
+                continue
             # The chooser against the better of the two paths, per token count.
-            print("| M | fused µs | unfused µs | automatic µs | automatic / best |")
+            print(f"{name}:\n| M | fused µs | unfused µs | automatic µs | automatic / best |")
             print("|---|---|---|---|---|")
-            for t, auto in paths["auto"].items():
-                f, u = paths.get("fused", {}).get(t), paths.get("unfused", {}).get(t)
+            for t, auto in found["auto"].items():
+                f, u = found.get("fused", {}).get(t), found.get("unfused", {}).get(t)
                 best = min(x for x in (f, u) if x is not None)
                 print(f"| {t} | {f:.1f} | {u:.1f} | {auto:.1f} | {auto / best:.3f} |")
+        if ffn_path_rows[0]:
+            path = os.path.join(args.outdir, "ffn_us.png")
+            ffn_torch = None
+            if args.proj_torch:
+                with open(args.proj_torch) as f:
+                    ffn_torch = json.load(f).get("ffn_rows")
+            plot_proj({}, ffn_torch, bench.get("context", {}).get("gpu"), path, ffn_path_rows,
+                      title="Llama-3-8B FFN gate/up (4096 → 2 × 14336, bf16, SiLU)")
+            written.append(path)
         if rows or paths:
             path = os.path.join(args.outdir, "proj_us.png")
             plot_proj(rows, torch_rows, bench.get("context", {}).get("gpu"), path, path_rows)

@@ -66,12 +66,15 @@ if [ "$what" = proj ]; then
   $build/ropejit tune --key qkvproj_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_nrms \
     --heads 32,8 --hidden 4096 --out "$out/proj_tuning.json" > "$out/proj_tune.txt" 2>&1
   echo "proj tune: exit $?"
-  sed -n '/^| key/,$p' "$out/proj_tune.txt"
+  $build/ropejit tune --key ffnglu_bf16_nrms_silu --hidden 4096 --intermediate 14336 \
+    --out "$out/proj_tuning.json" >> "$out/proj_tune.txt" 2>&1
+  echo "ffn tune: exit $?"
+  grep -E '^\| (key|qkvproj|ffnglu)' "$out/proj_tune.txt"
   ROPEJIT_TUNING_FILE="$out/proj_tuning.json" $build/bench/ropejit_bench \
-    --benchmark_filter='^(proj|rmsnorm)' \
+    --benchmark_filter='^(proj|ffn|rmsnorm)' \
     --benchmark_out="$out/proj.json" --benchmark_out_format=json > "$out/proj.txt" 2>&1
   echo "proj bench: exit $?"
-  grep -E "^(proj|rmsnorm)" "$out/proj.txt" | sed -E 's/ +/ /g' | cut -c1-200
+  grep -E "^(proj|ffn|rmsnorm)" "$out/proj.txt" | sed -E 's/ +/ /g' | cut -c1-200
   python3 bench/compare_proj_torch.py --out "$out/proj_torch.json" 2>&1 | tee "$out/proj_torch.txt"
   python3 bench/plot.py --proj "$out/proj.json" --proj-torch "$out/proj_torch.json" \
     --outdir "$out/plots"

@@ -31,7 +31,8 @@ struct TuneOptions {
   std::string style = "neox";
   std::string positions = "ids";
   std::string freqs = "tab";
-  int64_t hidden = 0;           // projection keys (qkvproj_...): the hidden size
+  int64_t hidden = 0;           // projection keys (qkvproj_..., ffnglu_...): the hidden size
+  int64_t intermediate = 0;     // FFN keys: the intermediate size
   std::vector<int64_t> tokens;  // default: 1, 16, 64, 256, 4096 (projections: 1, 2, 4 .. 4096)
   std::string out;              // default: the library's tuning file
   bool dry_run = false;

@@ -123,6 +123,7 @@ int run_compile(const CompileOptions& o) {
     targets.push_back(detail::target_for(detail::parse_arch(arch, "--arch")));
   std::vector<Kernel> kernels;
   std::vector<QkvProjSpec> proj_specs;
+  std::vector<FfnSpec> ffn_specs;
   std::string about;
   if (from_tuning) {
     kernels = tuning_file_kernels(o.from_tuning, targets, &about);
@@ -143,11 +144,15 @@ int run_compile(const CompileOptions& o) {
         proj_specs.push_back(parse_qkv_proj_key(key));
         continue;
       }
+      if (key.rfind("ffnglu_", 0) == 0) {  // the FFN's gate/up: its own family
+        ffn_specs.push_back(parse_ffn_key(key));
+        continue;
+      }
       const Spec s = parse_key(key);
       detail::require_kernel(s);  // asked for by name: an error, not a skip
       specs.push_back(s);
     }
-    if (specs.empty() && skipped.empty() && proj_specs.empty())
+    if (specs.empty() && skipped.empty() && proj_specs.empty() && ffn_specs.empty())
       detail::invalid(
           "compile needs --preset NAME, --hf-config FILE, --key KEY or --from-tuning FILE");
     if (targets.empty()) targets.push_back("sm_90");
@@ -166,6 +171,16 @@ int run_compile(const CompileOptions& o) {
   const unsigned threads = o.jobs ? o.jobs : std::max(1u, std::thread::hardware_concurrency());
   size_t failures = compile_all(kernels, threads);
   for (const QkvProjSpec& s : proj_specs)
+    for (const std::string& arch : o.archs.empty() ? std::vector<std::string>{"sm_90"} : o.archs) {
+      try {
+        const size_t n = precompile(s, arch).size();
+        std::printf("%s: %zu kernels for %s\n", s.key().c_str(), n, arch.c_str());
+      } catch (const Error& e) {
+        std::fprintf(stderr, "%s (%s): %s\n", s.key().c_str(), arch.c_str(), e.what());
+        ++failures;
+      }
+    }
+  for (const FfnSpec& s : ffn_specs)
     for (const std::string& arch : o.archs.empty() ? std::vector<std::string>{"sm_90"} : o.archs) {
       try {
         const size_t n = precompile(s, arch).size();

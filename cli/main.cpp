@@ -20,6 +20,14 @@ namespace {}  // namespace
 int run_source(const std::string& key, const std::string& hf_config, const std::string& dtype) {
   if (key.empty() == hf_config.empty())
     detail::invalid("source needs a KEY or --hf-config FILE (one of them)");
+  if (key.rfind("ffnglu_", 0) == 0) {  // the FFN's gate/up, its one-token kernel
+    const FfnSpec spec = parse_ffn_key(key);
+    detail::ProjShape one_token;
+    one_token.tokens = 1;
+    const detail::ProjVariant v = autotune::ffn_heuristic(spec, one_token, detail::DeviceInfo{});
+    std::fputs(detail::render(spec, v).source.c_str(), stdout);
+    return 0;
+  }
   if (key.rfind("qkvproj_", 0) == 0) {  // the decode block's projection, its one-token kernel
     const QkvProjSpec spec = parse_qkv_proj_key(key);
     detail::ProjShape one_token;
@@ -102,6 +110,8 @@ int main(int argc, char** argv) {
   tune->add_option("--style", to.style, "neox, gptj")->excludes(key);
   tune->add_option("--positions", to.positions, "offset, seqoff, ids")->excludes(key);
   tune->add_option("--freqs", to.freqs, "tab, comp")->excludes(key);
+  tune->add_option("--intermediate", to.intermediate,
+                   "Intermediate size for FFN keys (--key ffnglu_... --hidden N)");
   tune->add_option("--hidden", to.hidden,
                    "Hidden size for projection keys (--key qkvproj_... --heads Q,KV): times the "
                    "fused kernel against RMSNorm -> cuBLASLt GEMM -> RoPE per token bucket");

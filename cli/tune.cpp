@@ -173,12 +173,13 @@ int run_tune_proj(const TuneOptions& o) {
     }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("\n| key | tokens | hidden | heads | fused us | unfused us | path |\n");
+  std::printf("\n| key | tokens | hidden | columns | fused us | unfused us | path |\n");
   std::printf("|---|---|---|---|---|---|---|\n");
   for (const autotune::ProjTuneReport& r : rows)
-    std::printf("| %s | %lld | %lld | %d/%d | %.2f | %.2f | %s |\n", r.best.key.c_str(),
+    std::printf("| %s | %lld | %lld | %lld | %.2f | %.2f | %s |\n", r.best.key.c_str(),
                 static_cast<long long>(r.best.bucket), static_cast<long long>(r.best.hidden),
-                r.best.q_heads, r.best.kv_heads, r.fused_us, r.unfused_us, to_string(r.best.path));
+                static_cast<long long>(r.best.columns), r.fused_us, r.unfused_us,
+                to_string(r.best.path));
   const std::string path = o.out.empty() ? autotune::default_tuning_path() : o.out;
   if (path.empty()) detail::invalid("no tuning file: set --out FILE or ROPEJIT_TUNING_FILE");
   cache.save(path);
@@ -187,9 +188,92 @@ int run_tune_proj(const TuneOptions& o) {
   return 0;
 }
 
+// `ropejit tune --key ffnglu_... --hidden N --intermediate I`: the FFN gate/up's path per token
+// bucket, written to the tuning file.
+int run_tune_ffn(const TuneOptions& o) {
+  std::vector<FfnSpec> specs;
+  for (const std::string& key : o.keys) {
+    try {
+      specs.push_back(parse_ffn_key(key).canonical());
+    } catch (const Error& e) {
+      const std::string why = e.what();
+      detail::invalid("--key: ", why.rfind("ropejit: ", 0) == 0 ? why.substr(9) : why,
+                      " (FFN keys are tuned alone)");
+    }
+  }
+  if (o.hidden < 8 || o.hidden % 8 != 0 || o.hidden > (int64_t(1) << 24))
+    detail::invalid("--hidden (", o.hidden,
+                    ") must be a multiple of 8 in [8, 2^24] for an FFN key");
+  if (o.intermediate < 1 || o.intermediate > (int64_t(1) << 24))
+    detail::invalid("--intermediate (", o.intermediate, ") must be in [1, 2^24] for an FFN key");
+  if (!o.heads.empty()) detail::invalid("--heads is not used by FFN keys");
+  std::set<int64_t> set;
+  for (int64_t t : o.tokens.empty() ? std::vector<int64_t>{1, 2, 4, 8, 16, 32, 64, 128, 256, 512,
+                                                           1024, 2048, 4096}
+                                    : o.tokens) {
+    if (t < 1 || t > 65536) detail::invalid("--tokens (", t, ") must be in [1, 65536]");
+    set.insert(detail::proj_path_bucket(t));
+  }
+  const std::vector<int64_t> buckets(set.begin(), set.end());
+  if (o.dry_run) {
+    for (const FfnSpec& s : specs)
+      for (int64_t b : buckets)
+        std::printf("%s  bucket %lld  hidden %lld  intermediate %lld: fused (%s) vs unfused\n",
+                    s.key().c_str(), static_cast<long long>(b), static_cast<long long>(o.hidden),
+                    static_cast<long long>(o.intermediate),
+                    autotune::ffn_heuristic(s, detail::ProjShape{b, o.hidden, 0, 0, o.intermediate},
+                                            detail::DeviceInfo{})
+                        .name()
+                        .c_str());
+    return 0;
+  }
+  detail::use_primary_context(0);
+  api::engine();  // installs the launch policy
+  const auto t0 = std::chrono::steady_clock::now();
+  autotune::TuningCache cache;
+  cache.set_fingerprint(autotune::current_fingerprint());
+  std::vector<autotune::ProjTuneReport> rows;
+  const size_t total = specs.size() * buckets.size();
+  for (const FfnSpec& s : specs)
+    for (int64_t b : buckets) {
+      const autotune::ProjTuneReport r = autotune::tune_ffn(s, b, o.hidden, o.intermediate);
+      cache.put(r.best);
+      rows.push_back(r);
+      std::printf("[%zu/%zu] %s  bucket %lld: fused %.2f us, unfused %.2f us -> %s%s\n",
+                  rows.size(), total, s.key().c_str(), static_cast<long long>(b), r.fused_us,
+                  r.unfused_us, to_string(r.best.path),
+                  r.checked ? "" : " (too large for the float64 check)");
+      std::fflush(stdout);
+    }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("\n| key | tokens | hidden | columns | fused us | unfused us | path |\n");
+  std::printf("|---|---|---|---|---|---|---|\n");
+  for (const autotune::ProjTuneReport& r : rows)
+    std::printf("| %s | %lld | %lld | %lld | %.2f | %.2f | %s |\n", r.best.key.c_str(),
+                static_cast<long long>(r.best.bucket), static_cast<long long>(r.best.hidden),
+                static_cast<long long>(r.best.columns), r.fused_us, r.unfused_us,
+                to_string(r.best.path));
+  const std::string path = o.out.empty() ? autotune::default_tuning_path() : o.out;
+  if (path.empty()) detail::invalid("no tuning file: set --out FILE or ROPEJIT_TUNING_FILE");
+  cache.save(path);
+  std::printf("\ntuned %zu FFN entries in %.1f s; wrote/merged %s\n", rows.size(), seconds,
+              path.c_str());
+  return 0;
+}
+
 }  // namespace
 
 int run_tune(const TuneOptions& o) {
+  const bool ffn = std::any_of(o.keys.begin(), o.keys.end(),
+                               [](const std::string& k) { return k.rfind("ffnglu_", 0) == 0; });
+  if (ffn) {
+    if (!o.presets.empty() || !o.hf_configs.empty())
+      detail::invalid("FFN keys are tuned alone: drop --preset/--hf-config");
+    return run_tune_ffn(o);
+  }
+  if (o.intermediate != 0)
+    detail::invalid("--intermediate (", o.intermediate, ") is for FFN keys only");
   const bool proj = std::any_of(o.keys.begin(), o.keys.end(),
                                 [](const std::string& k) { return k.rfind("qkvproj_", 0) == 0; });
   if (proj) {

@@ -124,6 +124,15 @@ size_t Engine::ProjPlanKeyHash::operator()(const ProjPlanKey& k) const {
   return size_t(h);
 }
 
+size_t Engine::FfnPlanKeyHash::operator()(const FfnPlanKey& k) const {
+  uint64_t h = std::hash<const void*>()(k.ctx);
+  mix(h, uint64_t(k.spec.dtype) | uint64_t(k.spec.norm) << 8 | uint64_t(k.spec.act) << 16);
+  mix(h, uint64_t(k.bucket));
+  mix(h, uint64_t(k.hidden));
+  mix(h, uint64_t(k.intermediate));
+  return size_t(h);
+}
+
 size_t Engine::NormPlanKeyHash::operator()(const NormPlanKey& k) const {
   uint64_t h = std::hash<const void*>()(k.ctx);
   mix(h, uint64_t(k.spec.dtype) | uint64_t(k.spec.norm) << 8 | uint64_t(k.spec.residual) << 16 |
@@ -760,6 +769,254 @@ void Engine::launch_proj_unfused(const QkvProjSpec& c, const QkvProjArgs& args,
 
   // 3. RoPE in place on q and k (one launch).
   apply(split_rope_spec(c), split_rope_args(args));
+}
+
+// ---------------------------------------------------------------------------------------------
+// The FFN's gate/up half.
+// ---------------------------------------------------------------------------------------------
+
+const CacheEntry& Engine::image(const FfnSpec& c, const ProjVariant& variant,
+                                const std::string& target, std::string* path) {
+  return image_by(
+      c.key() + "__" + variant.name() + "@" + target, target, [&] { return render(c, variant); },
+      path);
+}
+
+std::future<void> Engine::image_async(const FfnSpec& c, const ProjVariant& variant,
+                                      const std::string& target, std::string* path) {
+  return on_another_thread([this, c, variant, target, path] { image(c, variant, target, path); });
+}
+
+const CacheEntry& Engine::glu_image(const FfnSpec& c, const GluVariant& variant,
+                                    const std::string& target, std::string* path) {
+  return image_by(
+      glu_key(c) + "__" + variant.name() + "@" + target, target,
+      [&] { return render_glu(c, variant); }, path);
+}
+
+const Engine::LoadedFunction& Engine::ffn_function(CUcontext ctx, const FfnSpec& c,
+                                                   const ProjVariant& variant, CUstream stream) {
+  return named_function(ctx, c.key(), variant.name(), stream, [&]() -> const CacheEntry& {
+    return image(c, variant, target_for(device_info(ctx).cc));
+  });
+}
+
+const Engine::LoadedFunction& Engine::glu_function(CUcontext ctx, const FfnSpec& c,
+                                                   const GluVariant& variant, CUstream stream) {
+  return named_function(ctx, glu_key(c), variant.name(), stream, [&]() -> const CacheEntry& {
+    return glu_image(c, variant, target_for(device_info(ctx).cc));
+  });
+}
+
+const Engine::ProjPlan& Engine::ffn_plan(CUcontext ctx, const FfnSpec& c, const FfnArgs& args,
+                                         const FfnShape& shape, CUstream stream) {
+  const FfnPlanKey key{ctx, c, proj_path_bucket(shape.tokens), shape.hidden, shape.intermediate};
+  {
+    std::shared_lock<std::shared_mutex> lock(proj_mutex_);
+    const auto it = ffn_plans_.find(key);
+    if (it != ffn_plans_.end()) return it->second;
+  }
+  const DeviceInfo& device = device_info(ctx);
+  if (device.cc < 80)
+    invalid("the FFN's gate/up (", c.key(), ") needs tensor cores of compute capability 8.0 or ",
+            "newer; this GPU is sm_", device.cc);
+  const ProjShape view = shape.proj();
+  const ProjVariant chosen = policy().choose_ffn(c, view, device);
+  if (const std::string why = proj_variant_problem(chosen); !why.empty())
+    fail(ErrorCode::internal, "policy chose ", chosen.name(), " for ", c.key(), ": ", why);
+  const ProjPath path = policy().choose_ffn_path(c, view, device);
+  if (path != ProjPath::fused && path != ProjPath::unfused)
+    fail(ErrorCode::internal, "policy chose path ", int(path), " for ", c.key());
+  CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
+  check(driver().StreamIsCapturing(stream, &capture), "cuStreamIsCapturing");
+  std::vector<ProjVariant> all;
+  if (capture == CU_STREAM_CAPTURE_STATUS_NONE) all = policy().ffn_variants(c, device);
+  if (std::find(all.begin(), all.end(), chosen) == all.end()) all.push_back(chosen);
+  const std::string target = target_for(device.cc);
+  std::vector<std::future<void>> compiling;
+  for (const ProjVariant& v : all) compiling.push_back(image_async(c, v, target));
+  if (capture == CU_STREAM_CAPTURE_STATUS_NONE && gemm_unavailable().empty() &&
+      ffn_split_problem(c, args, shape, false).empty())
+    prepare_ffn_unfused(ctx, c, args, shape, stream);
+  for (std::future<void>& f : compiling) f.get();
+  const LoadedFunction* fn = nullptr;
+  for (const ProjVariant& v : all) {
+    const LoadedFunction& loaded = ffn_function(ctx, c, v, stream);
+    if (v == chosen) fn = &loaded;
+  }
+  std::unique_lock<std::shared_mutex> lock(proj_mutex_);
+  return ffn_plans_.emplace(key, ProjPlan{path, chosen, fn}).first->second;
+}
+
+void Engine::prepare_ffn_unfused(CUcontext ctx, const FfnSpec& c, const FfnArgs& args,
+                                 const FfnShape& shape, CUstream stream) {
+  if (c.norm != Norm::none) {
+    RmsNormArgs n;
+    n.rows = 1;
+    n.hidden = shape.hidden;
+    n.x = args.x;
+    n.weight = args.norm_weight;
+    n.out = const_cast<void*>(args.x);  // checked only, never launched
+    RmsNormSpec ns;
+    ns.dtype = c.dtype;
+    ns.norm = c.norm;
+    const NormShape norm_shape = check_norm_call(ns, n);
+    named_function(ctx, ns.key(), norm_shape.variant.name(), stream, [&]() -> const CacheEntry& {
+      return image(ns, norm_shape.variant, target_for(device_info(ctx).cc));
+    });
+  }
+  for (const int32_t vec : {8, 1}) glu_function(ctx, c, GluVariant{vec}, stream);
+  gemm_prepare(ctx);
+}
+
+void Engine::ffn_gate_up(const FfnSpec& spec, const FfnArgs& args) {
+  const FfnSpec c = spec.canonical();
+  const FfnShape shape = check_ffn_call(c, args);
+  if (shape.tokens == 0) return;
+  if (args.path == ProjPath::unfused) return launch_ffn_unfused(c, args, shape);
+  const Driver& d = driver();
+  CUcontext ctx = nullptr;
+  const ContextScope scope(d, &ctx, args.x, "args.x");
+  CUstream stream = static_cast<CUstream>(args.stream);
+  const ProjPlan& p = ffn_plan(ctx, c, args, shape, stream);
+  if (args.path == ProjPath::automatic && p.path == ProjPath::unfused &&
+      gemm_unavailable().empty() && ffn_split_problem(c, args, shape, true).empty())
+    return launch_ffn_unfused(c, args, shape);
+  ropejit_dev::ProjParams params = make_ffn_params(c, args, shape);
+  void* kernel_args[] = {&params};
+  const ProjShape view = shape.proj();
+  check(d.LaunchKernel(p.fn->fn, proj_grid_x(view), proj_grid_y(view, p.variant), 1,
+                       unsigned(p.variant.threads()), 1, 1, 0, stream, kernel_args, nullptr),
+        "cuLaunchKernel");
+}
+
+ProjPath Engine::ffn_gate_up_path(const FfnSpec& spec, const FfnArgs& args, bool ignore_workspace) {
+  const FfnSpec c = spec.canonical();
+  const FfnShape shape = check_ffn_call(c, args);
+  if (args.path != ProjPath::automatic) return args.path;
+  if (shape.tokens == 0) return ProjPath::fused;
+  CUcontext ctx = nullptr;
+  const ContextScope scope(driver(), &ctx, args.x, "args.x");
+  const ProjPlan& p = ffn_plan(ctx, c, args, shape, static_cast<CUstream>(args.stream));
+  if (p.path == ProjPath::unfused && gemm_unavailable().empty() &&
+      ffn_split_problem(c, args, shape, !ignore_workspace).empty())
+    return ProjPath::unfused;
+  return ProjPath::fused;
+}
+
+void Engine::launch_ffn(const FfnSpec& c, const FfnArgs& args, const FfnShape& shape,
+                        const ProjVariant* requested) {
+  const Driver& d = driver();
+  CUcontext ctx = nullptr;
+  const ContextScope scope(d, &ctx, args.x, "args.x");
+  CUstream stream = static_cast<CUstream>(args.stream);
+  ProjVariant variant;
+  const LoadedFunction* fn = nullptr;
+  if (requested) {
+    if (const std::string why = proj_variant_problem(*requested); !why.empty())
+      invalid("projection variant ", requested->name(), " is not legal: ", why);
+    if (device_info(ctx).cc < 80)
+      invalid("the FFN's gate/up (", c.key(), ") needs compute capability 8.0 or newer");
+    variant = *requested;
+    fn = &ffn_function(ctx, c, variant, stream);
+  } else {
+    const ProjPlan& p = ffn_plan(ctx, c, args, shape, stream);
+    variant = p.variant;
+    fn = p.fn;
+  }
+  ropejit_dev::ProjParams params = make_ffn_params(c, args, shape);
+  void* kernel_args[] = {&params};
+  const ProjShape view = shape.proj();
+  check(d.LaunchKernel(fn->fn, proj_grid_x(view), proj_grid_y(view, variant), 1,
+                       unsigned(variant.threads()), 1, 1, 0, stream, kernel_args, nullptr),
+        "cuLaunchKernel");
+}
+
+void Engine::launch_ffn_unfused(const FfnSpec& c, const FfnArgs& args, const FfnShape& shape) {
+  if (const std::string why = ffn_split_problem(c, args, shape, true); !why.empty()) invalid(why);
+  if (!gemm_unavailable().empty()) fail(ErrorCode::no_driver, gemm_unavailable());
+  const Driver& d = driver();
+  CUcontext ctx = nullptr;
+  const ContextScope scope(d, &ctx, args.x, "args.x");
+  if (device_info(ctx).cc < 80)
+    invalid("the FFN's gate/up (", c.key(), ") needs compute capability 8.0 or newer");
+  CUstream stream = static_cast<CUstream>(args.stream);
+  const int64_t elem = element_bytes(c.dtype);
+  const int64_t I = shape.intermediate;
+  char* workspace = static_cast<char*>(args.workspace);
+  const size_t norm_bytes =
+      c.norm == Norm::none
+          ? 0
+          : (size_t(shape.tokens) * size_t(shape.hidden) * size_t(elem) + 255) / 256 * 256;
+  const size_t product_bytes = ffn_product_bytes(c, shape.tokens, I);
+
+  // 1. RMSNorm into the workspace (rounded once to the dtype).
+  GemmCall g;
+  g.dtype = c.dtype;
+  g.m = shape.tokens;
+  g.k = shape.hidden;
+  g.a = args.x;
+  g.lda = args.x_stride == 0 ? shape.hidden : args.x_stride;
+  if (c.norm != Norm::none) {
+    RmsNormArgs n;
+    n.rows = shape.tokens;
+    n.hidden = shape.hidden;
+    n.x = args.x;
+    n.x_stride = g.lda;
+    n.weight = args.norm_weight;
+    n.eps = args.norm_eps;
+    n.out = workspace;
+    n.out_stride = shape.hidden;
+    n.stream = args.stream;
+    RmsNormSpec ns;
+    ns.dtype = c.dtype;
+    ns.norm = c.norm;
+    rms_norm(ns, n);
+    g.a = workspace;
+    g.lda = shape.hidden;
+  }
+  // 2. gate and up products, [tokens][2I] in the workspace: one GEMM when the weights are the
+  // two halves of one tensor (vLLM's gate_up_proj), else one each.
+  char* products = workspace + norm_bytes;
+  g.workspace = products + product_bytes;
+  g.workspace_bytes = args.workspace_bytes - norm_bytes - product_bytes;
+  g.stream = stream;
+  g.ldd = 2 * I;
+  const int64_t wstride = args.weight_stride == 0 ? shape.hidden : args.weight_stride;
+  g.ldb = wstride;
+  if (args.up_weight == static_cast<const char*>(args.gate_weight) + I * wstride * elem) {
+    g.n = 2 * I;
+    g.b = args.gate_weight;
+    g.d = products;
+    gemm(ctx, g);
+  } else {
+    g.n = I;
+    g.b = args.gate_weight;
+    g.d = products;
+    gemm(ctx, g);
+    g.b = args.up_weight;
+    g.d = products + I * elem;
+    gemm(ctx, g);
+  }
+  // 3. out = act(gate) · up.
+  ropejit_dev::GluParams p{};
+  p.gate = products;
+  p.up = products + I * elem;
+  p.out = args.out;
+  p.rows = shape.tokens;
+  p.cols = I;
+  p.gate_stride = p.up_stride = 2 * I;
+  p.out_stride = args.out_stride == 0 ? I : args.out_stride;
+  const bool wide =
+      I % 8 == 0 && p.out_stride % 8 == 0 && reinterpret_cast<uintptr_t>(args.out) % 16 == 0;
+  const GluVariant variant{wide ? 8 : 1};
+  const LoadedFunction& fn = glu_function(ctx, c, variant, stream);
+  void* kernel_args[] = {&p};
+  const int64_t per_block = int64_t(kGluThreads) * variant.vec;
+  check(d.LaunchKernel(fn.fn, unsigned((I + per_block - 1) / per_block),
+                       unsigned(std::min<int64_t>(shape.tokens, 65535)), 1, unsigned(kGluThreads),
+                       1, 1, 0, stream, kernel_args, nullptr),
+        "cuLaunchKernel");
 }
 
 // ---------------------------------------------------------------------------------------------

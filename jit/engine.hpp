@@ -17,6 +17,7 @@
 
 #include "jit/call.hpp"
 #include "jit/disk_cache.hpp"
+#include "jit/ffn.hpp"
 #include "jit/launch_config.hpp"
 #include "jit/launch_policy.hpp"
 #include "jit/norm.hpp"
@@ -73,6 +74,20 @@ class Engine {
                           const std::string& target, std::string* path = nullptr);
   std::future<void> image_async(const QkvProjSpec& canonical, const ProjVariant& variant,
                                 const std::string& target, std::string* path = nullptr);
+
+  // The FFN's gate/up (jit/ffn.hpp): as the projection, the same plans by token bucket.
+  void ffn_gate_up(const FfnSpec& spec, const FfnArgs& args);
+  ProjPath ffn_gate_up_path(const FfnSpec& spec, const FfnArgs& args, bool ignore_workspace);
+  // The fused kernel with `variant` (or the policy's when null), and the unfused path.
+  void launch_ffn(const FfnSpec& canonical, const FfnArgs& args, const FfnShape& shape,
+                  const ProjVariant* variant);
+  void launch_ffn_unfused(const FfnSpec& canonical, const FfnArgs& args, const FfnShape& shape);
+  const CacheEntry& image(const FfnSpec& canonical, const ProjVariant& variant,
+                          const std::string& target, std::string* path = nullptr);
+  std::future<void> image_async(const FfnSpec& canonical, const ProjVariant& variant,
+                                const std::string& target, std::string* path = nullptr);
+  const CacheEntry& glu_image(const FfnSpec& canonical, const GluVariant& variant,
+                              const std::string& target, std::string* path = nullptr);
 
   // RMSNorm (jit/norm.hpp): checked; the variant the row length needs, compiled on first use.
   void rms_norm(const RmsNormSpec& spec, const RmsNormArgs& args);
@@ -177,6 +192,27 @@ class Engine {
   };
   const ProjPlan& proj_plan(CUcontext ctx, const QkvProjSpec& canonical, const QkvProjArgs& args,
                             const ProjShape& shape, CUstream stream);
+  // The FFN's plans: per context, key, token bucket, hidden and intermediate size.
+  struct FfnPlanKey {
+    CUcontext ctx;
+    FfnSpec spec;
+    int64_t bucket, hidden, intermediate;
+    bool operator==(const FfnPlanKey& o) const {
+      return ctx == o.ctx && spec == o.spec && bucket == o.bucket && hidden == o.hidden &&
+             intermediate == o.intermediate;
+    }
+  };
+  struct FfnPlanKeyHash {
+    size_t operator()(const FfnPlanKey& k) const;
+  };
+  const ProjPlan& ffn_plan(CUcontext ctx, const FfnSpec& canonical, const FfnArgs& args,
+                           const FfnShape& shape, CUstream stream);
+  const LoadedFunction& ffn_function(CUcontext ctx, const FfnSpec& canonical,
+                                     const ProjVariant& variant, CUstream stream);
+  const LoadedFunction& glu_function(CUcontext ctx, const FfnSpec& canonical,
+                                     const GluVariant& variant, CUstream stream);
+  void prepare_ffn_unfused(CUcontext ctx, const FfnSpec& canonical, const FfnArgs& args,
+                           const FfnShape& shape, CUstream stream);
 
   // What a call without an explicit configuration launches: decided once per context, key,
   // token bucket, head counts and alignment (the policy may read the tuning file or tune).
@@ -235,9 +271,10 @@ class Engine {
   std::unordered_map<FunctionKey, std::unique_ptr<FunctionSlot>, FunctionKeyHash> functions_;
   mutable std::mutex failed_mutex_;
   std::unordered_set<std::string> failed_siblings_;
-  std::shared_mutex proj_mutex_;  // named_functions_, proj_plans_, norm_plans_
+  std::shared_mutex proj_mutex_;  // named_functions_, proj_plans_, ffn_plans_, norm_plans_
   std::unordered_map<std::string, std::unique_ptr<FunctionSlot>> named_functions_;
   std::unordered_map<ProjPlanKey, ProjPlan, ProjPlanKeyHash> proj_plans_;
+  std::unordered_map<FfnPlanKey, ProjPlan, FfnPlanKeyHash> ffn_plans_;
   std::unordered_map<NormPlanKey, const LoadedFunction*, NormPlanKeyHash> norm_plans_;
   std::shared_mutex plans_mutex_;
   std::unordered_map<PlanKey, Plan, PlanKeyHash> plans_;

@@ -5,6 +5,7 @@
 
 #include <vector>
 
+#include "jit/ffn.hpp"
 #include "jit/launch_config.hpp"
 #include "jit/proj.hpp"
 
@@ -38,6 +39,15 @@ class LaunchPolicy {
   // is taken only where the call allows it (workspace, output layout, cuBLASLt present).
   virtual ProjPath choose_proj_path(const QkvProjSpec& canonical, const ProjShape& shape,
                                     const DeviceInfo& device) = 0;
+
+  // The FFN's gate/up (jit/ffn.hpp), the same three questions; `shape` is the call's view as a
+  // projection (one column pair per intermediate column).
+  virtual ProjVariant choose_ffn(const FfnSpec& canonical, const ProjShape& shape,
+                                 const DeviceInfo& device) = 0;
+  virtual std::vector<ProjVariant> ffn_variants(const FfnSpec& canonical,
+                                                const DeviceInfo& device) = 0;
+  virtual ProjPath choose_ffn_path(const FfnSpec& canonical, const ProjShape& shape,
+                                   const DeviceInfo& device) = 0;
 };
 
 }  // namespace ropejit::detail

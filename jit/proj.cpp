@@ -25,18 +25,16 @@ const char* flag(bool b) { return b ? "true" : "false"; }
 
 bool power_of_two(int32_t v) { return v > 0 && (v & (v - 1)) == 0; }
 
-struct Range {
-  const char* name;
-  uintptr_t first, end;
-};
+}  // namespace
 
-// A [first, end) byte range of `rows` rows of `row` elements, `stride` apart.
 Range range_of(const char* name, const void* p, int64_t rows, int64_t stride, int64_t row,
                int64_t elem) {
   const uintptr_t first = reinterpret_cast<uintptr_t>(p);
   if (!p || rows == 0) return Range{name, first, first};
   return Range{name, first, first + uint64_t(((rows - 1) * stride + row) * elem)};
 }
+
+namespace {
 
 void check_index(const void* p, IndexType t, const char* name) {
   if (!p) invalid(name, " is null but spec.positions is ids");
@@ -45,7 +43,8 @@ void check_index(const void* p, IndexType t, const char* name) {
     invalid(name, " (", p, ") is not aligned to its ", bytes, "-byte elements");
 }
 
-// A read-only matrix of 16-byte rows: [rows][cols] with `stride`, 16-byte aligned.
+}  // namespace
+
 void check_matrix(const char* name, const char* stride_name, const void* p, int64_t rows,
                   int64_t cols, int64_t stride, int64_t elem) {
   if (!p) invalid(name, " is null");
@@ -61,8 +60,6 @@ void check_matrix(const char* name, const char* stride_name, const void* p, int6
       reinterpret_cast<uintptr_t>(p) > UINTPTR_MAX - uint64_t(span))
     invalid(name, ": ", rows, " rows of ", stride, " elements overflow 64-bit offsets");
 }
-
-}  // namespace
 
 std::string ProjVariant::name() const { return concat('m', token_tiles, 's', splits, 'u', unroll); }
 
@@ -252,6 +249,7 @@ ropejit_dev::ProjParams make_proj_params(const QkvProjSpec& c, const QkvProjArgs
   p.x = a.x;
   p.norm_w = c.norm != Norm::none ? a.norm_weight : nullptr;
   p.w = a.weight;
+  p.w2 = a.weight;
   p.x_stride = a.x_stride == 0 ? a.hidden : a.x_stride;
   p.w_stride = a.weight_stride == 0 ? a.hidden : a.weight_stride;
   p.tokens = s.tokens;
@@ -300,6 +298,8 @@ RenderedKernel render(const QkvProjSpec& c, const ProjVariant& v) {
       {"idx64", flag(c.index_type == IndexType::i64)},
       {"computed", flag(c.freqs == Freqs::computed)},
       {"table_full", flag(c.table_width == TableWidth::full)},
+      {"act", "0"},
+      {"glu", "false"},
       {"threads", std::to_string(v.threads())},
       {"min_blocks", std::to_string(v.min_blocks())},
   };

@@ -33,6 +33,18 @@ struct ProjVariant {
 // "" when `v` may be compiled, else the reason, starting with the field's name.
 std::string proj_variant_problem(const ProjVariant& v);
 
+// Call-checking helpers shared with the FFN (jit/ffn.cpp).
+struct Range {
+  const char* name;
+  uintptr_t first, end;
+};
+// A [first, end) byte range of `rows` rows of `row` elements, `stride` apart.
+Range range_of(const char* name, const void* p, int64_t rows, int64_t stride, int64_t row,
+               int64_t elem);
+// A read-only matrix of 16-byte rows: [rows][cols] with `stride`, 16-byte aligned.
+void check_matrix(const char* name, const char* stride_name, const void* p, int64_t rows,
+                  int64_t cols, int64_t stride, int64_t elem);
+
 // What about a call decides its launch.
 struct ProjShape {
   int64_t tokens = 0;

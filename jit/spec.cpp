@@ -21,6 +21,7 @@ const char* to_string(Norm v) { return detail::name_of(v); }
 const char* to_string(KvCache v) { return detail::name_of(v); }
 const char* to_string(Store v) { return detail::name_of(v); }
 const char* to_string(ProjPath v) { return detail::name_of(v); }
+const char* to_string(Activation v) { return detail::name_of(v); }
 
 namespace {
 
@@ -416,6 +417,50 @@ RmsNormSpec parse_rms_norm_key(const std::string& key) {
   s.dtype = detail::parse_name<DType>(f[1], "key dtype");
   s.norm = detail::parse_name<Norm>(f[2].substr(1), "key norm");
   s.residual = f.size() == 4;
+  if (s.key() != key)
+    detail::invalid("key '", detail::clipped(key), "' is not canonical (expected '", s.key(), "')");
+  return s;
+}
+
+}  // namespace ropejit
+
+namespace ropejit {
+
+// ---------------------------------------------------------------------------------------------
+// FFN gate/up keys.
+// ---------------------------------------------------------------------------------------------
+
+void FfnSpec::validate() const {
+  check_enum(dtype, "dtype");
+  check_enum(norm, "norm");
+  check_enum(act, "act");
+  if (dtype == DType::f32)
+    detail::invalid("spec.dtype (f32) has no tensor-core projection: use bf16 or f16");
+  if (norm == Norm::rms_all_heads)
+    detail::invalid(
+        "spec.norm (rmsall) is a QK-norm; the FFN's norm is over x: none, rms or rms1p");
+}
+
+FfnSpec FfnSpec::canonical() const {
+  validate();
+  return *this;
+}
+
+// ffnglu_<dtype>_n<norm>_<act>
+std::string FfnSpec::key() const {
+  validate();
+  return std::string("ffnglu_") + to_string(dtype) + "_n" + to_string(norm) + '_' + to_string(act);
+}
+
+FfnSpec parse_ffn_key(const std::string& key) {
+  const std::vector<std::string> f = split(key, '_');
+  if (f.size() != 4 || f[0] != "ffnglu" || f[2].size() < 2 || f[2][0] != 'n')
+    detail::invalid("key '", detail::clipped(key),
+                    "' is not an FFN gate/up key (ffnglu_<dtype>_n<norm>_<act>)");
+  FfnSpec s;
+  s.dtype = detail::parse_name<DType>(f[1], "key dtype");
+  s.norm = detail::parse_name<Norm>(f[2].substr(1), "key norm");
+  s.act = detail::parse_name<Activation>(f[3], "key act");
   if (s.key() != key)
     detail::invalid("key '", detail::clipped(key), "' is not canonical (expected '", s.key(), "')");
   return s;

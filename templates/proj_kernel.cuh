@@ -16,10 +16,14 @@
 // and of token g's activations, and feeds elements 0..3 to the first k16 step and 4..7 to the
 // second. A sum does not depend on the order of its terms, and every load is 16 bytes.
 //
+// The GLU epilogue (Cfg::kGlu, the FFN's gate/up half): the thread's two rows are gate row n
+// (of w) and up row n (of w2), and the store is act(gate) · up of the fp32 sums, column n.
+//
 // RMSNorm: y = rstd(x) · Σ_k bf16(x_k · w_k) W_nk. The weight product is rounded once to the
 // operand dtype (exactly what the float64 reference reproduces), the statistics Σ x² are
 // gathered while the activations stream by, and rstd is applied to the fp32 sums.
 #pragma once
+#include "activation.cuh"
 #include "proj_params.cuh"
 #include "rope_freqs.cuh"
 
@@ -100,6 +104,12 @@ struct ProjKernel {
 
   static __device__ __forceinline__ Pair locate(const ProjParams& p, long long pair) {
     Pair r;
+    if (Cfg::kGlu) {  // column `pair`: gate row and up row of the same index
+      r.part = r.head = r.a = r.b = r.j = 0;
+      r.rotate = false;
+      r.col = r.col_b = pair;
+      return r;
+    }
     const int head = int(pair / kPairsPerHead);
     const int j = int(pair % kPairsPerHead);
     if (j < kRotPairs) {
@@ -144,12 +154,18 @@ struct ProjKernel {
     *s = table_load<Cfg::kTableDType>(p.sin, at);
   }
 
-  // Rotates and stores the pair's two columns for one token.
+  // Rotates and stores the pair's two columns for one token (GLU: act(gate) · up, column r.col).
   static __device__ __forceinline__ void finish(const ProjParams& p, const Pair& r, long long token,
                                                 float ya, float yb, float rstd) {
     if (Cfg::kNorm != kProjNormNone) {
       ya *= rstd;
       yb *= rstd;
+    }
+    if (Cfg::kGlu) {
+      const ProjOutput& o = p.out[0];
+      static_cast<Raw*>(o.data)[token * o.stride_token + r.col] =
+          Elem<Cfg::kDType>::store(activate<Cfg::kAct>(ya) * yb);
+      return;
     }
     if (r.rotate) {
       float c, s;
@@ -230,7 +246,8 @@ struct ProjKernel {
     const Pair r = locate(p, live ? pair : 0);
     const long long first_token = (long long)blockIdx.y * kTiles * 8;  // this block's tokens
     const char* wa = static_cast<const char*>(p.w) + r.col * p.w_stride * (long long)sizeof(Raw);
-    const char* wb = static_cast<const char*>(p.w) + r.col_b * p.w_stride * (long long)sizeof(Raw);
+    const char* wb = static_cast<const char*>(Cfg::kGlu ? p.w2 : p.w) +
+                     r.col_b * p.w_stride * (long long)sizeof(Raw);
     const char* xrow[kTiles];
     bool token_in[kTiles];
 #pragma unroll

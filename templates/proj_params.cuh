@@ -17,11 +17,12 @@ struct ProjParams {
   const void* x;       // [tokens][hidden] activations, row stride x_stride
   const void* norm_w;  // [hidden] RMSNorm weight (null without a norm)
   const void* w;       // [columns][hidden] weight: row n is output column n (torch's Linear)
+  const void* w2;      // the GLU epilogue's up weight [pairs][hidden] (QKV: w)
   long long x_stride;
   long long w_stride;
   long long tokens;
   long long hidden;
-  long long pairs;  // output column pairs: columns / 2
+  long long pairs;  // output column pairs: columns / 2 (GLU: the intermediate columns)
   ProjOutput out[3];
   const void* positions;  // per-token ids (index dtype of the key), or null with an offset
   long long pos_offset;

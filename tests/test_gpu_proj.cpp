@@ -166,7 +166,7 @@ TEST_SUITE("gpu") {
     INFO(r.output);
     REQUIRE(r.status == 0);
     CHECK(r.output.find("[2/2] " + key + "  bucket 64: fused ") != std::string::npos);
-    CHECK(r.output.find("| " + key + " | 8 | 512 | 4/2 |") != std::string::npos);
+    CHECK(r.output.find("| " + key + " | 8 | 512 | 1024 |") != std::string::npos);
     const std::string text = testing::read_file(file);
     CHECK(text.find("\"projections\"") != std::string::npos);
     CHECK(text.find("\"unfused_us\"") != std::string::npos);

@@ -252,8 +252,7 @@ TEST_CASE("tuning cache: projection paths round trip, are validated, and are opt
   p.key = key;
   p.bucket = 64;
   p.hidden = 4096;
-  p.q_heads = 32;
-  p.kv_heads = 8;
+  p.columns = 6144;
   p.path = ProjPath::unfused;
   p.fused_us = 59.2;
   p.unfused_us = 36.0;
@@ -272,10 +271,10 @@ TEST_CASE("tuning cache: projection paths round trip, are validated, and are opt
   CHECK(back.warnings().empty());
   CHECK(back.proj_entries() == c.proj_entries());
   CHECK(back.entries() == c.entries());
-  const ProjTuningEntry* found = back.find_proj(key, 64, 4096, 32, 8);
+  const ProjTuningEntry* found = back.find_proj(key, 64, 4096, 6144);
   REQUIRE(found != nullptr);
   CHECK(found->path == ProjPath::unfused);
-  CHECK(back.find_proj(key, 64, 4096, 32, 4) == nullptr);
+  CHECK(back.find_proj(key, 64, 4096, 5120) == nullptr);
   // Saving a cache without projections keeps the file's.
   golden_cache().save(path);
   CHECK(TuningCache::load(path, h200()).proj_entries().size() == 2);
@@ -287,7 +286,7 @@ TEST_CASE("tuning cache: projection paths round trip, are validated, and are opt
       {[](json& j) { j["path"] = "fast"; }, "field 'path' (fast) must be"},
       {[](json& j) { j["bucket"] = 3; }, "bucket (3) must be a power of two"},
       {[](json& j) { j["hidden"] = 12; }, "hidden (12) must be a multiple of 8"},
-      {[](json& j) { j["kv_heads"] = 0; }, "kv_heads (0) must be in 1..65536"},
+      {[](json& j) { j["columns"] = 0; }, "columns (0) must be in 1..2^31"},
       {[](json& j) { j["key"] = "rope_bshd"; }, "key: "},
       {[](json& j) { j["fused_us"] = -1.0; }, "fused_us (-1) must be finite"},
       {[](json& j) { j["extra"] = 1; }, "unknown field 'extra'"},

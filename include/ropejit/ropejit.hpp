@@ -361,6 +361,64 @@ ProjPath qkv_projection_path(const QkvProjSpec& spec, const QkvProjArgs& args);
 // Compiles the key's default kernels for `arch` (no GPU needed); returns the cache files.
 std::vector<std::string> precompile(const QkvProjSpec& spec, const std::string& arch);
 
+// The FFN's first half, gated (SwiGLU / GeGLU), with the same prologue as the projection:
+//   out = act(RMSNorm(x) · Wgᵀ) ⊙ (RMSNorm(x) · Wuᵀ)
+// for the gate and up weights ([intermediate][hidden] each; vLLM's merged gate_up_proj is the
+// two halves of one tensor). Fused: one kernel, both products chained in one loop over the
+// hidden dimension (tensor cores, fp32 accumulation, the gate and up rows of a column in one
+// thread), act and the product in fp32 on the sums, rounded once. Unfused (more tokens):
+// RMSNorm key -> cuBLASLt GEMM(s) -> the GLU key (act(g) · u in fp32 on the rounded products).
+enum class Activation : int32_t {
+  silu = 0,       // x / (1 + e^-x): Llama, Qwen, Mistral
+  gelu_tanh = 1,  // 0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³))): Gemma
+};
+const char* to_string(Activation v);
+
+struct FfnSpec {
+  DType dtype = DType::bf16;  // bf16 or f16 (x, weights, norm weight, out)
+  Norm norm = Norm::rms;      // none, rms, rms_one_plus (as QkvProjSpec)
+  Activation act = Activation::silu;
+
+  void validate() const;
+  FfnSpec canonical() const;
+  std::string key() const;  // ffnglu_bf16_nrms_silu
+
+  friend bool operator==(const FfnSpec& a, const FfnSpec& b) {
+    return a.dtype == b.dtype && a.norm == b.norm && a.act == b.act;
+  }
+  friend bool operator!=(const FfnSpec& a, const FfnSpec& b) { return !(a == b); }
+};
+
+FfnSpec parse_ffn_key(const std::string& key);
+
+// One call. Strides in elements; every pointer is device memory.
+struct FfnArgs {
+  int64_t tokens = 0;
+  int64_t hidden = 0;        // K: a multiple of 8
+  int64_t intermediate = 0;  // I: output columns, >= 1
+  const void* x = nullptr;   // [tokens][hidden], rows x_stride apart
+  int64_t x_stride = 0;      // 0: hidden
+  const void* norm_weight = nullptr;
+  double norm_eps = 1e-6;
+  const void* gate_weight = nullptr;    // [intermediate][hidden]
+  const void* up_weight = nullptr;      // [intermediate][hidden]
+  int64_t weight_stride = 0;            // elements between rows of both; 0: hidden
+  void* out = nullptr;                  // [tokens][intermediate]
+  int64_t out_stride = 0;               // 0: intermediate
+  ProjPath path = ProjPath::automatic;  // as QkvProjArgs::path
+  void* workspace = nullptr;            // the unfused path's: ffn_gate_up_workspace_bytes()
+  size_t workspace_bytes = 0;
+  void* stream = nullptr;
+};
+
+void ffn_gate_up(const FfnSpec& spec, const FfnArgs& args);
+// The unfused path's workspace: the normalized activation (none without a norm) and the two
+// products, each 256-byte aligned, plus 32 MiB for cuBLASLt. Needs no GPU.
+size_t ffn_gate_up_workspace_bytes(const FfnSpec& spec, const FfnArgs& args);
+// As qkv_projection_path(): the path a call takes, the workspace not looked at.
+ProjPath ffn_gate_up_path(const FfnSpec& spec, const FfnArgs& args);
+std::vector<std::string> precompile(const FfnSpec& spec, const std::string& arch);
+
 // RMSNorm over the last dimension, alone (the decode block's norm where the projection is not
 // fused, e.g. before a GEMM of a large batch):
 //   out = x / sqrt(mean(x²) + eps) · w   (rms), or · (1 + w) (rms_one_plus, Gemma)

@@ -1,0 +1,210 @@
+// The FFN gate/up half's call checks, argument blocks and rendering.
+#include "jit/ffn.hpp"
+
+#include <cfloat>
+#include <cmath>
+#include <map>
+
+#include "jit/call.hpp"
+#include "jit/embedded.hpp"
+#include "jit/errors.hpp"
+#include "jit/launch_config.hpp"
+#include "jit/names.hpp"
+#include "jit/norm.hpp"
+
+namespace ropejit::detail {
+namespace {
+
+constexpr int64_t kMaxHidden = int64_t(1) << 24;
+constexpr int64_t kMaxIntermediate = int64_t(1) << 24;
+constexpr int64_t kMaxGridY = 65535;
+
+size_t aligned256(uint64_t bytes) { return size_t((bytes + 255) / 256 * 256); }
+
+}  // namespace
+
+FfnShape check_ffn_call(const FfnSpec& c, const FfnArgs& a) {
+  FfnShape s;
+  const int64_t elem = element_bytes(c.dtype);
+  if (!is_valid(a.path)) invalid("args.path (", int32_t(a.path), ") is not a known value");
+  if (a.tokens < 0) invalid("args.tokens (", a.tokens, ") must be >= 0");
+  if (a.tokens > kMaxGridY * 8)
+    invalid("args.tokens (", a.tokens, ") exceeds ", kMaxGridY * 8,
+            "; the FFN's gate/up is for decode-sized calls");
+  if (a.hidden < 8 || a.hidden % 8 != 0 || a.hidden > kMaxHidden)
+    invalid("args.hidden (", a.hidden, ") must be a multiple of 8 in [8, ", kMaxHidden,
+            "] (16-byte vectors)");
+  if (a.intermediate < 1 || a.intermediate > kMaxIntermediate)
+    invalid("args.intermediate (", a.intermediate, ") must be in [1, ", kMaxIntermediate, "]");
+  s.tokens = a.tokens;
+  s.hidden = a.hidden;
+  s.intermediate = a.intermediate;
+  const int64_t x_stride = a.x_stride == 0 ? a.hidden : a.x_stride;
+  const int64_t w_stride = a.weight_stride == 0 ? a.hidden : a.weight_stride;
+  const int64_t out_stride = a.out_stride == 0 ? a.intermediate : a.out_stride;
+  check_matrix("args.x", "args.x_stride", a.x, a.tokens, a.hidden, x_stride, elem);
+  check_matrix("args.gate_weight", "args.weight_stride", a.gate_weight, a.intermediate, a.hidden,
+               w_stride, elem);
+  check_matrix("args.up_weight", "args.weight_stride", a.up_weight, a.intermediate, a.hidden,
+               w_stride, elem);
+  if (c.norm != Norm::none) {
+    if (!a.norm_weight) invalid("args.norm_weight is null but spec.norm is ", to_string(c.norm));
+    check_matrix("args.norm_weight", "args.hidden", a.norm_weight, 1, a.hidden, a.hidden, elem);
+    if (!(std::isfinite(a.norm_eps) && a.norm_eps >= 0 && a.norm_eps <= FLT_MAX))
+      invalid("args.norm_eps (", a.norm_eps, ") must be a number in [0, FLT_MAX] (a float)");
+  }
+  if (!a.out) invalid("args.out is null");
+  if (reinterpret_cast<uintptr_t>(a.out) % uintptr_t(elem) != 0)
+    invalid("args.out (", a.out, ") is not aligned to its ", elem, "-byte elements");
+  if (out_stride < a.intermediate)
+    invalid("args.out_stride (", out_stride, ") is smaller than a row (", a.intermediate,
+            " elements)");
+  int64_t span = 0;
+  if (__builtin_mul_overflow(std::max<int64_t>(a.tokens, 1), out_stride, &span) ||
+      __builtin_mul_overflow(span, elem, &span) ||
+      reinterpret_cast<uintptr_t>(a.out) > UINTPTR_MAX - uint64_t(span))
+    invalid("args.out: ", a.tokens, " rows of ", out_stride, " elements overflow 64-bit offsets");
+
+  if (a.tokens > 0) {
+    const Range written = range_of("args.out", a.out, a.tokens, out_stride, a.intermediate, elem);
+    const Range inputs[] = {
+        range_of("args.x", a.x, a.tokens, x_stride, a.hidden, elem),
+        range_of("args.gate_weight", a.gate_weight, a.intermediate, w_stride, a.hidden, elem),
+        range_of("args.up_weight", a.up_weight, a.intermediate, w_stride, a.hidden, elem),
+        range_of("args.norm_weight", c.norm != Norm::none ? a.norm_weight : nullptr, 1, a.hidden,
+                 a.hidden, elem)};
+    auto overlap = [](const Range& p, const Range& q) {
+      return p.first < p.end && q.first < q.end && p.first < q.end && q.first < p.end;
+    };
+    for (const Range& in : inputs)
+      if (overlap(written, in))
+        invalid("args.out and ", in.name, " overlap in memory (args.out spans [",
+                reinterpret_cast<const void*>(written.first), ", ",
+                reinterpret_cast<const void*>(written.end), "), ", in.name, " [",
+                reinterpret_cast<const void*>(in.first), ", ",
+                reinterpret_cast<const void*>(in.end), ")); the call reads its inputs while ",
+                "writing its output");
+    if (a.workspace) {
+      if (reinterpret_cast<uintptr_t>(a.workspace) % 256 != 0)
+        invalid("args.workspace (", a.workspace, ") is not 256-byte aligned");
+      if (reinterpret_cast<uintptr_t>(a.workspace) > UINTPTR_MAX - a.workspace_bytes)
+        invalid("args.workspace_bytes (", a.workspace_bytes, ") overflows the address space");
+      const Range ws{"args.workspace", reinterpret_cast<uintptr_t>(a.workspace),
+                     reinterpret_cast<uintptr_t>(a.workspace) + a.workspace_bytes};
+      if (overlap(ws, written)) invalid("args.workspace and args.out overlap in memory");
+      for (const Range& in : inputs)
+        if (overlap(ws, in)) invalid("args.workspace and ", in.name, " overlap in memory");
+    }
+  }
+  if (a.path == ProjPath::unfused)
+    if (const std::string why = ffn_split_problem(c, a, s, true); !why.empty())
+      invalid(why, " (args.path is unfused)");
+  return s;
+}
+
+ropejit_dev::ProjParams make_ffn_params(const FfnSpec& c, const FfnArgs& a, const FfnShape& s) {
+  ropejit_dev::ProjParams p{};
+  p.x = a.x;
+  p.norm_w = c.norm != Norm::none ? a.norm_weight : nullptr;
+  p.w = a.gate_weight;
+  p.w2 = a.up_weight;
+  p.x_stride = a.x_stride == 0 ? a.hidden : a.x_stride;
+  p.w_stride = a.weight_stride == 0 ? a.hidden : a.weight_stride;
+  p.tokens = s.tokens;
+  p.hidden = s.hidden;
+  p.pairs = s.intermediate;
+  p.out[0].data = a.out;
+  p.out[0].stride_token = a.out_stride == 0 ? a.intermediate : a.out_stride;
+  p.out[0].heads = 1;
+  p.norm_eps = float(a.norm_eps);
+  return p;
+}
+
+RenderedKernel render(const FfnSpec& c, const ProjVariant& v) {
+  if (const std::string why = proj_variant_problem(v); !why.empty())
+    invalid("projection variant ", v.name(), ": ", why);
+  RenderedKernel r;
+  r.key = c.key();
+  r.entry = entry_name(r.key, v.name());
+  // The projection kernel with its GLU epilogue; the RoPE constants are unused.
+  const std::map<std::string, std::string> vars = {
+      {"key", r.key},
+      {"variant", v.name()},
+      {"entry", r.entry},
+      {"dtype", std::to_string(int(c.dtype))},
+      {"head_dim", "2"},
+      {"rotary_dim", "0"},
+      {"table_dtype", std::to_string(int(DType::f32))},
+      {"norm", std::to_string(int(c.norm))},
+      {"act", std::to_string(int(c.act))},
+      {"glu", "true"},
+      {"token_tiles", std::to_string(v.token_tiles)},
+      {"splits", std::to_string(v.splits)},
+      {"unroll", std::to_string(v.unroll)},
+      {"neox", "true"},
+      {"pos_ids", "false"},
+      {"idx64", "false"},
+      {"computed", "false"},
+      {"table_full", "false"},
+      {"threads", std::to_string(v.threads())},
+      {"min_blocks", std::to_string(v.min_blocks())},
+  };
+  r.source = substitute_template(embedded_file("proj_entry.cu.in"), vars);
+  return r;
+}
+
+size_t ffn_product_bytes(const FfnSpec& c, int64_t tokens, int64_t intermediate) {
+  return aligned256(uint64_t(tokens) * uint64_t(2 * intermediate) *
+                    uint64_t(element_bytes(c.dtype)));
+}
+
+size_t ffn_workspace_bytes(const FfnSpec& c, int64_t tokens, int64_t hidden, int64_t intermediate) {
+  const size_t norm =
+      c.norm == Norm::none
+          ? 0
+          : aligned256(uint64_t(tokens) * uint64_t(hidden) * uint64_t(element_bytes(c.dtype)));
+  return norm + ffn_product_bytes(c, tokens, intermediate) + kGemmWorkspaceBytes;
+}
+
+std::string ffn_split_problem(const FfnSpec& c, const FfnArgs& a, const FfnShape& s,
+                              bool need_workspace) {
+  const int64_t elem = element_bytes(c.dtype);
+  if (c.norm != Norm::none && s.hidden * elem > int64_t(kNormThreads) * 16 * 16)
+    return concat("args.hidden (", s.hidden, ") exceeds the RMSNorm key's ",
+                  int64_t(kNormThreads) * 16 * 16 / elem, " elements per row (unfused path)");
+  if (need_workspace) {
+    const size_t need = ffn_workspace_bytes(c, s.tokens, s.hidden, s.intermediate);
+    if (!a.workspace)
+      return concat("args.workspace is null; the unfused path needs ", need,
+                    " bytes (ffn_gate_up_workspace_bytes)");
+    if (a.workspace_bytes < need)
+      return concat("args.workspace_bytes (", a.workspace_bytes, ") is smaller than the ", need,
+                    " bytes the unfused path needs at ", s.tokens, " tokens of ", s.hidden, " -> ",
+                    s.intermediate, " (ffn_gate_up_workspace_bytes)");
+  }
+  return "";
+}
+
+std::string glu_key(const FfnSpec& c) {
+  return std::string("glu_") + to_string(c.dtype) + '_' + to_string(c.act);
+}
+
+RenderedKernel render_glu(const FfnSpec& c, const GluVariant& v) {
+  if (v.vec != 1 && v.vec != 8) invalid("GLU variant ", v.name(), ": vec must be 1 or 8");
+  RenderedKernel r;
+  r.key = glu_key(c);
+  r.entry = entry_name(r.key, v.name());
+  const std::map<std::string, std::string> vars = {
+      {"key", r.key},
+      {"variant", v.name()},
+      {"entry", r.entry},
+      {"dtype", std::to_string(int(c.dtype))},
+      {"act", std::to_string(int(c.act))},
+      {"vec", std::to_string(v.vec)},
+      {"threads", std::to_string(kGluThreads)},
+  };
+  r.source = substitute_template(embedded_file("glu_entry.cu.in"), vars);
+  return r;
+}
+
+}  // namespace ropejit::detail

@@ -1,0 +1,206 @@
+// The FFN's gate/up half on the CPU: spec validation and golden keys, call checks naming each
+// bad argument, the unfused path's workspace, NVRTC compilation of the fused kernel (the
+// projection kernel with its GLU epilogue) and of the GLU kernel for sm_80 and sm_90, and the
+// float64 references' tolerances.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "api/engine.hpp"
+#include "autotune/ffn_workload.hpp"
+#include "jit/ffn.hpp"
+#include "jit/nvrtc.hpp"
+
+using namespace ropejit;
+
+namespace {
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+// A valid call on made-up device addresses (nothing is dereferenced when checking).
+struct Fake {
+  FfnSpec spec;
+  FfnArgs args;
+  Fake() {
+    args.tokens = 4;
+    args.hidden = 256;
+    args.intermediate = 96;
+    args.x = reinterpret_cast<void*>(0x10000000);
+    args.gate_weight = reinterpret_cast<void*>(0x20000000);
+    args.up_weight = reinterpret_cast<void*>(0x20000000 + 96 * 256 * 2);
+    args.norm_weight = reinterpret_cast<void*>(0x30000000);
+    args.out = reinterpret_cast<void*>(0x40000000);
+  }
+  std::string check() const {
+    return error_of([&] { detail::check_ffn_call(spec.canonical(), args); });
+  }
+};
+
+}  // namespace
+
+TEST_CASE("FFN spec: validation, golden keys, round trip") {
+  FfnSpec s;
+  CHECK(s.key() == "ffnglu_bf16_nrms_silu");
+  s.dtype = DType::f16;
+  s.norm = Norm::rms_one_plus;
+  s.act = Activation::gelu_tanh;
+  CHECK(s.key() == "ffnglu_f16_nrms1p_gelutanh");
+  CHECK(parse_ffn_key(s.key()) == s);
+  s.norm = Norm::none;
+  CHECK(parse_ffn_key(s.key()) == s);
+  s = FfnSpec{};
+  s.dtype = DType::f32;
+  CHECK(contains(error_of([&] { s.validate(); }), "spec.dtype (f32)"));
+  s = FfnSpec{};
+  s.norm = Norm::rms_all_heads;
+  CHECK(contains(error_of([&] { s.validate(); }), "spec.norm (rmsall)"));
+  s = FfnSpec{};
+  s.act = Activation(5);
+  CHECK(contains(error_of([&] { s.validate(); }), "spec.act (5) is not a known value"));
+  for (const char* bad : {"ffnglu_bf16_nrms", "ffnglu_bf16_rms_silu", "ffnglu_f32_nrms_silu",
+                          "ffnglu_bf16_nrms_relu", "qkvproj_bf16_nrms_silu"})
+    CHECK_MESSAGE(!error_of([&] { parse_ffn_key(bad); }).empty(), bad);
+  CHECK(std::string(to_string(Activation::gelu_tanh)) == "gelutanh");
+}
+
+TEST_CASE("FFN calls: every bad argument is named, a good one passes") {
+  CHECK(Fake{}.check().empty());
+  struct Bad {
+    const char* expect;
+    std::function<void(Fake&)> edit;
+  };
+  const std::vector<Bad> cases = {
+      {"args.tokens (-1)", [](Fake& f) { f.args.tokens = -1; }},
+      {"args.hidden (12)", [](Fake& f) { f.args.hidden = 12; }},
+      {"args.intermediate (0)", [](Fake& f) { f.args.intermediate = 0; }},
+      {"args.x is null", [](Fake& f) { f.args.x = nullptr; }},
+      {"args.gate_weight (0x20000008) is not 16-byte aligned",
+       [](Fake& f) { f.args.gate_weight = reinterpret_cast<void*>(0x20000008); }},
+      {"args.up_weight is null", [](Fake& f) { f.args.up_weight = nullptr; }},
+      {"args.weight_stride (128) is smaller than a row",
+       [](Fake& f) { f.args.weight_stride = 128; }},
+      {"args.norm_weight is null but spec.norm is rms",
+       [](Fake& f) { f.args.norm_weight = nullptr; }},
+      {"args.norm_eps (-1)", [](Fake& f) { f.args.norm_eps = -1; }},
+      {"args.out is null", [](Fake& f) { f.args.out = nullptr; }},
+      {"args.out (0x40000001) is not aligned",
+       [](Fake& f) { f.args.out = reinterpret_cast<void*>(0x40000001); }},
+      {"args.out_stride (90) is smaller than a row", [](Fake& f) { f.args.out_stride = 90; }},
+      {"args.out and args.x overlap", [](Fake& f) { f.args.out = const_cast<void*>(f.args.x); }},
+      {"args.out and args.up_weight overlap",
+       [](Fake& f) { f.args.out = static_cast<char*>(const_cast<void*>(f.args.up_weight)) + 64; }},
+      {"args.path (3) is not a known value", [](Fake& f) { f.args.path = ProjPath(3); }},
+      {"args.workspace is null; the unfused path needs",
+       [](Fake& f) { f.args.path = ProjPath::unfused; }},
+      {"args.workspace_bytes (100) is smaller than the",
+       [](Fake& f) {
+         f.args.path = ProjPath::unfused;
+         f.args.workspace = reinterpret_cast<void*>(0x80000000);
+         f.args.workspace_bytes = 100;
+       }},
+      {"args.workspace (0x80000040) is not 256-byte aligned",
+       [](Fake& f) {
+         f.args.workspace = reinterpret_cast<void*>(0x80000040);
+         f.args.workspace_bytes = size_t(64) << 20;
+       }},
+      {"args.workspace and args.out overlap",
+       [](Fake& f) {
+         f.args.workspace = reinterpret_cast<void*>(0x3ff00000);
+         f.args.workspace_bytes = size_t(2) << 20;
+       }},
+  };
+  for (const Bad& b : cases) {
+    Fake f;
+    b.edit(f);
+    const std::string why = f.check();
+    CHECK_MESSAGE(contains(why, b.expect), std::string(b.expect), " -> '", why, "'");
+  }
+  Fake f;
+  f.spec.norm = Norm::none;
+  f.args.norm_weight = nullptr;
+  CHECK(f.check().empty());
+  f = Fake{};
+  f.args.tokens = 0;
+  CHECK(f.check().empty());
+  f = Fake{};
+  f.args.path = ProjPath::unfused;
+  f.args.workspace = reinterpret_cast<void*>(0x80000000);
+  f.args.workspace_bytes = ffn_gate_up_workspace_bytes(f.spec, f.args);
+  CHECK(f.check().empty());
+  // Checked before the driver is touched.
+  f.args.hidden = 12;
+  CHECK(contains(error_of([&] { ffn_gate_up(f.spec, f.args); }), "args.hidden (12)"));
+}
+
+TEST_CASE("FFN: the unfused path's workspace size") {
+  Fake f;
+  // 4 x 256 bf16 normalized (2048 bytes) + 4 x 192 bf16 products (1536 -> 1536) + 32 MiB.
+  CHECK(ffn_gate_up_workspace_bytes(f.spec, f.args) == 2048 + 1536 + (size_t(32) << 20));
+  f.spec.norm = Norm::none;
+  f.args.tokens = 1;  // 384 product bytes, rounded up to 512
+  CHECK(ffn_gate_up_workspace_bytes(f.spec, f.args) == 512 + (size_t(32) << 20));
+  f.args.intermediate = 0;
+  CHECK(contains(error_of([&] { ffn_gate_up_workspace_bytes(f.spec, f.args); }),
+                 "args.intermediate (0)"));
+}
+
+TEST_CASE("FFN keys compile for sm_80 and sm_90 (fused variants and the GLU kernels)") {
+  const FfnSpec specs[] = {FfnSpec{},
+                           FfnSpec{DType::f16, Norm::rms_one_plus, Activation::gelu_tanh},
+                           FfnSpec{DType::bf16, Norm::none, Activation::gelu_tanh}};
+  for (const FfnSpec& s : specs)
+    for (const char* arch : {"sm_80", "sm_90"}) {
+      std::vector<std::string> paths;
+      CHECK_NOTHROW(paths = precompile(s, arch));
+      CHECK_MESSAGE(paths.size() == 6, s.key(), " ", arch);
+      if (api::engine().disk().enabled())
+        for (const std::string& path : paths) CHECK_MESSAGE(!path.empty(), s.key(), " ", arch);
+    }
+  const std::string source = detail::render(FfnSpec{}, detail::ProjVariant{1, 8, 1}).source;
+  CHECK(contains(source, "kGlu = true"));
+  CHECK(contains(source, "kAct = 0,"));
+  CHECK(contains(detail::render_glu(FfnSpec{}, detail::GluVariant{8}).source, "kVec = 8"));
+  CHECK(contains(error_of([&] { precompile(FfnSpec{}, "sm_75"); }), "needs sm_80 or newer"));
+}
+
+TEST_CASE("FFN references: tolerances stay within a few roundings of the output") {
+  // A tolerance far above the output's rounding would let a wrong kernel pass.
+  for (const ProjPath path : {ProjPath::fused, ProjPath::unfused})
+    for (const Activation act : {Activation::silu, Activation::gelu_tanh}) {
+      FfnSpec s;
+      s.act = act;
+      autotune::FfnSizes z;
+      z.tokens = 2;
+      z.hidden = 512;
+      z.intermediate = 64;
+      z.path = path;
+      autotune::FfnProblem p(s, z);
+      const auto& e = p.expected(path);
+      REQUIRE(e.value.size() == 128);
+      double typical = 0, scale = 0;
+      for (const double v : e.value) scale += v * v;
+      scale = std::sqrt(scale / double(e.value.size()));
+      for (size_t i = 0; i < e.value.size(); ++i)
+        typical += e.tol[i] / std::max(std::fabs(e.value[i]), 0.1 * scale);
+      typical /= double(e.value.size());
+      // bf16's own rounding is 0.0039; the unfused path rounds the products once more.
+      CHECK_MESSAGE(typical < (path == ProjPath::fused ? 0.02 : 0.05), to_string(path), " ",
+                    to_string(act), " ", typical);
+      CHECK(
+          p.expected(path == ProjPath::fused ? ProjPath::unfused : ProjPath::fused).value.empty());
+    }
+}

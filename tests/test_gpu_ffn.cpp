@@ -1,0 +1,146 @@
+// The FFN's gate/up half on the GPU: the fused kernel (projection kernel, GLU epilogue) and the
+// unfused path (RMSNorm key -> cuBLASLt -> GLU key) against their float64 references
+// (autotune/ffn_workload.cpp) on fresh random inputs, the output poisoned, row gaps and the
+// guard after it checked untouched; every variant, the automatic choice, a CUDA graph.
+#include <doctest/doctest.h>
+
+#include <string>
+
+#include "api/engine.hpp"
+#include "autotune/ffn_workload.hpp"
+#include "gpu_helpers.hpp"
+#include "test_util.hpp"
+
+using namespace ropejit;
+
+namespace {
+
+void expect_ok(autotune::FfnProblem& p, const std::string& what) {
+  const autotune::CheckReport r = p.check();
+  CHECK_MESSAGE(r.ok, what, ": ", r.mismatches, " of ", r.checked, " wrong; ", r.first_failure);
+  CHECK_MESSAGE(r.checked > 0, what);
+}
+
+}  // namespace
+
+TEST_SUITE("gpu") {
+  TEST_CASE("FFN gate/up: both paths, every dtype, norm and activation against float64") {
+    testing::use_primary_context();
+    const DType dtypes[] = {DType::bf16, DType::f16};
+    const Norm norms[] = {Norm::rms, Norm::none, Norm::rms_one_plus};
+    const Activation acts[] = {Activation::silu, Activation::gelu_tanh};
+    const int64_t tokens[] = {1, 5, 16, 40, 70, 3};
+    int n = 0;
+    for (const DType dt : dtypes)
+      for (const Norm norm : norms)
+        for (const Activation act : acts)
+          for (const ProjPath path : {ProjPath::fused, ProjPath::unfused}) {
+            ++n;
+            const FfnSpec s{dt, norm, act};
+            autotune::FfnSizes z;
+            z.tokens = tokens[size_t(n) % 6];
+            z.hidden = n % 2 ? 264 : 512;            // 264: a partial last 32-element chunk
+            z.intermediate = n % 3 == 0 ? 100 : 96;  // 100: the GLU kernel's one-element variant
+            z.packed = n % 4 != 1;
+            z.x_gap = n % 5 == 3 ? 16 : 0;
+            z.weight_gap = n % 6 == 4 ? 8 : 0;
+            z.out_gap = n % 7 == 2 ? 6 : 0;
+            z.path = path;
+            z.seed = uint64_t(3000 + n);
+            autotune::FfnProblem p(s, z);
+            p.upload();
+            ffn_gate_up(s, p.args());
+            expect_ok(p, s.key() + " " + to_string(path) + " tokens " + std::to_string(z.tokens) +
+                             (z.packed ? " packed" : " separate"));
+          }
+  }
+
+  TEST_CASE("FFN gate/up: every kernel variant (a Llama-3-8B row count, hidden 4096)") {
+    testing::use_primary_context();
+    const FfnSpec s;
+    for (const int64_t tokens : {1, 16}) {
+      autotune::FfnSizes z;
+      z.tokens = tokens;
+      z.hidden = 4096;
+      z.intermediate = 1024;
+      z.seed = uint64_t(tokens);
+      autotune::FfnProblem p(s, z);
+      p.upload();
+      const FfnSpec c = s.canonical();
+      const detail::FfnShape shape = detail::check_ffn_call(c, p.args());
+      for (const int32_t tiles : {1, 2, 4, 8})
+        for (const int32_t splits : {1, 2, 4, 8})
+          for (const int32_t unroll : {1, 2, 4}) {
+            const detail::ProjVariant v{tiles, splits, unroll};
+            if (!detail::proj_variant_problem(v).empty()) continue;
+            p.upload();
+            api::engine().launch_ffn(c, p.args(), shape, &v);
+            expect_ok(p, s.key() + " " + v.name() + " tokens " + std::to_string(tokens));
+          }
+    }
+  }
+
+  TEST_CASE("FFN gate/up: the automatic path, and a CUDA graph planned during the capture") {
+    testing::use_primary_context();
+    testing::ScopedEnv off("ROPEJIT_TUNING", "off");  // the heuristic: fused up to 16 tokens
+    const FfnSpec s{DType::bf16, Norm::rms, Activation::silu};
+    for (const int64_t tokens : {4, 16, 17, 90}) {
+      autotune::FfnSizes z;
+      z.tokens = tokens;
+      z.hidden = 1040;  // a shape no other test plans
+      z.intermediate = 136;
+      z.path = ProjPath::automatic;
+      z.seed = uint64_t(tokens);
+      autotune::FfnProblem p(s, z);
+      p.upload();
+      const ProjPath want = tokens <= 16 ? ProjPath::fused : ProjPath::unfused;
+      CHECK(ffn_gate_up_path(s, p.args()) == want);
+      ffn_gate_up(s, p.args());
+      expect_ok(p, "automatic, tokens " + std::to_string(tokens));
+      CHECK_MESSAGE(p.matched() == want, tokens, " tokens");
+      FfnArgs bare = p.args();
+      bare.workspace = nullptr;
+      bare.workspace_bytes = 0;
+      p.upload();
+      ffn_gate_up(s, bare);
+      expect_ok(p, "automatic without workspace, tokens " + std::to_string(tokens));
+      CHECK(p.matched() == ProjPath::fused);
+    }
+    // A new key warmed at one token, then captured at 64 (unfused: plan, GEMM algorithm and the
+    // GLU launch made inside the capture), replayed.
+    const FfnSpec g{DType::f16, Norm::rms_one_plus, Activation::gelu_tanh};
+    autotune::FfnSizes z;
+    z.tokens = 1;
+    z.hidden = 520;
+    z.intermediate = 88;
+    z.path = ProjPath::automatic;
+    autotune::FfnProblem warm(g, z);
+    warm.upload();
+    ffn_gate_up(g, warm.args());
+    expect_ok(warm, "warm-up");
+    z.tokens = 64;
+    autotune::FfnProblem p(g, z);
+    p.upload();
+    const detail::Driver& d = detail::driver();
+    CUstream stream = nullptr;
+    detail::check(d.StreamCreate(&stream, 0), "cuStreamCreate");
+    testing::capture_and_replay(
+        stream, [&] { ffn_gate_up(g, p.args(stream)); }, 2);
+    expect_ok(p, "graph replay at 64 tokens");
+    CHECK(p.matched() == ProjPath::unfused);
+    d.StreamDestroy(stream);
+  }
+
+  TEST_CASE("ropejit tune --key ffnglu_...: the path per token bucket into the tuning file") {
+    const std::string file = testing::temp_dir() + "/ffn_tuning.json";
+    const std::string key = "ffnglu_bf16_nrms_silu";
+    const testing::CommandResult r =
+        testing::run_command(std::string(ROPEJIT_CLI_PATH) + " tune --key " + key +
+                             " --hidden 512 --intermediate 256 --tokens 4,64 --out " + file);
+    INFO(r.output);
+    REQUIRE(r.status == 0);
+    CHECK(r.output.find("[2/2] " + key + "  bucket 64: fused ") != std::string::npos);
+    CHECK(r.output.find("| " + key + " | 4 | 512 | 512 |") != std::string::npos);
+    CHECK(testing::read_file(file).find("\"ffnglu_bf16_nrms_silu\"") != std::string::npos);
+  }
+}
