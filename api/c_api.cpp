@@ -418,3 +418,86 @@ ropejit_status ropejit_qkv_proj_precompile(const ropejit_qkv_proj_spec* spec, co
   if (!arch) return null_argument("arch");
   return guarded([&] { ropejit::precompile(to_proj_spec(*spec), arch); });
 }
+
+namespace {
+
+ropejit::FfnSpec to_ffn_spec(const ropejit_ffn_spec& s) {
+  ropejit::FfnSpec o;
+  o.dtype = ropejit::DType(s.dtype);
+  o.norm = ropejit::Norm(s.norm);
+  o.act = ropejit::Activation(s.act);
+  return o;
+}
+
+ropejit::FfnArgs to_ffn_args(const ropejit_ffn_args& a) {
+  ropejit::FfnArgs o;
+  o.tokens = a.tokens;
+  o.hidden = a.hidden;
+  o.intermediate = a.intermediate;
+  o.x = a.x;
+  o.x_stride = a.x_stride;
+  o.norm_weight = a.norm_weight;
+  o.norm_eps = a.norm_eps;
+  o.gate_weight = a.gate_weight;
+  o.up_weight = a.up_weight;
+  o.weight_stride = a.weight_stride;
+  o.out = a.out;
+  o.out_stride = a.out_stride;
+  o.path = ropejit::ProjPath(a.path);
+  o.workspace = a.workspace;
+  o.workspace_bytes = a.workspace_bytes;
+  o.stream = a.stream;
+  return o;
+}
+
+}  // namespace
+
+void ropejit_ffn_spec_init(ropejit_ffn_spec* spec) {
+  if (!spec) return;
+  const ropejit::FfnSpec d;
+  *spec = ropejit_ffn_spec{int32_t(d.dtype), int32_t(d.norm), int32_t(d.act)};
+}
+
+void ropejit_ffn_args_init(ropejit_ffn_args* args) {
+  if (!args) return;
+  const ropejit::FfnArgs d;
+  *args = ropejit_ffn_args{};
+  args->norm_eps = d.norm_eps;
+}
+
+ropejit_status ropejit_ffn_gate_up(const ropejit_ffn_spec* spec, const ropejit_ffn_args* args) {
+  if (!spec) return null_argument("spec");
+  if (!args) return null_argument("args");
+  return guarded([&] { ropejit::ffn_gate_up(to_ffn_spec(*spec), to_ffn_args(*args)); });
+}
+
+ropejit_status ropejit_ffn_gate_up_workspace_bytes(const ropejit_ffn_spec* spec,
+                                                   const ropejit_ffn_args* args, size_t* bytes) {
+  if (!spec) return null_argument("spec");
+  if (!args) return null_argument("args");
+  if (!bytes) return null_argument("bytes");
+  return guarded([&] {
+    *bytes = ropejit::ffn_gate_up_workspace_bytes(to_ffn_spec(*spec), to_ffn_args(*args));
+  });
+}
+
+ropejit_status ropejit_ffn_gate_up_path(const ropejit_ffn_spec* spec, const ropejit_ffn_args* args,
+                                        int32_t* path) {
+  if (!spec) return null_argument("spec");
+  if (!args) return null_argument("args");
+  if (!path) return null_argument("path");
+  return guarded(
+      [&] { *path = int32_t(ropejit::ffn_gate_up_path(to_ffn_spec(*spec), to_ffn_args(*args))); });
+}
+
+ropejit_status ropejit_ffn_key(const ropejit_ffn_spec* spec, char* buf, size_t size) {
+  if (!spec) return null_argument("spec");
+  if (!buf) return null_argument("buf");
+  return guarded([&] { copy_key(to_ffn_spec(*spec).key(), buf, size); });
+}
+
+ropejit_status ropejit_ffn_precompile(const ropejit_ffn_spec* spec, const char* arch) {
+  if (!spec) return null_argument("spec");
+  if (!arch) return null_argument("arch");
+  return guarded([&] { ropejit::precompile(to_ffn_spec(*spec), arch); });
+}

@@ -88,7 +88,7 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
   grep -E "dev.sh:|MESSAGE|tests passed|tests failed|\*\*\*Failed|ERROR" "$out/gpu_tests.log" | cut -c1-240
   for tool in memcheck racecheck initcheck; do
     compute-sanitizer --tool $tool --error-exitcode 99 \
-      $build/tests/ropejit_gpu_tests "--test-case=sanitizer subset*,projection: every axis*,projection, unfused path*" \
+      $build/tests/ropejit_gpu_tests "--test-case=sanitizer subset*,projection: every axis*,projection, unfused path*,FFN gate/up: both paths*" \
       > "$out/sanitizer_$tool.log" 2>&1
     echo "compute-sanitizer $tool: exit $? ($(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$out/sanitizer_$tool.log" | tail -1))"
   done

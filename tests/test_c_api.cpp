@@ -110,3 +110,40 @@ TEST_CASE("C API: the projection's defaults, key, errors and precompile") {
   CHECK(ropejit_qkv_projection_path(&s, &a, &path) == ROPEJIT_ERROR_INVALID_ARGUMENT);
   CHECK(std::string(ropejit_last_error()).find("args.path (9)") != std::string::npos);
 }
+
+TEST_CASE("C API: the FFN's defaults, key, errors, workspace and precompile") {
+  ropejit_ffn_spec s;
+  ropejit_ffn_spec_init(&s);
+  char key[128];
+  REQUIRE(ropejit_ffn_key(&s, key, sizeof key) == ROPEJIT_OK);
+  CHECK(std::string(key) == "ffnglu_bf16_nrms_silu");
+  s.act = 1;
+  s.norm = 2;
+  REQUIRE(ropejit_ffn_key(&s, key, sizeof key) == ROPEJIT_OK);
+  CHECK(std::string(key) == "ffnglu_bf16_nrms1p_gelutanh");
+  s.act = 7;
+  CHECK(ropejit_ffn_key(&s, key, sizeof key) == ROPEJIT_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(ropejit_last_error()).find("spec.act (7)") != std::string::npos);
+  ropejit_ffn_spec_init(&s);
+  ropejit_ffn_args a;
+  ropejit_ffn_args_init(&a);
+  CHECK(a.norm_eps == ropejit::FfnArgs{}.norm_eps);
+  CHECK(a.path == 0);
+  a.tokens = 1;
+  a.hidden = 12;
+  CHECK(ropejit_ffn_gate_up(&s, &a) == ROPEJIT_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(ropejit_last_error()).find("args.hidden (12)") != std::string::npos);
+  CHECK(ropejit_ffn_gate_up(&s, nullptr) == ROPEJIT_ERROR_INVALID_ARGUMENT);
+  a.hidden = 4096;
+  a.intermediate = 14336;
+  a.tokens = 64;
+  size_t bytes = 0;
+  REQUIRE(ropejit_ffn_gate_up_workspace_bytes(&s, &a, &bytes) == ROPEJIT_OK);
+  CHECK(bytes == size_t(64 * 4096 * 2) + size_t(64 * 2 * 14336 * 2) + (size_t(32) << 20));
+  int32_t path = -1;
+  a.path = 5;
+  CHECK(ropejit_ffn_gate_up_path(&s, &a, &path) == ROPEJIT_ERROR_INVALID_ARGUMENT);
+  CHECK(ropejit_ffn_gate_up_path(&s, &a, nullptr) == ROPEJIT_ERROR_INVALID_ARGUMENT);
+  CHECK(ropejit_ffn_precompile(&s, "sm_70") == ROPEJIT_ERROR_INVALID_ARGUMENT);
+  CHECK(ropejit_ffn_precompile(&s, "sm_90") == ROPEJIT_OK);
+}

@@ -253,6 +253,42 @@ ROPEJIT_API ropejit_status ropejit_qkv_projection_workspace_bytes(const ropejit_
 ROPEJIT_API ropejit_status ropejit_qkv_projection_path(const ropejit_qkv_proj_spec* spec,
                                                        const ropejit_qkv_proj_args* args,
                                                        int32_t* path);
+/* The FFN's gate/up half: ropejit::FfnSpec / FfnArgs.
+ *   out = act(RMSNorm(x) · Wgᵀ) ⊙ (RMSNorm(x) · Wuᵀ) */
+typedef struct {
+  int32_t dtype, norm, act; /* act: 0 silu, 1 gelu_tanh */
+} ropejit_ffn_spec;
+
+typedef struct {
+  int64_t tokens, hidden, intermediate;
+  const void* x;
+  int64_t x_stride;
+  const void* norm_weight;
+  double norm_eps;
+  const void* gate_weight;
+  const void* up_weight;
+  int64_t weight_stride;
+  void* out;
+  int64_t out_stride;
+  int32_t path;
+  void* workspace;
+  size_t workspace_bytes;
+  void* stream;
+} ropejit_ffn_args;
+
+/* Fill with the C++ defaults (bf16, RMSNorm, SiLU; eps 1e-6, automatic path). */
+ROPEJIT_API void ropejit_ffn_spec_init(ropejit_ffn_spec* spec);
+ROPEJIT_API void ropejit_ffn_args_init(ropejit_ffn_args* args);
+ROPEJIT_API ropejit_status ropejit_ffn_gate_up(const ropejit_ffn_spec* spec,
+                                               const ropejit_ffn_args* args);
+ROPEJIT_API ropejit_status ropejit_ffn_gate_up_workspace_bytes(const ropejit_ffn_spec* spec,
+                                                               const ropejit_ffn_args* args,
+                                                               size_t* bytes);
+ROPEJIT_API ropejit_status ropejit_ffn_gate_up_path(const ropejit_ffn_spec* spec,
+                                                    const ropejit_ffn_args* args, int32_t* path);
+ROPEJIT_API ropejit_status ropejit_ffn_key(const ropejit_ffn_spec* spec, char* buf, size_t size);
+ROPEJIT_API ropejit_status ropejit_ffn_precompile(const ropejit_ffn_spec* spec, const char* arch);
+
 /* The key string (NUL-terminated; an error when `size` is too small) and a no-GPU precompile
  * for `arch` (sm_80 or newer). */
 ROPEJIT_API ropejit_status ropejit_qkv_proj_key(const ropejit_qkv_proj_spec* spec, char* buf,

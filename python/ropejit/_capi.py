@@ -93,6 +93,23 @@ class ropejit_qkv_proj_args(ctypes.Structure):
     ]
 
 
+class ropejit_ffn_spec(ctypes.Structure):
+    _fields_ = [("dtype", _i32), ("norm", _i32), ("act", _i32)]
+
+
+class ropejit_ffn_args(ctypes.Structure):
+    _fields_ = [
+        ("tokens", _i64), ("hidden", _i64), ("intermediate", _i64), ("x", _ptr),
+        ("x_stride", _i64), ("norm_weight", _ptr), ("norm_eps", _f64), ("gate_weight", _ptr),
+        ("up_weight", _ptr), ("weight_stride", _i64), ("out", _ptr), ("out_stride", _i64),
+        ("path", _i32), ("workspace", _ptr), ("workspace_bytes", ctypes.c_size_t),
+        ("stream", _ptr),
+    ]
+
+
+# ropejit::Activation
+ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}
+
 # ropejit::ProjPath
 PROJ_PATHS = {"auto": 0, "fused": 1, "unfused": 2}
 
@@ -127,6 +144,19 @@ _PROTOTYPES = {
     "ropejit_qkv_projection_path": (
         ctypes.c_int, [ctypes.POINTER(ropejit_qkv_proj_spec),
                        ctypes.POINTER(ropejit_qkv_proj_args), ctypes.POINTER(_i32)]),
+    "ropejit_ffn_spec_init": (None, [ctypes.POINTER(ropejit_ffn_spec)]),
+    "ropejit_ffn_args_init": (None, [ctypes.POINTER(ropejit_ffn_args)]),
+    "ropejit_ffn_gate_up": (ctypes.c_int, [ctypes.POINTER(ropejit_ffn_spec),
+                                           ctypes.POINTER(ropejit_ffn_args)]),
+    "ropejit_ffn_gate_up_workspace_bytes": (
+        ctypes.c_int, [ctypes.POINTER(ropejit_ffn_spec), ctypes.POINTER(ropejit_ffn_args),
+                       ctypes.POINTER(ctypes.c_size_t)]),
+    "ropejit_ffn_gate_up_path": (
+        ctypes.c_int, [ctypes.POINTER(ropejit_ffn_spec), ctypes.POINTER(ropejit_ffn_args),
+                       ctypes.POINTER(_i32)]),
+    "ropejit_ffn_key": (ctypes.c_int, [ctypes.POINTER(ropejit_ffn_spec), ctypes.c_char_p,
+                                       ctypes.c_size_t]),
+    "ropejit_ffn_precompile": (ctypes.c_int, [ctypes.POINTER(ropejit_ffn_spec), ctypes.c_char_p]),
     "ropejit_qkv_proj_key": (ctypes.c_int, [ctypes.POINTER(ropejit_qkv_proj_spec),
                                             ctypes.c_char_p, ctypes.c_size_t]),
     "ropejit_qkv_proj_precompile": (ctypes.c_int, [ctypes.POINTER(ropejit_qkv_proj_spec),

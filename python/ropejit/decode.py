@@ -1,4 +1,5 @@
-"""The decode block's QKV projection (C++ ``ropejit::qkv_projection``): RMSNorm -> packed QKV
+"""The decode block on torch CUDA tensors. ``qkv_projection`` (C++ ``ropejit::qkv_projection``):
+RMSNorm -> packed QKV
 projection -> RoPE on torch CUDA tensors: one fused kernel for decode-sized calls, and for more
 tokens (where a tensor-core GEMM wins) the unfused path, RMSNorm key -> cuBLASLt GEMM -> RoPE
 key, chosen per token count by the tuning file (``ropejit tune --proj``) or the heuristic.
@@ -17,6 +18,17 @@ are computed from ``base``. Needs a GPU of compute capability 8.0 or newer; bf16
 comes from torch's caching allocator. Like torch's own sequence, the unfused path rounds the
 normalized activation and the projection to the dtype before the next step; the fused kernel
 rounds only ``x * w`` and its outputs.
+
+``ffn_gate_up`` (C++ ``ropejit::ffn_gate_up``) is the FFN's first half with the same prologue,
+``act(RMSNorm(x) @ gate.T) * (RMSNorm(x) @ up.T)`` (SwiGLU with ``act="silu"``, GeGLU with
+``"gelu_tanh"``), fused for few tokens and RMSNorm -> cuBLASLt -> GLU kernel beyond:
+
+    h = ropejit.decode.ffn_gate_up(hidden, gate_up_weight, intermediate=14336,
+                                   norm_weight=layer.post_attention_layernorm.weight, eps=1e-5)
+
+``weight`` is vLLM's merged ``gate_up_proj`` ``[2 * intermediate, hidden]`` (gate rows, then up
+rows), or pass ``gate_weight`` and ``up_weight`` ``[intermediate, hidden]`` separately (HF's
+``gate_proj`` / ``up_proj``).
 """
 
 import ctypes
@@ -181,3 +193,120 @@ def qkv_projection_key(dtype="bf16", head_dim=128, rotary_dim=None, style="neox"
     buf = ctypes.create_string_buffer(_capi.KEY_BUFFER)
     _capi.check(_capi.lib.ropejit_qkv_proj_key(ctypes.byref(s), buf, len(buf)))
     return buf.value.decode()
+
+
+def _workspace(x, size_fn, spec, a):
+    import torch
+    size = ctypes.c_size_t()
+    _capi.check(size_fn(ctypes.byref(spec), ctypes.byref(a), ctypes.byref(size)))
+    workspace = torch.empty(size.value, dtype=torch.uint8, device=x.device)
+    a.workspace, a.workspace_bytes = workspace.data_ptr(), size.value
+    return workspace
+
+
+def ffn_gate_up(x, weight=None, *, intermediate=None, gate_weight=None, up_weight=None,
+                norm_weight=None, eps=1e-6, norm="rms", act="silu", path="auto"):
+    """Returns ``act(RMSNorm(x) @ gate.T) * (RMSNorm(x) @ up.T)``, a new ``[tokens,
+    intermediate]`` tensor; see the module docstring. ``norm="none"`` skips RMSNorm;
+    ``"rms_one_plus"`` is Gemma's ``(1 + w)``."""
+    import torch
+    if path not in _capi.PROJ_PATHS:
+        _fail(f"path ({path!r}) must be one of: {', '.join(_capi.PROJ_PATHS)}")
+    if act not in _capi.ACTIVATIONS:
+        _fail(f"act ({act!r}) must be one of: {', '.join(_capi.ACTIVATIONS)}")
+    if norm not in _NORMS:
+        _fail(f"norm ({norm!r}) must be one of: {', '.join(_NORMS)}")
+    if (weight is None) == (gate_weight is None and up_weight is None):
+        _fail("give weight (the merged [2 * intermediate, hidden] gate_up) or gate_weight and "
+              "up_weight, not both")
+    if weight is None and (gate_weight is None or up_weight is None):
+        _fail("gate_weight and up_weight go together")
+    if not isinstance(x, torch.Tensor):
+        _fail("x must be a torch tensor")
+    if not x.is_cuda:
+        _fail(f"x is on {x.device}: the FFN runs on a CUDA device")
+    if x.dim() != 2 or x.stride(-1) != 1:
+        _fail(f"x must be [tokens, hidden] with a contiguous last dimension, got shape "
+              f"{tuple(x.shape)} and strides {x.stride()}")
+    if weight is not None:
+        if weight.dim() != 2 or weight.shape[0] % 2:
+            _fail(f"weight must be [2 * intermediate, hidden], got shape {tuple(weight.shape)}")
+        if intermediate is not None and weight.shape[0] != 2 * intermediate:
+            _fail(f"weight.shape[0] ({weight.shape[0]}) must be 2 x intermediate "
+                  f"({2 * intermediate})")
+        intermediate = weight.shape[0] // 2
+        gate_weight, up_weight = weight[:intermediate], weight[intermediate:]
+    for name, w in (("gate_weight", gate_weight), ("up_weight", up_weight)):
+        if (not isinstance(w, torch.Tensor) or w.dim() != 2 or w.stride(-1) != 1
+                or w.dtype != x.dtype or w.device != x.device):
+            _fail(f"{name} must be a [intermediate, hidden] CUDA tensor of x's dtype on x's "
+                  f"device with a contiguous last dimension")
+        if w.shape[1] != x.shape[1]:
+            _fail(f"{name}.shape[1] ({w.shape[1]}) must equal x.shape[1] ({x.shape[1]})")
+        if w.shape[0] > 1 and w.stride(0) == 0:
+            _fail(f"{name} has stride 0 over its rows (an expanded tensor)")
+    if gate_weight.shape != up_weight.shape or gate_weight.stride() != up_weight.stride():
+        _fail("gate_weight and up_weight must have one shape and one row stride")
+    if intermediate is not None and gate_weight.shape[0] != intermediate:
+        _fail(f"gate_weight.shape[0] ({gate_weight.shape[0]}) must be intermediate "
+              f"({intermediate})")
+    intermediate = gate_weight.shape[0]
+    if norm != "none":
+        if norm_weight is None:
+            _fail(f"norm ({norm!r}) needs norm_weight")
+        if (norm_weight.dtype != x.dtype or not norm_weight.is_contiguous()
+                or norm_weight.dim() != 1 or norm_weight.numel() != x.shape[1]
+                or norm_weight.device != x.device):
+            _fail(f"norm_weight must be a contiguous [{x.shape[1]}] tensor in x's dtype on x's "
+                  f"device, got shape {tuple(norm_weight.shape)}, dtype {norm_weight.dtype}")
+    dtypes = {torch.bfloat16: "bf16", torch.float16: "f16"}
+    if x.dtype not in dtypes:
+        _fail(f"x.dtype ({x.dtype}) must be torch.bfloat16 or torch.float16")
+    spec = _capi.ropejit_ffn_spec()
+    _capi.lib.ropejit_ffn_spec_init(ctypes.byref(spec))
+    spec.dtype, spec.norm = _capi.DTYPES[dtypes[x.dtype]], _NORMS[norm]
+    spec.act = _capi.ACTIVATIONS[act]
+    tokens = x.shape[0]
+    out = torch.empty(tokens, intermediate, dtype=x.dtype, device=x.device)
+    a = _capi.ropejit_ffn_args()
+    _capi.lib.ropejit_ffn_args_init(ctypes.byref(a))
+    a.tokens, a.hidden, a.intermediate = tokens, x.shape[1], intermediate
+    a.x, a.x_stride = x.data_ptr(), x.stride(0) if tokens > 1 else x.shape[1]
+    a.gate_weight, a.up_weight = gate_weight.data_ptr(), up_weight.data_ptr()
+    a.weight_stride = gate_weight.stride(0) if intermediate > 1 else x.shape[1]
+    if norm_weight is not None:
+        a.norm_weight = norm_weight.data_ptr()
+    a.norm_eps = eps
+    a.out, a.out_stride = out.data_ptr(), intermediate
+    a.path = _capi.PROJ_PATHS[path]
+    if tokens == 0:
+        return out
+    with torch.cuda.device(x.device):
+        a.stream = torch.cuda.current_stream(x.device).cuda_stream
+        taken = path
+        if path == "auto":
+            slot = ("ffn", bytes(spec), 1 << (tokens - 1).bit_length(), a.hidden, intermediate,
+                    x.device.index)
+            taken = _paths.get(slot)
+            if taken is None:
+                code = ctypes.c_int32()
+                _capi.check(_capi.lib.ropejit_ffn_gate_up_path(
+                    ctypes.byref(spec), ctypes.byref(a), ctypes.byref(code)))
+                taken = _paths[slot] = "unfused" if code.value == 2 else "fused"
+        workspace = None
+        if taken == "unfused":
+            workspace = _workspace(x, _capi.lib.ropejit_ffn_gate_up_workspace_bytes, spec, a)
+        _capi.check(_capi.lib.ropejit_ffn_gate_up(ctypes.byref(spec), ctypes.byref(a)))
+        del workspace  # the caching allocator keeps it for this stream's queued work
+    return out
+
+
+def ffn_key(dtype="bf16", norm="rms", act="silu"):
+    """The key string of an FFN gate/up kernel (no GPU needed)."""
+    s = _capi.ropejit_ffn_spec()
+    _capi.lib.ropejit_ffn_spec_init(ctypes.byref(s))
+    s.dtype, s.norm, s.act = _capi.DTYPES[dtype], _NORMS[norm], _capi.ACTIVATIONS[act]
+    buf = ctypes.create_string_buffer(_capi.KEY_BUFFER)
+    _capi.check(_capi.lib.ropejit_ffn_key(ctypes.byref(s), buf, len(buf)))
+    return buf.value.decode()
+

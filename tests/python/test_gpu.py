@@ -315,6 +315,51 @@ def test_qkv_projection_against_float64(tokens, norm, style, table):
     assert q.shape == (tokens, qh, d) and v.shape == (tokens, kvh, d)
 
 
+@pytest.mark.parametrize("tokens,path,act,merged", [
+    (1, "fused", "silu", True), (64, "unfused", "silu", False), (40, "auto", "gelu_tanh", True),
+    (7, "auto", "silu", False), (3, "unfused", "gelu_tanh", True)])
+def test_ffn_gate_up_paths_against_float64(tokens, path, act, merged):
+    """ropejit.decode.ffn_gate_up against float64 RMSNorm -> gate/up -> act(g) * u with each
+    path's roundings (fused: x * w rounded, rstd on the sums; unfused: the normalized activation
+    and both products rounded to bf16, as torch's sequence)."""
+    from ropejit import decode
+    torch.manual_seed(tokens)
+    hidden, inter = 1024, 256
+    x = (torch.rand(tokens, hidden, device="cuda") * 4 - 2).bfloat16()
+    w = ((torch.rand(2 * inter, hidden, device="cuda") * 2 - 1) * 3 * (3 / hidden) ** 0.5)
+    w = w.bfloat16()
+    nw = (torch.rand(hidden, device="cuda") + 0.5).bfloat16()
+    kw = dict(weight=w) if merged else dict(gate_weight=w[:inter].clone(),
+                                            up_weight=w[inter:].clone())
+    got = decode.ffn_gate_up(x, norm_weight=nw, eps=1e-6, act=act, path=path, **kw).double()
+    assert got.shape == (tokens, inter)
+    x64 = x.double()
+    rstd = 1 / torch.sqrt((x64 * x64).mean(-1, keepdim=True) + float(torch.tensor(1e-6).float()))
+    w64 = w.double()
+
+    def glu(gu):
+        g, u = gu[:, :inter], gu[:, inter:]
+        if act == "silu":
+            a = g / (1 + torch.exp(-g))
+        else:
+            a = 0.5 * g * (1 + torch.tanh(0.7978845608028654 * (g + 0.044715 * g ** 3)))
+        return a * u, (a.abs() + g.abs()) * u.abs() + a.abs() * u.abs()
+
+    fused = glu(((x.float() * nw.float()).bfloat16().double() @ w64.t()) * rstd)
+    a = (x64 * rstd * nw.double()).bfloat16().double()
+    unfused = glu((a @ w64.t()).bfloat16().double())
+
+    def close(ref):
+        want, mag = ref
+        return bool(torch.all((got - want).abs() <= 2 ** -7 * mag + 2 ** -8 * want.abs() + 1e-4))
+
+    matched = {"fused": close(fused), "unfused": close(unfused)}
+    if path == "auto":
+        assert matched["fused"] or matched["unfused"], matched
+    else:
+        assert matched[path], matched
+
+
 @pytest.mark.parametrize("tokens,path", [(64, "unfused"), (64, "auto"), (64, "fused"),
                                          (200, "auto"), (3, "unfused")])
 def test_qkv_projection_paths_against_float64(tokens, path):

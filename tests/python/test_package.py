@@ -142,7 +142,8 @@ _STRUCTS = {"ropejit_spec": _capi.ropejit_spec, "ropejit_tensor": _capi.ropejit_
             "ropejit_scaling": _capi.ropejit_scaling, "ropejit_kv_cache": _capi.ropejit_kv_cache,
             "ropejit_args": _capi.ropejit_args, "ropejit_model": _capi.ropejit_model,
             "ropejit_qkv_proj_spec": _capi.ropejit_qkv_proj_spec,
-            "ropejit_qkv_proj_args": _capi.ropejit_qkv_proj_args}
+            "ropejit_qkv_proj_args": _capi.ropejit_qkv_proj_args,
+            "ropejit_ffn_spec": _capi.ropejit_ffn_spec, "ropejit_ffn_args": _capi.ropejit_ffn_args}
 
 
 def test_structs_match_the_c_header(tmp_path):
@@ -216,6 +217,24 @@ def test_qkv_projection_key_and_errors():
             == "qkvproj_f16_d64_r32_gptj_pos-offset_comp_nrms1p")
     with pytest.raises(ropejit.InvalidArgument, match=r"spec.head_dim \(72\)"):
         decode.qkv_projection_key(head_dim=72)
+
+
+def test_ffn_key_and_errors():
+    from ropejit import decode
+    assert decode.ffn_key() == "ffnglu_bf16_nrms_silu"
+    assert decode.ffn_key(dtype="f16", norm="rms_one_plus", act="gelu_tanh") == \
+        "ffnglu_f16_nrms1p_gelutanh"
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed")
+    x = torch.zeros(2, 64, dtype=torch.bfloat16)
+    w = torch.zeros(2 * 32, 64, dtype=torch.bfloat16)
+    with pytest.raises(ropejit.InvalidArgument, match="runs on a CUDA device"):
+        decode.ffn_gate_up(x, w, norm="none")
+    with pytest.raises(ropejit.InvalidArgument, match=r"act \('relu'\) must be one of"):
+        decode.ffn_gate_up(x, w, act="relu")
+    with pytest.raises(ropejit.InvalidArgument, match="not both"):
+        decode.ffn_gate_up(x, w, gate_weight=w[:32], up_weight=w[32:])
+    with pytest.raises(ropejit.InvalidArgument, match="go together"):
+        decode.ffn_gate_up(x, gate_weight=w[:32])
 
 
 def test_qkv_projection_refuses_bad_tensors_before_the_gpu():
