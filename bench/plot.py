@@ -208,7 +208,8 @@ def proj_path_rows(bench, prefix="proj_path"):
 
 
 def plot_proj(rows, torch_rows, gpu, path, path_rows=None,
-              title="Llama-3-8B QKV projection (4096 → 6144, bf16)"):
+              title="Llama-3-8B QKV projection (4096 → 6144, bf16)",
+              unfused_label="ropejit unfused (RMSNorm key, cuBLASLt, RoPE key)"):
     """The decode block's projection: µs against tokens for the fused kernel (and, from the
     proj_path rows, the unfused path and the automatic choice), the unfused torch block (graph
     replay and eager), cuBLAS's F.linear alone, and the weight-read floor."""
@@ -217,7 +218,7 @@ def plot_proj(rows, torch_rows, gpu, path, path_rows=None,
     if paths:
         tokens = list(floor)
         styles = {"fused": ("o-", "tab:blue", "ropejit fused kernel"),
-                  "unfused": ("D-", "tab:purple", "ropejit unfused (RMSNorm key, cuBLASLt, RoPE key)"),
+                  "unfused": ("D-", "tab:purple", unfused_label),
                   "auto": ("x--", "black", "ropejit automatic (tuned choice)")}
         for name, (marker, color, label) in styles.items():
             if name in paths:
@@ -240,7 +241,8 @@ def plot_proj(rows, torch_rows, gpu, path, path_rows=None,
                 label="F.linear alone (cuBLAS), graph replay")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set_xticks(tokens, [str(t) for t in tokens])
+    ticks = [t for t in tokens if t & (t - 1) == 0]  # powers of two: 24 and 48 would crowd
+    ax.set_xticks(ticks, [str(t) for t in ticks])
     ax.set_xlabel("tokens (M)")
     ax.set_ylabel("µs per call, L2 flushed (lower is better)")
     ax.grid(True, which="both", alpha=0.3)
@@ -322,7 +324,8 @@ def main():
                 with open(args.proj_torch) as f:
                     ffn_torch = json.load(f).get("ffn_rows")
             plot_proj({}, ffn_torch, bench.get("context", {}).get("gpu"), path, ffn_path_rows,
-                      title="Llama-3-8B FFN gate/up (4096 → 2 × 14336, bf16, SiLU)")
+                      title="Llama-3-8B FFN gate/up (4096 → 2 × 14336, bf16, SiLU)",
+                      unfused_label="ropejit unfused (RMSNorm key, cuBLASLt, GLU key)")
             written.append(path)
         if rows or paths:
             path = os.path.join(args.outdir, "proj_us.png")
