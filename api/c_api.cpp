@@ -209,6 +209,14 @@ void ropejit_struct_sizes(size_t* spec, size_t* args) {
   if (args) *args = sizeof(ropejit_args);
 }
 
+void ropejit_decode_struct_sizes(size_t* qkv_spec, size_t* qkv_args, size_t* ffn_spec,
+                                 size_t* ffn_args) {
+  if (qkv_spec) *qkv_spec = sizeof(ropejit_qkv_proj_spec);
+  if (qkv_args) *qkv_args = sizeof(ropejit_qkv_proj_args);
+  if (ffn_spec) *ffn_spec = sizeof(ropejit_ffn_spec);
+  if (ffn_args) *ffn_args = sizeof(ropejit_ffn_args);
+}
+
 ropejit_status ropejit_make_contiguous(int32_t layout, void* data, int64_t batch, int64_t seq,
                                        int64_t heads, int64_t head_dim, ropejit_tensor* out) {
   if (!out) return null_argument("out");

@@ -223,6 +223,20 @@ int64_t FfnProblem::bytes_moved() const {
          (spec_.norm != Norm::none ? sizes_.hidden * e : 0);
 }
 
+CheckReport FfnProblem::check_as(ProjPath path) {
+  const ProjPath asked = sizes_.path;
+  sizes_.path = path;
+  CheckReport r;
+  try {
+    r = check();
+  } catch (...) {
+    sizes_.path = asked;
+    throw;
+  }
+  sizes_.path = asked;
+  return r;
+}
+
 CheckReport FfnProblem::check() {
   const detail::Driver& d = detail::driver();
   detail::check(d.CtxSynchronize(), "kernel");

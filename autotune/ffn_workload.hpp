@@ -41,7 +41,8 @@ class FfnProblem {
   // matched() says which), and every byte around them (row gaps, guard) with the poison.
   CheckReport check();
   ProjPath matched() const { return matched_; }
-  int64_t weight_bytes() const;  // both weights: the fused kernel's floor
+  CheckReport check_as(ProjPath path);  // as ProjProblem::check_as
+  int64_t weight_bytes() const;         // both weights: the fused kernel's floor
   int64_t bytes_moved() const;
 
   struct Expected {

@@ -48,8 +48,8 @@ std::vector<detail::ProjVariant> proj_heuristic_variants(const QkvProjSpec& cano
 
 // The QKV projection's path for a call shape: the heuristic's (fused up to 16 tokens), and the
 // tuning file's projection entry for the shape's token bucket where there is one (ROPEJIT_TUNING
-// off: the heuristic only; a miss is never an error nor tuned on the spot: `ropejit tune
-// --proj` measures it).
+// off: the heuristic only; a miss is never an error nor tuned on the spot: `ropejit tune --key
+// qkvproj_...` measures it).
 ProjPath proj_heuristic_path(const QkvProjSpec& canonical, const detail::ProjShape& shape,
                              const detail::DeviceInfo& device);
 ProjPath select_proj_path(const QkvProjSpec& canonical, const detail::ProjShape& shape,

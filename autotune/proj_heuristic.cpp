@@ -32,7 +32,7 @@ detail::ProjVariant proj_heuristic(const QkvProjSpec& canonical, const detail::P
 // The path by token count. The H100 at Llama-3-8B's projection (bench/RESULTS.md): the fused
 // kernel takes 27.7 µs at 16 tokens, cuBLAS's GEMM alone 28.9 µs (plus the RMSNorm and RoPE
 // launches of the unfused path); at 32 tokens the fused kernel takes 39.9 µs against cuBLAS's
-// 28.6 µs. So fused up to 16 tokens, unfused beyond; `ropejit tune --proj` measures the
+// 28.6 µs. So fused up to 16 tokens, unfused beyond; `ropejit tune --key qkvproj_...` measures the
 // crossover of a shape on its GPU and the tuning file overrides this.
 ProjPath proj_heuristic_path(const QkvProjSpec& canonical, const detail::ProjShape& shape,
                              const detail::DeviceInfo& device) {

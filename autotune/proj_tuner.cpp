@@ -71,7 +71,7 @@ ProjTuneReport tune_proj(const QkvProjSpec& spec, int64_t bucket, int64_t hidden
     else
       engine.launch_proj_unfused(c, *args, shape);
     if (z.reference) {
-      const CheckReport r = problem.check();
+      const CheckReport r = problem.check_as(args == &fused ? ProjPath::fused : ProjPath::unfused);
       if (!r.ok)
         detail::fail(ErrorCode::internal, "tuning ", c.key(), ": the ", name,
                      " path fails the float64 check at ", bucket, " tokens: ", r.first_failure);
@@ -136,7 +136,7 @@ ProjTuneReport tune_ffn(const FfnSpec& spec, int64_t bucket, int64_t hidden, int
     else
       engine.launch_ffn(c, fused, shape, &variant);
     if (z.reference) {
-      const CheckReport r = problem.check();
+      const CheckReport r = problem.check_as(split ? ProjPath::unfused : ProjPath::fused);
       if (!r.ok)
         detail::fail(ErrorCode::internal, "tuning ", c.key(), ": the ", split ? "unfused" : "fused",
                      " path fails the float64 check at ", bucket, " tokens: ", r.first_failure);

@@ -411,6 +411,20 @@ int64_t ProjProblem::bytes_moved() const {
          (spec_.norm != Norm::none ? sizes_.hidden * e : 0);
 }
 
+CheckReport ProjProblem::check_as(ProjPath path) {
+  const ProjPath asked = sizes_.path;
+  sizes_.path = path;
+  CheckReport r;
+  try {
+    r = check();
+  } catch (...) {
+    sizes_.path = asked;
+    throw;
+  }
+  sizes_.path = asked;
+  return r;
+}
+
 CheckReport ProjProblem::check() {
   const detail::Driver& d = detail::driver();
   detail::check(d.CtxSynchronize(), "kernel");

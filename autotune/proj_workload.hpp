@@ -69,6 +69,9 @@ class ProjProblem {
   const Expected& expected_unfused() const { return expected_unfused_; }
   // The path whose reference the last check() matched (automatic: fused tried first).
   ProjPath matched() const { return matched_; }
+  // check() against one path's reference (sizes.path automatic builds both): what the tuner
+  // uses, so that a wrong result that happens to fit the other path's tolerance fails.
+  CheckReport check_as(ProjPath path);
 
  private:
   struct Buffer {

@@ -561,7 +561,7 @@ const Engine::ProjPlan& Engine::proj_plan(CUcontext ctx, const QkvProjSpec& c,
   for (const ProjVariant& v : all) compiling.push_back(image_async(c, v, target));
   if (capture == CU_STREAM_CAPTURE_STATUS_NONE && gemm_unavailable().empty() &&
       proj_split_problem(c, args, shape, false).empty())
-    prepare_unfused(ctx, c, args, shape, stream);
+    prepare_once(ctx, c.key(), [&] { prepare_unfused(ctx, c, args, shape, stream); });
   for (std::future<void>& f : compiling) f.get();  // rethrows a compile error
   const LoadedFunction* fn = nullptr;
   for (const ProjVariant& v : all) {
@@ -572,51 +572,6 @@ const Engine::ProjPlan& Engine::proj_plan(CUcontext ctx, const QkvProjSpec& c,
   return proj_plans_.emplace(key, ProjPlan{path, chosen, fn}).first->second;
 }
 
-namespace {
-
-// The unfused path's steps as calls of the other key families.
-RmsNormSpec split_norm_spec(const QkvProjSpec& c) {
-  RmsNormSpec n;
-  n.dtype = c.dtype;
-  n.norm = c.norm;
-  return n;
-}
-
-Spec split_rope_spec(const QkvProjSpec& c) {
-  Spec r;
-  r.layout = Layout::bshd;
-  r.dtype = c.dtype;
-  r.head_dim = c.head_dim;
-  r.rotary_dim = c.rotary_dim;
-  r.style = c.style;
-  r.positions = c.positions;
-  r.index_type = c.index_type;
-  r.freqs = c.freqs;
-  r.table_dtype = c.table_dtype;
-  r.table_width = c.table_width;
-  return r;
-}
-
-// q and k rotated in place: one sequence of `tokens`.
-Args split_rope_args(const QkvProjArgs& a) {
-  Args r;
-  r.batch = 1;
-  r.seq_len = a.tokens;
-  r.q = Tensor{a.q.data, a.q_heads, 0, a.q.stride_seq, a.q.stride_head};
-  r.k = Tensor{a.k.data, a.kv_heads, 0, a.k.stride_seq, a.k.stride_head};
-  r.position_offset = a.position_offset;
-  r.position_ids = a.position_ids;
-  r.cos = a.cos;
-  r.sin = a.sin;
-  r.table_stride = a.table_stride;
-  r.table_rows = a.table_rows;
-  r.base = a.base;
-  r.stream = a.stream;
-  return r;
-}
-
-}  // namespace
-
 void Engine::prepare_unfused(CUcontext ctx, const QkvProjSpec& c, const QkvProjArgs& args,
                              const ProjShape& shape, CUstream stream) {
   if (c.norm != Norm::none) {
@@ -626,14 +581,57 @@ void Engine::prepare_unfused(CUcontext ctx, const QkvProjSpec& c, const QkvProjA
     n.x = args.x;
     n.weight = args.norm_weight;
     n.out = const_cast<void*>(args.x);  // checked only, never launched
-    const RmsNormSpec ns = split_norm_spec(c);
+    const RmsNormSpec ns = proj_norm_spec(c);
     const NormShape norm_shape = check_norm_call(ns, n);
     named_function(ctx, ns.key(), norm_shape.variant.name(), stream, [&]() -> const CacheEntry& {
       return image(ns, norm_shape.variant, target_for(device_info(ctx).cc));
     });
   }
-  planned(split_rope_spec(c), split_rope_args(args));  // loads the RoPE key's kernels
-  gemm_prepare(ctx);                                   // cuBLASLt's handle for the context
+  // The RoPE key's kernels the policy may pick at this alignment, loaded without choosing a
+  // launch (so nothing is tuned or looked up in the tuning file here).
+  const Spec rs = proj_rope_spec(c).canonical();
+  const CallShape rope_shape = check_call(rs, proj_rope_args(args));
+  for (const KernelVariant& v : policy().variants(rs, rope_shape, device_info(ctx)))
+    function(ctx, rs, v, stream);
+  gemm_prepare(ctx);  // cuBLASLt's handle for the context
+}
+
+bool Engine::unfused_ready(CUcontext ctx, const std::string& key) const {
+  std::shared_lock<std::shared_mutex> lock(proj_mutex_);
+  return unfused_ready_.count(concat(static_cast<const void*>(ctx), '/', key)) != 0;
+}
+
+void Engine::prepare_once(CUcontext ctx, const std::string& key,
+                          const std::function<void()>& prepare) {
+  if (unfused_ready(ctx, key)) return;
+  try {
+    prepare();
+  } catch (const Error& e) {
+    // The fused path does not need any of it: warn, and keep the unfused path off while
+    // capturing (outside a capture a later call prepares what it needs).
+    warn_once("unfused-prepare:" + key,
+              concat("ropejit: the unfused path of ", key, " could not be prepared (", e.what(),
+                     "); calls inside a CUDA graph capture run fused"));
+    return;
+  }
+  std::unique_lock<std::shared_mutex> lock(proj_mutex_);
+  unfused_ready_.insert(concat(static_cast<const void*>(ctx), '/', key));
+}
+
+bool Engine::take_unfused(CUcontext ctx, const std::string& key, CUstream stream,
+                          const std::function<void()>& plan_steps) {
+  CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
+  check(driver().StreamIsCapturing(stream, &capture), "cuStreamIsCapturing");
+  if (capture != CU_STREAM_CAPTURE_STATUS_NONE && !unfused_ready(ctx, key)) return false;
+  try {
+    plan_steps();  // every step's launch decided before any is launched
+  } catch (const Error& e) {
+    warn_once(
+        "unfused-plan:" + key,
+        concat("ropejit: ", key, " runs fused where the unfused path was chosen (", e.what(), ")"));
+    return false;
+  }
+  return true;
 }
 
 void Engine::qkv_projection(const QkvProjSpec& spec, const QkvProjArgs& args) {
@@ -647,7 +645,8 @@ void Engine::qkv_projection(const QkvProjSpec& spec, const QkvProjArgs& args) {
   CUstream stream = static_cast<CUstream>(args.stream);
   const ProjPlan& p = proj_plan(ctx, c, args, shape, stream);
   if (args.path == ProjPath::automatic && p.path == ProjPath::unfused &&
-      gemm_unavailable().empty() && proj_split_problem(c, args, shape, true).empty())
+      gemm_unavailable().empty() && proj_split_problem(c, args, shape, true).empty() &&
+      take_unfused(ctx, c.key(), stream, [&] { planned(proj_rope_spec(c), proj_rope_args(args)); }))
     return launch_proj_unfused(c, args, shape);
   launch_fused(*p.fn, p.variant, c, args, shape, stream);
 }
@@ -655,7 +654,12 @@ void Engine::qkv_projection(const QkvProjSpec& spec, const QkvProjArgs& args) {
 ProjPath Engine::qkv_projection_path(const QkvProjSpec& spec, const QkvProjArgs& args,
                                      bool ignore_workspace) {
   const QkvProjSpec c = spec.canonical();
-  const ProjShape shape = check_proj_call(c, args);
+  QkvProjArgs probe = args;  // a forced unfused call is checked below, its workspace as asked
+  if (probe.path == ProjPath::unfused) probe.path = ProjPath::automatic;
+  const ProjShape shape = check_proj_call(c, probe);
+  if (args.path == ProjPath::unfused)
+    if (const std::string why = proj_split_problem(c, args, shape, !ignore_workspace); !why.empty())
+      invalid(why, " (args.path is unfused)");
   if (args.path != ProjPath::automatic) return args.path;
   if (shape.tokens == 0) return ProjPath::fused;
   CUcontext ctx = nullptr;
@@ -707,6 +711,9 @@ void Engine::launch_proj_unfused(const QkvProjSpec& c, const QkvProjArgs& args,
   const int64_t elem = element_bytes(c.dtype);
   char* workspace = static_cast<char*>(args.workspace);
   const size_t norm_bytes = proj_norm_bytes(c, shape.tokens, shape.hidden);
+  // The RoPE step's launch is decided first: a refusal (ROPEJIT_TUNING=frozen without its entry,
+  // say) then comes before anything is written.
+  planned(proj_rope_spec(c), proj_rope_args(args));
 
   // 1. RMSNorm into the workspace (rounded once to the dtype, as torch's module does).
   GemmCall g;
@@ -726,7 +733,7 @@ void Engine::launch_proj_unfused(const QkvProjSpec& c, const QkvProjArgs& args,
     n.out = workspace;
     n.out_stride = shape.hidden;
     n.stream = args.stream;
-    rms_norm(split_norm_spec(c), n);
+    rms_norm(proj_norm_spec(c), n);
     g.a = workspace;
     g.lda = shape.hidden;
   }
@@ -768,7 +775,7 @@ void Engine::launch_proj_unfused(const QkvProjSpec& c, const QkvProjArgs& args,
   }
 
   // 3. RoPE in place on q and k (one launch).
-  apply(split_rope_spec(c), split_rope_args(args));
+  apply(proj_rope_spec(c), proj_rope_args(args));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -837,7 +844,7 @@ const Engine::ProjPlan& Engine::ffn_plan(CUcontext ctx, const FfnSpec& c, const 
   for (const ProjVariant& v : all) compiling.push_back(image_async(c, v, target));
   if (capture == CU_STREAM_CAPTURE_STATUS_NONE && gemm_unavailable().empty() &&
       ffn_split_problem(c, args, shape, false).empty())
-    prepare_ffn_unfused(ctx, c, args, shape, stream);
+    prepare_once(ctx, c.key(), [&] { prepare_ffn_unfused(ctx, c, args, shape, stream); });
   for (std::future<void>& f : compiling) f.get();
   const LoadedFunction* fn = nullptr;
   for (const ProjVariant& v : all) {
@@ -880,7 +887,8 @@ void Engine::ffn_gate_up(const FfnSpec& spec, const FfnArgs& args) {
   CUstream stream = static_cast<CUstream>(args.stream);
   const ProjPlan& p = ffn_plan(ctx, c, args, shape, stream);
   if (args.path == ProjPath::automatic && p.path == ProjPath::unfused &&
-      gemm_unavailable().empty() && ffn_split_problem(c, args, shape, true).empty())
+      gemm_unavailable().empty() && ffn_split_problem(c, args, shape, true).empty() &&
+      take_unfused(ctx, c.key(), stream, [] {}))
     return launch_ffn_unfused(c, args, shape);
   ropejit_dev::ProjParams params = make_ffn_params(c, args, shape);
   void* kernel_args[] = {&params};
@@ -892,7 +900,12 @@ void Engine::ffn_gate_up(const FfnSpec& spec, const FfnArgs& args) {
 
 ProjPath Engine::ffn_gate_up_path(const FfnSpec& spec, const FfnArgs& args, bool ignore_workspace) {
   const FfnSpec c = spec.canonical();
-  const FfnShape shape = check_ffn_call(c, args);
+  FfnArgs probe = args;
+  if (probe.path == ProjPath::unfused) probe.path = ProjPath::automatic;
+  const FfnShape shape = check_ffn_call(c, probe);
+  if (args.path == ProjPath::unfused)
+    if (const std::string why = ffn_split_problem(c, args, shape, !ignore_workspace); !why.empty())
+      invalid(why, " (args.path is unfused)");
   if (args.path != ProjPath::automatic) return args.path;
   if (shape.tokens == 0) return ProjPath::fused;
   CUcontext ctx = nullptr;

@@ -168,6 +168,14 @@ class Engine {
   // the RMSNorm and RoPE kernels loaded, cuBLASLt's handle created.
   void prepare_unfused(CUcontext ctx, const QkvProjSpec& canonical, const QkvProjArgs& args,
                        const ProjShape& shape, CUstream stream);
+  // Runs `prepare` once per context and key (projection or FFN); a failure warns once and
+  // leaves the key's unfused path off inside graph captures.
+  void prepare_once(CUcontext ctx, const std::string& key, const std::function<void()>& prepare);
+  bool unfused_ready(CUcontext ctx, const std::string& key) const;
+  // Whether an automatic call chosen unfused takes it: not inside a capture unless prepared,
+  // and only when `plan_steps` (deciding the later steps' launches) succeeds.
+  bool take_unfused(CUcontext ctx, const std::string& key, CUstream stream,
+                    const std::function<void()>& plan_steps);
   void launch_fused(const LoadedFunction& fn, const ProjVariant& variant,
                     const QkvProjSpec& canonical, const QkvProjArgs& args, const ProjShape& shape,
                     CUstream stream);
@@ -271,7 +279,8 @@ class Engine {
   std::unordered_map<FunctionKey, std::unique_ptr<FunctionSlot>, FunctionKeyHash> functions_;
   mutable std::mutex failed_mutex_;
   std::unordered_set<std::string> failed_siblings_;
-  std::shared_mutex proj_mutex_;  // named_functions_, proj_plans_, ffn_plans_, norm_plans_
+  mutable std::shared_mutex proj_mutex_;           // named_functions_, *_plans_, unfused_ready_
+  std::unordered_set<std::string> unfused_ready_;  // "ctx/key" whose unfused path is prepared
   std::unordered_map<std::string, std::unique_ptr<FunctionSlot>> named_functions_;
   std::unordered_map<ProjPlanKey, ProjPlan, ProjPlanKeyHash> proj_plans_;
   std::unordered_map<FfnPlanKey, ProjPlan, FfnPlanKeyHash> ffn_plans_;

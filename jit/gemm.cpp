@@ -20,8 +20,9 @@ namespace {
 
 // clang-format off
 #define ROPEJIT_LT_ENTRY_POINTS(X)                                                              \
-  X(Create) X(GetVersion) X(GetStatusString) X(MatmulDescCreate) X(MatmulDescSetAttribute)      \
-  X(MatrixLayoutCreate) X(MatmulPreferenceCreate) X(MatmulPreferenceSetAttribute)               \
+  X(Create) X(GetVersion) X(GetStatusString) X(MatmulDescCreate) X(MatmulDescDestroy)           \
+  X(MatmulDescSetAttribute) X(MatrixLayoutCreate) X(MatrixLayoutDestroy)                        \
+  X(MatmulPreferenceCreate) X(MatmulPreferenceDestroy) X(MatmulPreferenceSetAttribute)          \
   X(MatmulAlgoGetHeuristic) X(Matmul)
 // clang-format on
 
@@ -103,7 +104,8 @@ const Lt& lt() {
 void check_lt(cublasStatus_t s, const char* what) {
   if (s == CUBLAS_STATUS_SUCCESS) return;
   const char* name = loaded().error.empty() ? loaded().lt.GetStatusString(s) : nullptr;
-  fail(ErrorCode::driver, what, " failed: ", name ? name : "cuBLAS status ", int(s));
+  if (name) fail(ErrorCode::driver, what, " failed: ", name, " (", int(s), ")");
+  fail(ErrorCode::driver, what, " failed: cuBLAS status ", int(s));
 }
 
 // The largest power of two up to 256 that every row's address is a multiple of.
@@ -148,9 +150,26 @@ std::shared_mutex plans_mutex;
 std::unordered_map<GemmKey, GemmPlan, GemmKeyHash> plans;
 std::unordered_map<CUcontext, cublasLtHandle_t> handles;  // under plans_mutex
 
+// Owns cuBLASLt's descriptors while a plan is being made: a failure midway releases them.
+struct PlanParts {
+  const Lt& l;
+  GemmPlan p;
+  cublasLtMatmulPreference_t pref = nullptr;
+  bool keep = false;
+  ~PlanParts() {
+    if (pref) l.MatmulPreferenceDestroy(pref);
+    if (keep) return;
+    if (p.a) l.MatrixLayoutDestroy(p.a);
+    if (p.b) l.MatrixLayoutDestroy(p.b);
+    if (p.d) l.MatrixLayoutDestroy(p.d);
+    if (p.desc) l.MatmulDescDestroy(p.desc);
+  }
+};
+
 GemmPlan make_plan(const Lt& l, cublasLtHandle_t handle, const GemmKey& key) {
   const cudaDataType_t type = key.dtype == int32_t(DType::bf16) ? CUDA_R_16BF : CUDA_R_16F;
-  GemmPlan p;
+  PlanParts parts{l, {}};
+  GemmPlan& p = parts.p;
   check_lt(l.MatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
   const cublasOperation_t trans = CUBLAS_OP_T, none = CUBLAS_OP_N;
   check_lt(l.MatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &trans, sizeof trans),
@@ -165,29 +184,29 @@ GemmPlan make_plan(const Lt& l, cublasLtHandle_t handle, const GemmKey& key) {
            "cublasLtMatrixLayoutCreate");
   check_lt(l.MatrixLayoutCreate(&p.d, type, uint64_t(key.n), uint64_t(key.m), key.ldd),
            "cublasLtMatrixLayoutCreate");
-  cublasLtMatmulPreference_t pref = nullptr;
-  check_lt(l.MatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
+  check_lt(l.MatmulPreferenceCreate(&parts.pref), "cublasLtMatmulPreferenceCreate");
   const uint64_t ws = key.workspace;
-  const uint32_t aligns[3] = {key.align_b, key.align_a, key.align_d};  // Lt's A is our B
-  check_lt(l.MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+  check_lt(l.MatmulPreferenceSetAttribute(parts.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
                                           sizeof ws),
            "cublasLtMatmulPreferenceSetAttribute");
   const cublasLtMatmulPreferenceAttributes_t which[4] = {
       CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
       CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
-  const uint32_t values[4] = {aligns[0], aligns[1], aligns[2], aligns[2]};
+  const uint32_t values[4] = {key.align_b, key.align_a, key.align_d, key.align_d};  // Lt's A: B
   for (int i = 0; i < 4; ++i)
-    check_lt(l.MatmulPreferenceSetAttribute(pref, which[i], &values[i], sizeof values[i]),
+    check_lt(l.MatmulPreferenceSetAttribute(parts.pref, which[i], &values[i], sizeof values[i]),
              "cublasLtMatmulPreferenceSetAttribute");
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  check_lt(l.MatmulAlgoGetHeuristic(handle, p.desc, p.a, p.b, p.d, p.d, pref, 1, &result, &found),
-           "cublasLtMatmulAlgoGetHeuristic");
-  if (found < 1)
+  const cublasStatus_t s =
+      l.MatmulAlgoGetHeuristic(handle, p.desc, p.a, p.b, p.d, p.d, parts.pref, 1, &result, &found);
+  if (s == CUBLAS_STATUS_NOT_SUPPORTED || (s == CUBLAS_STATUS_SUCCESS && found < 1))
     fail(ErrorCode::driver, "cuBLASLt has no algorithm for a ", key.m, " x ", key.n, " x ", key.k,
-         " GEMM with leading dimensions ", key.lda, "/", key.ldb, "/", key.ldd, " and ", ws,
-         " bytes of workspace");
+         " GEMM with leading dimensions ", key.lda, "/", key.ldb, "/", key.ldd, ", alignments ",
+         key.align_a, "/", key.align_b, "/", key.align_d, " and ", ws, " bytes of workspace");
+  check_lt(s, "cublasLtMatmulAlgoGetHeuristic");
   p.algo = result.algo;
+  parts.keep = true;
   return p;
 }
 

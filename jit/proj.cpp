@@ -92,6 +92,45 @@ size_t proj_workspace_bytes(const QkvProjSpec& c, int64_t tokens, int64_t hidden
   return proj_norm_bytes(c, tokens, hidden) + kGemmWorkspaceBytes;
 }
 
+RmsNormSpec proj_norm_spec(const QkvProjSpec& c) {
+  RmsNormSpec n;
+  n.dtype = c.dtype;
+  n.norm = c.norm;
+  return n;
+}
+
+Spec proj_rope_spec(const QkvProjSpec& c) {
+  Spec r;
+  r.layout = Layout::bshd;
+  r.dtype = c.dtype;
+  r.head_dim = c.head_dim;
+  r.rotary_dim = c.rotary_dim;
+  r.style = c.style;
+  r.positions = c.positions;
+  r.index_type = c.index_type;
+  r.freqs = c.freqs;
+  r.table_dtype = c.table_dtype;
+  r.table_width = c.table_width;
+  return r;
+}
+
+Args proj_rope_args(const QkvProjArgs& a) {
+  Args r;
+  r.batch = 1;
+  r.seq_len = a.tokens;
+  r.q = Tensor{a.q.data, a.q_heads, 0, a.q.stride_seq, a.q.stride_head};
+  r.k = Tensor{a.k.data, a.kv_heads, 0, a.k.stride_seq, a.k.stride_head};
+  r.position_offset = a.position_offset;
+  r.position_ids = a.position_ids;
+  r.cos = a.cos;
+  r.sin = a.sin;
+  r.table_stride = a.table_stride;
+  r.table_rows = a.table_rows;
+  r.base = a.base;
+  r.stream = a.stream;
+  return r;
+}
+
 int64_t proj_path_bucket(int64_t tokens) {
   int64_t b = 1;
   while (b < tokens) b *= 2;
@@ -115,6 +154,18 @@ std::string proj_split_problem(const QkvProjSpec& c, const QkvProjArgs& a, const
   if (c.norm != Norm::none && s.hidden * elem > int64_t(kNormThreads) * 16 * 16)
     return concat("args.hidden (", s.hidden, ") exceeds the RMSNorm key's ",
                   int64_t(kNormThreads) * 16 * 16 / elem, " elements per row (unfused path)");
+  // The RoPE step's own checks, before anything of the path is launched (offset positions
+  // past the table, say, which the fused kernel writes as NaN but the RoPE key refuses).
+  if (s.tokens > 0) {
+    try {
+      check_call(proj_rope_spec(c).canonical(), proj_rope_args(a));
+    } catch (const Error& e) {
+      const std::string why = e.what();
+      const std::string tag = "ropejit: ";
+      return concat("the unfused path's RoPE step refuses the call: ",
+                    why.compare(0, tag.size(), tag) == 0 ? why.substr(tag.size()) : why);
+    }
+  }
   if (need_workspace) {
     const size_t need = proj_workspace_bytes(c, s.tokens, s.hidden);
     if (!a.workspace)

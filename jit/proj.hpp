@@ -76,6 +76,12 @@ size_t proj_workspace_bytes(const QkvProjSpec& canonical, int64_t tokens, int64_
 std::string proj_split_problem(const QkvProjSpec& canonical, const QkvProjArgs& args,
                                const ProjShape& shape, bool need_workspace);
 
+// The unfused path's steps as calls of the other key families: the RMSNorm key, and the RoPE
+// key in place on q and k (bshd, one sequence of `tokens`).
+RmsNormSpec proj_norm_spec(const QkvProjSpec& canonical);
+Spec proj_rope_spec(const QkvProjSpec& canonical);
+Args proj_rope_args(const QkvProjArgs& args);
+
 // The token bucket a path choice is made for: tokens rounded up to a power of two.
 int64_t proj_path_bucket(int64_t tokens);
 

@@ -141,6 +141,10 @@ TEST_CASE("FFN calls: every bad argument is named, a good one passes") {
   f.args.workspace = reinterpret_cast<void*>(0x80000000);
   f.args.workspace_bytes = ffn_gate_up_workspace_bytes(f.spec, f.args);
   CHECK(f.check().empty());
+  // The path query does not look at the workspace, and needs no GPU for a forced path.
+  f.args.workspace = nullptr;
+  f.args.workspace_bytes = 0;
+  CHECK(ffn_gate_up_path(f.spec, f.args) == ProjPath::unfused);
   // Checked before the driver is touched.
   f.args.hidden = 12;
   CHECK(contains(error_of([&] { ffn_gate_up(f.spec, f.args); }), "args.hidden (12)"));

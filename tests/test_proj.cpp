@@ -238,6 +238,33 @@ TEST_CASE("projection calls: every bad argument is named, a good one passes") {
                  "args.q.stride_head (136) is not head_dim (128)"));
 }
 
+TEST_CASE("projection: the unfused path refuses what its RoPE step would, before launching") {
+  // Offset positions past the table: the fused kernel writes NaN there, the RoPE key refuses
+  // the call, so the unfused path must be refused up front (an automatic call runs fused).
+  Fake f;
+  f.spec.positions = Positions::offset;
+  f.args.position_offset = 4094;  // tokens 4094..4097 of a 4096-row table
+  CHECK(f.check().empty());
+  const QkvProjSpec c = f.spec.canonical();
+  const detail::ProjShape shape = detail::check_proj_call(c, f.args);
+  CHECK(contains(detail::proj_split_problem(c, f.args, shape, false),
+                 "the unfused path's RoPE step refuses the call"));
+  f.args.path = ProjPath::unfused;
+  f.args.workspace = reinterpret_cast<void*>(0x80000000);
+  f.args.workspace_bytes = size_t(64) << 20;
+  CHECK(contains(f.check(), "the unfused path's RoPE step refuses the call"));
+  // The path query does not look at the workspace, and needs no GPU for a forced path.
+  Fake g;
+  g.args.path = ProjPath::unfused;
+  CHECK(qkv_projection_path(g.spec, g.args) == ProjPath::unfused);
+  g.args.k = Tensor{reinterpret_cast<void*>(0x48000000), 2, 0, 2 * 136, 136};
+  CHECK(contains(error_of([&] { qkv_projection_path(g.spec, g.args); }),
+                 "args.k.stride_head (136) is not head_dim (128)"));
+  g = Fake{};
+  g.args.path = ProjPath::fused;
+  CHECK(qkv_projection_path(g.spec, g.args) == ProjPath::fused);
+}
+
 TEST_CASE("projection: the unfused path's workspace size") {
   Fake f;
   // 4 tokens x 256 bf16 = 2048 bytes of normalized activation, 256-aligned, + 32 MiB.

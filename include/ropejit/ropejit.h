@@ -209,6 +209,10 @@ ROPEJIT_API const char* ropejit_version(void);
 /* sizeof(ropejit_spec) and sizeof(ropejit_args) as this library was built: bindings (ctypes,
  * cffi) check their own layouts against them. */
 ROPEJIT_API void ropejit_struct_sizes(size_t* spec, size_t* args);
+/* The same for the decode block's structs: ropejit_qkv_proj_spec / _args, ropejit_ffn_spec /
+ * _args. */
+ROPEJIT_API void ropejit_decode_struct_sizes(size_t* qkv_spec, size_t* qkv_args, size_t* ffn_spec,
+                                             size_t* ffn_args);
 
 /* The decode block's QKV projection: ropejit::QkvProjSpec / QkvProjArgs. */
 typedef struct {

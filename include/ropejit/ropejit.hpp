@@ -296,7 +296,8 @@ QkvProjSpec parse_qkv_proj_key(const std::string& key);
 
 // How a projection call computes (QkvProjArgs::path).
 enum class ProjPath : int32_t {
-  // The tuning file's choice for this token count and shape (`ropejit tune --proj` measures the
+  // The tuning file's choice for this token count and shape (`ropejit tune --key qkvproj_...`
+  // measures the
   // crossover), else the heuristic's: fused for up to 16 tokens, unfused beyond. Unfused needs
   // the workspace and outputs whose heads are contiguous; without them the call runs fused.
   automatic = 0,

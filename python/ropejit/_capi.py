@@ -165,6 +165,7 @@ _PROTOTYPES = {
     "ropejit_version": (ctypes.c_char_p, []),
     "ropejit_struct_sizes": (None, [ctypes.POINTER(ctypes.c_size_t),
                                     ctypes.POINTER(ctypes.c_size_t)]),
+    "ropejit_decode_struct_sizes": (None, [ctypes.POINTER(ctypes.c_size_t)] * 4),
 }
 
 
@@ -190,6 +191,18 @@ def check_struct_sizes(lib):
             f"ropejit: {lib._name} has sizeof(ropejit_spec) {spec.value} and sizeof(ropejit_args) "
             f"{args.value}, but this package's structs are {ours[0]} and {ours[1]}: the library "
             f"and the Python package come from different versions; reinstall with `pip install .`")
+    decode = getattr(lib, "ropejit_decode_struct_sizes", None)
+    if decode is None:
+        return
+    sizes = [ctypes.c_size_t() for _ in range(4)]
+    decode(*[ctypes.byref(s) for s in sizes])
+    ours = tuple(ctypes.sizeof(cls) for cls in (ropejit_qkv_proj_spec, ropejit_qkv_proj_args,
+                                                 ropejit_ffn_spec, ropejit_ffn_args))
+    if tuple(s.value for s in sizes) != ours:
+        raise ImportError(
+            f"ropejit: {lib._name}'s decode-block structs have sizes "
+            f"{tuple(s.value for s in sizes)}, this package's {ours}: the library and the Python "
+            f"package come from different versions; reinstall with `pip install .`")
 
 
 def load(path=None):

@@ -2,7 +2,8 @@
 RMSNorm -> packed QKV
 projection -> RoPE on torch CUDA tensors: one fused kernel for decode-sized calls, and for more
 tokens (where a tensor-core GEMM wins) the unfused path, RMSNorm key -> cuBLASLt GEMM -> RoPE
-key, chosen per token count by the tuning file (``ropejit tune --proj``) or the heuristic.
+key, chosen per token count by the tuning file (``ropejit tune --key qkvproj_...``) or the
+heuristic.
 
     import ropejit.decode
     q, k, v = ropejit.decode.qkv_projection(

@@ -183,6 +183,18 @@ def test_struct_size_mismatch_is_an_import_error():
     assert f"{ctypes.sizeof(_capi.ropejit_spec)} and {ctypes.sizeof(_capi.ropejit_args)}" in message
     assert "/elsewhere/libropejit.so" in message
 
+    class Decode(Library):
+        def ropejit_struct_sizes(self, spec, args):
+            spec._obj.value = ctypes.sizeof(_capi.ropejit_spec)
+            args._obj.value = ctypes.sizeof(_capi.ropejit_args)
+
+        def ropejit_decode_struct_sizes(self, *sizes):
+            for s in sizes:
+                s._obj.value = 8
+
+    with pytest.raises(ImportError, match="decode-block structs have sizes"):
+        _capi.check_struct_sizes(Decode())
+
 
 def test_error_classes_carry_code_and_message():
     e = errors.from_status(3, "ropejit: no driver")
