@@ -157,13 +157,46 @@ ProjProblem::~ProjProblem() {
   }
 }
 
+ProjProblem::Rotated ProjProblem::rotate(int64_t pos, int64_t n, const std::vector<double>& y,
+                                         const std::vector<double>& e) const {
+  const QkvProjSpec& c = spec_;
+  const int64_t D = c.head_dim, R = c.rotary_dim, el = n % D, head = n / D;
+  const DType te = c.table_dtype;
+  const int64_t tb = detail::element_bytes(te);
+  const double u32 = std::ldexp(1.0, -24);
+  // The pair: neox (j, j + R/2), gptj (2j, 2j + 1); `first` says which side n is.
+  const int64_t j = c.style == Style::neox ? el % (R / 2) : el / 2;
+  const bool first = c.style == Style::neox ? el < R / 2 : el % 2 == 0;
+  const int64_t partner = head * D + (c.style == Style::neox ? (first ? el + R / 2 : el - R / 2)
+                                                             : (first ? el + 1 : el - 1));
+  double cs = 0, sn = 0, angle_err = 0;
+  if (c.freqs == Freqs::computed) {
+    const double theta = std::pow(sizes_.base, -2.0 * double(j) / double(R));
+    cs = std::cos(double(pos) * theta);
+    sn = std::sin(double(pos) * theta);
+    angle_err = 4e-7;
+  } else if (pos < 0 || pos >= table_rows_) {
+    cs = sn = std::nan("");
+  } else {
+    const int64_t col = c.table_width == TableWidth::full && c.style == Style::gptj ? 2 * j : j;
+    cs = load_value(te, cos_->host.data() + (pos * table_width_ + col) * tb);
+    sn = load_value(te, sin_->host.data() + (pos * table_width_ + col) * tb);
+  }
+  const double self = y[size_t(n)], other = y[size_t(partner)];
+  // first: self·cos − other·sin; second: self·cos + other·sin (other is the first).
+  Rotated r;
+  r.value = first ? self * cs - other * sn : self * cs + other * sn;
+  r.err = e[size_t(n)] * std::fabs(cs) + e[size_t(partner)] * std::fabs(sn) +
+          2 * u32 * (std::fabs(self * cs) + std::fabs(other * sn)) +
+          angle_err * (std::fabs(self) + std::fabs(other)) * (1 + 1e-6);
+  return r;
+}
+
 void ProjProblem::build_reference() {
   const QkvProjSpec& c = spec_;
   const ProjSizes& z = sizes_;
   const int64_t D = c.head_dim, R = c.rotary_dim, K = z.hidden;
   const int64_t e = detail::element_bytes(c.dtype);
-  const DType te = c.table_dtype;
-  const int64_t tb = detail::element_bytes(te);
   expected_.value.assign(size_t(z.tokens * columns_), 0.0);
   expected_.tol.assign(size_t(z.tokens * columns_), 0.0);
   const double gamma_dot = (double(K) / 16 + 16) * std::ldexp(1.0, -22);
@@ -209,32 +242,9 @@ void ProjProblem::build_reference() {
       const bool rotary_head = head < z.q_heads + z.kv_heads;
       double value = sum[size_t(n)], err = mag[size_t(n)];
       if (rotary_head && el < R) {
-        // The pair: neox (j, j + R/2), gptj (2j, 2j + 1); `first` says which side n is.
-        const int64_t j = c.style == Style::neox ? el % (R / 2) : el / 2;
-        const bool first = c.style == Style::neox ? el < R / 2 : el % 2 == 0;
-        const int64_t partner =
-            head * D + (c.style == Style::neox ? (first ? el + R / 2 : el - R / 2)
-                                               : (first ? el + 1 : el - 1));
-        double cs = 0, sn = 0, angle_err = 0;
-        if (c.freqs == Freqs::computed) {
-          const double theta = std::pow(z.base, -2.0 * double(j) / double(R));
-          cs = std::cos(double(pos) * theta);
-          sn = std::sin(double(pos) * theta);
-          angle_err = 4e-7;
-        } else if (pos < 0 || pos >= table_rows_) {
-          cs = sn = std::nan("");
-        } else {
-          const int64_t col =
-              c.table_width == TableWidth::full && c.style == Style::gptj ? 2 * j : j;
-          cs = load_value(te, cos_->host.data() + (pos * table_width_ + col) * tb);
-          sn = load_value(te, sin_->host.data() + (pos * table_width_ + col) * tb);
-        }
-        const double self = sum[size_t(n)], other = sum[size_t(partner)];
-        // first: self·cos − other·sin; second: self·cos + other·sin (other is the first).
-        value = first ? self * cs - other * sn : self * cs + other * sn;
-        err = mag[size_t(n)] * std::fabs(cs) + mag[size_t(partner)] * std::fabs(sn) +
-              2 * u32 * (std::fabs(self * cs) + std::fabs(other * sn)) +
-              angle_err * (std::fabs(self) + std::fabs(other)) * (1 + 1e-6);
+        const Rotated r = rotate(pos, n, sum, mag);
+        value = r.value;
+        err = r.err;
       }
       const size_t at = size_t(m * columns_ + n);
       expected_.value[at] = value;
@@ -258,8 +268,6 @@ void ProjProblem::build_unfused_reference() {
   const ProjSizes& z = sizes_;
   const int64_t D = c.head_dim, R = c.rotary_dim, K = z.hidden;
   const int64_t e = detail::element_bytes(c.dtype);
-  const DType te = c.table_dtype;
-  const int64_t tb = detail::element_bytes(te);
   Expected& out = expected_unfused_;
   out.value.assign(size_t(z.tokens * columns_), 0.0);
   out.tol.assign(size_t(z.tokens * columns_), 0.0);
@@ -314,31 +322,9 @@ void ProjProblem::build_unfused_reference() {
       const bool rotary_head = head < z.q_heads + z.kv_heads;
       double value = y[size_t(n)], tol = ey[size_t(n)] + abs_floor(c.dtype);
       if (rotary_head && el < R) {
-        const int64_t j = c.style == Style::neox ? el % (R / 2) : el / 2;
-        const bool first = c.style == Style::neox ? el < R / 2 : el % 2 == 0;
-        const int64_t partner =
-            head * D + (c.style == Style::neox ? (first ? el + R / 2 : el - R / 2)
-                                               : (first ? el + 1 : el - 1));
-        double cs = 0, sn = 0, angle_err = 0;
-        if (c.freqs == Freqs::computed) {
-          const double theta = std::pow(z.base, -2.0 * double(j) / double(R));
-          cs = std::cos(double(pos) * theta);
-          sn = std::sin(double(pos) * theta);
-          angle_err = 4e-7;
-        } else if (pos < 0 || pos >= table_rows_) {
-          cs = sn = std::nan("");
-        } else {
-          const int64_t col =
-              c.table_width == TableWidth::full && c.style == Style::gptj ? 2 * j : j;
-          cs = load_value(te, cos_->host.data() + (pos * table_width_ + col) * tb);
-          sn = load_value(te, sin_->host.data() + (pos * table_width_ + col) * tb);
-        }
-        const double self = y[size_t(n)], other = y[size_t(partner)];
-        value = first ? self * cs - other * sn : self * cs + other * sn;
-        const double err = ey[size_t(n)] * std::fabs(cs) + ey[size_t(partner)] * std::fabs(sn) +
-                           2 * u32 * (std::fabs(self * cs) + std::fabs(other * sn)) +
-                           angle_err * (std::fabs(self) + std::fabs(other)) * (1 + 1e-6);
-        tol = u_out * std::fabs(value) + (1 + u_out) * err + abs_floor(c.dtype);
+        const Rotated r = rotate(pos, n, y, ey);
+        value = r.value;
+        tol = u_out * std::fabs(value) + (1 + u_out) * r.err + abs_floor(c.dtype);
       }
       const size_t at = size_t(m * columns_ + n);
       out.value[at] = value;

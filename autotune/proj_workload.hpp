@@ -81,6 +81,14 @@ class ProjProblem {
   Buffer& add(std::vector<uint8_t> host);
   void build_reference();
   void build_unfused_reference();
+  // RoPE of output column n (a rotated column) at `pos` from the sums y and their errors e:
+  // the float64 value and the fp32 epilogue's error bound (partner's error, the products'
+  // roundings, the computed angle's error). NaN for a table position outside the table.
+  struct Rotated {
+    double value = 0, err = 0;
+  };
+  Rotated rotate(int64_t pos, int64_t n, const std::vector<double>& y,
+                 const std::vector<double>& e) const;
   CheckReport compare(const Expected& want, const std::vector<std::vector<uint8_t>>& got) const;
 
   QkvProjSpec spec_;

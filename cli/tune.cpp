@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -112,18 +113,80 @@ void print_top(const autotune::TuneReport& r, int32_t top) {
                 ok[i]->median_us / ok[0]->median_us);
 }
 
+// The two path tuners' shared part: the token buckets, the dry run's lines, progress as each
+// bucket is timed, the table, the tuning file.
+int tune_paths(const TuneOptions& o, const char* what, const std::vector<std::string>& keys,
+               const std::function<std::string(size_t, int64_t)>& dry_line,
+               const std::function<autotune::ProjTuneReport(size_t, int64_t)>& tune_one) {
+  std::set<int64_t> set;
+  for (int64_t t : o.tokens.empty() ? std::vector<int64_t>{1, 2, 4, 8, 16, 32, 64, 128, 256, 512,
+                                                           1024, 2048, 4096}
+                                    : o.tokens) {
+    if (t < 1 || t > 65536) detail::invalid("--tokens (", t, ") must be in [1, 65536]");
+    set.insert(detail::proj_path_bucket(t));
+  }
+  const std::vector<int64_t> buckets(set.begin(), set.end());
+  if (o.dry_run) {
+    for (size_t i = 0; i < keys.size(); ++i)
+      for (int64_t b : buckets) std::printf("%s\n", dry_line(i, b).c_str());
+    return 0;
+  }
+  detail::use_primary_context(0);
+  api::engine();  // installs the launch policy the unfused paths' steps ask
+  const auto t0 = std::chrono::steady_clock::now();
+  autotune::TuningCache cache;
+  cache.set_fingerprint(autotune::current_fingerprint());
+  std::vector<autotune::ProjTuneReport> rows;
+  const size_t total = keys.size() * buckets.size();
+  for (size_t i = 0; i < keys.size(); ++i)
+    for (int64_t b : buckets) {
+      const autotune::ProjTuneReport r = tune_one(i, b);
+      cache.put(r.best);
+      rows.push_back(r);
+      std::printf("[%zu/%zu] %s  bucket %lld: fused %.2f us, unfused %.2f us -> %s%s\n",
+                  rows.size(), total, keys[i].c_str(), static_cast<long long>(b), r.fused_us,
+                  r.unfused_us, to_string(r.best.path),
+                  r.checked ? "" : " (too large for the float64 check)");
+      std::fflush(stdout);
+    }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("\n| key | tokens | hidden | columns | fused us | unfused us | path |\n");
+  std::printf("|---|---|---|---|---|---|---|\n");
+  for (const autotune::ProjTuneReport& r : rows)
+    std::printf("| %s | %lld | %lld | %lld | %.2f | %.2f | %s |\n", r.best.key.c_str(),
+                static_cast<long long>(r.best.bucket), static_cast<long long>(r.best.hidden),
+                static_cast<long long>(r.best.columns), r.fused_us, r.unfused_us,
+                to_string(r.best.path));
+  const std::string path = o.out.empty() ? autotune::default_tuning_path() : o.out;
+  if (path.empty()) detail::invalid("no tuning file: set --out FILE or ROPEJIT_TUNING_FILE");
+  cache.save(path);
+  std::printf("\ntuned %zu %s entries in %.1f s; wrote/merged %s\n", rows.size(), what, seconds,
+              path.c_str());
+  return 0;
+}
+
+// A --key argument of a family, parsed; the message names the option and why.
+template <class Parse>
+auto parse_family_key(const std::string& key, Parse parse, const char* alone) {
+  try {
+    return parse(key).canonical();
+  } catch (const Error& e) {
+    const std::string why = e.what();
+    detail::invalid("--key: ", why.rfind("ropejit: ", 0) == 0 ? why.substr(9) : why, " (", alone,
+                    ")");
+  }
+}
+
 // `ropejit tune --key qkvproj_... --heads Q,KV --hidden N`: the projection's path per token
 // bucket (fused kernel or RMSNorm -> cuBLASLt GEMM -> RoPE), written to the tuning file.
 int run_tune_proj(const TuneOptions& o) {
   std::vector<QkvProjSpec> specs;
+  std::vector<std::string> keys;
   for (const std::string& key : o.keys) {
-    try {
-      specs.push_back(parse_qkv_proj_key(key).canonical());
-    } catch (const Error& e) {
-      const std::string why = e.what();
-      detail::invalid("--key: ", why.rfind("ropejit: ", 0) == 0 ? why.substr(9) : why,
-                      " (projection keys are tuned alone, not with RoPE keys)");
-    }
+    specs.push_back(parse_family_key(key, parse_qkv_proj_key,
+                                     "projection keys are tuned alone, not with RoPE keys"));
+    keys.push_back(specs.back().key());
   }
   if (o.heads.size() != 2 || o.heads[0] < 1 || o.heads[1] < 1 || o.heads[0] > 65536 ||
       o.heads[1] > 65536)
@@ -132,74 +195,27 @@ int run_tune_proj(const TuneOptions& o) {
   if (o.hidden < 8 || o.hidden % 8 != 0 || o.hidden > (int64_t(1) << 24))
     detail::invalid("--hidden (", o.hidden,
                     ") must be a multiple of 8 in [8, 2^24] for a projection key");
-  std::set<int64_t> set;
-  for (int64_t t : o.tokens.empty() ? std::vector<int64_t>{1, 2, 4, 8, 16, 32, 64, 128, 256, 512,
-                                                           1024, 2048, 4096}
-                                    : o.tokens) {
-    if (t < 1 || t > 65536) detail::invalid("--tokens (", t, ") must be in [1, 65536]");
-    set.insert(detail::proj_path_bucket(t));
-  }
-  const std::vector<int64_t> buckets(set.begin(), set.end());
-  if (o.dry_run) {
-    for (const QkvProjSpec& s : specs)
-      for (int64_t b : buckets)
-        std::printf(
-            "%s  bucket %lld  hidden %lld  heads %d/%d: fused (%s) vs unfused\n", s.key().c_str(),
-            static_cast<long long>(b), static_cast<long long>(o.hidden), o.heads[0], o.heads[1],
-            autotune::proj_heuristic(s, detail::ProjShape{b, o.hidden, o.heads[0], o.heads[1], 0},
-                                     detail::DeviceInfo{})
-                .name()
-                .c_str());
-    return 0;
-  }
-  detail::use_primary_context(0);
-  api::engine();  // installs the launch policy the unfused path's RoPE step asks
-  const auto t0 = std::chrono::steady_clock::now();
-  autotune::TuningCache cache;
-  cache.set_fingerprint(autotune::current_fingerprint());
-  std::vector<autotune::ProjTuneReport> rows;
-  const size_t total = specs.size() * buckets.size();
-  for (const QkvProjSpec& s : specs)
-    for (int64_t b : buckets) {
-      const autotune::ProjTuneReport r =
-          autotune::tune_proj(s, b, o.hidden, o.heads[0], o.heads[1]);
-      cache.put(r.best);
-      rows.push_back(r);
-      std::printf("[%zu/%zu] %s  bucket %lld: fused %.2f us, unfused %.2f us -> %s%s\n",
-                  rows.size(), total, s.key().c_str(), static_cast<long long>(b), r.fused_us,
-                  r.unfused_us, to_string(r.best.path),
-                  r.checked ? "" : " (too large for the float64 check)");
-      std::fflush(stdout);
-    }
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("\n| key | tokens | hidden | columns | fused us | unfused us | path |\n");
-  std::printf("|---|---|---|---|---|---|---|\n");
-  for (const autotune::ProjTuneReport& r : rows)
-    std::printf("| %s | %lld | %lld | %lld | %.2f | %.2f | %s |\n", r.best.key.c_str(),
-                static_cast<long long>(r.best.bucket), static_cast<long long>(r.best.hidden),
-                static_cast<long long>(r.best.columns), r.fused_us, r.unfused_us,
-                to_string(r.best.path));
-  const std::string path = o.out.empty() ? autotune::default_tuning_path() : o.out;
-  if (path.empty()) detail::invalid("no tuning file: set --out FILE or ROPEJIT_TUNING_FILE");
-  cache.save(path);
-  std::printf("\ntuned %zu projection entries in %.1f s; wrote/merged %s\n", rows.size(), seconds,
-              path.c_str());
-  return 0;
+  return tune_paths(
+      o, "projection", keys,
+      [&](size_t i, int64_t b) {
+        const detail::ProjShape shape{b, o.hidden, o.heads[0], o.heads[1], 0};
+        return detail::concat(keys[i], "  bucket ", b, "  hidden ", o.hidden, "  heads ",
+                              o.heads[0], "/", o.heads[1], ": fused (",
+                              autotune::proj_heuristic(specs[i], shape, {}).name(), ") vs unfused");
+      },
+      [&](size_t i, int64_t b) {
+        return autotune::tune_proj(specs[i], b, o.hidden, o.heads[0], o.heads[1]);
+      });
 }
 
 // `ropejit tune --key ffnglu_... --hidden N --intermediate I`: the FFN gate/up's path per token
 // bucket, written to the tuning file.
 int run_tune_ffn(const TuneOptions& o) {
   std::vector<FfnSpec> specs;
+  std::vector<std::string> keys;
   for (const std::string& key : o.keys) {
-    try {
-      specs.push_back(parse_ffn_key(key).canonical());
-    } catch (const Error& e) {
-      const std::string why = e.what();
-      detail::invalid("--key: ", why.rfind("ropejit: ", 0) == 0 ? why.substr(9) : why,
-                      " (FFN keys are tuned alone)");
-    }
+    specs.push_back(parse_family_key(key, parse_ffn_key, "FFN keys are tuned alone"));
+    keys.push_back(specs.back().key());
   }
   if (o.hidden < 8 || o.hidden % 8 != 0 || o.hidden > (int64_t(1) << 24))
     detail::invalid("--hidden (", o.hidden,
@@ -207,59 +223,17 @@ int run_tune_ffn(const TuneOptions& o) {
   if (o.intermediate < 1 || o.intermediate > (int64_t(1) << 24))
     detail::invalid("--intermediate (", o.intermediate, ") must be in [1, 2^24] for an FFN key");
   if (!o.heads.empty()) detail::invalid("--heads is not used by FFN keys");
-  std::set<int64_t> set;
-  for (int64_t t : o.tokens.empty() ? std::vector<int64_t>{1, 2, 4, 8, 16, 32, 64, 128, 256, 512,
-                                                           1024, 2048, 4096}
-                                    : o.tokens) {
-    if (t < 1 || t > 65536) detail::invalid("--tokens (", t, ") must be in [1, 65536]");
-    set.insert(detail::proj_path_bucket(t));
-  }
-  const std::vector<int64_t> buckets(set.begin(), set.end());
-  if (o.dry_run) {
-    for (const FfnSpec& s : specs)
-      for (int64_t b : buckets)
-        std::printf("%s  bucket %lld  hidden %lld  intermediate %lld: fused (%s) vs unfused\n",
-                    s.key().c_str(), static_cast<long long>(b), static_cast<long long>(o.hidden),
-                    static_cast<long long>(o.intermediate),
-                    autotune::ffn_heuristic(s, detail::ProjShape{b, o.hidden, 0, 0, o.intermediate},
-                                            detail::DeviceInfo{})
-                        .name()
-                        .c_str());
-    return 0;
-  }
-  detail::use_primary_context(0);
-  api::engine();  // installs the launch policy
-  const auto t0 = std::chrono::steady_clock::now();
-  autotune::TuningCache cache;
-  cache.set_fingerprint(autotune::current_fingerprint());
-  std::vector<autotune::ProjTuneReport> rows;
-  const size_t total = specs.size() * buckets.size();
-  for (const FfnSpec& s : specs)
-    for (int64_t b : buckets) {
-      const autotune::ProjTuneReport r = autotune::tune_ffn(s, b, o.hidden, o.intermediate);
-      cache.put(r.best);
-      rows.push_back(r);
-      std::printf("[%zu/%zu] %s  bucket %lld: fused %.2f us, unfused %.2f us -> %s%s\n",
-                  rows.size(), total, s.key().c_str(), static_cast<long long>(b), r.fused_us,
-                  r.unfused_us, to_string(r.best.path),
-                  r.checked ? "" : " (too large for the float64 check)");
-      std::fflush(stdout);
-    }
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("\n| key | tokens | hidden | columns | fused us | unfused us | path |\n");
-  std::printf("|---|---|---|---|---|---|---|\n");
-  for (const autotune::ProjTuneReport& r : rows)
-    std::printf("| %s | %lld | %lld | %lld | %.2f | %.2f | %s |\n", r.best.key.c_str(),
-                static_cast<long long>(r.best.bucket), static_cast<long long>(r.best.hidden),
-                static_cast<long long>(r.best.columns), r.fused_us, r.unfused_us,
-                to_string(r.best.path));
-  const std::string path = o.out.empty() ? autotune::default_tuning_path() : o.out;
-  if (path.empty()) detail::invalid("no tuning file: set --out FILE or ROPEJIT_TUNING_FILE");
-  cache.save(path);
-  std::printf("\ntuned %zu FFN entries in %.1f s; wrote/merged %s\n", rows.size(), seconds,
-              path.c_str());
-  return 0;
+  return tune_paths(
+      o, "FFN", keys,
+      [&](size_t i, int64_t b) {
+        const detail::ProjShape shape{b, o.hidden, 0, 0, o.intermediate};
+        return detail::concat(keys[i], "  bucket ", b, "  hidden ", o.hidden, "  intermediate ",
+                              o.intermediate, ": fused (",
+                              autotune::ffn_heuristic(specs[i], shape, {}).name(), ") vs unfused");
+      },
+      [&](size_t i, int64_t b) {
+        return autotune::tune_ffn(specs[i], b, o.hidden, o.intermediate);
+      });
 }
 
 }  // namespace

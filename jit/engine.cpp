@@ -572,21 +572,50 @@ const Engine::ProjPlan& Engine::proj_plan(CUcontext ctx, const QkvProjSpec& c,
   return proj_plans_.emplace(key, ProjPlan{path, chosen, fn}).first->second;
 }
 
+void Engine::load_norm(CUcontext ctx, const RmsNormSpec& ns, const void* x, const void* weight,
+                       int64_t hidden, CUstream stream) {
+  RmsNormArgs n;
+  n.rows = 1;
+  n.hidden = hidden;
+  n.x = x;
+  n.weight = weight;
+  n.out = const_cast<void*>(x);  // checked only, never launched
+  const NormShape norm_shape = check_norm_call(ns, n);
+  named_function(ctx, ns.key(), norm_shape.variant.name(), stream, [&]() -> const CacheEntry& {
+    return image(ns, norm_shape.variant, target_for(device_info(ctx).cc));
+  });
+}
+
+GemmCall Engine::normalized_operand(const RmsNormSpec& ns, bool normalize, int64_t tokens,
+                                    int64_t hidden, const void* x, int64_t x_stride,
+                                    const void* weight, double eps, void* workspace, void* stream) {
+  GemmCall g;
+  g.dtype = ns.dtype;
+  g.m = tokens;
+  g.k = hidden;
+  g.a = x;
+  g.lda = x_stride == 0 ? hidden : x_stride;
+  if (!normalize) return g;
+  RmsNormArgs n;
+  n.rows = tokens;
+  n.hidden = hidden;
+  n.x = x;
+  n.x_stride = g.lda;
+  n.weight = weight;
+  n.eps = eps;
+  n.out = workspace;
+  n.out_stride = hidden;
+  n.stream = stream;
+  rms_norm(ns, n);
+  g.a = workspace;
+  g.lda = hidden;
+  return g;
+}
+
 void Engine::prepare_unfused(CUcontext ctx, const QkvProjSpec& c, const QkvProjArgs& args,
                              const ProjShape& shape, CUstream stream) {
-  if (c.norm != Norm::none) {
-    RmsNormArgs n;
-    n.rows = 1;
-    n.hidden = shape.hidden;
-    n.x = args.x;
-    n.weight = args.norm_weight;
-    n.out = const_cast<void*>(args.x);  // checked only, never launched
-    const RmsNormSpec ns = proj_norm_spec(c);
-    const NormShape norm_shape = check_norm_call(ns, n);
-    named_function(ctx, ns.key(), norm_shape.variant.name(), stream, [&]() -> const CacheEntry& {
-      return image(ns, norm_shape.variant, target_for(device_info(ctx).cc));
-    });
-  }
+  if (c.norm != Norm::none)
+    load_norm(ctx, proj_norm_spec(c), args.x, args.norm_weight, shape.hidden, stream);
   // The RoPE key's kernels the policy may pick at this alignment, loaded without choosing a
   // launch (so nothing is tuned or looked up in the tuning file here).
   const Spec rs = proj_rope_spec(c).canonical();
@@ -716,27 +745,9 @@ void Engine::launch_proj_unfused(const QkvProjSpec& c, const QkvProjArgs& args,
   planned(proj_rope_spec(c), proj_rope_args(args));
 
   // 1. RMSNorm into the workspace (rounded once to the dtype, as torch's module does).
-  GemmCall g;
-  g.dtype = c.dtype;
-  g.m = shape.tokens;
-  g.k = shape.hidden;
-  g.a = args.x;
-  g.lda = args.x_stride == 0 ? shape.hidden : args.x_stride;
-  if (c.norm != Norm::none) {
-    RmsNormArgs n;
-    n.rows = shape.tokens;
-    n.hidden = shape.hidden;
-    n.x = args.x;
-    n.x_stride = g.lda;
-    n.weight = args.norm_weight;
-    n.eps = args.norm_eps;
-    n.out = workspace;
-    n.out_stride = shape.hidden;
-    n.stream = args.stream;
-    rms_norm(proj_norm_spec(c), n);
-    g.a = workspace;
-    g.lda = shape.hidden;
-  }
+  GemmCall g = normalized_operand(proj_norm_spec(c), c.norm != Norm::none, shape.tokens,
+                                  shape.hidden, args.x, args.x_stride, args.norm_weight,
+                                  args.norm_eps, workspace, args.stream);
   g.workspace = workspace + norm_bytes;
   g.workspace_bytes = args.workspace_bytes - norm_bytes;
   g.stream = stream;
@@ -857,21 +868,9 @@ const Engine::ProjPlan& Engine::ffn_plan(CUcontext ctx, const FfnSpec& c, const 
 
 void Engine::prepare_ffn_unfused(CUcontext ctx, const FfnSpec& c, const FfnArgs& args,
                                  const FfnShape& shape, CUstream stream) {
-  if (c.norm != Norm::none) {
-    RmsNormArgs n;
-    n.rows = 1;
-    n.hidden = shape.hidden;
-    n.x = args.x;
-    n.weight = args.norm_weight;
-    n.out = const_cast<void*>(args.x);  // checked only, never launched
-    RmsNormSpec ns;
-    ns.dtype = c.dtype;
-    ns.norm = c.norm;
-    const NormShape norm_shape = check_norm_call(ns, n);
-    named_function(ctx, ns.key(), norm_shape.variant.name(), stream, [&]() -> const CacheEntry& {
-      return image(ns, norm_shape.variant, target_for(device_info(ctx).cc));
-    });
-  }
+  if (c.norm != Norm::none)
+    load_norm(ctx, RmsNormSpec{c.dtype, c.norm, false}, args.x, args.norm_weight, shape.hidden,
+              stream);
   for (const int32_t vec : {8, 1}) glu_function(ctx, c, GluVariant{vec}, stream);
   gemm_prepare(ctx);
 }
@@ -957,37 +956,13 @@ void Engine::launch_ffn_unfused(const FfnSpec& c, const FfnArgs& args, const Ffn
   const int64_t elem = element_bytes(c.dtype);
   const int64_t I = shape.intermediate;
   char* workspace = static_cast<char*>(args.workspace);
-  const size_t norm_bytes =
-      c.norm == Norm::none
-          ? 0
-          : (size_t(shape.tokens) * size_t(shape.hidden) * size_t(elem) + 255) / 256 * 256;
+  const size_t norm_bytes = norm_workspace_bytes(c.dtype, c.norm, shape.tokens, shape.hidden);
   const size_t product_bytes = ffn_product_bytes(c, shape.tokens, I);
 
   // 1. RMSNorm into the workspace (rounded once to the dtype).
-  GemmCall g;
-  g.dtype = c.dtype;
-  g.m = shape.tokens;
-  g.k = shape.hidden;
-  g.a = args.x;
-  g.lda = args.x_stride == 0 ? shape.hidden : args.x_stride;
-  if (c.norm != Norm::none) {
-    RmsNormArgs n;
-    n.rows = shape.tokens;
-    n.hidden = shape.hidden;
-    n.x = args.x;
-    n.x_stride = g.lda;
-    n.weight = args.norm_weight;
-    n.eps = args.norm_eps;
-    n.out = workspace;
-    n.out_stride = shape.hidden;
-    n.stream = args.stream;
-    RmsNormSpec ns;
-    ns.dtype = c.dtype;
-    ns.norm = c.norm;
-    rms_norm(ns, n);
-    g.a = workspace;
-    g.lda = shape.hidden;
-  }
+  GemmCall g = normalized_operand(RmsNormSpec{c.dtype, c.norm, false}, c.norm != Norm::none,
+                                  shape.tokens, shape.hidden, args.x, args.x_stride,
+                                  args.norm_weight, args.norm_eps, workspace, args.stream);
   // 2. gate and up products, [tokens][2I] in the workspace: one GEMM when the weights are the
   // two halves of one tensor (vLLM's gate_up_proj), else one each.
   char* products = workspace + norm_bytes;

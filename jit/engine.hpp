@@ -18,6 +18,7 @@
 #include "jit/call.hpp"
 #include "jit/disk_cache.hpp"
 #include "jit/ffn.hpp"
+#include "jit/gemm.hpp"
 #include "jit/launch_config.hpp"
 #include "jit/launch_policy.hpp"
 #include "jit/norm.hpp"
@@ -168,6 +169,14 @@ class Engine {
   // the RMSNorm and RoPE kernels loaded, cuBLASLt's handle created.
   void prepare_unfused(CUcontext ctx, const QkvProjSpec& canonical, const QkvProjArgs& args,
                        const ProjShape& shape, CUstream stream);
+  // The unfused paths' first step: loads the RMSNorm kernel for rows of `hidden` (no launch),
+  // and runs it into the workspace, returning the GEMM's activation operand (x itself when
+  // `normalize` is false).
+  void load_norm(CUcontext ctx, const RmsNormSpec& ns, const void* x, const void* weight,
+                 int64_t hidden, CUstream stream);
+  GemmCall normalized_operand(const RmsNormSpec& ns, bool normalize, int64_t tokens, int64_t hidden,
+                              const void* x, int64_t x_stride, const void* weight, double eps,
+                              void* workspace, void* stream);
   // Runs `prepare` once per context and key (projection or FFN); a failure warns once and
   // leaves the key's unfused path off inside graph captures.
   void prepare_once(CUcontext ctx, const std::string& key, const std::function<void()>& prepare);

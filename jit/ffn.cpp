@@ -84,17 +84,8 @@ FfnShape check_ffn_call(const FfnSpec& c, const FfnArgs& a) {
                 reinterpret_cast<const void*>(in.first), ", ",
                 reinterpret_cast<const void*>(in.end), ")); the call reads its inputs while ",
                 "writing its output");
-    if (a.workspace) {
-      if (reinterpret_cast<uintptr_t>(a.workspace) % 256 != 0)
-        invalid("args.workspace (", a.workspace, ") is not 256-byte aligned");
-      if (reinterpret_cast<uintptr_t>(a.workspace) > UINTPTR_MAX - a.workspace_bytes)
-        invalid("args.workspace_bytes (", a.workspace_bytes, ") overflows the address space");
-      const Range ws{"args.workspace", reinterpret_cast<uintptr_t>(a.workspace),
-                     reinterpret_cast<uintptr_t>(a.workspace) + a.workspace_bytes};
-      if (overlap(ws, written)) invalid("args.workspace and args.out overlap in memory");
-      for (const Range& in : inputs)
-        if (overlap(ws, in)) invalid("args.workspace and ", in.name, " overlap in memory");
-    }
+    const Range all[] = {inputs[0], inputs[1], inputs[2], inputs[3], written};
+    check_workspace(a.workspace, a.workspace_bytes, all, 5);
   }
   if (a.path == ProjPath::unfused)
     if (const std::string why = ffn_split_problem(c, a, s, true); !why.empty())
@@ -159,11 +150,8 @@ size_t ffn_product_bytes(const FfnSpec& c, int64_t tokens, int64_t intermediate)
 }
 
 size_t ffn_workspace_bytes(const FfnSpec& c, int64_t tokens, int64_t hidden, int64_t intermediate) {
-  const size_t norm =
-      c.norm == Norm::none
-          ? 0
-          : aligned256(uint64_t(tokens) * uint64_t(hidden) * uint64_t(element_bytes(c.dtype)));
-  return norm + ffn_product_bytes(c, tokens, intermediate) + kGemmWorkspaceBytes;
+  return norm_workspace_bytes(c.dtype, c.norm, tokens, hidden) +
+         ffn_product_bytes(c, tokens, intermediate) + kGemmWorkspaceBytes;
 }
 
 std::string ffn_split_problem(const FfnSpec& c, const FfnArgs& a, const FfnShape& s,

@@ -61,6 +61,21 @@ void check_matrix(const char* name, const char* stride_name, const void* p, int6
     invalid(name, ": ", rows, " rows of ", stride, " elements overflow 64-bit offsets");
 }
 
+void check_workspace(const void* workspace, size_t bytes, const Range* others, size_t n) {
+  if (!workspace) return;
+  const uintptr_t w0 = reinterpret_cast<uintptr_t>(workspace);
+  if (w0 % 256 != 0) invalid("args.workspace (", workspace, ") is not 256-byte aligned");
+  if (w0 > UINTPTR_MAX - bytes)
+    invalid("args.workspace_bytes (", bytes, ") overflows the address space");
+  const uintptr_t w1 = w0 + bytes;
+  for (size_t i = 0; i < n; ++i) {
+    const Range& r = others[i];
+    if (w0 < w1 && r.first < r.end && w0 < r.end && r.first < w1)
+      invalid("args.workspace and ", r.name, " overlap in memory (the workspace spans [", workspace,
+              ", ", reinterpret_cast<const void*>(w1), "))");
+  }
+}
+
 std::string ProjVariant::name() const { return concat('m', token_tiles, 's', splits, 'u', unroll); }
 
 std::string proj_variant_problem(const ProjVariant& v) {
@@ -82,10 +97,14 @@ int32_t proj_token_tiles(int64_t tokens) {
   return t;
 }
 
-size_t proj_norm_bytes(const QkvProjSpec& c, int64_t tokens, int64_t hidden) {
-  if (c.norm == Norm::none) return 0;
-  const uint64_t bytes = uint64_t(tokens) * uint64_t(hidden) * uint64_t(element_bytes(c.dtype));
+size_t norm_workspace_bytes(DType dtype, Norm norm, int64_t tokens, int64_t hidden) {
+  if (norm == Norm::none) return 0;
+  const uint64_t bytes = uint64_t(tokens) * uint64_t(hidden) * uint64_t(element_bytes(dtype));
   return size_t((bytes + 255) / 256 * 256);
+}
+
+size_t proj_norm_bytes(const QkvProjSpec& c, int64_t tokens, int64_t hidden) {
+  return norm_workspace_bytes(c.dtype, c.norm, tokens, hidden);
 }
 
 size_t proj_workspace_bytes(const QkvProjSpec& c, int64_t tokens, int64_t hidden) {
@@ -264,20 +283,9 @@ ProjShape check_proj_call(const QkvProjSpec& c, const QkvProjArgs& a) {
         range_of("args.sin", c.freqs == Freqs::table ? a.sin : nullptr, a.table_rows, table_stride,
                  width, telem)};
     // The workspace is written by the unfused path: it may overlap nothing.
-    if (a.workspace) {
-      if (reinterpret_cast<uintptr_t>(a.workspace) % 256 != 0)
-        invalid("args.workspace (", a.workspace, ") is not 256-byte aligned");
-      if (reinterpret_cast<uintptr_t>(a.workspace) > UINTPTR_MAX - a.workspace_bytes)
-        invalid("args.workspace_bytes (", a.workspace_bytes, ") overflows the address space");
-      const uintptr_t w0 = reinterpret_cast<uintptr_t>(a.workspace), w1 = w0 + a.workspace_bytes;
-      auto clash = [&](const char* name, uintptr_t first, uintptr_t end) {
-        if (w0 < w1 && first < end && w0 < end && first < w1)
-          invalid("args.workspace and ", name, " overlap in memory (the workspace spans [",
-                  a.workspace, ", ", reinterpret_cast<const void*>(w1), "))");
-      };
-      for (const Operand& o : outs) clash(o.name, o.first, o.end);
-      for (const Range& in : inputs) clash(in.name, in.first, in.end);
-    }
+    std::vector<Range> all(std::begin(inputs), std::end(inputs));
+    for (const Operand& o : outs) all.push_back(Range{o.name, o.first, o.end});
+    check_workspace(a.workspace, a.workspace_bytes, all.data(), all.size());
     for (const Operand& o : outs)
       for (const Range& in : inputs)
         if (o.first < o.end && in.first < in.end && o.first < in.end && in.first < o.end)

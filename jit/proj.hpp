@@ -45,6 +45,10 @@ Range range_of(const char* name, const void* p, int64_t rows, int64_t stride, in
 void check_matrix(const char* name, const char* stride_name, const void* p, int64_t rows,
                   int64_t cols, int64_t stride, int64_t elem);
 
+// A workspace (null: none) is 256-byte aligned, fits the address space, and overlaps none of
+// `others` (the call's inputs and outputs).
+void check_workspace(const void* workspace, size_t bytes, const Range* others, size_t n);
+
 // What about a call decides its launch.
 struct ProjShape {
   int64_t tokens = 0;
@@ -67,6 +71,8 @@ ropejit_dev::ProjParams make_proj_params(const QkvProjSpec& canonical, const Qkv
 // The unfused path (RMSNorm key -> cuBLASLt GEMM -> RoPE key). Its workspace holds the
 // normalized activation (none without a norm), 256-byte aligned, then cuBLASLt's scratch.
 constexpr size_t kGemmWorkspaceBytes = size_t(32) << 20;
+// The normalized activation's bytes in a workspace (0 without a norm), 256-byte aligned.
+size_t norm_workspace_bytes(DType dtype, Norm norm, int64_t tokens, int64_t hidden);
 size_t proj_norm_bytes(const QkvProjSpec& canonical, int64_t tokens, int64_t hidden);
 size_t proj_workspace_bytes(const QkvProjSpec& canonical, int64_t tokens, int64_t hidden);
 
