@@ -48,7 +48,8 @@ std::vector<detail::LaunchConfig> candidates(const Spec& c, const detail::CallSh
     }
   }
   // Decode sizes: a token's heads dealt over several blocks (head groups), one token per block.
-  if (!c.fused() && detail::token_bucket(shape.tokens) <= 4 * std::max(device.sm_count, 1)) {
+  if (c.norm != Norm::rms_all_heads &&
+      detail::token_bucket(shape.tokens) <= 4 * std::max(device.sm_count, 1)) {
     for (int32_t hpt : {1, 2}) {
       for (int32_t rows : {4, 8, 16}) {
         const int32_t per_block = rows * hpt;

@@ -13,8 +13,11 @@
 //     40 heads in one block wait on one SM's schedulers, 4 blocks of 10 run on 4 SMs. Under
 //     graph replay on the H100 that took 1 / 16 / 64 / 256 tokens from 1.80 / 1.86 / 1.98 /
 //     2.54 to 1.57 / 1.70 / 1.89 / 2.52 µs per call, the best or within 0.03 µs of the best
-//     grouping tried at every size (bench/RESULTS.md, "Head groups"). Fused keys keep whole
-//     heads per block: a thread for every head when they fit (one-head kernel), else two;
+//     grouping tried at every size (bench/RESULTS.md, "Head groups"). Fused keys take the same
+//     launch (a head's lanes still reduce inside one block): their decode had run one token's
+//     48 heads in one block, two per thread, and was bound by the length of each warp's
+//     instruction stream (bench/RESULTS.md, "Fused decode"). A norm over all heads keeps a
+//     token's heads in one block;
 //   - many tokens: two heads per thread in one pass (cos/sin fetched once for both), one token
 //     per block unless blocks would be tiny, and a one-shot grid: small blocks keep the SMs
 //     evenly loaded to the last wave, which measured better than persistent grids;
@@ -37,20 +40,36 @@ constexpr int64_t kDecodeBlocksPerSm = 4;  // token bucket <= this * SMs: a deco
 constexpr double kTwoPassGbpsPerSm = 30;   // DRAM GB/s per SM from which prefill takes 2 passes
 constexpr int32_t kDecodeGroupRows = 10;   // heads per block when decode deals them over blocks
 
-// Fused keys (a whole head per row of lanes, a head reduction per norm, dependent loads for the
-// cache placement): what `ropejit tune` picked for the Qwen3-style step on the H100 (bench/
-// RESULTS.md, "Fused"): two heads per thread everywhere; decode-sized calls cover the token's
-// heads in one pass, one token per block (v8h2_r24_z1 beat the one-head kernel by 0-11%);
-// larger calls take two rows and as many tokens as fill 512 threads, looping over the heads
-// (r2_z16: 77% of copy at 4096 tokens against 57% with a row per head pair).
-detail::LaunchConfig fused_config(const Spec& c, const detail::CallShape& shape,
-                                  detail::LaunchConfig cfg, bool decode) {
+// Decode-sized calls, plain and fused alike (not a norm over all heads, which needs every head
+// of a token in one block): the one-head kernel, one token per block, the token's heads dealt
+// over blocks of up to kDecodeGroupRows rows (head groups).
+detail::LaunchConfig decode_config(const Spec& c, const detail::CallShape& shape,
+                                   detail::LaunchConfig cfg) {
+  cfg.kernel = detail::decode_variant(c, shape.align_bytes, shape.table_align);
+  const int32_t x = detail::chunks(c, cfg.kernel.vec);
+  const int32_t max_rows = std::max(1, cfg.kernel.max_threads / x);
+  const int32_t heads = std::max(shape.q_heads + shape.k_heads + shape.v_heads, 1);
+  const int32_t groups =
+      std::min((heads + kDecodeGroupRows - 1) / kDecodeGroupRows, detail::kMaxHeadGroups);
+  cfg.rows = std::min(max_rows, (heads + groups - 1) / groups);
+  cfg.head_groups = std::min((heads + cfg.rows - 1) / cfg.rows, detail::kMaxHeadGroups);
+  cfg.tokens_per_block = 1;
+  detail::set_persistent(cfg, 0);
+  return cfg;
+}
+
+// Fused keys at prefill sizes (a whole head per row of lanes, a head reduction per norm,
+// dependent loads for the cache placement): what `ropejit tune` picked for the Qwen3-style step
+// on the H100 (bench/RESULTS.md, "Fused"): two rows and as many tokens as fill 512 threads,
+// looping over the heads (r2_z16: 77% of copy at 4096 tokens against 57% with a row per head
+// pair).
+detail::LaunchConfig fused_prefill_config(const Spec& c, const detail::CallShape& shape,
+                                          detail::LaunchConfig cfg) {
   const int32_t x = detail::chunks(c, cfg.kernel.vec);
   const int32_t heads = std::max(shape.q_heads + shape.k_heads + shape.v_heads, 1);
   const int32_t max_rows = std::max(1, cfg.kernel.max_threads / x);
-  cfg.rows = decode ? std::min(max_rows, (heads + 1) / 2) : std::min({2, max_rows, heads});
-  cfg.tokens_per_block =
-      decode ? 1 : std::max(1, std::min(64, cfg.kernel.max_threads / (x * cfg.rows)));
+  cfg.rows = std::min({2, max_rows, heads});
+  cfg.tokens_per_block = std::max(1, std::min(64, cfg.kernel.max_threads / (x * cfg.rows)));
   detail::set_persistent(cfg, 0);
   return cfg;
 }
@@ -67,21 +86,15 @@ detail::LaunchConfig heuristic_config(const Spec& c, const detail::CallShape& sh
   // Decided on the token bucket, as the plan that remembers this choice is keyed by it.
   const bool decode =
       detail::token_bucket(shape.tokens) <= kDecodeBlocksPerSm * std::max(device.sm_count, 1);
-  if (c.fused() && c.norm != Norm::rms_all_heads) return fused_config(c, shape, cfg, decode);
+  if (decode && c.norm != Norm::rms_all_heads) return decode_config(c, shape, cfg);
+  if (c.fused() && c.norm != Norm::rms_all_heads) return fused_prefill_config(c, shape, cfg);
   // A norm over all heads needs every q and k head in the block's first pass.
   const bool two_passes = c.norm != Norm::rms_all_heads &&
                           device.memory_gbps / std::max(device.sm_count, 1) >= kTwoPassGbpsPerSm &&
                           (x & (x - 1)) == 0;
   const int32_t heads_per_row = decode ? 1 : kHeadsPerThread * (two_passes ? 2 : 1);
   cfg.rows = std::min(max_rows, (heads + heads_per_row - 1) / heads_per_row);
-  if (decode && !c.fused()) {
-    // The one-head kernel, the heads dealt over blocks of up to kDecodeGroupRows rows.
-    cfg.kernel = detail::decode_variant(c, shape.align_bytes, shape.table_align);
-    const int32_t groups =
-        std::min((heads + kDecodeGroupRows - 1) / kDecodeGroupRows, detail::kMaxHeadGroups);
-    cfg.rows = std::min(max_rows, (heads + groups - 1) / groups);
-    cfg.head_groups = std::min((heads + cfg.rows - 1) / cfg.rows, detail::kMaxHeadGroups);
-  } else if (decode && cfg.rows == heads) {  // a thread for every head: the one-head kernel
+  if (decode && cfg.rows == heads) {  // a thread for every head: the one-head kernel
     cfg.kernel = detail::decode_variant(c, shape.align_bytes, shape.table_align);
   }
   const int32_t row_threads = x * cfg.rows;

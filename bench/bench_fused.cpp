@@ -49,6 +49,21 @@ FusedCase qwen3_step(int64_t tokens, bool fp8) {
   return c;
 }
 
+// The Qwen3 bf16 step with stages taken out, to see what each costs at decode sizes: RoPE alone
+// (the plain kernel on the packed rows), + the per-head norm (fused kernel, no cache), + the
+// paged append (no norm), and all of it (the qwen3 row).
+FusedCase qwen3_stage(int64_t tokens, bool norm, bool cache) {
+  FusedCase c = qwen3_step(tokens, false);
+  c.name = std::string("stage_") + (norm ? "norm" : "rope") + (cache ? "_cache" : "") + "_t" +
+           std::to_string(tokens);
+  if (!norm) c.spec.norm = Norm::none;
+  if (!cache) {
+    c.spec.cache = KvCache::none;
+    c.spec.fusion = Fusion::qk;
+  }
+  return c;
+}
+
 // The bytes of each unfused pass: QK-norm (read and write q, k), RoPE (the same), quantize q
 // (read q, write FP8 q; FP8 only), cache append (read k, v; write them into the cache).
 std::vector<int64_t> unfused_passes(const FusedCase& c, int64_t tokens) {
@@ -121,6 +136,9 @@ void register_fused_benchmarks() {
   static std::vector<FusedCase> all;
   for (bool fp8 : {false, true})
     for (int64_t t : {1, 16, 64, 256, 4096, 32768}) all.push_back(qwen3_step(t, fp8));
+  for (int64_t t : {1, 64})
+    for (const auto& [norm, cache] : {std::pair{false, false}, {true, false}, {false, true}})
+      all.push_back(qwen3_stage(t, norm, cache));
   for (const FusedCase& c : all) {
     int64_t tokens = 0;
     for (int64_t n : c.sizes.seq_lens) tokens += n;

@@ -7,6 +7,7 @@
 #     shapes (and again compiled with the options)
 #   bench/run_gpu.sh OUTDIR roofline   plain SM copies and bulk copies against the driver's copy
 #   bench/run_gpu.sh OUTDIR graphcfg   graph-replayed decode per forced launch configuration
+#   bench/run_gpu.sh OUTDIR graphcfg-fused   the same for the fused Qwen3-style step
 #   bench/run_gpu.sh OUTDIR profile "CASE[:tuned] ..."   Nsight Compute reports (ncu_*.txt)
 #   bench/run_gpu.sh OUTDIR peers ["CASE ..."]   the same-run peer comparison alone (peers.json),
 #     then Nsight Compute on each implementation's kernel for the named cases (ncu_peers_*.txt)
@@ -135,12 +136,17 @@ if [ "$what" = profile ]; then
   # launch unless the case name ends in ":tuned" (then bench/tuning_<gpu>.json's entry):
   #   bench/run_gpu.sh OUT profile "llama_bf16_t4096 llama_bf16_t4096:tuned computed"
   gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oE "H100|H200" | tr A-Z a-z)
+  # A case with a slash names the whole row (e.g. fused/qwen3_bf16_t1); NCU_SOURCE=1 also writes
+  # the per-instruction SASS view with its stall samples (ncu_*_sass.csv), caches left warm as
+  # under graph replay.
   for item in ${3:-llama_bf16_t4096}; do
     name=${item%%:*}
     tuning=off; [ "$item" != "$name" ] && tuning=on
     env_file=(env ROPEJIT_TUNING=off)
     [ $tuning = on ] && env_file=(env ROPEJIT_TUNING_FILE="$PWD/bench/tuning_$gpu.json")
-    log="$out/ncu_${name}_$tuning.txt"
+    row="rope/$name"; [[ $name == */* ]] && row=$name
+    tag=${name//\//_}
+    log="$out/ncu_${tag}_$tuning.txt"
     what_to_collect=(--section SpeedOfLight --section Occupancy --section LaunchStats
                      --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables
                      --section SchedulerStats --section WarpStateStats --section InstructionStats)
@@ -148,7 +154,14 @@ if [ "$what" = profile ]; then
     [ -n "${NCU_METRICS:-}" ] && what_to_collect=(--metrics "$NCU_METRICS")
     "${env_file[@]}" ncu --clock-control none -k regex:rope_ --launch-skip 3 --launch-count 1 \
       "${what_to_collect[@]}" --print-details all \
-      $build/bench/ropejit_bench --benchmark_filter="^rope/$name(/|\$)" > "$log" 2>&1
+      $build/bench/ropejit_bench --benchmark_filter="^$row(/|\$)" > "$log" 2>&1
+    if [ -n "${NCU_SOURCE:-}" ]; then
+      "${env_file[@]}" ncu --clock-control none -k regex:rope_ --launch-skip 3 --launch-count 1 \
+        --cache-control none --set full --import-source yes -f -o "/tmp/ncu_$tag" \
+        $build/bench/ropejit_bench --benchmark_filter="^$row(/|\$)" > /dev/null 2>&1
+      ncu -i "/tmp/ncu_$tag.ncu-rep" --page source --print-source sass --csv \
+        > "$out/ncu_${tag}_sass.csv" 2>&1
+    fi
     echo "== $item"
     [ -n "${NCU_METRICS:-}" ] && { grep -E "^  [a-z_]+|^    [a-z]" "$log" | head -40; continue; }
     grep -E "^  [a-z_]+|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Block Size|Grid Size|Stall|Warp Cycles Per Issued|Issued Warp|No Eligible|L1/TEX Hit|L2 Hit|Executed Instructions  " "$log" | head -40
@@ -193,6 +206,11 @@ if [ "$what" = graphcfg ]; then
   # Graph-replayed decode with forced launch configurations (bench/graph_configs.py).
   gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oE "H100|H200" | tr A-Z a-z)
   python3 bench/graph_configs.py --like "bench/tuning_$gpu.json" --bench $build/bench/ropejit_bench | tee "$out/graph_configs.txt"
+fi
+if [ "$what" = graphcfg-fused ]; then
+  # The same for the fused Qwen3-style step's decode rows.
+  gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oE "H100|H200" | tr A-Z a-z)
+  python3 bench/graph_configs.py --fused --like "bench/tuning_$gpu.json" --bench $build/bench/ropejit_bench | tee "$out/graph_configs_fused.txt"
 fi
 if [ "$what" = against ]; then
   other=${3:?against mode needs the directory of the other checkout}

@@ -98,10 +98,10 @@ std::string launch_problem(const Spec& c, const LaunchConfig& cfg) {
     return concat("blocks_per_sm (", cfg.blocks_per_sm, ") must be in 0..32");
   if (cfg.head_groups < 1 || cfg.head_groups > kMaxHeadGroups)
     return concat("head_groups (", cfg.head_groups, ") must be in 1..", kMaxHeadGroups);
-  // The fused kernel normalizes, quantizes and caches per block of whole heads (and a norm over
-  // all heads needs every head in one block): it takes no head groups.
-  if (c.fused() && cfg.head_groups != 1)
-    return concat("head_groups (", cfg.head_groups, ") must be 1 for fused keys");
+  // A norm over all heads needs every q and k head of a token in one block.
+  if (c.norm == Norm::rms_all_heads && cfg.head_groups != 1)
+    return concat("head_groups (", cfg.head_groups,
+                  ") must be 1 for a norm over all heads (every head of a token in one block)");
   if (k.grid_stride != (cfg.blocks_per_sm > 0))
     return k.grid_stride
                ? "a grid-stride variant is for persistent grids (blocks_per_sm > 0), not 0"

@@ -9,8 +9,11 @@
 //      rounded up to a power of two (whole warps beyond 32), so that a head's lanes reduce with
 //      shuffles; lanes past the head idle.
 //   y: head rows; each thread takes heads y, y + rows, ... kHeadsPerThread at a time over q,
-//      then k, then v. The loop over head batches runs the same number of times in every thread
-//      of the block, so the reductions may use the block's barriers.
+//      then k, then v. With gridDim.y > 1 (head groups, not for a norm over all heads) the rows
+//      of all the token's blocks count as one: row y of block g is row g * blockDim.y + y, so a
+//      decode token's heads run on several SMs, as in the plain kernel. The loop over head
+//      batches runs the same number of times in every thread of the grid, so the reductions may
+//      use the block's barriers.
 //   z: tokens, as in the plain kernel.
 // All arithmetic is fp32 from the loaded values to the stored ones, rounded once at the store.
 #pragma once
@@ -26,6 +29,19 @@ struct CacheDest {
   long long offset;
   bool write;
 };
+
+// q = a / b and a - q * b for a >= 0, b > 0: in 32 bits when both fit. A 64-bit division is a
+// call of some seventy instructions, here on the chain of dependent steps before a token's
+// cache rows can be written.
+__device__ __forceinline__ long long div_nonneg(long long a, long long b, long long* rem) {
+  long long q;
+  if (((unsigned long long)a | (unsigned long long)b) >> 32 == 0)
+    q = (long long)(unsigned(a) / unsigned(b));
+  else
+    q = a / b;
+  *rem = a - q * b;
+  return q;
+}
 
 template <class Cfg>
 struct FusedKernel {
@@ -73,8 +89,7 @@ struct FusedKernel {
       // Indexed like position ids: (sequence, index) order, whatever the layout's token walk.
       const long long s = __ldg(c.slot_mapping + Rope::id_index(p, tp, t));
       if (s < 0) return d;  // "do not write this token" (padding, speculative decoding)
-      page = s / c.page_size;
-      slot = s - page * c.page_size;
+      page = div_nonneg(s, c.page_size, &slot);
       if (page >= c.pages) {
         *bad = true;
         return d;
@@ -92,8 +107,7 @@ struct FusedKernel {
         *bad = true;
         return d;
       }
-      page = __ldg(c.indices + start + pos / c.page_size);
-      slot = pos % c.page_size;
+      page = __ldg(c.indices + start + div_nonneg(pos, c.page_size, &slot));
       if (page < 0 || page >= c.pages) {
         *bad = true;
         return d;
@@ -205,7 +219,24 @@ struct FusedKernel {
     }
   }
 
-  // Loads the batch of heads starting at hb + threadIdx.y: kHpt heads, `rows` apart.
+  // The same with q's or k's weights, chosen element by element: a reference chosen at run
+  // time between two register arrays would put both in local memory.
+  static __device__ __forceinline__ void scale_slice(Slice& x, float inv, const Slice& wq,
+                                                     const Slice& wk, bool is_q, bool two) {
+#pragma unroll
+    for (int m = 0; m < kVec; ++m) x.lo[m] = x.lo[m] * inv * (is_q ? wq.lo[m] : wk.lo[m]);
+    if (two) {
+#pragma unroll
+      for (int m = 0; m < kVec; ++m) x.hi[m] = x.hi[m] * inv * (is_q ? wq.hi[m] : wk.hi[m]);
+    }
+  }
+
+  // The grid's row of this thread (head groups: the rows of a token's blocks in a row) and how
+  // many rows the token has.
+  static __device__ __forceinline__ int grid_row() { return blockIdx.y * blockDim.y + threadIdx.y; }
+  static __device__ __forceinline__ int grid_rows() { return gridDim.y * blockDim.y; }
+
+  // Loads the batch of heads starting at hb + grid_row(): kHpt heads, grid_rows() apart.
   static __device__ __forceinline__ void load_batch(int hb, const TokenRows& q, const TokenRows& k,
                                                     const TokenRows& v, bool loadable, bool in_head,
                                                     int col, bool two, int hq, int hk, int total,
@@ -213,7 +244,7 @@ struct FusedKernel {
                                                     int (&idx)[kHpt], bool (&act)[kHpt]) {
 #pragma unroll
     for (int j = 0; j < kHpt; ++j) {
-      const int h = hb + threadIdx.y + j * blockDim.y;
+      const int h = hb + grid_row() + j * grid_rows();
       act[j] = loadable && in_head && h < total;
       kind[j] = h < hq ? 0 : h < hq + hk ? 1 : 2;
       idx[j] = h - (kind[j] == 0 ? 0 : kind[j] == 1 ? hq : hq + hk);
@@ -266,7 +297,7 @@ struct FusedKernel {
                         : Cfg::kRotaryDim + (lane - kRotChunks) * kVec;
     const int hq = p.q.heads, hk = p.k.heads, hv = fp.v.heads;
     const int total = hq + hk + hv;
-    const int step = blockDim.y * kHpt;
+    const int step = grid_rows() * kHpt;
 
     // Dynamic shared memory: shared angles (computed frequencies), the reduction scratch of
     // heads wider than a warp, and per-head sums of squares (norm over all heads).
@@ -329,7 +360,8 @@ struct FusedKernel {
       if (kCache != kCacheNone && valid) {
         bool bad = false;
         dest = cache_dest(fp, tp, t, &bad);
-        if (bad && fp.cache.skipped && threadIdx.x == 0 && threadIdx.y == 0)
+        // Counted once per token: by the first thread of its first head group.
+        if (bad && fp.cache.skipped && threadIdx.x == 0 && threadIdx.y == 0 && blockIdx.y == 0)
           atomicAdd(fp.cache.skipped, 1);
       }
       for (int hb = 0; hb < total; hb += step) {  // the same trip count in every thread
@@ -359,7 +391,7 @@ struct FusedKernel {
             // per thread >= q + k heads): per-head sums, then their total in a fixed order.
 #pragma unroll
             for (int j = 0; j < kHpt; ++j) {
-              const int h = hb + threadIdx.y + j * blockDim.y;
+              const int h = hb + grid_row() + j * grid_rows();  // one group: the block's rows
               if (lane == 0 && valid && h < hq + hk) head_sums[h] = ss[j];
             }
             __syncthreads();
@@ -382,8 +414,8 @@ struct FusedKernel {
                           two, w);
               scale_slice(x[j], is_q ? q_inv : k_inv, w, two);
             } else {
-              scale_slice(x[j], 1.0f / sqrtf(ss[j] / float(Cfg::kHeadDim) + fp.norm_eps),
-                          is_q ? wq : wk, two);
+              scale_slice(x[j], 1.0f / sqrtf(ss[j] / float(Cfg::kHeadDim) + fp.norm_eps), wq, wk,
+                          is_q, two);
             }
           }
         }

@@ -83,7 +83,9 @@ struct RopeKernel {
         return tp;
       const int* cu = p.cu_seqlens;
       if (kGuess && p.batch > 0) {
-        long long g = t * p.batch / p.tokens;
+        const unsigned long long n = (unsigned long long)t * (unsigned long long)p.batch;
+        long long g = n >> 32 == 0 ? (long long)(unsigned(n) / unsigned(p.tokens))
+                                   : (long long)(n / (unsigned long long)p.tokens);
         if (g > p.batch - 1) g = p.batch - 1;
         const long long first = __ldg(cu + g), end = __ldg(cu + g + 1);
         if (first <= t && t < end) {

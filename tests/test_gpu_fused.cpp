@@ -92,8 +92,11 @@ std::vector<Case> fused_cases() {
   return out;
 }
 
-// One case through the heuristic's launch, and again through the prefill kernel with two heads
-// per thread (where legal). Returns "" or the first failure.
+// One case through the heuristic's launch, again through the prefill kernel with two heads per
+// thread and two tokens per block, and through the one-head kernel with the token's heads dealt
+// over blocks of one or two rows (head groups; each block then computes the token's cache
+// placement, and a skipped token must still be counted once). Each launch that is legal for
+// the case. Returns "" or the first failure.
 std::string run_case(const Case& c, const detail::DeviceInfo& device) {
   autotune::Workload w(c.spec, c.sizes);
   w.upload();
@@ -103,17 +106,24 @@ std::string run_case(const Case& c, const detail::DeviceInfo& device) {
   const Spec s = w.spec().canonical();
   const Args args = w.args();
   const detail::CallShape shape = detail::check_call(s, args);
+  const int32_t heads = shape.q_heads + shape.k_heads + shape.v_heads;
   detail::LaunchConfig two;
   two.kernel = detail::prefill_variant(s, shape.align_bytes, shape.table_align);
-  two.rows = std::max(1, (shape.q_heads + shape.k_heads + shape.v_heads + 1) / 2);
+  two.rows = std::max(1, (heads + 1) / 2);
   two.tokens_per_block = 2;
-  if (!detail::illegal_reason(s, shape, two, device).empty()) return "";
-  w.upload();
-  api::engine().launch(s, args, shape, &two);
-  r = w.check();
-  if (!r.ok)
-    return two.name() + ": " + r.first_failure + " (" + std::to_string(r.mismatches) +
-           " mismatches)";
+  detail::LaunchConfig grouped;
+  grouped.kernel = detail::decode_variant(s, shape.align_bytes, shape.table_align);
+  grouped.rows = 1 + int32_t(c.sizes.seed % 2);
+  grouped.head_groups = (heads + grouped.rows - 1) / grouped.rows;
+  for (const detail::LaunchConfig& cfg : {two, grouped}) {
+    if (!detail::illegal_reason(s, shape, cfg, device).empty()) continue;
+    w.upload();
+    api::engine().launch(s, args, shape, &cfg);
+    r = w.check();
+    if (!r.ok)
+      return cfg.name() + ": " + r.first_failure + " (" + std::to_string(r.mismatches) +
+             " mismatches)";
+  }
   return "";
 }
 

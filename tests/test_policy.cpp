@@ -167,12 +167,29 @@ TEST_CASE("heuristic: two kernel variants for every shape and the decode and pre
   // More heads: more groups of 10.
   CHECK(autotune::heuristic_config(c, shape_of(64, 64, 64), dev).name() ==
         "v8h1t512_r10_z1_g0_y13");
-  // Fused keys take no head groups.
+  // Fused keys' decode takes head groups too, except a norm over all heads (every head of a
+  // token in one block); their prefill keeps two rows and fills the block with tokens.
   detail::LaunchConfig grouped = autotune::heuristic_config(c, shape_of(64, 32, 8), dev);
   Spec fused = c;
   fused.norm = Norm::rms;
   fused = fused.canonical();
-  CHECK(detail::launch_problem(fused, grouped) == "head_groups (4) must be 1 for fused keys");
+  CHECK(detail::launch_problem(fused, grouped).empty());
+  CHECK(autotune::heuristic_config(fused, shape_of(64, 32, 8), dev).name() ==
+        "v8h1t512_r10_z1_g0_y4");
+  detail::CallShape with_v = shape_of(1, 32, 8);
+  with_v.v_heads = 8;
+  CHECK(autotune::heuristic_config(fused, with_v, dev).name() == "v8h1t512_r10_z1_g0_y5");
+  with_v.tokens = 4096;
+  CHECK(autotune::heuristic_config(fused, with_v, dev).name() == "v8h2t512_r2_z32_g0");
+  Spec all_heads = c;
+  all_heads.norm = Norm::rms_all_heads;
+  all_heads = all_heads.canonical();
+  CHECK(detail::launch_problem(all_heads, grouped) ==
+        "head_groups (4) must be 1 for a norm over all heads (every head of a token in one block)");
+  const detail::LaunchConfig one_block =
+      autotune::heuristic_config(all_heads, shape_of(64, 32, 8), dev);
+  CHECK(one_block.head_groups == 1);
+  CHECK(one_block.rows * one_block.kernel.heads_per_thread >= 40);
   grouped.head_groups = 5;  // rows 10 x 4 already cover the 40 heads
   CHECK(detail::illegal_reason(c, shape_of(64, 32, 8), grouped, dev) ==
         "head_groups (5) leave blocks without heads: 40 heads in rows of 10");

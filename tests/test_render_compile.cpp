@@ -172,6 +172,27 @@ TEST_CASE("a kernel module declares no device globals") {
   }
 }
 
+TEST_CASE("fused kernels keep their per-thread arrays in registers") {
+  // A reference chosen at run time between two register arrays (q's or k's norm weights) made
+  // NVVM place both in a local-memory stack frame, with loads from it in the store loop; the
+  // PTX of such a kernel declares a __local_depot.
+  for (const char* key :
+       {"rope_thd_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_q-nrms-cpaged_fwd_ip",
+        "rope_thd_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_q-nrms-oe4m3-cpaged-e4m3_fwd_oop",
+        "rope_thd_f16_d64_r32_gptj_pos-ids-i64_tab-f32-half_q-nrms1p-cslots_fwd_ip",
+        "rope_bshd_bf16_d128_r128_neox_pos-ids-i64_comp_qk-nrmsall_fwd_ip"}) {
+    const Spec s = parse_key(key).canonical();
+    for (const detail::KernelVariant& v :
+         {detail::decode_variant(s, 16), detail::prefill_variant(s, 16)}) {
+      const detail::RenderedKernel r = detail::render(s, v);
+      const detail::CompileResult ptx =
+          detail::compile(r.source, r.entry + ".cu", r.key, "compute_90");
+      REQUIRE(ptx.is_ptx);
+      CHECK_MESSAGE(ptx.image.find("__local_depot") == std::string::npos, key, " ", v.name());
+    }
+  }
+}
+
 TEST_CASE("an NVRTC failure carries the key, the options and the full log") {
   Spec s;
   const KernelVariant bad{3, 1, 256};  // 3 elements do not divide the 64 neox pairs
