@@ -157,7 +157,7 @@ if [ "$what" = profile ]; then
       $build/bench/ropejit_bench --benchmark_filter="^$row(/|\$)" > "$log" 2>&1
     if [ -n "${NCU_SOURCE:-}" ]; then
       "${env_file[@]}" ncu --clock-control none -k regex:rope_ --launch-skip 3 --launch-count 1 \
-        --cache-control none --set full --import-source yes -f -o "/tmp/ncu_$tag" \
+        --cache-control none --set full --warp-sampling-interval 0 --import-source yes -f -o "/tmp/ncu_$tag" \
         $build/bench/ropejit_bench --benchmark_filter="^$row(/|\$)" > /dev/null 2>&1
       ncu -i "/tmp/ncu_$tag.ncu-rep" --page source --print-source sass --csv \
         > "$out/ncu_${tag}_sass.csv" 2>&1

@@ -76,54 +76,89 @@ struct FusedKernel {
     float hi[kVec];
   };
 
-  // Where the cache rows of token `t` start; `bad` when an index read from device memory puts
-  // them outside the cache (the token is then skipped and counted).
-  static __device__ __forceinline__ CacheDest cache_dest(const FusedParams& fp,
-                                                         const TokenPlace& tp, long long t,
-                                                         bool* bad) {
+  // The cache placement in three steps, so that each step's loads go out with the token's other
+  // loads of the same depth (the thread issues in order and waits at the first use of a load):
+  //   cache_fetch: what needs only the token's sequence `b` (a guess for packed tokens, checked
+  //     before use) or the token: the page table's row, the slot, the sequence's length;
+  //   cache_place: the slot from those, and for a paged cache the load of its page number;
+  //   cache_dest: that page number checked, the offset.
+  // An index read from device memory that puts a token outside the cache sets `bad` (the token
+  // is then skipped and counted); a negative slot means "do not write".
+  struct CacheFetch {
+    long long a, b, c;
+  };
+  struct CachePending {
+    long long page, slot;
+    bool write;
+  };
+
+  static __device__ __forceinline__ CacheFetch cache_fetch(const FusedParams& fp,
+                                                           const TokenPlace& tp, long long b,
+                                                           long long t) {
     const CacheParams& c = fp.cache;
-    const RopeParams& p = fp.rope;
-    CacheDest d = {0, false};
-    long long page = 0, slot = 0;
+    CacheFetch f = {0, 0, 0};
     if (kCache == kCacheSlots) {
       // Indexed like position ids: (sequence, index) order, whatever the layout's token walk.
-      const long long s = __ldg(c.slot_mapping + Rope::id_index(p, tp, t));
-      if (s < 0) return d;  // "do not write this token" (padding, speculative decoding)
-      page = div_nonneg(s, c.page_size, &slot);
-      if (page >= c.pages) {
+      f.a = __ldg(c.slot_mapping + Rope::id_index(fp.rope, tp, t));
+    } else if (kCache == kCachePaged) {
+      f.a = __ldg(c.indptr + b);
+      f.b = __ldg(c.indptr + b + 1);
+      f.c = __ldg(c.last_page_len + b);
+    } else if (kCache == kCacheContiguous) {
+      f.a = __ldg(c.seq_lens + b);
+    }
+    return f;
+  }
+
+  // `seq_tokens`: the tokens of the token's sequence in this call (the paged append's length).
+  static __device__ __forceinline__ CachePending cache_place(const FusedParams& fp,
+                                                             const CacheFetch& f,
+                                                             const TokenPlace& tp,
+                                                             long long seq_tokens, bool* bad) {
+    const CacheParams& c = fp.cache;
+    CachePending d = {0, 0, false};
+    if (kCache == kCacheSlots) {
+      if (f.a < 0) return d;  // "do not write this token" (padding, speculative decoding)
+      d.page = div_nonneg(f.a, c.page_size, &d.slot);
+      if (d.page >= c.pages) {
         *bad = true;
         return d;
       }
     } else if (kCache == kCachePaged) {
-      const long long start = __ldg(c.indptr + tp.b), end = __ldg(c.indptr + tp.b + 1);
-      const long long last = __ldg(c.last_page_len + tp.b);
-      const long long append =
-          Cfg::kPacked ? (long long)__ldg(p.cu_seqlens + tp.b + 1) - __ldg(p.cu_seqlens + tp.b)
-                       : p.seq_len;
+      const long long start = f.a, end = f.b, last = f.c;
       const long long held = (end - start - 1) * c.page_size + last;  // after the append
-      const long long pos = held - append + tp.s;
+      const long long pos = held - seq_tokens + tp.s;
       if (start < 0 || end <= start || end > c.num_indices || last < 1 || last > c.page_size ||
           pos < 0 || pos >= held) {
         *bad = true;
         return d;
       }
-      page = __ldg(c.indices + start + div_nonneg(pos, c.page_size, &slot));
-      if (page < 0 || page >= c.pages) {
-        *bad = true;
-        return d;
-      }
+      d.page = __ldg(c.indices + start + div_nonneg(pos, c.page_size, &d.slot));
     } else {  // contiguous: row tp.b of the cache, after the tokens it holds
-      const long long held = __ldg(c.seq_lens + tp.b);
-      slot = held + tp.s;
-      page = tp.b;
-      if (held < 0 || slot >= c.page_size || page >= c.pages) {
+      const long long held = f.a;
+      d.slot = held + tp.s;
+      d.page = tp.b;
+      if (held < 0 || d.slot >= c.page_size || d.page >= c.pages) {
         *bad = true;
         return d;
       }
     }
-    d.offset = page * c.stride_page + slot * c.stride_slot;
     d.write = true;
     return d;
+  }
+
+  static __device__ __forceinline__ CacheDest cache_dest(const FusedParams& fp,
+                                                         const CachePending& d, bool* bad) {
+    const CacheParams& c = fp.cache;
+    CacheDest r = {0, false};
+    if (!d.write) return r;
+    if (kCache == kCachePaged && (d.page < 0 || d.page >= c.pages)) {
+      *bad = true;
+      return r;
+    }
+    r.offset = d.page * c.stride_page + d.slot * c.stride_slot;
+    r.write = true;
+    return r;
   }
 
   // Sums v[j] over the lanes of each head row and gives every lane the same total (lane 0's,
@@ -162,17 +197,30 @@ struct FusedKernel {
     }
   }
 
-  static __device__ __forceinline__ void load_slice(const char* src, bool two, Slice& x) {
-    Vec a;
-    a.load(src);
+  // A slice as loaded. Values stay in their vectors until first used: a conversion right after
+  // its load would make the thread wait there, before issuing the loads that follow (the decode
+  // step had eight memory round trips in a row so; bench/RESULTS.md, "Fused decode").
+  struct RawSlice {
+    Vec lo, hi;
+  };
+
+  static __device__ __forceinline__ void load_slice(const char* src, bool two, RawSlice& x) {
+    x.lo.load(src);
+    if (two) x.hi.load(src + kPairs * int(sizeof(Raw)));
+  }
+
+  static __device__ __forceinline__ void widen(const RawSlice& r, bool two, Slice& x) {
 #pragma unroll
-    for (int m = 0; m < kVec; ++m) x.lo[m] = a.get(m);
+    for (int m = 0; m < kVec; ++m) x.lo[m] = r.lo.get(m);
     if (two) {
-      Vec b;
-      b.load(src + kPairs * int(sizeof(Raw)));
 #pragma unroll
-      for (int m = 0; m < kVec; ++m) x.hi[m] = b.get(m);
+      for (int m = 0; m < kVec; ++m) x.hi[m] = r.hi.get(m);
     }
+  }
+
+  // One norm weight as the kernel applies it: w, or 1 + w (Gemma).
+  static __device__ __forceinline__ float weight(float w) {
+    return kNorm == kNormRmsOnePlus ? 1.0f + w : w;
   }
 
   // Stores a slice as kDst elements (activation dtype, or e4m3 after multiplying by `scale`).
@@ -219,15 +267,17 @@ struct FusedKernel {
     }
   }
 
-  // The same with q's or k's weights, chosen element by element: a reference chosen at run
-  // time between two register arrays would put both in local memory.
-  static __device__ __forceinline__ void scale_slice(Slice& x, float inv, const Slice& wq,
-                                                     const Slice& wk, bool is_q, bool two) {
+  // The same with q's or k's per-head weights as loaded, chosen element by element: a
+  // reference chosen at run time between two register arrays would put both in local memory.
+  static __device__ __forceinline__ void scale_slice(Slice& x, float inv, const RawSlice& wq,
+                                                     const RawSlice& wk, bool is_q, bool two) {
 #pragma unroll
-    for (int m = 0; m < kVec; ++m) x.lo[m] = x.lo[m] * inv * (is_q ? wq.lo[m] : wk.lo[m]);
+    for (int m = 0; m < kVec; ++m)
+      x.lo[m] = x.lo[m] * inv * weight(is_q ? wq.lo.get(m) : wk.lo.get(m));
     if (two) {
 #pragma unroll
-      for (int m = 0; m < kVec; ++m) x.hi[m] = x.hi[m] * inv * (is_q ? wq.hi[m] : wk.hi[m]);
+      for (int m = 0; m < kVec; ++m)
+        x.hi[m] = x.hi[m] * inv * weight(is_q ? wq.hi.get(m) : wk.hi.get(m));
     }
   }
 
@@ -240,7 +290,7 @@ struct FusedKernel {
   static __device__ __forceinline__ void load_batch(int hb, const TokenRows& q, const TokenRows& k,
                                                     const TokenRows& v, bool loadable, bool in_head,
                                                     int col, bool two, int hq, int hk, int total,
-                                                    Slice (&x)[kHpt], int (&kind)[kHpt],
+                                                    RawSlice (&x)[kHpt], int (&kind)[kHpt],
                                                     int (&idx)[kHpt], bool (&act)[kHpt]) {
 #pragma unroll
     for (int j = 0; j < kHpt; ++j) {
@@ -310,21 +360,34 @@ struct FusedKernel {
     float2* shared = angles_base + threadIdx.z * kPairs;
 
     // Per-head norm weights for this lane's slice, loaded once for every token and head.
-    Slice wq, wk;
+    RawSlice wq, wk;
     if (kNorm == kNormRms || kNorm == kNormRmsOnePlus) {
       if (in_head) {
-        load_weight(fp.q_norm_w, col, two, wq);
-        if (hk > 0) load_weight(fp.k_norm_w, col, two, wk);
+        wq.lo.load_ro(static_cast<const Raw*>(fp.q_norm_w) + col);
+        if (two) wq.hi.load_ro(static_cast<const Raw*>(fp.q_norm_w) + col + kPairs);
+        if (hk > 0) {
+          wk.lo.load_ro(static_cast<const Raw*>(fp.k_norm_w) + col);
+          if (two) wk.hi.load_ro(static_cast<const Raw*>(fp.k_norm_w) + col + kPairs);
+        }
       }
     }
 
+    // A token goes in three steps of loads, each issued whole before anything waits on it
+    // (the thread issues in order and stalls at the first use of a load):
+    //   1. what depends on the token alone: its q/k/v rows, its position id, the cu_seqlens
+    //      bounds of the sequence equal lengths would give a packed token, the cache's row for
+    //      that sequence (page table, length) or the token's slot;
+    //   2. the guess checked (else the sequence searched and its cache row read again), the
+    //      cos/sin row of the position, the paged cache's page number;
+    //   3. the norm, rotation, FP8 and the stores.
+    // A decode token so waits on two memory round trips, as in the plain kernel, not on each
+    // link of the chain in turn.
     long long base = (long long)blockIdx.x * blockDim.z;
     do {
       const long long t = base + threadIdx.z;
       const bool live = t < p.tokens;
-      // Tokens outside every sequence (thd padding) are not touched by fused keys. A packed
-      // token's rows depend on t alone, so its loads go out before the sequence search (a
-      // chain of dependent loads through cu_seqlens); dense layouts place tokens arithmetically.
+      // Tokens outside every sequence (thd padding) are not touched by fused keys. Dense
+      // layouts place tokens arithmetically; a packed token's rows depend on t alone.
       TokenPlace tp = {0, 0, false};
       if (!Cfg::kPacked && live) tp = Rope::template locate<true>(p, t);
       const bool loadable = Cfg::kPacked ? live : live && tp.valid;
@@ -339,14 +402,54 @@ struct FusedKernel {
           k_out = out_row(p.k, tp, t);
         }
       }
-      // The first batch's loads go out before the chains of dependent loads (position ->
-      // cos/sin, sequence -> page -> slot), so that their latencies overlap.
-      Slice x[kHpt];
+      // Step 1.
+      RawSlice xr[kHpt];
       int kind[kHpt], idx[kHpt];  // 0 q, 1 k, 2 v; index within its kind
       bool act[kHpt];
-      load_batch(0, q, k, v, loadable, in_head, col, two, hq, hk, total, x, kind, idx, act);
-      if (Cfg::kPacked && live) tp = Rope::template locate<true>(p, t);
+      load_batch(0, q, k, v, loadable, in_head, col, two, hq, hk, total, xr, kind, idx, act);
+      // Position ids are indexed by the token (packed) or its arithmetic place (dense).
+      const bool early_position = !Cfg::kComputed && (!Cfg::kPacked || Cfg::kPosMode == kPosIds ||
+                                                      Cfg::kPosMode == kPosMrope);
+      typename Rope::Positions3 pos3 = {{0, 0, 0}};
+      if (early_position && loadable && rot) pos3 = Rope::positions(p, tp, t);
+      // A packed token's sequence: the guess's bounds now, checked in step 2.
+      const bool packed_search =
+          Cfg::kPacked &&
+          !((Cfg::kPosMode == kPosIds || Cfg::kPosMode == kPosMrope) && !Cfg::kNeedSequence);
+      long long guess = 0, first = 0, end = 0;
+      if (packed_search && live && p.batch > 0) {
+        guess = Rope::guess_sequence(p, t);
+        first = __ldg(p.cu_seqlens + guess);
+        end = __ldg(p.cu_seqlens + guess + 1);
+      }
+      CacheFetch fetch = {0, 0, 0};
+      const bool fetch_early = kCache == kCacheSlots || !Cfg::kPacked || packed_search;
+      if (kCache != kCacheNone && fetch_early && live &&
+          (!Cfg::kPacked || kCache == kCacheSlots || p.batch > 0)) {
+        if (Cfg::kPacked || tp.valid) fetch = cache_fetch(fp, tp, Cfg::kPacked ? guess : tp.b, t);
+      }
+
+      // Step 2.
+      long long seq_tokens = p.seq_len;  // the token's sequence length in this call
+      if (Cfg::kPacked && live) {
+        if (packed_search && p.batch > 0 && first <= t && t < end) {
+          tp.b = guess;
+          tp.s = t - first;
+          tp.valid = true;
+          seq_tokens = end - first;
+        } else {
+          tp = Rope::template locate<false>(p, t);
+          if (packed_search && tp.valid) {
+            seq_tokens = (long long)__ldg(p.cu_seqlens + tp.b + 1) - __ldg(p.cu_seqlens + tp.b);
+            if (kCache == kCachePaged || kCache == kCacheContiguous)
+              fetch = cache_fetch(fp, tp, tp.b, t);
+          }
+        }
+      }
       const bool valid = live && tp.valid;
+      CachePending pending = {0, 0, false};
+      bool bad = false;
+      if (kCache != kCacheNone && valid) pending = cache_place(fp, fetch, tp, seq_tokens, &bad);
       float cs[kPairsPerChunk], sn[kPairsPerChunk];
       if (Cfg::kComputed) {
         __syncthreads();  // the previous token's readers are done
@@ -354,38 +457,47 @@ struct FusedKernel {
         __syncthreads();
         if (valid && rot) Rope::angles(p, lane, 0, shared, cs, sn);
       } else if (valid && rot) {
-        Rope::angles(p, lane, Rope::positions(p, tp, t), shared, cs, sn, f);
+        Rope::angles(p, lane, early_position ? pos3 : Rope::positions(p, tp, t), shared, cs, sn, f);
       }
+
+      // Step 3.
       CacheDest dest = {0, false};
       if (kCache != kCacheNone && valid) {
-        bool bad = false;
-        dest = cache_dest(fp, tp, t, &bad);
+        dest = cache_dest(fp, pending, &bad);
         // Counted once per token: by the first thread of its first head group.
         if (bad && fp.cache.skipped && threadIdx.x == 0 && threadIdx.y == 0 && blockIdx.y == 0)
           atomicAdd(fp.cache.skipped, 1);
       }
       for (int hb = 0; hb < total; hb += step) {  // the same trip count in every thread
         if (hb > 0)
-          load_batch(hb, q, k, v, loadable, in_head, col, two, hq, hk, total, x, kind, idx, act);
+          load_batch(hb, q, k, v, loadable, in_head, col, two, hq, hk, total, xr, kind, idx, act);
 #pragma unroll
         for (int j = 0; j < kHpt; ++j) act[j] = act[j] && valid;
 
+        // The norm's sums come from the loaded vectors; each head is widened to fp32 only for
+        // its own scaling, rotation and stores, so one head's floats are live at a time.
+        float ss[kHpt];
+        float q_inv = 0.0f, k_inv = 0.0f;
         if (kNorm != kNormNone) {
-          float ss[kHpt];
 #pragma unroll
           for (int j = 0; j < kHpt; ++j) {
             ss[j] = 0.0f;
             if (act[j] && kind[j] < 2) {
 #pragma unroll
-              for (int m = 0; m < kVec; ++m) ss[j] = fmaf(x[j].lo[m], x[j].lo[m], ss[j]);
+              for (int m = 0; m < kVec; ++m) {
+                const float a = xr[j].lo.get(m);
+                ss[j] = fmaf(a, a, ss[j]);
+              }
               if (two) {
 #pragma unroll
-                for (int m = 0; m < kVec; ++m) ss[j] = fmaf(x[j].hi[m], x[j].hi[m], ss[j]);
+                for (int m = 0; m < kVec; ++m) {
+                  const float a = xr[j].hi.get(m);
+                  ss[j] = fmaf(a, a, ss[j]);
+                }
               }
             }
           }
           row_sum(ss, scratch, mask);
-          float q_inv = 0.0f, k_inv = 0.0f;
           if (kNorm == kNormRmsAllHeads) {
             // One pass holds every q and k head of the token (the host checks rows * heads
             // per thread >= q + k heads): per-head sums, then their total in a fixed order.
@@ -404,26 +516,26 @@ struct FusedKernel {
             q_inv = 1.0f / sqrtf(qs / float(hq * Cfg::kHeadDim) + fp.norm_eps);
             k_inv = 1.0f / sqrtf(ks / float((hk > 0 ? hk : 1) * Cfg::kHeadDim) + fp.norm_eps);
           }
-#pragma unroll
-          for (int j = 0; j < kHpt; ++j) {
-            if (!act[j] || kind[j] == 2) continue;
-            const bool is_q = kind[j] == 0;
-            if (kNorm == kNormRmsAllHeads) {
-              Slice w;  // a weight per element of the projection: this head's row
-              load_weight(is_q ? fp.q_norm_w : fp.k_norm_w, (long long)idx[j] * Cfg::kHeadDim + col,
-                          two, w);
-              scale_slice(x[j], is_q ? q_inv : k_inv, w, two);
-            } else {
-              scale_slice(x[j], 1.0f / sqrtf(ss[j] / float(Cfg::kHeadDim) + fp.norm_eps), wq, wk,
-                          is_q, two);
-            }
-          }
         }
 
 #pragma unroll
         for (int j = 0; j < kHpt; ++j) {
           if (!act[j]) continue;
-          if (rot && kind[j] < 2) rotate(x[j], cs, sn);
+          Slice x;
+          widen(xr[j], two, x);
+          if (kNorm != kNormNone && kind[j] < 2) {
+            const bool is_q = kind[j] == 0;
+            if (kNorm == kNormRmsAllHeads) {
+              Slice w;  // a weight per element of the projection: this head's row
+              load_weight(is_q ? fp.q_norm_w : fp.k_norm_w, (long long)idx[j] * Cfg::kHeadDim + col,
+                          two, w);
+              scale_slice(x, is_q ? q_inv : k_inv, w, two);
+            } else {
+              scale_slice(x, 1.0f / sqrtf(ss[j] / float(Cfg::kHeadDim) + fp.norm_eps), wq, wk, is_q,
+                          two);
+            }
+          }
+          if (rot && kind[j] < 2) rotate(x, cs, sn);
           const int elem_off = col;
           if (kind[j] == 0 || (kind[j] == 1 && Cfg::kWriteK)) {
             const TokenRows& r = kind[j] == 0 ? q : k;
@@ -433,14 +545,14 @@ struct FusedKernel {
                     ? const_cast<char*>(r.in) + idx[j] * r.in_head + elem_off * int(sizeof(Raw))
                     : (kind[j] == 0 ? q_out : k_out) +
                           (idx[j] * o.out_stride_head + elem_off) * (long long)sizeof(OutRaw);
-            store_slice<kOutDType>(dst, two, x[j], fp.out_scale);
+            store_slice<kOutDType>(dst, two, x, fp.out_scale);
           }
           if (kCache != kCacheNone && kind[j] > 0 && dest.write) {
             const bool is_k = kind[j] == 1;
             char* base_ptr = static_cast<char*>(is_k ? fp.cache.k : fp.cache.v);
             const long long off = dest.offset + idx[j] * fp.cache.stride_head + elem_off;
             store_slice<kCacheDType>(base_ptr + off * int(sizeof(typename Elem<kCacheDType>::Raw)),
-                                     two, x[j], is_k ? fp.cache.k_scale : fp.cache.v_scale);
+                                     two, x, is_k ? fp.cache.k_scale : fp.cache.v_scale);
           }
         }
       }

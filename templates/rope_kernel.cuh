@@ -67,6 +67,15 @@ struct RopeKernel {
   static_assert(kPairsPerChunk >= 1 && kPairs % kPairsPerChunk == 0, "vector width vs R");
   static_assert((Cfg::kHeadDim - Cfg::kRotaryDim) % Cfg::kVec == 0, "vector width vs tail");
 
+  // The sequence that equal lengths would give packed token t < tokens (exact for decode, one
+  // token per sequence), in 0..batch-1; batch > 0.
+  static __device__ __forceinline__ long long guess_sequence(const RopeParams& p, long long t) {
+    const unsigned long long n = (unsigned long long)t * (unsigned long long)p.batch;
+    const long long g = n >> 32 == 0 ? (long long)(unsigned(n) / unsigned(p.tokens))
+                                     : (long long)(n / (unsigned long long)p.tokens);
+    return g < p.batch - 1 ? g : p.batch - 1;
+  }
+
   // kGuess: first try the sequence that equal lengths would give (one round of loads; exact for
   // decode, one token per sequence), then search. The fused kernel's cache placement waits on
   // this, where a binary search over 64 sequences is six dependent loads.
@@ -83,10 +92,7 @@ struct RopeKernel {
         return tp;
       const int* cu = p.cu_seqlens;
       if (kGuess && p.batch > 0) {
-        const unsigned long long n = (unsigned long long)t * (unsigned long long)p.batch;
-        long long g = n >> 32 == 0 ? (long long)(unsigned(n) / unsigned(p.tokens))
-                                   : (long long)(n / (unsigned long long)p.tokens);
-        if (g > p.batch - 1) g = p.batch - 1;
+        const long long g = guess_sequence(p, t);
         const long long first = __ldg(cu + g), end = __ldg(cu + g + 1);
         if (first <= t && t < end) {
           tp.b = g;
