@@ -14,10 +14,9 @@
 //     graph replay on the H100 that took 1 / 16 / 64 / 256 tokens from 1.80 / 1.86 / 1.98 /
 //     2.54 to 1.57 / 1.70 / 1.89 / 2.52 µs per call, the best or within 0.03 µs of the best
 //     grouping tried at every size (bench/RESULTS.md, "Head groups"). Fused keys take the same
-//     launch (a head's lanes still reduce inside one block): their decode had run one token's
-//     48 heads in one block, two per thread, and was bound by the length of each warp's
-//     instruction stream (bench/RESULTS.md, "Fused decode"). A norm over all heads keeps a
-//     token's heads in one block;
+//     launch up to 64 tokens (a head's lanes still reduce inside one block), and the two-head
+//     kernel over a token's heads in one block above (fused_config). A norm over all heads
+//     keeps a token's heads in one block;
 //   - many tokens: two heads per thread in one pass (cos/sin fetched once for both), one token
 //     per block unless blocks would be tiny, and a one-shot grid: small blocks keep the SMs
 //     evenly loaded to the last wave, which measured better than persistent grids;
@@ -34,11 +33,12 @@
 namespace ropejit::autotune {
 namespace {
 
-constexpr int32_t kHeadsPerThread = 2;     // as detail::prefill_variant
-constexpr int32_t kMinBlockThreads = 64;   // 32 resident blocks x 64 threads fill an SM
-constexpr int64_t kDecodeBlocksPerSm = 4;  // token bucket <= this * SMs: a decode-sized call
-constexpr double kTwoPassGbpsPerSm = 30;   // DRAM GB/s per SM from which prefill takes 2 passes
-constexpr int32_t kDecodeGroupRows = 10;   // heads per block when decode deals them over blocks
+constexpr int32_t kHeadsPerThread = 2;       // as detail::prefill_variant
+constexpr int32_t kMinBlockThreads = 64;     // 32 resident blocks x 64 threads fill an SM
+constexpr int64_t kDecodeBlocksPerSm = 4;    // token bucket <= this * SMs: a decode-sized call
+constexpr double kTwoPassGbpsPerSm = 30;     // DRAM GB/s per SM from which prefill takes 2 passes
+constexpr int32_t kDecodeGroupRows = 10;     // heads per block when decode deals them over blocks
+constexpr int64_t kFusedGroupedTokens = 64;  // fused keys: head groups up to this token bucket
 
 // Decode-sized calls, plain and fused alike (not a norm over all heads, which needs every head
 // of a token in one block): the one-head kernel, one token per block, the token's heads dealt
@@ -58,18 +58,22 @@ detail::LaunchConfig decode_config(const Spec& c, const detail::CallShape& shape
   return cfg;
 }
 
-// Fused keys at prefill sizes (a whole head per row of lanes, a head reduction per norm,
-// dependent loads for the cache placement): what `ropejit tune` picked for the Qwen3-style step
-// on the H100 (bench/RESULTS.md, "Fused"): two rows and as many tokens as fill 512 threads,
-// looping over the heads (r2_z16: 77% of copy at 4096 tokens against 57% with a row per head
-// pair).
-detail::LaunchConfig fused_prefill_config(const Spec& c, const detail::CallShape& shape,
-                                          detail::LaunchConfig cfg) {
+// Fused keys above kFusedGroupedTokens (a whole head per row of lanes, a head reduction per
+// norm, the cache placement computed by every thread): the two-head kernel. Decode sizes cover a
+// token's heads in one pass, one token per block: from 128 tokens on the one-head kernel's
+// per-thread work (every thread places its token) outweighs its shorter chains (graph-replayed
+// Qwen3 step on the H100, 256 tokens: 4.8 µs against 6.2-6.6 with head groups; bench/
+// RESULTS.md, "Fused decode"). Prefill: what `ropejit tune` picked for that step: two rows and as
+// many tokens as fill 512 threads, looping over the heads (r2_z16: 77% of copy at 4096 tokens
+// against 57% with a row per head pair).
+detail::LaunchConfig fused_config(const Spec& c, const detail::CallShape& shape,
+                                  detail::LaunchConfig cfg, bool decode) {
   const int32_t x = detail::chunks(c, cfg.kernel.vec);
   const int32_t heads = std::max(shape.q_heads + shape.k_heads + shape.v_heads, 1);
   const int32_t max_rows = std::max(1, cfg.kernel.max_threads / x);
-  cfg.rows = std::min({2, max_rows, heads});
-  cfg.tokens_per_block = std::max(1, std::min(64, cfg.kernel.max_threads / (x * cfg.rows)));
+  cfg.rows = decode ? std::min(max_rows, (heads + 1) / 2) : std::min({2, max_rows, heads});
+  cfg.tokens_per_block =
+      decode ? 1 : std::max(1, std::min(64, cfg.kernel.max_threads / (x * cfg.rows)));
   detail::set_persistent(cfg, 0);
   return cfg;
 }
@@ -86,8 +90,10 @@ detail::LaunchConfig heuristic_config(const Spec& c, const detail::CallShape& sh
   // Decided on the token bucket, as the plan that remembers this choice is keyed by it.
   const bool decode =
       detail::token_bucket(shape.tokens) <= kDecodeBlocksPerSm * std::max(device.sm_count, 1);
-  if (decode && c.norm != Norm::rms_all_heads) return decode_config(c, shape, cfg);
-  if (c.fused() && c.norm != Norm::rms_all_heads) return fused_prefill_config(c, shape, cfg);
+  if (decode && c.norm != Norm::rms_all_heads &&
+      (!c.fused() || detail::token_bucket(shape.tokens) <= kFusedGroupedTokens))
+    return decode_config(c, shape, cfg);
+  if (c.fused() && c.norm != Norm::rms_all_heads) return fused_config(c, shape, cfg, decode);
   // A norm over all heads needs every q and k head in the block's first pass.
   const bool two_passes = c.norm != Norm::rms_all_heads &&
                           device.memory_gbps / std::max(device.sm_count, 1) >= kTwoPassGbpsPerSm &&

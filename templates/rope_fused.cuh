@@ -84,8 +84,10 @@ struct FusedKernel {
   //   cache_dest: that page number checked, the offset.
   // An index read from device memory that puts a token outside the cache sets `bad` (the token
   // is then skipped and counted); a negative slot means "do not write".
+  // As loaded: converted only in cache_place, so that no conversion sits between the loads.
   struct CacheFetch {
-    long long a, b, c;
+    long long slot;
+    int a, b, c;
   };
   struct CachePending {
     long long page, slot;
@@ -96,10 +98,10 @@ struct FusedKernel {
                                                            const TokenPlace& tp, long long b,
                                                            long long t) {
     const CacheParams& c = fp.cache;
-    CacheFetch f = {0, 0, 0};
+    CacheFetch f = {0, 0, 0, 0};
     if (kCache == kCacheSlots) {
       // Indexed like position ids: (sequence, index) order, whatever the layout's token walk.
-      f.a = __ldg(c.slot_mapping + Rope::id_index(fp.rope, tp, t));
+      f.slot = __ldg(c.slot_mapping + Rope::id_index(fp.rope, tp, t));
     } else if (kCache == kCachePaged) {
       f.a = __ldg(c.indptr + b);
       f.b = __ldg(c.indptr + b + 1);
@@ -118,8 +120,8 @@ struct FusedKernel {
     const CacheParams& c = fp.cache;
     CachePending d = {0, 0, false};
     if (kCache == kCacheSlots) {
-      if (f.a < 0) return d;  // "do not write this token" (padding, speculative decoding)
-      d.page = div_nonneg(f.a, c.page_size, &d.slot);
+      if (f.slot < 0) return d;  // "do not write this token" (padding, speculative decoding)
+      d.page = div_nonneg(f.slot, c.page_size, &d.slot);
       if (d.page >= c.pages) {
         *bad = true;
         return d;
@@ -360,16 +362,17 @@ struct FusedKernel {
     float2* shared = angles_base + threadIdx.z * kPairs;
 
     // Per-head norm weights for this lane's slice, loaded once for every token and head.
+    // Unconditional loads from addresses inside the weights (lanes past the head read element
+    // 0, no k heads read q's weights): a conditional load's merge would be a use of it.
     RawSlice wq, wk;
     if (kNorm == kNormRms || kNorm == kNormRmsOnePlus) {
-      if (in_head) {
-        wq.lo.load_ro(static_cast<const Raw*>(fp.q_norm_w) + col);
-        if (two) wq.hi.load_ro(static_cast<const Raw*>(fp.q_norm_w) + col + kPairs);
-        if (hk > 0) {
-          wk.lo.load_ro(static_cast<const Raw*>(fp.k_norm_w) + col);
-          if (two) wk.hi.load_ro(static_cast<const Raw*>(fp.k_norm_w) + col + kPairs);
-        }
-      }
+      const Raw* wq_ptr = static_cast<const Raw*>(fp.q_norm_w);
+      const Raw* wk_ptr = hk > 0 ? static_cast<const Raw*>(fp.k_norm_w) : wq_ptr;
+      const int lo_at = in_head ? col : 0, hi_at = in_head && two ? col + kPairs : lo_at;
+      wq.lo.load_ro(wq_ptr + lo_at);
+      wq.hi.load_ro(wq_ptr + hi_at);
+      wk.lo.load_ro(wk_ptr + lo_at);
+      wk.hi.load_ro(wk_ptr + hi_at);
     }
 
     // A token goes in three steps of loads, each issued whole before anything waits on it
@@ -416,13 +419,14 @@ struct FusedKernel {
       const bool packed_search =
           Cfg::kPacked &&
           !((Cfg::kPosMode == kPosIds || Cfg::kPosMode == kPosMrope) && !Cfg::kNeedSequence);
-      long long guess = 0, first = 0, end = 0;
+      long long guess = 0;
+      int first = 0, end = 0;  // as loaded
       if (packed_search && live && p.batch > 0) {
         guess = Rope::guess_sequence(p, t);
         first = __ldg(p.cu_seqlens + guess);
         end = __ldg(p.cu_seqlens + guess + 1);
       }
-      CacheFetch fetch = {0, 0, 0};
+      CacheFetch fetch = {0, 0, 0, 0};
       const bool fetch_early = kCache == kCacheSlots || !Cfg::kPacked || packed_search;
       if (kCache != kCacheNone && fetch_early && live &&
           (!Cfg::kPacked || kCache == kCacheSlots || p.batch > 0)) {
@@ -436,7 +440,7 @@ struct FusedKernel {
           tp.b = guess;
           tp.s = t - first;
           tp.valid = true;
-          seq_tokens = end - first;
+          seq_tokens = (long long)end - first;
         } else {
           tp = Rope::template locate<false>(p, t);
           if (packed_search && tp.valid) {

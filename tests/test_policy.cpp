@@ -179,6 +179,10 @@ TEST_CASE("heuristic: two kernel variants for every shape and the decode and pre
   detail::CallShape with_v = shape_of(1, 32, 8);
   with_v.v_heads = 8;
   CHECK(autotune::heuristic_config(fused, with_v, dev).name() == "v8h1t512_r10_z1_g0_y5");
+  with_v.tokens = 64;
+  CHECK(autotune::heuristic_config(fused, with_v, dev).name() == "v8h1t512_r10_z1_g0_y5");
+  with_v.tokens = 65;  // bucket 128: the two-head kernel, a token's heads in one block
+  CHECK(autotune::heuristic_config(fused, with_v, dev).name() == "v8h2t512_r24_z1_g0");
   with_v.tokens = 4096;
   CHECK(autotune::heuristic_config(fused, with_v, dev).name() == "v8h2t512_r2_z32_g0");
   Spec all_heads = c;
