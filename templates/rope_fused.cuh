@@ -91,6 +91,7 @@ struct FusedKernel {
   };
   struct CachePending {
     long long page, slot;
+    int loaded_page;  // paged: as loaded, checked and widened in cache_dest
     bool write;
   };
 
@@ -118,7 +119,7 @@ struct FusedKernel {
                                                              const TokenPlace& tp,
                                                              long long seq_tokens, bool* bad) {
     const CacheParams& c = fp.cache;
-    CachePending d = {0, 0, false};
+    CachePending d = {0, 0, 0, false};
     if (kCache == kCacheSlots) {
       if (f.slot < 0) return d;  // "do not write this token" (padding, speculative decoding)
       d.page = div_nonneg(f.slot, c.page_size, &d.slot);
@@ -135,7 +136,7 @@ struct FusedKernel {
         *bad = true;
         return d;
       }
-      d.page = __ldg(c.indices + start + div_nonneg(pos, c.page_size, &d.slot));
+      d.loaded_page = __ldg(c.indices + start + div_nonneg(pos, c.page_size, &d.slot));
     } else {  // contiguous: row tp.b of the cache, after the tokens it holds
       const long long held = f.a;
       d.slot = held + tp.s;
@@ -154,11 +155,12 @@ struct FusedKernel {
     const CacheParams& c = fp.cache;
     CacheDest r = {0, false};
     if (!d.write) return r;
-    if (kCache == kCachePaged && (d.page < 0 || d.page >= c.pages)) {
+    const long long page = kCache == kCachePaged ? (long long)d.loaded_page : d.page;
+    if (kCache == kCachePaged && (page < 0 || page >= c.pages)) {
       *bad = true;
       return r;
     }
-    r.offset = d.page * c.stride_page + d.slot * c.stride_slot;
+    r.offset = page * c.stride_page + d.slot * c.stride_slot;
     r.write = true;
     return r;
   }
@@ -405,7 +407,10 @@ struct FusedKernel {
           k_out = out_row(p.k, tp, t);
         }
       }
-      // Step 1.
+      // Step 1. Every load here reads an address inside its array whatever the thread (a
+      // thread past the last token reads the last token's), so none needs a branch: a branch
+      // would end the run of loads the compiler may issue together.
+      const long long tc = live ? t : p.tokens - 1;  // the launch has tokens >= 1
       RawSlice xr[kHpt];
       int kind[kHpt], idx[kHpt];  // 0 q, 1 k, 2 v; index within its kind
       bool act[kHpt];
@@ -414,29 +419,27 @@ struct FusedKernel {
       const bool early_position = !Cfg::kComputed && (!Cfg::kPacked || Cfg::kPosMode == kPosIds ||
                                                       Cfg::kPosMode == kPosMrope);
       typename Rope::Positions3 pos3 = {{0, 0, 0}};
-      if (early_position && loadable && rot) pos3 = Rope::positions(p, tp, t);
-      // A packed token's sequence: the guess's bounds now, checked in step 2.
+      if (early_position) pos3 = Rope::positions(p, tp, tc);
+      // A packed token's sequence: the bounds of the guess, checked in step 2 (cu_seqlens has
+      // batch + 1 >= 2 entries whenever it is needed).
       const bool packed_search =
           Cfg::kPacked &&
           !((Cfg::kPosMode == kPosIds || Cfg::kPosMode == kPosMrope) && !Cfg::kNeedSequence);
       long long guess = 0;
       int first = 0, end = 0;  // as loaded
-      if (packed_search && live && p.batch > 0) {
-        guess = Rope::guess_sequence(p, t);
+      if (packed_search) {
+        guess = Rope::guess_sequence(p, tc);
         first = __ldg(p.cu_seqlens + guess);
         end = __ldg(p.cu_seqlens + guess + 1);
       }
+      // The cache row of that sequence (dense: the token's own), or the token's slot.
       CacheFetch fetch = {0, 0, 0, 0};
-      const bool fetch_early = kCache == kCacheSlots || !Cfg::kPacked || packed_search;
-      if (kCache != kCacheNone && fetch_early && live &&
-          (!Cfg::kPacked || kCache == kCacheSlots || p.batch > 0)) {
-        if (Cfg::kPacked || tp.valid) fetch = cache_fetch(fp, tp, Cfg::kPacked ? guess : tp.b, t);
-      }
+      if (kCache != kCacheNone) fetch = cache_fetch(fp, tp, Cfg::kPacked ? guess : tp.b, tc);
 
       // Step 2.
       long long seq_tokens = p.seq_len;  // the token's sequence length in this call
       if (Cfg::kPacked && live) {
-        if (packed_search && p.batch > 0 && first <= t && t < end) {
+        if (packed_search && first <= t && t < end) {
           tp.b = guess;
           tp.s = t - first;
           tp.valid = true;
@@ -451,20 +454,26 @@ struct FusedKernel {
         }
       }
       const bool valid = live && tp.valid;
-      CachePending pending = {0, 0, false};
-      bool bad = false;
-      if (kCache != kCacheNone && valid) pending = cache_place(fp, fetch, tp, seq_tokens, &bad);
       float cs[kPairsPerChunk], sn[kPairsPerChunk];
+      bool table_outside = false;  // poisoned in step 3
       if (Cfg::kComputed) {
         __syncthreads();  // the previous token's readers are done
         Rope::share_angles(p, valid ? tp : TokenPlace{0, 0, false}, t, shared, f);
         __syncthreads();
         if (valid && rot) Rope::angles(p, lane, 0, shared, cs, sn);
       } else if (valid && rot) {
-        Rope::angles(p, lane, early_position ? pos3 : Rope::positions(p, tp, t), shared, cs, sn, f);
+        Rope::angles(p, lane, early_position ? pos3 : Rope::positions(p, tp, t), shared, cs, sn, f,
+                     &table_outside);
       }
+      CachePending pending = {0, 0, 0, false};
+      bool bad = false;
+      if (kCache != kCacheNone && valid) pending = cache_place(fp, fetch, tp, seq_tokens, &bad);
 
       // Step 3.
+      if (table_outside) {
+#pragma unroll
+        for (int j = 0; j < kPairsPerChunk; ++j) cs[j] = sn[j] = __int_as_float(0x7fc00000);
+      }
       CacheDest dest = {0, false};
       if (kCache != kCacheNone && valid) {
         dest = cache_dest(fp, pending, &bad);

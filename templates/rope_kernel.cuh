@@ -205,9 +205,13 @@ struct RopeKernel {
   }
 
   // The same with mRoPE's per-pair positions (the pair's row of `pos3`, by f->rows).
+  // `outside`: when given, a table position outside the table is reported there instead of
+  // poisoning cs/sn at once (the caller poisons them later: a select right after the loads
+  // would make the thread wait for them there).
   static __device__ __forceinline__ void angles(const RopeParams& p, int chunk,
                                                 const Positions3& pos3, const float2* shared,
-                                                float* cs, float* sn, const Pairs* f) {
+                                                float* cs, float* sn, const Pairs* f,
+                                                bool* outside = nullptr) {
     const long long pos = pos3.v[0];
     if (Cfg::kComputed) {
       // Computed once per token by the whole block (share_angles); (cos, sin) pairs.
@@ -267,7 +271,9 @@ struct RopeKernel {
           sn[j] = table_load<Cfg::kTableDType>(p.sin, row + col);
         }
       }
-      if (!inside) {
+      if (outside) {
+        *outside = !inside;
+      } else if (!inside) {
 #pragma unroll
         for (int j = 0; j < kPairsPerChunk; ++j) cs[j] = sn[j] = __int_as_float(0x7fc00000);
       }
