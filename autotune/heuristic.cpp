@@ -33,12 +33,13 @@
 namespace ropejit::autotune {
 namespace {
 
-constexpr int32_t kHeadsPerThread = 2;       // as detail::prefill_variant
-constexpr int32_t kMinBlockThreads = 64;     // 32 resident blocks x 64 threads fill an SM
-constexpr int64_t kDecodeBlocksPerSm = 4;    // token bucket <= this * SMs: a decode-sized call
-constexpr double kTwoPassGbpsPerSm = 30;     // DRAM GB/s per SM from which prefill takes 2 passes
-constexpr int32_t kDecodeGroupRows = 10;     // heads per block when decode deals them over blocks
-constexpr int64_t kFusedGroupedTokens = 64;  // fused keys: head groups up to this token bucket
+constexpr int32_t kHeadsPerThread = 2;         // as detail::prefill_variant
+constexpr int32_t kMinBlockThreads = 64;       // 32 resident blocks x 64 threads fill an SM
+constexpr int64_t kDecodeBlocksPerSm = 4;      // token bucket <= this * SMs: a decode-sized call
+constexpr double kTwoPassGbpsPerSm = 30;       // DRAM GB/s per SM from which prefill takes 2 passes
+constexpr int32_t kDecodeGroupRows = 10;       // heads per block when decode deals them over blocks
+constexpr int64_t kFusedGroupedTokens = 64;    // fused keys: head groups up to this token bucket
+constexpr int32_t kFusedPrefillThreads = 128;  // fused keys' prefill blocks: tokens to fill this
 
 // Decode-sized calls, plain and fused alike (not a norm over all heads, which needs every head
 // of a token in one block): the one-head kernel, one token per block, the token's heads dealt
@@ -63,9 +64,11 @@ detail::LaunchConfig decode_config(const Spec& c, const detail::CallShape& shape
 // token's heads in one pass, one token per block: from 128 tokens on the one-head kernel's
 // per-thread work (every thread places its token) outweighs its shorter chains (graph-replayed
 // Qwen3 step on the H100, 256 tokens: 4.8 µs against 6.2-6.6 with head groups; bench/
-// RESULTS.md, "Fused decode"). Prefill: what `ropejit tune` picked for that step: two rows and as
-// many tokens as fill 512 threads, looping over the heads (r2_z16: 77% of copy at 4096 tokens
-// against 57% with a row per head pair).
+// RESULTS.md, "Fused decode"). Prefill: what `ropejit tune` picked for that step on the H100 and
+// the H200: two rows (looping over the heads; a row per head pair took 57% of copy at 4096
+// tokens where two rows took 77%, before the load steps) and as many tokens as fill 128
+// threads, of the 256-thread kernel (v8h2t256_r2_z8: the best candidate at 4096 and 32768
+// tokens on the H100 and at 32768 on the H200, 0.3-3% ahead of r2_z32 with 512 threads).
 detail::LaunchConfig fused_config(const Spec& c, const detail::CallShape& shape,
                                   detail::LaunchConfig cfg, bool decode) {
   const int32_t x = detail::chunks(c, cfg.kernel.vec);
@@ -73,7 +76,7 @@ detail::LaunchConfig fused_config(const Spec& c, const detail::CallShape& shape,
   const int32_t max_rows = std::max(1, cfg.kernel.max_threads / x);
   cfg.rows = decode ? std::min(max_rows, (heads + 1) / 2) : std::min({2, max_rows, heads});
   cfg.tokens_per_block =
-      decode ? 1 : std::max(1, std::min(64, cfg.kernel.max_threads / (x * cfg.rows)));
+      decode ? 1 : std::max(1, std::min(64, kFusedPrefillThreads / (x * cfg.rows)));
   detail::set_persistent(cfg, 0);
   return cfg;
 }

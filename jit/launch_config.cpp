@@ -152,26 +152,38 @@ int64_t token_bucket(int64_t tokens) {
   return b;
 }
 
-// 512 threads: the bound the tuner's winners share on the H100 and the H200 (bench/RESULTS.md,
-// "Memory roofline"); 2 heads per thread for prefill, which fetches cos/sin once for both.
-KernelVariant prefill_variant(const Spec& c, int32_t align_bytes, int32_t table_align) {
+namespace {
+
+// The widest vectors the call allows, `hpt` heads per thread, at least `threads` as the bound.
+KernelVariant variant_with(const Spec& c, int32_t align_bytes, int32_t table_align, int32_t hpt,
+                           int32_t threads) {
   KernelVariant v;
   v.vec = max_vec(c, align_bytes);
   v.table_vec = table_vectors_ok(c, v.vec, table_align);
-  v.heads_per_thread = 2;
+  v.heads_per_thread = hpt;
   const int32_t x = chunks(c, v.vec);
-  v.max_threads = 512;
+  v.max_threads = threads;
   while (v.max_threads < x) v.max_threads *= 2;
   return v;
+}
+
+}  // namespace
+
+// 512 threads: the bound the tuner's winners share on the H100 and the H200 (bench/RESULTS.md,
+// "Memory roofline"); 2 heads per thread for prefill, which fetches cos/sin once for both.
+// Fused keys take 256: the tuner's winners at 4096 and 32768 tokens on both GPUs (more
+// registers for the norm, FP8 and cache placement; bench/RESULTS.md, "Fused decode"), except a
+// norm over all heads, whose block holds every q and k head of a token (up to 2 x 512 / chunks).
+KernelVariant prefill_variant(const Spec& c, int32_t align_bytes, int32_t table_align) {
+  const bool fused_256 = c.fused() && c.norm != Norm::rms_all_heads;
+  return variant_with(c, align_bytes, table_align, 2, fused_256 ? 256 : 512);
 }
 
 // One head per thread: fewer registers and less code before the first load, 9% faster per
 // graph-replayed decode call than the two-head kernel running one head (bench/RESULTS.md,
 // "Decode under graph replay, per launch").
 KernelVariant decode_variant(const Spec& c, int32_t align_bytes, int32_t table_align) {
-  KernelVariant v = prefill_variant(c, align_bytes, table_align);
-  v.heads_per_thread = 1;
-  return v;
+  return variant_with(c, align_bytes, table_align, 1, 512);
 }
 
 std::vector<KernelVariant> default_variants(const Spec& c, int32_t align_bytes,

@@ -182,9 +182,11 @@ TEST_CASE("heuristic: two kernel variants for every shape and the decode and pre
   with_v.tokens = 64;
   CHECK(autotune::heuristic_config(fused, with_v, dev).name() == "v8h1t512_r10_z1_g0_y5");
   with_v.tokens = 65;  // bucket 128: the two-head kernel, a token's heads in one block
-  CHECK(autotune::heuristic_config(fused, with_v, dev).name() == "v8h2t512_r24_z1_g0");
-  with_v.tokens = 4096;
-  CHECK(autotune::heuristic_config(fused, with_v, dev).name() == "v8h2t512_r2_z32_g0");
+  CHECK(autotune::heuristic_config(fused, with_v, dev).name() == "v8h2t256_r24_z1_g0");
+  with_v.tokens = 4096;  // prefill: the 256-thread two-head kernel in blocks of 128 threads
+  CHECK(autotune::heuristic_config(fused, with_v, dev).name() == "v8h2t256_r2_z8_g0");
+  CHECK(detail::prefill_variant(fused, 16).max_threads == 256);
+  CHECK(detail::decode_variant(fused, 16).max_threads == 512);
   Spec all_heads = c;
   all_heads.norm = Norm::rms_all_heads;
   all_heads = all_heads.canonical();
