@@ -1,5 +1,5 @@
 """ctypes mirror of include/ropejit/ropejit.h: every struct field for field (the fused-call
-fields too, though the package exposes only plain RoPE and the decode block's projection), the enum values, the
+fields, which ropejit.fused fills), the enum values, the
 prototypes, and the load of the bundled libropejit.so with its struct-size check."""
 
 import ctypes

@@ -15,8 +15,8 @@ class Spec:
     """The plain-RoPE axes of a kernel (ropejit::Spec); values are the names keys use.
     rotary_dim 0 means head_dim. positions: offset, seq_offsets, ids, mrope (three rows of ids);
     freqs: table, computed, or a scaled variant computed in the kernel (linear, dynamic_ntk,
-    llama3, yarn, longrope). (The fused axes of the C API, QK-norm, FP8 outputs and the KV
-    cache, are not exposed by the package.)"""
+    llama3, yarn, longrope). (The fused axes, QK-norm, FP8 outputs and the KV cache, are not
+    part of it: ropejit.fused.qk_norm_rope derives them from its arguments.)"""
 
     layout: str = "bshd"
     dtype: str = "bf16"

@@ -49,6 +49,8 @@ def _torch_dtype(dtype):
         import torch
         _TORCH_DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16",
                          torch.int32: "i32", torch.int64: "i64"}
+        if hasattr(torch, "float8_e4m3fn"):  # FP8 outputs and caches of the fused keys
+            _TORCH_DTYPES[torch.float8_e4m3fn] = "e4m3"
     return _TORCH_DTYPES.get(dtype) or str(dtype).replace("torch.", "")
 
 
@@ -95,7 +97,8 @@ def _row_major(shape):
 _DL_DEVICES = {1: "cpu", 2: "cuda", 3: "cuda_host", 4: "opencl", 7: "vulkan", 8: "metal",
                9: "vpi", 10: "rocm", 11: "rocm_host", 13: "cuda_managed", 14: "oneapi"}
 _DL_CUDA = 2
-_DL_DTYPES = {(2, 32): "f32", (2, 16): "f16", (4, 16): "bf16", (0, 32): "i32", (0, 64): "i64"}
+_DL_DTYPES = {(2, 32): "f32", (2, 16): "f16", (4, 16): "bf16", (0, 32): "i32", (0, 64): "i64",
+              (10, 8): "e4m3"}  # kDLFloat8_e4m3fn
 _DL_CODE_NAMES = {0: "int", 1: "uint", 2: "float", 4: "bfloat", 5: "complex", 6: "bool"}
 
 

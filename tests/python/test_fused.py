@@ -1,0 +1,208 @@
+"""ropejit.fused.qk_norm_rope's argument checks and the structs it fills, with stand-in tensors
+(fake device pointers behind __cuda_array_interface__ or DLPack): every bad input is refused
+with a message naming the argument before anything reaches the C API; good input fills the spec
+(its key) and the cache descriptor field by field. The kernels themselves: tests/python/
+test_gpu.py (against float64) and the C++ GPU suite."""
+
+import ctypes
+
+import pytest
+from conftest import FAKE_PTR, CudaArray, DLPackArray
+
+import ropejit
+import ropejit.fused
+from ropejit import _call, _capi
+
+MB = 1 << 20
+T, HQ, HK, D = 3, 4, 2, 64  # three decode tokens of three sequences
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    calls = []
+    monkeypatch.setattr(_call, "launch", lambda spec, args, stream: calls.append(
+        (spec, args, stream)))
+    return calls
+
+
+def key_of(spec):
+    buf = ctypes.create_string_buffer(_capi.KEY_BUFFER)
+    _capi.check(_capi.lib.ropejit_key(ctypes.byref(spec), buf, len(buf)))
+    return buf.value.decode()
+
+
+def at(n):
+    return FAKE_PTR + n * MB
+
+
+def step(**over):
+    """A valid Qwen3-style decode step's arguments (bf16 q/k/v views of a packed QKV tensor,
+    FP8 paged cache), each overridable."""
+    token = (HQ + 2 * HK) * D
+    bf16 = dict(code=4, bits=16)
+    args = dict(
+        q=DLPackArray((T, HQ, D), strides=(token, D, 1), **bf16),
+        k=DLPackArray((T, HK, D), strides=(token, D, 1), ptr=FAKE_PTR + HQ * D * 2, **bf16),
+        v=DLPackArray((T, HK, D), strides=(token, D, 1), ptr=FAKE_PTR + (HQ + HK) * D * 2,
+                      **bf16),
+        layout="thd", cu_seqlens=CudaArray((4,), "<i4", ptr=at(1)),
+        position_ids=CudaArray((T,), "<i8", ptr=at(2)),
+        cos=CudaArray((64, D // 2), "<f4", ptr=at(3)), sin=CudaArray((64, D // 2), "<f4",
+                                                                       ptr=at(4)),
+        norm="rms", q_norm_weight=DLPackArray((D,), ptr=at(5), **bf16),
+        k_norm_weight=DLPackArray((D,), ptr=at(6), **bf16), norm_eps=1e-6,
+        q_out=DLPackArray((T, HQ, D), code=10, bits=8, ptr=at(7)), out_scale=0.5,
+        write_k=False,
+        k_cache=DLPackArray((5, 16, HK, D), code=10, bits=8, ptr=at(8)),
+        v_cache=DLPackArray((5, 16, HK, D), code=10, bits=8, ptr=at(9)),
+        kv_indptr=CudaArray((4,), "<i4", ptr=at(10)), kv_indices=CudaArray((5,), "<i4",
+                                                                          ptr=at(11)),
+        kv_last_page_len=CudaArray((3,), "<i4", ptr=at(12)), k_scale=0.25, v_scale=2.0,
+        skipped=CudaArray((1,), "<i4", ptr=at(13)))
+    args.update(over)
+    return args
+
+
+def refused(launches, match, **args):
+    with pytest.raises(ropejit.InvalidArgument, match=match) as e:
+        ropejit.fused.qk_norm_rope(**args)
+    assert launches == [], "a refused call reached the launch"
+    assert e.value.code == ropejit.ErrorCode.invalid_argument
+    return e.value
+
+
+def test_a_qwen3_fp8_paged_step_fills_the_structs(launches):
+    a = step()
+    q_written, k_written = ropejit.fused.qk_norm_rope(**a, stream=0x99)
+    assert q_written is a["q_out"] and k_written is None
+    (spec, args, stream), = launches
+    assert stream == 0x99
+    assert key_of(spec) == (
+        "rope_thd_bf16_d64_r64_neox_pos-ids-i64_tab-f32-half_q-nrms-oe4m3-cpaged-e4m3_fwd_oop")
+    assert (args.batch, args.seq_len) == (3, T)
+    assert (args.q.heads, args.q.stride_seq, args.q.stride_head) == (HQ, (HQ + 2 * HK) * D, D)
+    assert (args.v.data, args.v.heads) == (FAKE_PTR + (HQ + HK) * D * 2, HK)
+    assert (args.q_out.data, args.q_out.stride_seq) == (at(7), HQ * D)
+    assert args.k_out.data is None
+    assert (args.q_norm_weight, args.k_norm_weight, args.norm_eps) == (at(5), at(6), 1e-6)
+    assert args.out_quant_scale == 0.5
+    c = args.cache
+    assert (c.k, c.v, c.pages, c.page_size) == (at(8), at(9), 5, 16)
+    assert (c.stride_page, c.stride_slot, c.stride_head) == (16 * HK * D, HK * D, D)
+    assert (c.indptr, c.indices, c.num_indices, c.last_page_len) == (at(10), at(11), 5, at(12))
+    assert (c.k_quant_scale, c.v_quant_scale, c.skipped) == (0.25, 2.0, at(13))
+    # The shared spec of the plain path is not modified (the fused one is a copy).
+    ropejit.apply(a["q"], a["k"], cos=a["cos"], sin=a["sin"], position_ids=a["position_ids"],
+                  cu_seqlens=a["cu_seqlens"], layout="thd")
+    plain = "rope_thd_bf16_d64_r64_neox_pos-ids-i64_tab-f32-half_qk_fwd_ip"
+    assert key_of(launches[1][0]) == plain
+
+
+def test_hnd_slots_contiguous_and_in_place(launches):
+    hnd = DLPackArray((5, HK, 16, D), code=4, bits=16, ptr=at(8))
+    ropejit.fused.qk_norm_rope(**step(q_out=None, out_scale=1.0, write_k=True, kv_layout="HND",
+                                      k_cache=hnd, v_cache=DLPackArray((5, HK, 16, D), code=4,
+                                                                       bits=16, ptr=at(9))))
+    spec, args, _ = launches[-1]
+    assert key_of(spec) == "rope_thd_bf16_d64_r64_neox_pos-ids-i64_tab-f32-half_qk-nrms-cpaged_fwd_ip"
+    assert (args.cache.stride_page, args.cache.stride_slot, args.cache.stride_head) == (
+        HK * 16 * D, D, 16 * D)
+    ropejit.fused.qk_norm_rope(**step(kv_indptr=None, kv_indices=None, kv_last_page_len=None,
+                                      slot_mapping=CudaArray((T,), "<i8", ptr=at(14)),
+                                      norm="rms_one_plus"))
+    spec, args, _ = launches[-1]
+    assert "_q-nrms1p-oe4m3-cslots-e4m3_" in key_of(spec)
+    assert args.cache.slot_mapping == at(14)
+    ropejit.fused.qk_norm_rope(**step(kv_indptr=None, kv_indices=None, kv_last_page_len=None,
+                                      cache_seqlens=CudaArray((3,), "<i4", ptr=at(15)),
+                                      norm=None, q_norm_weight=None, k_norm_weight=None))
+    spec, args, _ = launches[-1]
+    assert "_q-oe4m3-ccont-e4m3_" in key_of(spec)
+    assert args.cache.seq_lens == at(15)
+    # No cache: QK-norm and RoPE in place (the diffusion / video transformer case, bshd).
+    q = DLPackArray((2, 5, HQ, D), code=4, bits=16)
+    k = DLPackArray((2, 5, HQ, D), code=4, bits=16, ptr=at(20))
+    w = DLPackArray((D,), code=4, bits=16, ptr=at(21))
+    assert ropejit.fused.qk_norm_rope(q, k, layout="bshd", base=10000.0, norm="rms",
+                                      q_norm_weight=w, k_norm_weight=w) == (q, k)
+    assert key_of(launches[-1][0]) == "rope_bshd_bf16_d64_r64_neox_pos-offset_comp_qk-nrms_fwd_ip"
+
+
+def test_norm_arguments(launches):
+    refused(launches, r"norm \('layer'\) must be one of 'rms', 'rms_one_plus', 'rms_all_heads'",
+            **step(norm="layer"))
+    refused(launches, r"norm 'rms' needs k_norm_weight", **step(k_norm_weight=None))
+    refused(launches, r"q_norm_weight is given but norm is None", **step(norm=None))
+    refused(launches, r"q_norm_weight must be contiguous with 64 elements \(head_dim\), got "
+            r"shape \[32\]", **step(q_norm_weight=DLPackArray((32,), ptr=at(5))))
+    refused(launches, r"q_norm_weight must be contiguous with 256 elements \(heads \* head_dim\), "
+            r"got shape \[64\]", **step(norm="rms_all_heads"))
+    refused(launches, r"k_norm_weight must be contiguous with 128 elements", **step(
+        norm="rms_all_heads", q_norm_weight=DLPackArray((HQ * D,), ptr=at(5))))
+    refused(launches, r"q_norm_weight.dtype \(f16\) must equal q.dtype \(bf16\)",
+            **step(q_norm_weight=DLPackArray((D,), code=2, bits=16, ptr=at(5))))
+    refused(launches, r"norm_eps \(-1.0\) must be a finite number >= 0", **step(norm_eps=-1.0))
+
+
+def test_output_arguments(launches):
+    refused(launches, r"q_out.dtype \(f16\) must be q's \(bf16\) or float8_e4m3fn",
+            **step(q_out=DLPackArray((T, HQ, D), code=2, bits=16, ptr=at(7))))
+    refused(launches, r"q_out has shape \[3, 2, 64\], q has \[3, 4, 64\]",
+            **step(q_out=DLPackArray((T, 2, D), code=10, bits=8, ptr=at(7))))
+    refused(launches, r"k_out is missing: out of place needs an output for k",
+            **step(write_k=True))
+    refused(launches, r"k_out is given but k is not written",
+            **step(k_out=DLPackArray((T, HK, D), code=10, bits=8, ptr=at(16))))
+    refused(launches, r"k_out.dtype \(bf16\) must equal q_out.dtype \(e4m3\)",
+            **step(write_k=True, k_out=DLPackArray((T, HK, D), code=4, bits=16, ptr=at(16))))
+    refused(launches, r"write_k \(1\) must be True or False", **step(write_k=1))
+    refused(launches, r"out_scale \('2'\) must be a number", **step(out_scale="2"))
+
+
+def test_cache_arguments(launches):
+    refused(launches, r"write_k=False writes k only into the KV cache, but k_cache is not given",
+            **step(k_cache=None, v_cache=None, kv_indptr=None, kv_indices=None,
+                   kv_last_page_len=None, skipped=None))
+    refused(launches, r"given without k_cache", **step(k_cache=None))
+    refused(launches, r"k_cache needs one addressing.*got paged and slots",
+            **step(slot_mapping=CudaArray((T,), "<i8", ptr=at(14))))
+    refused(launches, r"k_cache needs one addressing", **step(
+        kv_indptr=None, kv_indices=None, kv_last_page_len=None))
+    refused(launches, r"a paged cache needs kv_indptr, kv_indices and kv_last_page_len; "
+            r"kv_indices is missing", **step(kv_indices=None))
+    refused(launches, r"kv_indptr must be a contiguous 1-d tensor of 4 elements \(batch \+ 1 "
+            r"page offsets\), got shape \[3\]", **step(kv_indptr=CudaArray((3,), "<i4",
+                                                                             ptr=at(10))))
+    refused(launches, r"kv_indices.dtype \(i64\) must be i32",
+            **step(kv_indices=CudaArray((5,), "<i8", ptr=at(11))))
+    refused(launches, r"slot_mapping.dtype \(i32\) must be i64", **step(
+        kv_indptr=None, kv_indices=None, kv_last_page_len=None,
+        slot_mapping=CudaArray((T,), "<i4", ptr=at(14))))
+    refused(launches, r"kv_layout \('NDH'\) must be one of 'NHD', 'HND'", **step(kv_layout="NDH"))
+    refused(launches, r"k_cache has shape \[5, 16, 4, 64\] \(NHD\): 4 heads of 64, k has 2 of 64",
+            **step(k_cache=DLPackArray((5, 16, 4, D), code=10, bits=8, ptr=at(8))))
+    refused(launches, r"k_cache must be 4-d", **step(
+        k_cache=DLPackArray((5, 16 * HK * D), code=10, bits=8, ptr=at(8))))
+    refused(launches, r"k_cache.dtype \(f16\) must be q's \(bf16\) or float8_e4m3fn",
+            **step(k_cache=DLPackArray((5, 16, HK, D), code=2, bits=16, ptr=at(8))))
+    refused(launches, r"v_cache \(bf16 \[5, 16, 2, 64\].*must match k_cache \(e4m3",
+            **step(v_cache=DLPackArray((5, 16, HK, D), code=4, bits=16, ptr=at(9))))
+    refused(launches, r"v is given without v_cache", **step(v_cache=None))
+    refused(launches, r"v_cache is given without v", **step(v=None))
+    refused(launches, r"skipped must be a contiguous 1-d tensor of 1 elements",
+            **step(skipped=CudaArray((2,), "<i4", ptr=at(13))))
+    refused(launches, r"k_scale \(None\) must be a number", **step(k_scale=None))
+    refused(launches, r"v is given without k", **step(k=None, write_k=True, q_out=None,
+                                                      k_cache=None, v_cache=None,
+                                                      kv_indptr=None, kv_indices=None,
+                                                      kv_last_page_len=None, skipped=None,
+                                                      k_norm_weight=None))
+
+
+def test_the_library_checks_what_python_cannot(launches, monkeypatch):
+    # Overlapping cache pages and q (the C API's overlap check), reached through the real
+    # ropejit_apply: refused with the C message, before any launch (no driver needed).
+    monkeypatch.undo()
+    with pytest.raises(ropejit.InvalidArgument, match=r"args\.(cache|q)"):
+        ropejit.fused.qk_norm_rope(**step(k_cache=DLPackArray((5, 16, HK, D), code=10, bits=8),
+                                          v_cache=DLPackArray((5, 16, HK, D), code=10, bits=8)))
