@@ -104,7 +104,8 @@ def test_hnd_slots_contiguous_and_in_place(launches):
                                       k_cache=hnd, v_cache=DLPackArray((5, HK, 16, D), code=4,
                                                                        bits=16, ptr=at(9))))
     spec, args, _ = launches[-1]
-    assert key_of(spec) == "rope_thd_bf16_d64_r64_neox_pos-ids-i64_tab-f32-half_qk-nrms-cpaged_fwd_ip"
+    assert key_of(spec) == (
+        "rope_thd_bf16_d64_r64_neox_pos-ids-i64_tab-f32-half_qk-nrms-cpaged_fwd_ip")
     assert (args.cache.stride_page, args.cache.stride_slot, args.cache.stride_head) == (
         HK * 16 * D, D, 16 * D)
     ropejit.fused.qk_norm_rope(**step(kv_indptr=None, kv_indices=None, kv_last_page_len=None,
