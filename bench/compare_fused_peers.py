@@ -11,9 +11,10 @@ launch each:
 
 Both read the same q, k, v (separate contiguous tensors), the same float32 cos/sin cache
 (FlashInfer's [positions, cos half | sin half]; ropejit gets its two halves as strided tables)
-and position ids, and write the same cache layout. Decode sizes (one token per sequence) are
-timed under CUDA-graph replay (compare_peers.py's method, warm L2, device time); prefill sizes
-(sequences of 1024 tokens) per call with the L2 flushed. Before timing, each result is checked
+and position ids, and write the same cache layout. Every size is timed under CUDA-graph replay
+(compare_peers.py's method: device time, the host's Python work and graph launch hidden), decode
+sizes with one token per sequence, prefill sizes with sequences of 1024 tokens; the host time of
+one eager call (Python and launch, no synchronization) is reported next to it. Before timing, each result is checked
 against a float64 reference (q and the cache rows dequantized: within one e4m3 step), and the
 two libraries' FP8 bytes are compared with each other. FlashInfer runs inside a try: if it
 cannot import or fails, it is reported and ropejit still runs.
@@ -24,14 +25,15 @@ cannot import or fails, it is reported and ropejit still runs.
 import argparse
 import json
 import os
+import statistics
 import sys
+import time
 import traceback
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compare_peers import FLUSH_BYTES, first_line, graph_us_per_call, import_ropejit  # noqa: E402
-from compare_torch import time_us  # noqa: E402
+from compare_peers import first_line, graph_us_per_call, import_ropejit  # noqa: E402
 
 Q_HEADS, K_HEADS, HEAD_DIM, PAGE = 32, 8, 128, 16
 ROWS = 8192
@@ -69,6 +71,9 @@ class Step:
         self.ids = self.pos_in_seq.clone()  # positions are the index in the sequence
         for name in ("indptr", "indices", "last", "cu", "ids"):
             setattr(self, name, getattr(self, name).cuda())
+        # FlashInfer's fused function reads pos_ids as int32 whatever their dtype (int64 ids
+        # give wrong angles from the second token on), so it gets int32 ids; ropejit takes both.
+        self.ids32 = self.ids.to(torch.int32)
         self.batch_indices = seq_of.to(torch.int32).cuda()
         self.positions = self.pos_in_seq.to(torch.int32).cuda()
         self.seq_of, self.held = seq_of, held
@@ -111,15 +116,28 @@ def ropejit_step(rj, x):
 
 
 def flashinfer_step(x):
-    import flashinfer
+    from flashinfer.rope import rope_quantize_fp8_append_paged_kv_cache
 
     def run():
-        flashinfer.rope_quantize_fp8_append_paged_kv_cache(
-            x.q, x.k, None, None, x.v, x.cos_sin, x.ids, (x.k_cache, x.v_cache), x.indices,
+        rope_quantize_fp8_append_paged_kv_cache(
+            x.q, x.k, None, None, x.v, x.cos_sin, x.ids32, (x.k_cache, x.v_cache), x.indices,
             x.indptr, x.batch_indices, x.positions, is_neox=True,
             quantize_dtype=torch.float8_e4m3fn, quant_scale_q=SCALE_Q, quant_scale_kv=SCALE_K,
             page_size=PAGE, kv_layout="NHD", q_rope_out=x.q_out)
     return run
+
+
+def host_us(fn, calls=200):
+    """Host time of one eager call (argument handling and launch), median of batches."""
+    times = []
+    for _ in range(5):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - start) * 1e6 / calls)
+        torch.cuda.synchronize()
+    return statistics.median(times)
 
 
 def error_of(x):
@@ -147,7 +165,6 @@ def main():
     a = ap.parse_args()
     rj = import_ropejit(a.lib)
     import ropejit.fused  # noqa: F401
-    flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
     rows = []
     print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}")
     try:
@@ -156,13 +173,13 @@ def main():
     except Exception as e:  # reported, ropejit still runs
         print(f"FlashInfer: not importable ({first_line(e)})")
     print("| case | tokens | ropejit µs | FlashInfer µs | FlashInfer / ropejit | max error "
-          "(e4m3 steps) ropejit / FlashInfer | FP8 bytes equal |")
-    print("|---|---|---|---|---|---|---|")
+          "(e4m3 steps) ropejit / FlashInfer | FP8 bytes equal | host µs per eager call "
+          "ropejit / FlashInfer |")
+    print("|---|---|---|---|---|---|---|---|")
     for tokens in DECODE + PREFILL:
         decode = tokens in DECODE
         x = Step(tokens, 1 if decode else 1024, seed=tokens)
-        row = {"tokens": tokens, "timing": "graph replay, warm L2" if decode else
-               "per call, L2 flushed"}
+        row = {"tokens": tokens, "timing": "graph replay"}
         results = {}
         for name, make in (("ropejit", lambda: ropejit_step(rj, x)),
                            ("FlashInfer", lambda: flashinfer_step(x))):
@@ -172,8 +189,9 @@ def main():
                 fn()
                 torch.cuda.synchronize()
                 err, data = error_of(x)
-                us = graph_us_per_call(fn, a.reps) if decode else time_us(fn, flush, 3, a.reps)
-                results[name] = {"us": us, "max_error_e4m3_steps": err}
+                us = graph_us_per_call(fn, a.reps)
+                results[name] = {"us": us, "max_error_e4m3_steps": err,
+                                 "host_us": host_us(fn)}
                 results[name]["_data"] = data
             except Exception as e:
                 results[name] = {"error": first_line(e)}
@@ -199,7 +217,9 @@ def main():
               f"{'—' if ratio is None else f'{ratio:.2f}'} | "
               f"{cell('ropejit', 'max_error_e4m3_steps', '{:.2f}')} / "
               f"{cell('FlashInfer', 'max_error_e4m3_steps', '{:.2f}')} | "
-              f"{'—' if same is None else f'{same:.4f}'} |", flush=True)
+              f"{'—' if same is None else f'{same:.4f}'} | "
+              f"{cell('ropejit', 'host_us', '{:.1f}')} / {cell('FlashInfer', 'host_us', '{:.1f}')} |",
+              flush=True)
         rows.append(row)
     if a.out:
         with open(a.out, "w") as f:
