@@ -9,7 +9,8 @@
 #   bench/run_gpu.sh OUTDIR graphcfg   graph-replayed decode per forced launch configuration
 #   bench/run_gpu.sh OUTDIR graphcfg-fused   the same for the fused Qwen3-style step
 #   bench/run_gpu.sh OUTDIR profile "CASE[:tuned] ..."   Nsight Compute reports (ncu_*.txt)
-#   bench/run_gpu.sh OUTDIR peers ["CASE ..."]   the same-run peer comparison alone (peers.json),
+#   bench/run_gpu.sh OUTDIR peers ["CASE ..."]   the same-run peer comparisons alone (peers.json,
+#     fused_peers.json),
 #     then Nsight Compute on each implementation's kernel for the named cases (ncu_peers_*.txt)
 #   bench/run_gpu.sh OUTDIR against DIR   the heuristic's rope/graph rows of this tree and of
 #     another checkout DIR (e.g. `git worktree add .base REV`), built alike, runs alternated
@@ -59,6 +60,11 @@ peers() {
     --lib $build/libropejit.so --out "$out/peers.json" > "$out/peers.txt" 2>&1
   echo "compare_peers: exit $?"
   sed -n '/^| case | timing/,$p' "$out/peers.txt"
+  # The fused FP8 paged step against FlashInfer's fused function (bench/compare_fused_peers.py).
+  PYTHONUNBUFFERED=1 python3 bench/compare_fused_peers.py --lib $build/libropejit.so \
+    --out "$out/fused_peers.json" > "$out/fused_peers.txt" 2>&1
+  echo "compare_fused_peers: exit $?"
+  grep -E '^\|' "$out/fused_peers.txt"
 }
 
 if [ "$what" = proj ]; then
