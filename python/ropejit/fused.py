@@ -57,6 +57,16 @@ def _index_vector(chk, v, count, dtype, what):
               f"{list(v.shape)} strides {list(v.strides)}")
 
 
+def _same_as(chk, v, dtype, dtype_of, like):
+    """v on the call's device, of `dtype` (the dtype of argument `dtype_of`), shaped like
+    `like`."""
+    chk.device_of(v)
+    if v.dtype != dtype:
+        _fail(f"{v.name}.dtype ({v.dtype}) must equal {dtype_of}.dtype ({dtype})")
+    if tuple(v.shape) != tuple(like.shape):
+        _fail(f"{v.name} has shape {list(v.shape)}, {like.name} has {list(like.shape)}")
+
+
 def _cache_layout(v, kv_layout):
     """(pages, page_size, heads, head_dim, stride_page, stride_slot, stride_head) of a cache."""
     if v.ndim != 4:
@@ -92,11 +102,7 @@ def plan(qv, kv, vv, views, *, layout, style, rotary_dim, position_offset, base,
     if vv is not None:
         if kv is None:
             _fail("v is given without k")
-        chk.device_of(vv)
-        if vv.dtype != qv.dtype:
-            _fail(f"v.dtype ({vv.dtype}) must equal q.dtype ({qv.dtype})")
-        if tuple(vv.shape) != tuple(kv.shape):
-            _fail(f"v has shape {list(vv.shape)}, k has {list(kv.shape)}: they must match")
+        _same_as(chk, vv, qv.dtype, "q", kv)
         _call._dims(vv, layout)
         a.v = _operand(vv, layout)
 
@@ -151,11 +157,7 @@ def plan(qv, kv, vv, views, *, layout, style, rotary_dim, position_offset, base,
         if kv is not None and write_k:
             if k_out is None:
                 _fail("k_out is missing: out of place needs an output for k (or write_k=False)")
-            chk.device_of(k_out)
-            if k_out.dtype != q_out.dtype:
-                _fail(f"k_out.dtype ({k_out.dtype}) must equal q_out.dtype ({q_out.dtype})")
-            if tuple(k_out.shape) != tuple(kv.shape):
-                _fail(f"k_out has shape {list(k_out.shape)}, k has {list(kv.shape)}")
+            _same_as(chk, k_out, q_out.dtype, "q_out", kv)
             a.k_out = _operand(k_out, layout)
         elif k_out is not None:
             _fail("k_out is given but k is not written (write_k=False or no k)")

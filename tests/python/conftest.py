@@ -39,6 +39,16 @@ requires_cuda = pytest.mark.skipif(not cuda_available(),
 FAKE_PTR = 0x7F0000000000
 
 
+@pytest.fixture
+def launches(monkeypatch):
+    """Replaces the launch: records (spec, args, stream) instead of calling the C API."""
+    from ropejit import _call
+    calls = []
+    monkeypatch.setattr(_call, "launch", lambda spec, args, stream: calls.append(
+        (spec, args, stream)))
+    return calls
+
+
 class CudaArray:
     """A stand-in device array exposing __cuda_array_interface__ (v3) with a fake pointer."""
 

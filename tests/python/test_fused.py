@@ -11,18 +11,10 @@ from conftest import FAKE_PTR, CudaArray, DLPackArray
 
 import ropejit
 import ropejit.fused
-from ropejit import _call, _capi
+from ropejit import _capi
 
 MB = 1 << 20
 T, HQ, HK, D = 3, 4, 2, 64  # three decode tokens of three sequences
-
-
-@pytest.fixture
-def launches(monkeypatch):
-    calls = []
-    monkeypatch.setattr(_call, "launch", lambda spec, args, stream: calls.append(
-        (spec, args, stream)))
-    return calls
 
 
 def key_of(spec):

@@ -8,18 +8,9 @@ import pytest
 from conftest import FAKE_PTR, CudaArray, DLPackArray
 
 import ropejit
-from ropejit import _apply, _call
+from ropejit import _apply
 
 MB = 1 << 20
-
-
-@pytest.fixture
-def launches(monkeypatch):
-    """Replaces the launch: records (spec, args, stream) instead of calling the C API."""
-    calls = []
-    monkeypatch.setattr(_call, "launch", lambda spec, args, stream: calls.append(
-        (spec, args, stream)))
-    return calls
 
 
 def q_k(q_shape=(2, 5, 4, 64), k_heads=2, typestr="<f2"):
