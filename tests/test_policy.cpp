@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "autotune/candidates.hpp"
@@ -201,6 +202,45 @@ TEST_CASE("heuristic: two kernel variants for every shape and the decode and pre
         "head_groups (5) leave blocks without heads: 40 heads in rows of 10");
   grouped.head_groups = 65;
   CHECK(detail::launch_problem(c, grouped) == "head_groups (65) must be in 1..64");
+}
+
+TEST_CASE("heuristic: fused keys' launches are legal and use the two default variants") {
+  // Head groups (decode up to 64 tokens, except a norm over all heads), the two-head kernel in
+  // one block above, the 256-thread prefill kernel (512 for a norm over all heads, whose block
+  // holds every q and k head): legal for every head shape, wide heads included.
+  detail::DeviceInfo dev = fake_gpu("Fused heuristic GPU");
+  dev.sm_count = 132;
+  dev.memory_gbps = 3352;
+  for (const char* key :
+       {"rope_thd_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_q-nrms-cpaged_fwd_ip",
+        "rope_thd_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_q-nrms-oe4m3-cpaged-e4m3_fwd_oop",
+        "rope_bshd_bf16_d128_r128_neox_pos-ids-i64_comp_qk-nrmsall_fwd_ip",
+        "rope_bshd_f32_d512_r512_neox_pos-offset_comp_qk-nrms1p_fwd_ip",
+        "rope_thd_f16_d80_r32_gptj_pos-ids-i32_tab-f32-full_q-nrms-cslots-e4m3_fwd_ip",
+        "rope_sbhd_bf16_d256_r64_neox_pos-offset_tab-bf16-half_qk-ccont_fwd_oop"}) {
+    const Spec c = parse_key(key).canonical();
+    const detail::KernelVariant prefill = detail::prefill_variant(c, 16);
+    const detail::KernelVariant decode = detail::decode_variant(c, 16);
+    CHECK(prefill.max_threads >= (c.norm == Norm::rms_all_heads ? 512 : 256));
+    for (int64_t tokens :
+         {int64_t(1), int64_t(64), int64_t(65), int64_t(512), int64_t(4096), int64_t(1) << 20}) {
+      for (auto [q, k, v] : {std::tuple{32, 8, 8}, std::tuple{1, 1, 1}, std::tuple{64, 64, 0},
+                             std::tuple{40, 8, 8}, std::tuple{128, 0, 0}}) {
+        if (c.cache != KvCache::none && (k == 0 || (c.fusion == Fusion::q && v == 0))) continue;
+        detail::CallShape shape = shape_of(tokens, q, k);
+        shape.v_heads = c.cache != KvCache::none ? v : 0;
+        const detail::LaunchConfig cfg = autotune::heuristic_config(c, shape, dev);
+        INFO(std::string(key), " tokens ", tokens, " heads ", q, "/", k, "/", v, ": ", cfg.name());
+        CHECK(detail::illegal_reason(c, shape, cfg, dev).empty());
+        CHECK((cfg.kernel == prefill || cfg.kernel == decode));
+        if (c.norm == Norm::rms_all_heads) {
+          CHECK(cfg.head_groups == 1);  // (the one-head kernel when a thread per head fits)
+        } else {
+          CHECK((cfg.kernel == decode) == (detail::token_bucket(tokens) <= 64));
+        }
+      }
+    }
+  }
 }
 
 TEST_CASE("peak memory bandwidth from the driver's clock and bus width, unknown on MIG") {
