@@ -149,6 +149,13 @@ ropejit::Args to_args(const ropejit_args& a) {
   c.k_quant_scale = a.cache.k_quant_scale;
   c.v_quant_scale = a.cache.v_quant_scale;
   c.skipped = a.cache.skipped;
+  c.k_scales = a.cache.k_scales;
+  c.v_scales = a.cache.v_scales;
+  c.scale_stride_page = a.cache.scale_stride_page;
+  c.scale_stride_slot = a.cache.scale_stride_slot;
+  c.scale_stride_head = a.cache.scale_stride_head;
+  o.q_out_scale = to_tensor(a.q_out_scale);
+  o.k_out_scale = to_tensor(a.k_out_scale);
   return o;
 }
 

@@ -95,6 +95,7 @@ void angle(const Spec& c, const Args& a, const Frequencies& f, int64_t pos, int6
 // offset of its head-0 row, whether it is written, and whether it counts as skipped.
 struct Placement {
   int64_t offset = 0;
+  int64_t scale_offset = 0;  // dynamic FP8 cache: of head 0's scale
   bool write = false;
   bool bad = false;
 };
@@ -139,6 +140,7 @@ Placement place(const Spec& c, const Args& a, int64_t t, const TokenInfo& tk) {
     }
   }
   p.offset = page * k.stride_page + slot * k.stride_slot;
+  p.scale_offset = page * k.scale_stride_page + slot * k.scale_stride_slot;
   p.write = true;
   return p;
 }
@@ -316,20 +318,53 @@ void Workload::build_reference() {
           expect(static_cast<uint8_t*>(base) + (at + d) * elem, y[size_t(d)], err[size_t(d)],
                  scale);
       };
-      const int64_t out_elem = c.out_store == Store::e4m3 ? 1 : e;
+      // Dynamic FP8: the kernel's amax is that of its fp32 values, each within err[d] of y[d],
+      // so within the largest err of the float64 amax; its 448 / a and a / 448 add a rounding
+      // each. Each element is expected at y * 448 / a (tolerance: its own error scaled, plus
+      // the multiplier's relative error), and the scale at a / 448.
+      double amax = 0, amax_err = 0;
+      for (int64_t d = 0; d < D; ++d) {
+        amax = std::max(amax, std::fabs(y[size_t(d)]));
+        amax_err = std::max(amax_err, err[size_t(d)]);
+      }
+      const double a_eff = std::max(amax, 0x1p-9);
+      const double mul = kE4m3Max / a_eff, mul_rel = amax_err / a_eff + kU;
+      auto put_dynamic = [&](void* base, int64_t at, void* scale_at) {
+        for (int64_t d = 0; d < D; ++d) {
+          int slot = 0;
+          const int64_t i = locate(static_cast<uint8_t*>(base) + at + d, &slot);
+          const double v = y[size_t(d)] * mul;
+          expect_[size_t(slot)][size_t(i)] = v;
+          tol_[size_t(slot)][size_t(i)] = err[size_t(d)] * mul + std::fabs(v) * (mul_rel + 2 * kU);
+        }
+        expect(scale_at, a_eff / kE4m3Max, amax_err / kE4m3Max, 1.0f);
+      };
+      const int64_t out_elem = is_fp8(c.out_store) ? 1 : e;
       if (kind == 0 || (kind == 1 && c.fusion == Fusion::qk)) {
-        if (c.in_place)
+        if (c.in_place) {
           put(in.data, row(in, tk, t, idx), e, 1.0f);
-        else {
+        } else {
           const Tensor& out = kind == 0 ? a.q_out : a.k_out;
-          put(out.data, row(out, tk, t, idx), out_elem, a.out_quant_scale);
+          if (c.out_store == Store::e4m3_dynamic) {
+            const Tensor& s = kind == 0 ? a.q_out_scale : a.k_out_scale;
+            put_dynamic(out.data, row(out, tk, t, idx),
+                        static_cast<float*>(s.data) + row(s, tk, t, idx));
+          } else {
+            put(out.data, row(out, tk, t, idx), out_elem, a.out_quant_scale);
+          }
         }
       }
       if (kind > 0 && cache.write) {
-        const int64_t ce = c.cache_store == Store::e4m3 ? 1 : e;
-        const float scale = kind == 1 ? a.cache.k_quant_scale : a.cache.v_quant_scale;
-        put(kind == 1 ? a.cache.k : a.cache.v, cache.offset + idx * a.cache.stride_head, ce,
-            c.cache_store == Store::e4m3 ? scale : 1.0f);
+        void* base = kind == 1 ? a.cache.k : a.cache.v;
+        const int64_t at = cache.offset + idx * a.cache.stride_head;
+        if (c.cache_store == Store::e4m3_dynamic) {
+          float* scales = kind == 1 ? a.cache.k_scales : a.cache.v_scales;
+          put_dynamic(base, at, scales + cache.scale_offset + idx * a.cache.scale_stride_head);
+        } else {
+          const int64_t ce = is_fp8(c.cache_store) ? 1 : e;
+          const float scale = kind == 1 ? a.cache.k_quant_scale : a.cache.v_quant_scale;
+          put(base, at, ce, c.cache_store == Store::e4m3 ? scale : 1.0f);
+        }
       }
     }
   }

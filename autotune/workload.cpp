@@ -104,8 +104,8 @@ void Workload::add_operands() {
   add_output(a.q.data, int(c.dtype), false);
   if (hk) add_output(a.k.data, int(c.dtype), false);
   if (c.in_place) return;
-  const int64_t out_elem = c.out_store == Store::e4m3 ? 1 : e;
-  const int out_kind = c.out_store == Store::e4m3 ? kE4m3 : int(c.dtype);
+  const int64_t out_elem = is_fp8(c.out_store) ? 1 : e;
+  const int out_kind = is_fp8(c.out_store) ? kE4m3 : int(c.dtype);
   auto make_output = [&](int64_t heads) -> Tensor {
     Buffer& b =
         add_buffer(std::vector<uint8_t>(size_t((tokens_ * heads * D + m) * out_elem), kPoison));
@@ -113,7 +113,30 @@ void Workload::add_operands() {
     return contiguous(c.layout, b.host.data() + m * out_elem, a.batch, a.seq_len, heads, D);
   };
   a.q_out = make_output(hq);
-  if (hk && c.fusion == Fusion::qk) a.k_out = make_output(hk);
+  const bool k_out = hk && c.fusion == Fusion::qk;
+  if (k_out) a.k_out = make_output(hk);
+  if (c.out_store != Store::e4m3_dynamic) return;
+  // Dynamic FP8: a float scale per token and head, poisoned; with a packed QKV input, q's and
+  // k's scales are views of one [tokens][q + k heads] tensor (distinct heads of one buffer).
+  auto make_scales = [&](int64_t heads) -> uint8_t* {
+    Buffer& b = add_buffer(std::vector<uint8_t>(size_t(tokens_ * heads * 4), kPoison));
+    add_output(b.host.data(), int(DType::f32), true);
+    return b.host.data();
+  };
+  auto scale_view = [&](uint8_t* data, int64_t heads_in_buffer, int64_t first, int64_t heads) {
+    Tensor t = contiguous(c.layout, data, a.batch, a.seq_len, heads_in_buffer, 1);
+    t.data = data + first * t.stride_head * 4;
+    t.heads = heads;
+    return t;
+  };
+  if (sizes_.packed_qkv && k_out) {
+    uint8_t* both = make_scales(hq + hk);
+    a.q_out_scale = scale_view(both, hq + hk, 0, hq);
+    a.k_out_scale = scale_view(both, hq + hk, hq, hk);
+  } else {
+    a.q_out_scale = scale_view(make_scales(hq), hq, 0, hq);
+    if (k_out) a.k_out_scale = scale_view(make_scales(hk), hk, 0, hk);
+  }
 }
 
 // cu_seqlens (thd), then the positions of the key's mode; returns the largest position used.
@@ -301,7 +324,11 @@ Args Workload::args(void* stream) const {
   a.v.data = device(a.v.data);
   a.q_norm_weight = device(a.q_norm_weight);
   a.k_norm_weight = device(a.k_norm_weight);
+  a.q_out_scale.data = device(a.q_out_scale.data);
+  a.k_out_scale.data = device(a.k_out_scale.data);
   KvCacheArgs& k = a.cache;
+  k.k_scales = static_cast<float*>(device(k.k_scales));
+  k.v_scales = static_cast<float*>(device(k.v_scales));
   k.k = device(k.k);
   k.v = device(k.v);
   k.slot_mapping = static_cast<const int64_t*>(device(k.slot_mapping));
@@ -420,11 +447,15 @@ int64_t Workload::bytes_moved() const {
     // k (and v) written once more into the cache.
     const int64_t D = c.head_dim, hq = sizes_.q_heads, hk = sizes_.k_heads;
     const int64_t hv = host_args_.v.data ? hk : 0;
-    const int64_t out_e = c.out_store == Store::e4m3 ? 1 : e;
-    const int64_t cache_e = c.cache_store == Store::e4m3 ? 1 : e;
+    const int64_t out_e = is_fp8(c.out_store) ? 1 : e;
+    const int64_t cache_e = is_fp8(c.cache_store) ? 1 : e;
     const int64_t written_k = c.fusion == Fusion::qk ? hk : 0;
     bytes = tokens_ * D * ((hq + hk + hv) * e + (hq + written_k) * out_e);
     if (c.cache != KvCache::none) bytes += tokens_ * D * (hk + hv) * cache_e;
+    // Dynamic FP8: a float scale per token and head written.
+    if (c.out_store == Store::e4m3_dynamic) bytes += tokens_ * (hq + written_k) * 4;
+    if (c.cache_store == Store::e4m3_dynamic && c.cache != KvCache::none)
+      bytes += tokens_ * (hk + hv) * 4;
     if (c.norm != Norm::none) bytes += 2 * D * e;
   }
   if (c.freqs == Freqs::table) bytes += tokens_ * c.rotary_dim * element_bytes(c.table_dtype);

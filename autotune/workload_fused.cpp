@@ -1,5 +1,6 @@
 // Workload: the fused stages' data: QK-norm weights and a KV cache (pages with guard elements,
-// NHD or HND, in the activation dtype or e4m3) with its addressing (slot mapping, page table or
+// NHD or HND, in the activation dtype or e4m3, with per-token scales for a dynamic FP8 cache)
+// with its addressing (slot mapping, page table or
 // per-sequence lengths), including tokens whose slot is negative or out of range.
 #include <algorithm>
 #include <cstring>
@@ -132,8 +133,8 @@ void Workload::add_cache() {
     k.stride_slot = hk * D;
   }
   k.stride_page = hk * page_size * D + sizes_.page_gap;
-  const int64_t ce = c.cache_store == Store::e4m3 ? 1 : element_bytes(c.dtype);
-  const int kind = c.cache_store == Store::e4m3 ? kE4m3 : int(c.dtype);
+  const int64_t ce = is_fp8(c.cache_store) ? 1 : element_bytes(c.dtype);
+  const int kind = is_fp8(c.cache_store) ? kE4m3 : int(c.dtype);
   // Caches start with random bytes: whatever the call does not address must keep them.
   std::uniform_int_distribution<int> byte(0, 255);
   auto make_cache = [&]() {
@@ -147,6 +148,27 @@ void Workload::add_cache() {
   if (a.v.data) k.v = make_cache();
   k.k_quant_scale = sizes_.k_quant_scale;
   k.v_quant_scale = sizes_.v_quant_scale;
+  if (c.cache_store == Store::e4m3_dynamic) {
+    // A float per slot and head, in the rows' order (NHD or HND), with a gap after each page;
+    // random bytes like the cache, checked unchanged where the call does not write.
+    if (sizes_.cache_hnd) {
+      k.scale_stride_slot = 1;
+      k.scale_stride_head = page_size;
+    } else {
+      k.scale_stride_head = 1;
+      k.scale_stride_slot = hk;
+    }
+    k.scale_stride_page = hk * page_size + 2;
+    auto make_scales = [&]() {
+      std::vector<uint8_t> bytes(size_t(k.pages * k.scale_stride_page * 4));
+      for (uint8_t& x : bytes) x = uint8_t(byte(rng_));
+      float* p = reinterpret_cast<float*>(add_buffer(std::move(bytes)).host.data());
+      add_output(p, int(DType::f32), false);
+      return p;
+    };
+    k.k_scales = make_scales();
+    if (a.v.data) k.v_scales = make_scales();
+  }
   std::vector<uint8_t> counter(4, 0);
   k.skipped = reinterpret_cast<int32_t*>(add_buffer(std::move(counter)).host.data());
   add_output(k.skipped, kI32, false);

@@ -1,5 +1,6 @@
 // Fused rows: a Qwen3-style step (packed QKV -> per-head RMSNorm -> RoPE -> q written, k and v
-// appended to a paged cache), in bf16 and with FP8 e4m3 q and cache, against (a) a device copy
+// appended to a paged cache), in bf16 and with FP8 e4m3 q and cache (static scales, or dynamic
+// ones per token and head), against (a) a device copy
 // of the bytes the fused call moves and (b) the floor of the unfused sequence: each separate
 // pass (QK-norm, RoPE, quantize q, cache append) timed as a device copy of exactly the bytes
 // that pass must move, the best any implementation of that pass could do. Decode sizes run
@@ -20,9 +21,12 @@ struct FusedCase {
   autotune::Sizes sizes;
 };
 
-FusedCase qwen3_step(int64_t tokens, bool fp8) {
+FusedCase qwen3_step(int64_t tokens, bool fp8, bool dynamic = false) {
   FusedCase c;
-  c.name = std::string(fp8 ? "qwen3_fp8_t" : "qwen3_bf16_t") + std::to_string(tokens);
+  c.name = std::string(dynamic ? "qwen3_fp8dyn_t"
+                       : fp8   ? "qwen3_fp8_t"
+                               : "qwen3_bf16_t") +
+           std::to_string(tokens);
   Spec& s = c.spec;
   s.layout = Layout::thd;
   s.positions = Positions::ids;
@@ -31,8 +35,8 @@ FusedCase qwen3_step(int64_t tokens, bool fp8) {
   s.cache = KvCache::paged;
   if (fp8) {
     s.in_place = false;
-    s.out_store = Store::e4m3;
-    s.cache_store = Store::e4m3;
+    s.out_store = dynamic ? Store::e4m3_dynamic : Store::e4m3;
+    s.cache_store = s.out_store;
   }
   autotune::Sizes& z = c.sizes;
   // Decode: one token per sequence; prefill: sequences of 1024 tokens.
@@ -65,14 +69,18 @@ FusedCase qwen3_stage(int64_t tokens, bool norm, bool cache) {
 }
 
 // The bytes of each unfused pass: QK-norm (read and write q, k), RoPE (the same), quantize q
-// (read q, write FP8 q; FP8 only), cache append (read k, v; write them into the cache).
+// (read q, write FP8 q and, dynamic, its scales; FP8 only), cache append (read k, v; write them
+// into the cache, and dynamic, their scales).
 std::vector<int64_t> unfused_passes(const FusedCase& c, int64_t tokens) {
   const int64_t d = c.spec.head_dim, e = detail::element_bytes(c.spec.dtype);
   const int64_t q = tokens * c.sizes.q_heads * d, k = tokens * c.sizes.k_heads * d;
-  const bool fp8 = c.spec.out_store == Store::e4m3;
+  const bool fp8 = is_fp8(c.spec.out_store);
+  const bool dynamic = c.spec.out_store == Store::e4m3_dynamic;
+  const int64_t scales = dynamic ? tokens * c.sizes.q_heads * 4 : 0;
+  const int64_t cache_scales = dynamic ? 2 * tokens * c.sizes.k_heads * 4 : 0;
   std::vector<int64_t> passes = {2 * (q + k) * e, 2 * (q + k) * e};
-  if (fp8) passes.push_back(q * e + q);
-  passes.push_back(2 * k * e + 2 * k * (c.spec.cache_store == Store::e4m3 ? 1 : e));
+  if (fp8) passes.push_back(q * e + q + scales);
+  passes.push_back(2 * k * e + 2 * k * (is_fp8(c.spec.cache_store) ? 1 : e) + cache_scales);
   return passes;
 }
 
@@ -136,6 +144,7 @@ void register_fused_benchmarks() {
   static std::vector<FusedCase> all;
   for (bool fp8 : {false, true})
     for (int64_t t : {1, 16, 64, 256, 4096, 32768}) all.push_back(qwen3_step(t, fp8));
+  for (int64_t t : {1, 64, 256, 4096, 32768}) all.push_back(qwen3_step(t, true, true));
   for (int64_t t : {1, 64})
     for (const auto& [norm, cache] : {std::pair{false, false}, {true, false}, {false, true}})
       all.push_back(qwen3_stage(t, norm, cache));

@@ -55,7 +55,7 @@ int32_t check_strided(const char* name, const void* data, const Dims& dims, int6
   if (!data) invalid(name, ".data is null");
   if (reinterpret_cast<uintptr_t>(data) % uint64_t(elem) != 0)
     invalid(name, ".data (", data, ") is not aligned to its ", elem, "-byte elements");
-  *op = Operand{name, dims, elem, 0, 0, written};
+  *op = Operand{name, dims, elem, 0, 0, written, row};
   for (const Dim& d : dims)
     if (d.count == 0) return int32_t(16 / elem);  // no elements: nothing is read or written
   int64_t end_offset = row;
@@ -99,8 +99,9 @@ int32_t check_operand(const char* name, const Tensor& t, bool dense, int64_t bat
 // or k and v pages interleaved in one cache. That holds when their strides and element sizes
 // are equal, b starts a whole number of steps of one axis after a, their ranges on that axis do
 // not meet, and one tensor covering both ranges has rows that never overlap.
-bool distinct_rows(const Operand& a, const Operand& b, int64_t row) {
-  if (a.elem != b.elem) return false;
+bool distinct_rows(const Operand& a, const Operand& b) {
+  if (a.elem != b.elem || a.row != b.row) return false;
+  const int64_t row = a.row;
   for (size_t i = 0; i < a.dims.size(); ++i)
     if (a.dims[i].stride != b.dims[i].stride && (a.dims[i].count > 1 || b.dims[i].count > 1))
       return false;
@@ -143,7 +144,7 @@ int64_t check_table(const void* cos, const void* sin, DType table_dtype, int64_t
   return stride;
 }
 
-void check_no_overlap(const Operand* ops, size_t n, int64_t row) {
+void check_no_overlap(const Operand* ops, size_t n) {
   for (size_t i = 0; i < n; ++i)
     for (size_t j = i + 1; j < n; ++j) {
       const Operand& a = ops[i];
@@ -151,7 +152,7 @@ void check_no_overlap(const Operand* ops, size_t n, int64_t row) {
       if (!(a.written || b.written) || a.first == a.end || b.first == b.end) continue;
       if (a.end <= b.first || b.end <= a.first) continue;
       const bool a_first = a.first <= b.first;
-      if (distinct_rows(a_first ? a : b, a_first ? b : a, row)) continue;
+      if (distinct_rows(a_first ? a : b, a_first ? b : a)) continue;
       invalid(a.name, " and ", b.name, " overlap in memory (", a.name, " spans [",
               reinterpret_cast<const void*>(a.first), ", ", reinterpret_cast<const void*>(a.end),
               "), ", b.name, " [", reinterpret_cast<const void*>(b.first), ", ",
@@ -173,7 +174,7 @@ void check_index_pointer(const void* p, IndexType t, const char* name, const cha
 // Every memory region a call touches, as checked so far (a fixed array: checking runs on every
 // call, which must not allocate).
 struct Operands {
-  std::array<Operand, 10> ops{};
+  std::array<Operand, 14> ops{};
   size_t n = 0;
   int32_t vec = 16;  // the widest vector (activation elements) every operand allows
   Operand* next() { return &ops[n++]; }
@@ -218,7 +219,7 @@ void check_tensors(const Spec& c, const Args& a, const CallShape& shape, Operand
   const bool dense = c.layout != Layout::thd;
   const int64_t seq = dense ? a.seq_len : shape.tokens;
   const int64_t elem = element_bytes(c.dtype);
-  const int64_t out_elem = c.out_store == Store::e4m3 ? 1 : elem;
+  const int64_t out_elem = is_fp8(c.out_store) ? 1 : elem;
   const bool has_k = shape.k_heads > 0;
   const bool k_written = c.fusion == Fusion::qk;
   o->allow(
@@ -334,10 +335,39 @@ void check_fusion(const Spec& c, const Args& a, const CallShape& shape, Operands
     }
   }
   if (c.out_store == Store::e4m3) check_scale(a.out_quant_scale, "args.out_quant_scale");
+  // Dynamic FP8 outputs: a float per token and head of q_out (and k_out), written.
+  const bool dense = c.layout != Layout::thd;
+  const int64_t seq = dense ? a.seq_len : shape.tokens;
+  const bool k_out = shape.k_heads > 0 && c.fusion == Fusion::qk;
+  for (const auto& [t, name, heads, used] :
+       {std::tuple{&a.q_out_scale, "args.q_out_scale", int64_t(shape.q_heads), true},
+        std::tuple{&a.k_out_scale, "args.k_out_scale", int64_t(shape.k_heads), k_out}}) {
+    if (c.out_store != Store::e4m3_dynamic || !used) {
+      if (t->data)
+        invalid(name, ".data is set but ",
+                c.out_store != Store::e4m3_dynamic
+                    ? "spec.out_store is not e4m3dyn: only dynamic FP8 outputs have scales"
+                    : "no k is written out (spec.fusion is q, or args.k.data is null)");
+      continue;
+    }
+    if (!t->data) invalid(name, ".data is null but spec.out_store is e4m3dyn");
+    if (t->heads != heads) invalid(name, ".heads (", t->heads, ") must be ", heads);
+    const Dims dims = {Dim{t->stride_seq, seq, "stride_seq"},
+                       Dim{t->stride_head, heads, "stride_head"},
+                       Dim{t->stride_batch, dense ? a.batch : 1, "stride_batch"}};
+    check_strided(name, t->data, dims, 1, 4, true, o->next());
+  }
+  const KvCacheArgs& k = a.cache;
+  if (c.cache_store != Store::e4m3_dynamic)
+    for (const auto& [p, name] : {std::pair{k.k_scales, "args.cache.k_scales"},
+                                  std::pair{k.v_scales, "args.cache.v_scales"}})
+      if (p)
+        invalid(name,
+                " is set but spec.cache_store is not e4m3dyn: only a dynamic FP8 cache "
+                "has per-token scales");
   if (c.cache == KvCache::none) return;
 
-  const KvCacheArgs& k = a.cache;
-  const int64_t celem = c.cache_store == Store::e4m3 ? 1 : elem;
+  const int64_t celem = is_fp8(c.cache_store) ? 1 : elem;
   if (k.pages < 1) invalid("args.cache.pages (", k.pages, ") must be >= 1");
   if (k.page_size < 1) invalid("args.cache.page_size (", k.page_size, ") must be >= 1");
   const Dims dims = {Dim{k.stride_page, k.pages, "stride_page"},
@@ -350,6 +380,18 @@ void check_fusion(const Spec& c, const Args& a, const CallShape& shape, Operands
   if (c.cache_store == Store::e4m3) {
     check_scale(k.k_quant_scale, "args.cache.k_quant_scale");
     if (k.v) check_scale(k.v_quant_scale, "args.cache.v_quant_scale");
+  }
+  if (c.cache_store == Store::e4m3_dynamic) {
+    // A float per cached token and head, placed like the rows.
+    const Dims sdims = {Dim{k.scale_stride_page, k.pages, "scale_stride_page"},
+                        Dim{k.scale_stride_slot, k.page_size, "scale_stride_slot"},
+                        Dim{k.scale_stride_head, shape.k_heads, "scale_stride_head"}};
+    if (!k.k_scales) invalid("args.cache.k_scales is null but spec.cache_store is e4m3dyn");
+    check_strided("args.cache.k_scales", k.k_scales, sdims, 1, 4, true, o->next());
+    if (k.v && !k.v_scales)
+      invalid("args.cache.v_scales is null but spec.cache_store is e4m3dyn and v is cached");
+    if (!k.v && k.v_scales) invalid("args.cache.v_scales is set but args.v.data is null");
+    if (k.v) check_strided("args.cache.v_scales", k.v_scales, sdims, 1, 4, true, o->next());
   }
   if (k.skipped && reinterpret_cast<uintptr_t>(k.skipped) % 4 != 0)
     invalid("args.cache.skipped (", static_cast<const void*>(k.skipped), ") is not 4-byte aligned");
@@ -386,7 +428,7 @@ CallShape check_call(const Spec& c, const Args& a) {
   check_positions(c, a, shape);
   check_frequencies(c, a, &shape);
   check_fusion(c, a, shape, &ops);
-  check_no_overlap(ops.ops.data(), ops.n, c.head_dim);
+  check_no_overlap(ops.ops.data(), ops.n);
   if (needs_pair_table(c)) pair_data(c, a);  // checks the scaling parameters and mRoPE sections
   shape.align_bytes = std::min<int32_t>(16, ops.vec * element_bytes(c.dtype));
   if (max_vec(c, shape.align_bytes) == 0)
@@ -511,6 +553,17 @@ ropejit_dev::FusedParams make_params(const Spec& c, const Args& a, const CallSha
   cp.k_scale = k.k_quant_scale;
   cp.v_scale = k.v_quant_scale;
   cp.skipped = k.skipped;
+  cp.k_scales = k.k_scales;
+  cp.v_scales = k.v_scales;
+  cp.scale_stride_page = k.scale_stride_page;
+  cp.scale_stride_slot = k.scale_stride_slot;
+  cp.scale_stride_head = k.scale_stride_head;
+  auto scales = [](const Tensor& t) {
+    return ropejit_dev::ScaleOperand{static_cast<float*>(t.data), t.stride_batch, t.stride_seq,
+                                     t.stride_head};
+  };
+  f.q_scale = scales(a.q_out_scale);
+  f.k_scale = scales(a.k_out_scale);
   return f;
 }
 

@@ -35,6 +35,7 @@ struct Operand {
   int64_t elem = 0;              // bytes per element
   uintptr_t first = 0, end = 0;  // bytes [first, end); empty for an operand without elements
   bool written = false;
+  int64_t row = 0;  // elements per row (head_dim; 1 for a tensor of per-head scales)
 };
 
 // Checks a strided operand of rows of `row` elements: pointer alignment, non-negative strides,
@@ -50,8 +51,8 @@ int64_t check_table(const void* cos, const void* sin, DType table_dtype, int64_t
                     int64_t table_rows, int64_t table_stride);
 
 // Rejects a written operand that shares memory with any other of the n, unless both are views
-// of distinct rows of `row` elements of one tensor (q and k of a packed QKV output).
-void check_no_overlap(const Operand* ops, size_t n, int64_t row);
+// of distinct rows of one tensor (q and k of a packed QKV output).
+void check_no_overlap(const Operand* ops, size_t n);
 
 // Throws Error(invalid_argument) naming the first bad argument; otherwise the call's shape.
 // Reads no device memory. A call with zero tokens is valid and returns tokens == 0.

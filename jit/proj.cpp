@@ -250,7 +250,7 @@ ProjShape check_proj_call(const QkvProjSpec& c, const QkvProjArgs& a) {
                        Dim{ts[i]->stride_head, heads[i], "stride_head"}, Dim{0, 1, "-"}};
     check_strided(names[i], ts[i]->data, dims, c.head_dim, elem, true, &outs[i]);
   }
-  check_no_overlap(outs, 3, c.head_dim);
+  check_no_overlap(outs, 3);
 
   // Positions and frequencies.
   if (c.positions == Positions::ids) {

@@ -82,8 +82,10 @@ RenderedKernel render(const Spec& c, const KernelVariant& v) {
       {"norm", std::to_string(int(c.norm))},
       {"cache", std::to_string(int(c.cache))},
       {"need_sequence", flag(c.cache == KvCache::paged || c.cache == KvCache::contiguous)},
-      {"out_e4m3", flag(c.out_store == Store::e4m3)},
-      {"cache_e4m3", flag(c.cache_store == Store::e4m3)},
+      {"out_e4m3", flag(is_fp8(c.out_store))},
+      {"out_dynamic", flag(c.out_store == Store::e4m3_dynamic)},
+      {"cache_e4m3", flag(is_fp8(c.cache_store))},
+      {"cache_dynamic", flag(c.cache_store == Store::e4m3_dynamic)},
       {"write_k", flag(c.fusion == Fusion::qk)},
   };
   r.source = substitute_template(embedded_file("rope_entry.cu.in"), vars);

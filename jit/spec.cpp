@@ -214,7 +214,8 @@ Spec parse_key(const std::string& key) {
       s.out_store = detail::parse_name<Store>(rest, "key output store");
     } else if (tag == 'c') {
       s.cache = detail::parse_name<KvCache>(rest, "key cache");
-      if (i + 1 < fu.size() && fu[i + 1] == "e4m3") s.cache_store = Store::e4m3, ++i;
+      if (i + 1 < fu.size() && (fu[i + 1] == "e4m3" || fu[i + 1] == "e4m3dyn"))
+        s.cache_store = detail::parse_name<Store>(fu[++i], "key cache store");
     } else {
       detail::invalid("key '", detail::clipped(key), "': bad fusion field '", detail::clipped(f[8]),
                       "'");

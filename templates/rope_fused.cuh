@@ -1,7 +1,8 @@
-// The fused kernel: QK-norm -> RoPE -> FP8 quantization -> KV-cache append, each stage bound
-// in or out by the key (Cfg), on the plain kernel's pieces (token placement, positions, cos/sin,
-// vector access; rope_kernel.cuh). One launch reads q, k and v once and writes q and the cache
-// once.
+// The fused kernel: QK-norm -> RoPE -> FP8 quantization (a static per-tensor scale, or a
+// dynamic one per token and head from the head's largest magnitude) -> KV-cache append, each stage
+// bound in or out by the key (Cfg), on the plain kernel's pieces (token placement, positions,
+// cos/sin, vector access; rope_kernel.cuh). One launch reads q, k and v once and writes q and the
+// cache once.
 //
 // Thread mapping, block = (kLanes, rows, tokens):
 //   x: a chunk of the whole head (rotary chunks as in the plain kernel, then the pass-through
@@ -24,9 +25,11 @@ namespace ropejit_dev {
 enum : int { kNormNone = 0, kNormRms = 1, kNormRmsOnePlus = 2, kNormRmsAllHeads = 3 };
 enum : int { kCacheNone = 0, kCacheContiguous = 1, kCachePaged = 2, kCacheSlots = 3 };
 
-// Where one token's k and v rows go: element offsets of head 0 in the cache tensors.
+// Where one token's k and v rows go: element offsets of head 0 in the cache tensors (and in
+// the dynamic FP8 cache's scale tensors).
 struct CacheDest {
   long long offset;
+  long long scale_offset;
   bool write;
 };
 
@@ -62,6 +65,7 @@ struct FusedKernel {
     kCacheDType = Cfg::kCacheE4m3 ? int(kE4M3) : int(Cfg::kDType),
     kNorm = Cfg::kNorm,
     kCache = Cfg::kCache,
+    kDynamic = Cfg::kOutDynamic || Cfg::kCacheDynamic,
   };
   typedef typename Elem<kOutDType>::Raw OutRaw;
   static_assert(kLanes >= kChunks, "a lane for every chunk");
@@ -153,7 +157,7 @@ struct FusedKernel {
   static __device__ __forceinline__ CacheDest cache_dest(const FusedParams& fp,
                                                          const CachePending& d, bool* bad) {
     const CacheParams& c = fp.cache;
-    CacheDest r = {0, false};
+    CacheDest r = {0, 0, false};
     if (!d.write) return r;
     const long long page = kCache == kCachePaged ? (long long)d.loaded_page : d.page;
     if (kCache == kCachePaged && (page < 0 || page >= c.pages)) {
@@ -161,28 +165,38 @@ struct FusedKernel {
       return r;
     }
     r.offset = page * c.stride_page + d.slot * c.stride_slot;
+    if (Cfg::kCacheDynamic)
+      r.scale_offset = page * c.scale_stride_page + d.slot * c.scale_stride_slot;
     r.write = true;
     return r;
   }
 
-  // Sums v[j] over the lanes of each head row and gives every lane the same total (lane 0's,
-  // so the whole head is scaled alike). All threads of the block call it together.
-  // `mask`: the lanes of this thread's warp that exist (a block's last warp may be partial).
-  static __device__ __forceinline__ void row_sum(float (&v)[kHpt], float* scratch, unsigned mask) {
+  // Sums (kMax: the largest of) v[j] over the lanes of each head row and gives every lane the
+  // same result (lane 0's, so the whole head is scaled alike). All threads of the block call it
+  // together. `mask`: the lanes of this thread's warp that exist (a block's last warp may be
+  // partial).
+  template <bool kMax>
+  static __device__ __forceinline__ float combine(float a, float b) {
+    return kMax ? fmaxf(a, b) : a + b;
+  }
+  template <bool kMax>
+  static __device__ __forceinline__ void row_reduce(float (&v)[kHpt], float* scratch,
+                                                    unsigned mask) {
     if (kLanes <= 32) {
       // Rows are whole, aligned groups of kLanes lanes inside one warp.
 #pragma unroll
       for (int j = 0; j < kHpt; ++j) {
 #pragma unroll
         for (int off = kLanes / 2; off > 0; off >>= 1)
-          v[j] += __shfl_xor_sync(mask, v[j], off, kLanes);
+          v[j] = combine<kMax>(v[j], __shfl_xor_sync(mask, v[j], off, kLanes));
         v[j] = __shfl_sync(mask, v[j], 0, kLanes);
       }
     } else {
 #pragma unroll
       for (int j = 0; j < kHpt; ++j) {
 #pragma unroll
-        for (int off = 16; off > 0; off >>= 1) v[j] += __shfl_xor_sync(0xffffffffu, v[j], off);
+        for (int off = 16; off > 0; off >>= 1)
+          v[j] = combine<kMax>(v[j], __shfl_xor_sync(0xffffffffu, v[j], off));
       }
       const int row = threadIdx.z * blockDim.y + threadIdx.y;
       float* r = scratch + row * kWarpsPerRow * kHpt;
@@ -193,8 +207,8 @@ struct FusedKernel {
       __syncthreads();
 #pragma unroll
       for (int j = 0; j < kHpt; ++j) {
-        float s = 0.0f;
-        for (int w = 0; w < kWarpsPerRow; ++w) s += r[w * kHpt + j];
+        float s = r[j];
+        for (int w = 1; w < kWarpsPerRow; ++w) s = combine<kMax>(s, r[w * kHpt + j]);
         v[j] = s;
       }
       __syncthreads();
@@ -283,6 +297,54 @@ struct FusedKernel {
       for (int m = 0; m < kVec; ++m)
         x.hi[m] = x.hi[m] * inv * weight(is_q ? wq.hi.get(m) : wk.hi.get(m));
     }
+  }
+
+  // One head's slice as it is stored: widened, and for q and k normalized and rotated. `ss`:
+  // the head's sum of squares (per-head norms); q_inv / k_inv: the norm over all heads.
+  static __device__ __forceinline__ void finish(const FusedParams& fp, const RawSlice& xr, int kind,
+                                                int idx, int col, bool rot, bool two, float ss,
+                                                float q_inv, float k_inv, const RawSlice& wq,
+                                                const RawSlice& wk, const float* cs,
+                                                const float* sn, Slice& x) {
+    widen(xr, two, x);
+    if (kNorm != kNormNone && kind < 2) {
+      const bool is_q = kind == 0;
+      if (kNorm == kNormRmsAllHeads) {
+        Slice w;  // a weight per element of the projection: this head's row
+        load_weight(is_q ? fp.q_norm_w : fp.k_norm_w, (long long)idx * Cfg::kHeadDim + col, two, w);
+        scale_slice(x, is_q ? q_inv : k_inv, w, two);
+      } else {
+        scale_slice(x, 1.0f / sqrtf(ss / float(Cfg::kHeadDim) + fp.norm_eps), wq, wk, is_q, two);
+      }
+    }
+    if (rot && kind < 2) rotate(x, cs, sn);
+  }
+
+  // Whether a head of this kind gets a dynamic FP8 scale: q when its output is dynamic, k when
+  // its output or its cache rows are, v when its cache rows are.
+  static __device__ __forceinline__ bool scaled(int kind) {
+    return kind == 0   ? bool(Cfg::kOutDynamic)
+           : kind == 1 ? (Cfg::kOutDynamic && Cfg::kWriteK) || Cfg::kCacheDynamic
+                       : bool(Cfg::kCacheDynamic);
+  }
+
+  static __device__ __forceinline__ float slice_amax(const Slice& x, bool two) {
+    float a = 0.0f;
+#pragma unroll
+    for (int m = 0; m < kVec; ++m) a = fmaxf(a, fabsf(x.lo[m]));
+    if (two) {
+#pragma unroll
+      for (int m = 0; m < kVec; ++m) a = fmaxf(a, fabsf(x.hi[m]));
+    }
+    return a;
+  }
+
+  // Where a dynamic FP8 output's scale of head `idx` of the token goes.
+  static __device__ __forceinline__ float* scale_at(const ScaleOperand& o, const TokenPlace& tp,
+                                                    long long t, int idx) {
+    const long long off =
+        Cfg::kPacked ? t * o.stride_seq : tp.b * o.stride_batch + tp.s * o.stride_seq;
+    return o.data + off + idx * o.stride_head;
   }
 
   // The grid's row of this thread (head groups: the rows of a token's blocks in a row) and how
@@ -474,7 +536,7 @@ struct FusedKernel {
 #pragma unroll
         for (int j = 0; j < kPairsPerChunk; ++j) cs[j] = sn[j] = __int_as_float(0x7fc00000);
       }
-      CacheDest dest = {0, false};
+      CacheDest dest = {0, 0, false};
       if (kCache != kCacheNone && valid) {
         dest = cache_dest(fp, pending, &bad);
         // Counted once per token: by the first thread of its first head group.
@@ -510,7 +572,7 @@ struct FusedKernel {
               }
             }
           }
-          row_sum(ss, scratch, mask);
+          row_reduce<false>(ss, scratch, mask);
           if (kNorm == kNormRmsAllHeads) {
             // One pass holds every q and k head of the token (the host checks rows * heads
             // per thread >= q + k heads): per-head sums, then their total in a fixed order.
@@ -531,24 +593,37 @@ struct FusedKernel {
           }
         }
 
+        // Dynamic FP8: each head's largest magnitude as it will be stored, over its lanes (the
+        // head is finished again below, so that one head's floats are live at a time).
+        float amax[kHpt];
+        if (kDynamic) {
+#pragma unroll
+          for (int j = 0; j < kHpt; ++j) {
+            amax[j] = 0.0f;
+            if (act[j] && scaled(kind[j])) {
+              Slice x;
+              finish(fp, xr[j], kind[j], idx[j], col, rot, two, kNorm != kNormNone ? ss[j] : 0.0f,
+                     q_inv, k_inv, wq, wk, cs, sn, x);
+              amax[j] = slice_amax(x, two);
+            }
+          }
+          row_reduce<true>(amax, scratch, mask);
+        }
+
 #pragma unroll
         for (int j = 0; j < kHpt; ++j) {
           if (!act[j]) continue;
           Slice x;
-          widen(xr[j], two, x);
-          if (kNorm != kNormNone && kind[j] < 2) {
-            const bool is_q = kind[j] == 0;
-            if (kNorm == kNormRmsAllHeads) {
-              Slice w;  // a weight per element of the projection: this head's row
-              load_weight(is_q ? fp.q_norm_w : fp.k_norm_w, (long long)idx[j] * Cfg::kHeadDim + col,
-                          two, w);
-              scale_slice(x, is_q ? q_inv : k_inv, w, two);
-            } else {
-              scale_slice(x, 1.0f / sqrtf(ss[j] / float(Cfg::kHeadDim) + fp.norm_eps), wq, wk, is_q,
-                          two);
-            }
+          finish(fp, xr[j], kind[j], idx[j], col, rot, two, kNorm != kNormNone ? ss[j] : 0.0f,
+                 q_inv, k_inv, wq, wk, cs, sn, x);
+          // The head's dynamic scale: stored = value * (448 / a), dequantized by a / 448, both
+          // divisions rounded to nearest whatever the compiler's flags.
+          float dyn_mul = 1.0f, dyn_scale = 1.0f;
+          if (kDynamic && scaled(kind[j])) {
+            const float a = fmaxf(amax[j], 0x1p-9f);
+            dyn_mul = __fdiv_rn(448.0f, a);
+            dyn_scale = __fdiv_rn(a, 448.0f);
           }
-          if (rot && kind[j] < 2) rotate(x, cs, sn);
           const int elem_off = col;
           if (kind[j] == 0 || (kind[j] == 1 && Cfg::kWriteK)) {
             const TokenRows& r = kind[j] == 0 ? q : k;
@@ -558,14 +633,23 @@ struct FusedKernel {
                     ? const_cast<char*>(r.in) + idx[j] * r.in_head + elem_off * int(sizeof(Raw))
                     : (kind[j] == 0 ? q_out : k_out) +
                           (idx[j] * o.out_stride_head + elem_off) * (long long)sizeof(OutRaw);
-            store_slice<kOutDType>(dst, two, x, fp.out_scale);
+            store_slice<kOutDType>(dst, two, x, Cfg::kOutDynamic ? dyn_mul : fp.out_scale);
+            if (Cfg::kOutDynamic && lane == 0)
+              *scale_at(kind[j] == 0 ? fp.q_scale : fp.k_scale, tp, t, idx[j]) = dyn_scale;
           }
           if (kCache != kCacheNone && kind[j] > 0 && dest.write) {
             const bool is_k = kind[j] == 1;
             char* base_ptr = static_cast<char*>(is_k ? fp.cache.k : fp.cache.v);
             const long long off = dest.offset + idx[j] * fp.cache.stride_head + elem_off;
             store_slice<kCacheDType>(base_ptr + off * int(sizeof(typename Elem<kCacheDType>::Raw)),
-                                     two, x, is_k ? fp.cache.k_scale : fp.cache.v_scale);
+                                     two, x,
+                                     Cfg::kCacheDynamic ? dyn_mul
+                                     : is_k             ? fp.cache.k_scale
+                                                        : fp.cache.v_scale);
+            if (Cfg::kCacheDynamic && lane == 0)
+              (is_k ? fp.cache.k_scales
+                    : fp.cache.v_scales)[dest.scale_offset + idx[j] * fp.cache.scale_stride_head] =
+                  dyn_scale;
           }
         }
       }

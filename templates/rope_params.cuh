@@ -54,6 +54,22 @@ struct CacheParams {
   float v_scale;
   int* skipped;  // optional: tokens not written because their slot or page was out of range
   int pad_;
+  // e4m3_dynamic cache: a float dequantization scale per cached token and head, placed like the
+  // rows with these strides (in floats).
+  float* k_scales;
+  float* v_scales;  // null: only k is appended
+  long long scale_stride_page;
+  long long scale_stride_slot;
+  long long scale_stride_head;
+};
+
+// Where a dynamic FP8 output's per-token, per-head scales go: [batch][seq][head] (thd:
+// [token][head]) by element strides in floats.
+struct ScaleOperand {
+  float* data;
+  long long stride_batch;  // dense layouts only
+  long long stride_seq;
+  long long stride_head;
 };
 
 // The argument block of a fused kernel: the plain block first, then the fused stages'.
@@ -65,6 +81,8 @@ struct FusedParams {
   float norm_eps;
   float out_scale;  // e4m3 q_out / k_out: stored = value * scale
   CacheParams cache;
+  ScaleOperand q_scale;  // e4m3_dynamic q_out / k_out
+  ScaleOperand k_scale;
 };
 
 // Per-pair frequency data of keys whose frequencies or positions differ by rotary pair (the

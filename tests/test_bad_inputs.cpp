@@ -26,7 +26,7 @@ constexpr int64_t kBatch = 2, kSeq = 3, kQHeads = 4, kKHeads = 2, kDim = 128, kR
 // Host buffers standing in for device memory, each filled with its own byte pattern.
 struct Buffers {
   std::vector<uint8_t> q, k, q_out, k_out, cos, sin, ids, seqoff, cu;
-  std::vector<uint8_t> v, weights, cache_k, cache_v, pages, skipped;
+  std::vector<uint8_t> v, weights, cache_k, cache_v, pages, skipped, scales;
   Buffers() {
     const std::pair<std::vector<uint8_t>*, size_t> all[] = {
         {&q, kBatch * kSeq * kQHeads * kDim * 2},
@@ -43,7 +43,8 @@ struct Buffers {
         {&cache_k, 8 * 16 * kKHeads * kDim * 2},
         {&cache_v, 8 * 16 * kKHeads * kDim * 2},
         {&pages, 64},
-        {&skipped, 4}};
+        {&skipped, 4},
+        {&scales, 4096}};
     uint8_t fill = 0x11;
     for (const auto& [buffer, bytes] : all) {
       buffer->assign(bytes + 64, fill);  // 64 spare bytes: room for misaligned views
@@ -103,6 +104,21 @@ struct Call {
     args.q_out = contiguous(Layout::bshd, b.q_out.data(), kBatch, kSeq, kQHeads, kDim);
     args.k_out = contiguous(Layout::bshd, b.k_out.data(), kBatch, kSeq, kKHeads, kDim);
   }
+  // FP8 outputs and cache with dynamic scales, every scale tensor valid (in `scales`).
+  void dynamic(Buffers& b) {
+    out_of_place(b);
+    spec.out_store = Store::e4m3_dynamic;
+    spec.cache_store = Store::e4m3_dynamic;
+    uint8_t* s = b.scales.data();
+    args.q_out_scale = contiguous(Layout::bshd, s, kBatch, kSeq, kQHeads, 1);
+    args.k_out_scale = contiguous(Layout::bshd, s + 1024, kBatch, kSeq, kKHeads, 1);
+    KvCacheArgs& c = args.cache;
+    c.k_scales = reinterpret_cast<float*>(s + 2048);
+    c.v_scales = reinterpret_cast<float*>(s + 3072);
+    c.scale_stride_page = 16 * kKHeads;
+    c.scale_stride_slot = kKHeads;
+    c.scale_stride_head = 1;
+  }
 };
 
 struct Row {
@@ -159,7 +175,7 @@ std::vector<Row> cpp_rows() {
   add(
       "norm 4", [](Call& c, Buffers&) { c.spec.norm = Norm(4); }, "spec.norm (4)");
   add(
-      "out_store 2", [](Call& c, Buffers&) { c.spec.out_store = Store(2); }, "spec.out_store (2)");
+      "out_store 3", [](Call& c, Buffers&) { c.spec.out_store = Store(3); }, "spec.out_store (3)");
   add(
       "cache -1", [](Call& c, Buffers&) { c.spec.cache = KvCache(-1); }, "spec.cache (-1)");
   add(
@@ -645,6 +661,59 @@ std::vector<Row> cpp_rows() {
         c.args.out_quant_scale = -1.0f;
       },
       "args.out_quant_scale (-1) must be a finite number > 0");
+  auto dynamic = [&](std::string name, std::function<void(Call&, Buffers&)> edit,
+                     const char* message) {
+    fused(
+        "dynamic FP8: " + name,
+        [edit](Call& c, Buffers& b) {
+          c.dynamic(b);
+          edit(c, b);
+        },
+        message);
+  };
+  dynamic(
+      "q scales missing", [](Call& c, Buffers&) { c.args.q_out_scale = Tensor{}; },
+      "args.q_out_scale.data is null but spec.out_store is e4m3dyn");
+  dynamic(
+      "k scales heads", [](Call& c, Buffers&) { c.args.k_out_scale.heads = 3; },
+      "args.k_out_scale.heads (3) must be ");
+  dynamic(
+      "q and k scales overlap",
+      [](Call& c, Buffers&) { c.args.k_out_scale.data = c.args.q_out_scale.data; },
+      "args.q_out_scale and args.k_out_scale overlap in memory");
+  dynamic(
+      "q scales misaligned",
+      [](Call& c, Buffers&) { c.args.q_out_scale.data = shifted(c.args.q_out_scale.data, 2); },
+      "args.q_out_scale.data (");
+  dynamic(
+      "scales with a static store", [](Call& c, Buffers&) { c.spec.out_store = Store::e4m3; },
+      "args.q_out_scale.data is set but spec.out_store is not e4m3dyn");
+  dynamic(
+      "k scales without k written",
+      [](Call& c, Buffers&) {
+        c.spec.fusion = Fusion::q;
+        c.args.k_out = Tensor{};
+      },
+      "args.k_out_scale.data is set but no k is written out");
+  dynamic(
+      "cache scales missing", [](Call& c, Buffers&) { c.args.cache.k_scales = nullptr; },
+      "args.cache.k_scales is null but spec.cache_store is e4m3dyn");
+  dynamic(
+      "v cache scales missing", [](Call& c, Buffers&) { c.args.cache.v_scales = nullptr; },
+      "args.cache.v_scales is null but spec.cache_store is e4m3dyn and v is cached");
+  dynamic(
+      "cache scale rows overlap", [](Call& c, Buffers&) { c.args.cache.scale_stride_slot = 0; },
+      "args.cache.k_scales.scale_stride_slot (0) makes rows overlap");
+  dynamic(
+      "cache scales are the cache",
+      [](Call& c, Buffers& b) {
+        c.args.cache.v_scales = reinterpret_cast<float*>(b.cache_k.data());
+      },
+      "overlap in memory");
+  dynamic(
+      "cache scales with a static cache",
+      [](Call& c, Buffers&) { c.spec.cache_store = Store::e4m3; },
+      "args.cache.k_scales is set but spec.cache_store is not e4m3dyn");
   fused(
       "norm weight null", [](Call& c, Buffers&) { c.args.q_norm_weight = nullptr; },
       "args.q_norm_weight is null but spec.norm needs the weights");

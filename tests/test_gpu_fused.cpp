@@ -53,11 +53,12 @@ std::vector<Case> fused_cases() {
     s.table_dtype = n % 11 < 5 ? DType::f32 : DType::bf16;
     s.norm = norms[(n / 5) % 4];
     s.cache = caches[(n / 7) % 4];
-    s.cache_store = s.cache != KvCache::none && (n / 3) % 3 == 1 ? Store::e4m3 : Store::same;
+    s.cache_store = s.cache == KvCache::none ? Store::same : Store((n / 3) % 3);
     s.fusion = s.cache != KvCache::none && (n / 11) % 2 ? Fusion::q : Fusion::qk;
-    const int output = int((n / 13) % 3);  // in place, out of place, out of place in e4m3
+    // In place, out of place, out of place in e4m3 (static, dynamic scales).
+    const int output = int((n / 13) % 4);
     s.in_place = output == 0;
-    s.out_store = output == 2 ? Store::e4m3 : Store::same;
+    s.out_store = output < 2 ? Store::same : Store(output - 1);
     if (!s.fused()) s.norm = Norm::rms;
     autotune::Sizes& z = c.sizes;
     z.seed = 1000 + n;

@@ -75,7 +75,7 @@ Spec spec_of(const std::vector<int>& v) {
 // The fused axes, crossed with the plain ones: which of q and k are written, norm, FP8 outputs,
 // cache and its store. Combinations the spec refuses are repaired (spec_of_fused).
 const std::vector<int> kFusedSizes = {
-    4, 3, int(kDims.size()), 2, int(kPositions.size()), int(kFreqs.size()), 2, 2, 4, 2, 4, 2};
+    4, 3, int(kDims.size()), 2, int(kPositions.size()), int(kFreqs.size()), 2, 2, 4, 3, 4, 3};
 
 Spec spec_of_fused(const std::vector<int>& v) {
   Spec s = spec_of({v[0], v[1], v[2], v[3], v[4], v[5], 0, v[6]});
@@ -86,7 +86,7 @@ Spec spec_of_fused(const std::vector<int>& v) {
   s.cache_store = Store(v[11]);
   if (s.fusion == Fusion::q && s.cache == KvCache::none) s.cache = KvCache::slots;
   if (s.cache == KvCache::none) s.cache_store = Store::same;
-  if (s.out_store == Store::e4m3) s.in_place = false;
+  if (is_fp8(s.out_store)) s.in_place = false;
   if (!s.fused()) s.norm = Norm::rms;
   return s.canonical();
 }
@@ -180,7 +180,10 @@ TEST_CASE("fused kernels keep their per-thread arrays in registers") {
        {"rope_thd_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_q-nrms-cpaged_fwd_ip",
         "rope_thd_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_q-nrms-oe4m3-cpaged-e4m3_fwd_oop",
         "rope_thd_f16_d64_r32_gptj_pos-ids-i64_tab-f32-half_q-nrms1p-cslots_fwd_ip",
-        "rope_bshd_bf16_d128_r128_neox_pos-ids-i64_comp_qk-nrmsall_fwd_ip"}) {
+        "rope_bshd_bf16_d128_r128_neox_pos-ids-i64_comp_qk-nrmsall_fwd_ip",
+        "rope_thd_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_q-nrms-oe4m3dyn-cpaged-e4m3dyn_fwd_"
+        "oop",
+        "rope_bshd_bf16_d256_r64_gptj_pos-ids-i64_tab-f32-half_qk-nrms-oe4m3dyn-cslots_fwd_oop"}) {
     const Spec s = parse_key(key).canonical();
     for (const detail::KernelVariant& v :
          {detail::decode_variant(s, 16), detail::prefill_variant(s, 16)}) {
@@ -271,8 +274,8 @@ TEST_CASE("covering array of the fused keys compiles for sm_80 and sm_90") {
   std::set<std::string> keys;
   for (const std::vector<int>& row : rows) keys.insert(spec_of_fused(row).key());
   // Every fused stage appears, in keys that parse back to themselves.
-  for (const char* part : {"-nrms_", "-nrms1p", "-nrmsall", "-oe4m3", "-cslots", "-cpaged",
-                           "-ccont", "-e4m3_", "_q-"}) {
+  for (const char* part : {"-nrms_", "-nrms1p", "-nrmsall", "-oe4m3-", "-oe4m3dyn", "-cslots",
+                           "-cpaged", "-ccont", "-e4m3_", "-e4m3dyn_", "_q-"}) {
     bool seen = false;
     for (const std::string& k : keys) {
       seen = seen || k.find(part) != std::string::npos;

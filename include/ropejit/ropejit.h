@@ -66,7 +66,7 @@ enum {
   ROPEJIT_CACHE_PAGED = 2,
   ROPEJIT_CACHE_SLOTS = 3
 };
-enum { ROPEJIT_STORE_SAME = 0, ROPEJIT_STORE_E4M3 = 1 };
+enum { ROPEJIT_STORE_SAME = 0, ROPEJIT_STORE_E4M3 = 1, ROPEJIT_STORE_E4M3_DYNAMIC = 2 };
 
 /* Fields are only ever appended, so older callers' layouts stay a prefix. */
 typedef struct {
@@ -104,6 +104,11 @@ typedef struct {
   const int32_t* seq_lens;
   float k_quant_scale, v_quant_scale;
   int32_t* skipped;
+  /* Dynamic FP8 cache scales (ROPEJIT_STORE_E4M3_DYNAMIC); appended: this struct ends the
+   * earlier ropejit_args. */
+  float* k_scales;
+  float* v_scales;
+  int64_t scale_stride_page, scale_stride_slot, scale_stride_head;
 } ropejit_kv_cache;
 
 typedef struct {
@@ -128,6 +133,7 @@ typedef struct {
   double norm_eps;
   float out_quant_scale;
   ropejit_kv_cache cache;
+  ropejit_tensor q_out_scale, k_out_scale;
 } ropejit_args;
 
 /* Fill with the C++ defaults (bshd, bf16, d128, neox, offset positions, f32 half table,

@@ -63,9 +63,16 @@ enum class Norm : int32_t { none = 0, rms = 1, rms_one_plus = 2, rms_all_heads =
 // sequence's current length); paged (a page table: indptr / indices / last_page_len, as
 // FlashInfer); slots (a flat slot per token, as vLLM's slot_mapping; negative: not written).
 enum class KvCache : int32_t { none = 0, contiguous = 1, paged = 2, slots = 3 };
-// How an output is stored: in the activation dtype, or FP8 e4m3 (value * quant scale, rounded to
-// nearest even, saturating to +-448).
-enum class Store : int32_t { same = 0, e4m3 = 1 };
+// How an output is stored: in the activation dtype; FP8 e4m3 with a static per-tensor scale
+// (value * quant scale, rounded to nearest even, saturating to +-448); or FP8 e4m3 with a scale
+// per token and head computed by the kernel (e4m3_dynamic): over each head's values after norm
+// and RoPE, a = max(amax, 2^-9) in fp32; the head is stored as value * (448 / a) and the
+// float32 dequantization scale a / 448 is written next to it (Args::q_out_scale and
+// k_out_scale for outputs, KvCacheArgs::k_scales and v_scales for the cache), so that
+// stored * scale gives the value back.
+enum class Store : int32_t { same = 0, e4m3 = 1, e4m3_dynamic = 2 };
+// Whether a store is FP8 (one byte per element).
+inline bool is_fp8(Store s) { return s != Store::same; }
 
 struct Spec {
   Layout layout = Layout::bshd;
@@ -177,6 +184,14 @@ struct KvCacheArgs {
   const int32_t* seq_lens = nullptr;       // contiguous: tokens each sequence held before
   float k_quant_scale = 1.0f;              // cache_store e4m3: stored = value * scale
   float v_quant_scale = 1.0f;
+  // cache_store e4m3_dynamic: a float32 dequantization scale per cached token and head, placed
+  // like the rows: page * scale_stride_page + slot * scale_stride_slot + head *
+  // scale_stride_head (elements of float; contiguous: page is the sequence, slot its position).
+  float* k_scales = nullptr;
+  float* v_scales = nullptr;  // with v
+  int64_t scale_stride_page = 0;
+  int64_t scale_stride_slot = 0;
+  int64_t scale_stride_head = 0;
   // Optional device counter: tokens whose slot or page (read on the device) fell outside the
   // cache; they are not written. A negative slot is not counted: it means "do not write".
   int32_t* skipped = nullptr;
@@ -207,6 +222,11 @@ struct Args {
   const void* k_norm_weight = nullptr;  //   in the activation dtype
   double norm_eps = 1e-6;
   float out_quant_scale = 1.0f;  // out_store e4m3: q_out / k_out = value * scale
+  // out_store e4m3_dynamic: the float32 dequantization scale of every token and head of q_out
+  // (k_out), [batch, seq, heads] (thd: [tokens, heads]) by Tensor's strides in floats (heads
+  // as q's and k's; head_dim does not apply).
+  Tensor q_out_scale;
+  Tensor k_out_scale;
   KvCacheArgs cache;
   void* stream = nullptr;  // CUstream; nullptr is the legacy default stream
 };

@@ -48,7 +48,9 @@ class ropejit_kv_cache(ctypes.Structure):
                 ("stride_page", _i64), ("stride_slot", _i64), ("stride_head", _i64),
                 ("slot_mapping", _ptr), ("indptr", _ptr), ("indices", _ptr),
                 ("num_indices", _i64), ("last_page_len", _ptr), ("seq_lens", _ptr),
-                ("k_quant_scale", _f32), ("v_quant_scale", _f32), ("skipped", _ptr)]
+                ("k_quant_scale", _f32), ("v_quant_scale", _f32), ("skipped", _ptr),
+                ("k_scales", _ptr), ("v_scales", _ptr), ("scale_stride_page", _i64),
+                ("scale_stride_slot", _i64), ("scale_stride_head", _i64)]
 
 
 class ropejit_args(ctypes.Structure):
@@ -63,6 +65,7 @@ class ropejit_args(ctypes.Structure):
         ("scaling", ropejit_scaling), ("mrope_section", _i32 * 3), ("mrope_interleaved", _i32),
         ("v", ropejit_tensor), ("q_norm_weight", _ptr), ("k_norm_weight", _ptr),
         ("norm_eps", _f64), ("out_quant_scale", _f32), ("cache", ropejit_kv_cache),
+        ("q_out_scale", ropejit_tensor), ("k_out_scale", ropejit_tensor),
     ]
 
 

@@ -21,6 +21,13 @@ or computed and scaled frequencies, mRoPE). The fused stages:
 - outputs: in place unless ``q_out`` (and ``k_out``) are given; ``q_out`` of dtype
   ``torch.float8_e4m3fn`` stores ``value * out_scale`` as FP8 e4m3 (round to nearest even,
   saturating). ``write_k=False``: k goes only to the cache.
+- dynamic FP8 (a scale per token and head, computed in the kernel): give ``q_out_scale`` (and
+  ``k_out_scale`` with ``k_out``), float32 shaped like ``q_out`` without head_dim (thd:
+  ``[tokens, heads]``), instead of ``out_scale``; ``k_cache_scales`` (and ``v_cache_scales``)
+  shaped like the cache without head_dim (NHD ``[pages, page_size, kv_heads]``, HND
+  ``[pages, kv_heads, page_size]``) instead of ``k_scale`` / ``v_scale``. Each head is stored
+  as ``value * 448 / a`` with ``a = max(amax, 2**-9)`` over the head after norm and RoPE, and
+  ``a / 448`` is written to its scale element: ``fp8.float() * scale`` gives the value back.
 - the KV cache: ``k_cache`` (and ``v_cache``, with ``v``) in the activation dtype or
   ``torch.float8_e4m3fn`` (stored ``value * k_scale`` / ``* v_scale``), 4-d: ``kv_layout``
   ``"NHD"`` ``[pages, page_size, kv_heads, head_dim]`` or ``"HND"``
@@ -82,9 +89,38 @@ def _cache_layout(v, kv_layout):
     return n[0], n[2], n[1], n[3], s[0], s[2], s[1]
 
 
+def _scales(chk, s, out, layout):
+    """The ropejit_tensor of a dynamic output's float32 scales: `out`'s shape without head_dim,
+    any strides."""
+    chk.device_of(s)
+    if s.dtype != "f32":
+        _fail(f"{s.name}.dtype ({s.dtype}) must be float32")
+    if tuple(s.shape) != tuple(out.shape[:-1]):
+        _fail(f"{s.name} has shape {list(s.shape)}; it must be {out.name}'s without head_dim "
+              f"{list(out.shape[:-1])}")
+    if layout == "thd":
+        return _capi.ropejit_tensor(s.ptr, s.shape[1], 0, s.strides[0], s.strides[1])
+    b, q, h = _call.DENSE_AXES[layout]
+    return _capi.ropejit_tensor(s.ptr, s.shape[h], s.strides[b], s.strides[q], s.strides[h])
+
+
+def _cache_scales(chk, s, cache, kv_layout):
+    """(pointer, stride_page, stride_slot, stride_head) of a dynamic cache's float32 scales:
+    the cache's shape without head_dim, any strides."""
+    chk.device_of(s)
+    if s.dtype != "f32":
+        _fail(f"{s.name}.dtype ({s.dtype}) must be float32")
+    if tuple(s.shape) != tuple(cache.shape[:-1]):
+        _fail(f"{s.name} has shape {list(s.shape)}; it must be {cache.name}'s without head_dim "
+              f"{list(cache.shape[:-1])} ({kv_layout})")
+    st = s.strides
+    return (s.ptr, st[0], st[1], st[2]) if kv_layout == "NHD" else (s.ptr, st[0], st[2], st[1])
+
+
 def plan(qv, kv, vv, views, *, layout, style, rotary_dim, position_offset, base, freqs,
          scaling, seq_len, mrope_section, mrope_interleaved, norm, norm_eps, out_scale,
          write_k, kv_layout, k_scale, v_scale):
+    # Optional views also read here: q_out_scale, k_out_scale, k_cache_scales, v_cache_scales.
     """(ropejit_spec, ropejit_args) of a fused call from its Views (`views`: the optional ones
     by argument name, None when absent). Raises InvalidArgument naming the argument."""
     spec0, a = _call.plan(qv, kv, cos=views["cos"], sin=views["sin"],
@@ -149,11 +185,18 @@ def plan(qv, kv, vv, views, *, layout, style, rotary_dim, position_offset, base,
             _fail(f"q_out has shape {list(q_out.shape)}, q has {list(qv.shape)}")
         _call._dims(q_out, layout)
         a.q_out = _operand(q_out, layout)
+        dynamic = views["q_out_scale"] is not None
         if q_out.dtype == _FP8:
-            spec.out_store = 1
+            spec.out_store = 2 if dynamic else 1
             if isinstance(out_scale, bool) or not isinstance(out_scale, (int, float)):
                 _fail(f"out_scale ({out_scale!r}) must be a number")
+            if dynamic and out_scale != 1.0:
+                _fail(f"out_scale ({out_scale!r}) and q_out_scale are both given: q_out_scale "
+                      "asks for a scale per token and head, computed by the kernel")
             a.out_quant_scale = float(out_scale)
+        elif dynamic:
+            _fail(f"q_out_scale is given but q_out.dtype is {q_out.dtype}: dynamic scales are "
+                  "for float8_e4m3fn outputs")
         if kv is not None and write_k:
             if k_out is None:
                 _fail("k_out is missing: out of place needs an output for k (or write_k=False)")
@@ -161,15 +204,31 @@ def plan(qv, kv, vv, views, *, layout, style, rotary_dim, position_offset, base,
             a.k_out = _operand(k_out, layout)
         elif k_out is not None:
             _fail("k_out is given but k is not written (write_k=False or no k)")
+        if dynamic:
+            a.q_out_scale = _scales(chk, views["q_out_scale"], q_out, layout)
+            if k_out is not None:
+                if views["k_out_scale"] is None:
+                    _fail("k_out_scale is missing: q_out_scale asks for dynamic scales, and k "
+                          "is written to k_out")
+                a.k_out_scale = _scales(chk, views["k_out_scale"], k_out, layout)
+            elif views["k_out_scale"] is not None:
+                _fail("k_out_scale is given but k is not written out (no k_out)")
+        elif views["k_out_scale"] is not None:
+            _fail("k_out_scale is given without q_out_scale")
     elif k_out is not None:
         _fail("k_out is given without q_out: out of place needs q_out")
+    elif views["q_out_scale"] is not None or views["k_out_scale"] is not None:
+        _fail("q_out_scale / k_out_scale are given without q_out: scales go with FP8 outputs")
 
     # The KV cache.
     k_cache, v_cache = views["k_cache"], views["v_cache"]
     modes = [m for m, names in (("paged", ("kv_indptr", "kv_indices", "kv_last_page_len")),
                                 ("slots", ("slot_mapping",)), ("contiguous", ("cache_seqlens",)))
              if any(views[n] is not None for n in names)]
+    cache_scales = views["k_cache_scales"], views["v_cache_scales"]
     if k_cache is None:
+        if any(s is not None for s in cache_scales):
+            _fail("k_cache_scales / v_cache_scales are given without k_cache")
         if v_cache is not None or modes:
             _fail("v_cache or a cache's addressing (kv_indptr, slot_mapping, cache_seqlens) is "
                   "given without k_cache")
@@ -208,12 +267,37 @@ def plan(qv, kv, vv, views, *, layout, style, rotary_dim, position_offset, base,
         c.v = v_cache.ptr if v_cache is not None else None
         c.pages, c.page_size = pages, page_size
         c.stride_page, c.stride_slot, c.stride_head = s_page, s_slot, s_head
+        dynamic_cache = cache_scales[0] is not None
         if k_cache.dtype == _FP8:
-            spec.cache_store = 1
+            spec.cache_store = 2 if dynamic_cache else 1
             for name, value in (("k_scale", k_scale), ("v_scale", v_scale)):
                 if isinstance(value, bool) or not isinstance(value, (int, float)):
                     _fail(f"{name} ({value!r}) must be a number")
+                if dynamic_cache and value != 1.0:
+                    _fail(f"{name} ({value!r}) and k_cache_scales are both given: "
+                          "k_cache_scales asks for a scale per token and head, computed by "
+                          "the kernel")
             c.k_quant_scale, c.v_quant_scale = float(k_scale), float(v_scale)
+        elif dynamic_cache:
+            _fail(f"k_cache_scales is given but k_cache.dtype is {k_cache.dtype}: dynamic "
+                  "scales are for a float8_e4m3fn cache")
+        if dynamic_cache:
+            (c.k_scales, c.scale_stride_page, c.scale_stride_slot,
+             c.scale_stride_head) = _cache_scales(chk, cache_scales[0], k_cache, kv_layout)
+            if v_cache is not None:
+                if cache_scales[1] is None:
+                    _fail("v_cache_scales is missing: k_cache_scales asks for dynamic scales, "
+                          "and v is cached")
+                v_scales = _cache_scales(chk, cache_scales[1], v_cache, kv_layout)
+                if v_scales[1:] != (c.scale_stride_page, c.scale_stride_slot,
+                                    c.scale_stride_head):
+                    _fail(f"v_cache_scales (strides {list(cache_scales[1].strides)}) must match "
+                          f"k_cache_scales (strides {list(cache_scales[0].strides)})")
+                c.v_scales = v_scales[0]
+            elif cache_scales[1] is not None:
+                _fail("v_cache_scales is given but v_cache is not")
+        elif cache_scales[1] is not None:
+            _fail("v_cache_scales is given without k_cache_scales")
         batch = a.batch
         if mode == "paged":
             for name in ("kv_indptr", "kv_indices", "kv_last_page_len"):
@@ -252,7 +336,8 @@ def qk_norm_rope(q, k=None, v=None, *, cos=None, sin=None, base=10000.0, layout=
                  k_norm_weight=None, norm_eps=1e-6, q_out=None, k_out=None, out_scale=1.0,
                  write_k=True, k_cache=None, v_cache=None, kv_layout="NHD", kv_indptr=None,
                  kv_indices=None, kv_last_page_len=None, slot_mapping=None, cache_seqlens=None,
-                 k_scale=1.0, v_scale=1.0, skipped=None, stream=None):
+                 k_scale=1.0, v_scale=1.0, skipped=None, q_out_scale=None, k_out_scale=None,
+                 k_cache_scales=None, v_cache_scales=None, stream=None):
     """One fused launch: QK-norm, RoPE, q (and k) stored, k and v appended to the KV cache.
     The module docstring lists the arguments."""
     is_torch = _tensors.is_torch_tensor(q)
@@ -266,7 +351,9 @@ def qk_norm_rope(q, k=None, v=None, *, cos=None, sin=None, base=10000.0, layout=
              "k_norm_weight": k_norm_weight, "q_out": q_out, "k_out": k_out, "k_cache": k_cache,
              "v_cache": v_cache, "kv_indptr": kv_indptr, "kv_indices": kv_indices,
              "kv_last_page_len": kv_last_page_len, "slot_mapping": slot_mapping,
-             "cache_seqlens": cache_seqlens, "skipped": skipped}
+             "cache_seqlens": cache_seqlens, "skipped": skipped, "q_out_scale": q_out_scale,
+             "k_out_scale": k_out_scale, "k_cache_scales": k_cache_scales,
+             "v_cache_scales": v_cache_scales}
     views = {name: None if t is None else _tensors.view(name, t, handle)
              for name, t in given.items()}
     spec, args = plan(qv, views["k"], views["v"], views, layout=layout, style=style,

@@ -192,6 +192,83 @@ def test_cache_arguments(launches):
                                                       k_norm_weight=None))
 
 
+def dynamic_step(**over):
+    """The decode step with dynamic FP8 scales for q_out and the cache."""
+    args = step(out_scale=1.0, k_scale=1.0, v_scale=1.0,
+                q_out_scale=CudaArray((T, HQ), "<f4", ptr=at(17)),
+                k_cache_scales=CudaArray((5, 16, HK), "<f4", ptr=at(18)),
+                v_cache_scales=CudaArray((5, 16, HK), "<f4", ptr=at(19)))
+    args.update(over)
+    return args
+
+
+def test_dynamic_fp8_scales_fill_the_structs(launches):
+    ropejit.fused.qk_norm_rope(**dynamic_step())
+    spec, args, _ = launches[-1]
+    assert key_of(spec) == (
+        "rope_thd_bf16_d64_r64_neox_pos-ids-i64_tab-f32-half_q-nrms-oe4m3dyn-cpaged-e4m3dyn_fwd_"
+        "oop")
+    s = args.q_out_scale
+    assert (s.data, s.heads, s.stride_seq, s.stride_head) == (at(17), HQ, HQ, 1)
+    assert args.k_out_scale.data is None
+    c = args.cache
+    assert (c.k_scales, c.v_scales) == (at(18), at(19))
+    assert (c.scale_stride_page, c.scale_stride_slot, c.scale_stride_head) == (16 * HK, HK, 1)
+    # HND scales, and k written out with its own scales (views of one [tokens, q + k] tensor).
+    hnd = DLPackArray((5, HK, 16, D), code=10, bits=8, ptr=at(8))
+    ropejit.fused.qk_norm_rope(**dynamic_step(
+        write_k=True, k_out=DLPackArray((T, HK, D), code=10, bits=8, ptr=at(16)),
+        q_out_scale=CudaArray((T, HQ), "<f4", ptr=at(17), strides=(4 * (HQ + HK), 4)),
+        k_out_scale=CudaArray((T, HK), "<f4", ptr=at(17) + 4 * HQ, strides=(4 * (HQ + HK), 4)),
+        kv_layout="HND", k_cache=hnd, v_cache=DLPackArray((5, HK, 16, D), code=10, bits=8,
+                                                          ptr=at(9)),
+        k_cache_scales=CudaArray((5, HK, 16), "<f4", ptr=at(18)),
+        v_cache_scales=CudaArray((5, HK, 16), "<f4", ptr=at(19))))
+    spec, args, _ = launches[-1]
+    assert "_qk-nrms-oe4m3dyn-cpaged-e4m3dyn_" in key_of(spec)
+    assert (args.q_out_scale.stride_seq, args.k_out_scale.data) == (HQ + HK, at(17) + 4 * HQ)
+    c = args.cache
+    assert (c.scale_stride_page, c.scale_stride_slot, c.scale_stride_head) == (16 * HK, 1, 16)
+
+
+def test_dynamic_fp8_arguments(launches):
+    refused(launches, r"out_scale \(0.5\) and q_out_scale are both given",
+            **dynamic_step(out_scale=0.5))
+    refused(launches, r"k_scale \(0.25\) and k_cache_scales are both given",
+            **dynamic_step(k_scale=0.25))
+    refused(launches, r"q_out_scale has shape \[3, 2\]; it must be q_out's without head_dim "
+            r"\[3, 4\]", **dynamic_step(q_out_scale=CudaArray((T, 2), "<f4", ptr=at(17))))
+    refused(launches, r"q_out_scale.dtype \(f16\) must be float32",
+            **dynamic_step(q_out_scale=CudaArray((T, HQ), "<f2", ptr=at(17))))
+    refused(launches, r"q_out_scale is given but q_out.dtype is bf16", **dynamic_step(
+        q_out=DLPackArray((T, HQ, D), code=4, bits=16, ptr=at(7))))
+    refused(launches, r"k_out_scale is missing", **dynamic_step(
+        write_k=True, k_out=DLPackArray((T, HK, D), code=10, bits=8, ptr=at(16))))
+    refused(launches, r"k_out_scale is given but k is not written out",
+            **dynamic_step(k_out_scale=CudaArray((T, HK), "<f4", ptr=at(16))))
+    refused(launches, r"k_out_scale is given without q_out_scale",
+            **step(k_out_scale=CudaArray((T, HK), "<f4", ptr=at(16))))
+    refused(launches, r"without q_out: scales go with FP8 outputs",
+            **dynamic_step(q_out=None, write_k=True))
+    refused(launches, r"k_cache_scales has shape \[5, 16, 4\]; it must be k_cache's without "
+            r"head_dim \[5, 16, 2\] \(NHD\)",
+            **dynamic_step(k_cache_scales=CudaArray((5, 16, 4), "<f4", ptr=at(18))))
+    refused(launches, r"v_cache_scales is missing", **dynamic_step(v_cache_scales=None))
+    refused(launches, r"v_cache_scales is given without k_cache_scales",
+            **dynamic_step(k_cache_scales=None))
+    refused(launches, r"v_cache_scales \(strides \[32, 1, 16\]\) must match k_cache_scales",
+            **dynamic_step(v_cache_scales=CudaArray((5, 16, HK), "<f4", ptr=at(19),
+                                                    strides=(128, 4, 64))))
+    refused(launches, r"k_cache_scales is given but k_cache.dtype is bf16", **dynamic_step(
+        k_cache=DLPackArray((5, 16, HK, D), code=4, bits=16, ptr=at(8)),
+        v_cache=DLPackArray((5, 16, HK, D), code=4, bits=16, ptr=at(9))))
+    refused(launches, r"k_cache_scales / v_cache_scales are given without k_cache",
+            **dynamic_step(q_out_scale=None, out_scale=1.0, k_cache=None, v_cache=None, v=None,
+                           kv_indptr=None, kv_indices=None, kv_last_page_len=None,
+                           skipped=None, write_k=True,
+                           k_out=DLPackArray((T, HK, D), code=10, bits=8, ptr=at(16))))
+
+
 def test_the_library_checks_what_python_cannot(launches, monkeypatch):
     # Overlapping cache pages and q (the C API's overlap check), reached through the real
     # ropejit_apply: refused with the C message, before any launch (no driver needed).

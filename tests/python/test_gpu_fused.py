@@ -51,10 +51,16 @@ def close_bf16(got, want, what):
     assert bool((err <= want.abs() * 2.0 ** -7 + 1e-6).all()), f"{what}: max error {err.max()}"
 
 
-@pytest.mark.parametrize("fp8", [False, True])
+def dynamic_scale(want):
+    """float64 dequantization scale of each head (last dimension) under dynamic FP8."""
+    return want.abs().amax(-1).clamp(min=2.0 ** -9) / 448.0
+
+
+@pytest.mark.parametrize("mode", ["bf16", "fp8", "fp8dyn"])
 @pytest.mark.parametrize("kv_layout", ["NHD", "HND"])
-def test_paged_decode_step_against_float64(fp8, kv_layout):
-    g = torch.Generator().manual_seed(7 + fp8 + 2 * (kv_layout == "HND"))
+def test_paged_decode_step_against_float64(mode, kv_layout):
+    fp8, dyn = mode != "bf16", mode == "fp8dyn"
+    g = torch.Generator().manual_seed(7 + fp8 + dyn + 3 * (kv_layout == "HND"))
     seqs = 5
     held = torch.randint(0, 4 * PAGE, (seqs,), generator=g)  # tokens before this step
     qkv = torch.randn(seqs, HQ + 2 * HK, D, generator=g).to(torch.bfloat16)
@@ -85,6 +91,13 @@ def test_paged_decode_step_against_float64(fp8, kv_layout):
     q_out = torch.empty(seqs, HQ, D, dtype=torch.float8_e4m3fn, device=dev) if fp8 else None
     skipped = torch.zeros(1, dtype=torch.int32, device=dev)
     out_scale, k_scale, v_scale = 4.0, 2.0, 8.0
+    scales = {}
+    if dyn:  # poisoned (NaN) scale tensors; the kernel computes each head's scale
+        out_scale = k_scale = v_scale = 1.0
+        nan = float("nan")
+        scales = dict(q_out_scale=torch.full((seqs, HQ), nan, device=dev),
+                      k_cache_scales=torch.full(shape[:3], nan, device=dev),
+                      v_cache_scales=torch.full(shape[:3], nan, device=dev))
 
     ropejit.fused.qk_norm_rope(
         q, k, v, layout="thd", cu_seqlens=torch.arange(seqs + 1, dtype=torch.int32, device=dev),
@@ -92,7 +105,8 @@ def test_paged_decode_step_against_float64(fp8, kv_layout):
         norm="rms", q_norm_weight=qn.to(dev), k_norm_weight=kn.to(dev), norm_eps=1e-6,
         q_out=q_out, out_scale=out_scale, write_k=False, k_cache=k_cache, v_cache=v_cache,
         kv_layout=kv_layout, kv_indptr=indptr.to(dev), kv_indices=indices.to(dev),
-        kv_last_page_len=last.to(dev), k_scale=k_scale, v_scale=v_scale, skipped=skipped)
+        kv_last_page_len=last.to(dev), k_scale=k_scale, v_scale=v_scale, skipped=skipped,
+        **scales)
     torch.cuda.synchronize()
 
     x = qkv.double()
@@ -100,7 +114,16 @@ def test_paged_decode_step_against_float64(fp8, kv_layout):
     want_q = neox(rms(x[:, :HQ], qn, 1e-6), c, s)
     want_k = neox(rms(x[:, HQ:HQ + HK], kn, 1e-6), c, s)
     want_v = x[:, HQ + HK:]
-    if fp8:
+    def check_scales(got, want, what):
+        """The kernel's scales against float64's; returns the multipliers 1 / scale."""
+        ref = dynamic_scale(want)
+        err = (got.double().cpu() - ref).abs()
+        assert bool((err <= ref * 2.0 ** -17).all()), f"{what}: scale error {err.max()}"
+        return (1.0 / ref)[..., None]
+
+    if dyn:
+        close_fp8(q_out, want_q, check_scales(scales["q_out_scale"], want_q, "q"), "q_out")
+    elif fp8:
         close_fp8(q_out, want_q, out_scale, "q_out")
     else:
         close_bf16(q, want_q, "q (in place)")
@@ -111,7 +134,12 @@ def test_paged_decode_step_against_float64(fp8, kv_layout):
         slot = int(held[i]) % PAGE
         at = (page, slot) if kv_layout == "NHD" else (page, slice(None), slot)
         got_k, got_v = k_cache[at], v_cache[at]  # [HK, D]
-        if fp8:
+        if dyn:
+            for name, got, want in (("k", got_k, want_k[i]), ("v", got_v, want_v[i])):
+                mul = check_scales(scales[f"{name}_cache_scales"][at], want,
+                                   f"{name} scales of sequence {i}")
+                close_fp8(got, want, mul, f"{name} of sequence {i}")
+        elif fp8:
             close_fp8(got_k, want_k[i], k_scale, f"k of sequence {i}")
             close_fp8(got_v, want_v[i], v_scale, f"v of sequence {i}")
         else:
@@ -123,6 +151,8 @@ def test_paged_decode_step_against_float64(fp8, kv_layout):
         a = now.view(torch.uint8).view(*shape[:3], -1)[untouched]
         b = then.view(torch.uint8).view(*shape[:3], -1)[untouched]
         assert torch.equal(a, b), f"{name}: a byte the call does not address changed"
+    for name in ("k_cache_scales", "v_cache_scales") if dyn else ():
+        assert bool(scales[name][untouched].isnan().all()), f"{name}: an unaddressed scale changed"
     assert int(skipped) == 0
     # k and v are read only (write_k=False), and q too when it goes out as FP8.
     unchanged = slice(0, None) if fp8 else slice(HQ, None)
