@@ -392,13 +392,14 @@ CheckReport Workload::check() {
         }
       } else if (o.kind == kE4m3) {
         // Either rounding of the interval's ends (the kernel's fp32 value lies inside it): the
-        // bits are exact wherever the interval holds no rounding boundary.
+        // bits are exact wherever the interval holds no rounding boundary. An interval around
+        // zero admits both zeros (compared as values: -0 == +0).
         want = expect_[slot][i];
         value = e4m3_value(*g);
         const uint8_t lo = e4m3_bits(want - tol), hi = e4m3_bits(want + tol);
         const double vlo = e4m3_value(lo), vhi = e4m3_value(hi);
         good = std::isnan(want) ? std::isnan(value)
-                                : *g == lo || *g == hi || (value > vlo && value < vhi);
+                                : *g == lo || *g == hi || (value >= vlo && value <= vhi);
         if (!std::isnan(want)) {
           const double err = std::fabs(value - want);
           err2 += std::isnan(err) ? INFINITY : err * err;

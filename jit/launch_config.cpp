@@ -174,9 +174,13 @@ KernelVariant variant_with(const Spec& c, int32_t align_bytes, int32_t table_ali
 // Fused keys take 256: the tuner's winners at 4096 and 32768 tokens on both GPUs (more
 // registers for the norm, FP8 and cache placement; bench/RESULTS.md, "Fused decode"), except a
 // norm over all heads, whose block holds every q and k head of a token (up to 2 x 512 / chunks).
+// Dynamic FP8 keys hold each finished head until its scale is known: one head per thread (the
+// tuner's winner for them at 4096 and 32768 tokens on the H100), but for a norm over all heads.
 KernelVariant prefill_variant(const Spec& c, int32_t align_bytes, int32_t table_align) {
   const bool fused_256 = c.fused() && c.norm != Norm::rms_all_heads;
-  return variant_with(c, align_bytes, table_align, 2, fused_256 ? 256 : 512);
+  const bool dynamic = c.out_store == Store::e4m3_dynamic || c.cache_store == Store::e4m3_dynamic;
+  return variant_with(c, align_bytes, table_align, dynamic && fused_256 ? 1 : 2,
+                      fused_256 ? 256 : 512);
 }
 
 // One head per thread: fewer registers and less code before the first load, 9% faster per

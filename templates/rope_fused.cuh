@@ -593,18 +593,19 @@ struct FusedKernel {
           }
         }
 
-        // Dynamic FP8: each head's largest magnitude as it will be stored, over its lanes (the
-        // head is finished again below, so that one head's floats are live at a time).
+        // Dynamic FP8: each head finished first, then its largest magnitude over its lanes. The
+        // finished heads are kept for the stores (finishing them again cost a third of a
+        // prefill's time); the dynamic keys' prefill kernel runs one head per thread.
         float amax[kHpt];
+        Slice done[kDynamic ? kHpt : 1];
         if (kDynamic) {
 #pragma unroll
           for (int j = 0; j < kHpt; ++j) {
             amax[j] = 0.0f;
-            if (act[j] && scaled(kind[j])) {
-              Slice x;
+            if (act[j]) {
               finish(fp, xr[j], kind[j], idx[j], col, rot, two, kNorm != kNormNone ? ss[j] : 0.0f,
-                     q_inv, k_inv, wq, wk, cs, sn, x);
-              amax[j] = slice_amax(x, two);
+                     q_inv, k_inv, wq, wk, cs, sn, done[j]);
+              if (scaled(kind[j])) amax[j] = slice_amax(done[j], two);
             }
           }
           row_reduce<true>(amax, scratch, mask);
@@ -614,8 +615,11 @@ struct FusedKernel {
         for (int j = 0; j < kHpt; ++j) {
           if (!act[j]) continue;
           Slice x;
-          finish(fp, xr[j], kind[j], idx[j], col, rot, two, kNorm != kNormNone ? ss[j] : 0.0f,
-                 q_inv, k_inv, wq, wk, cs, sn, x);
+          if (kDynamic)
+            x = done[kDynamic ? j : 0];
+          else
+            finish(fp, xr[j], kind[j], idx[j], col, rot, two, kNorm != kNormNone ? ss[j] : 0.0f,
+                   q_inv, k_inv, wq, wk, cs, sn, x);
           // The head's dynamic scale: stored = value * (448 / a), dequantized by a / 448, both
           // divisions rounded to nearest whatever the compiler's flags.
           float dyn_mul = 1.0f, dyn_scale = 1.0f;
