@@ -89,15 +89,20 @@ def _cache_layout(v, kv_layout):
     return n[0], n[2], n[1], n[3], s[0], s[2], s[1]
 
 
-def _scales(chk, s, out, layout):
-    """The ropejit_tensor of a dynamic output's float32 scales: `out`'s shape without head_dim,
-    any strides."""
+def _scale_view(chk, s, like, where=""):
+    """Checks a dynamic FP8 scale tensor: float32 on the call's device, shaped like the tensor
+    it scales (`like`) without head_dim."""
     chk.device_of(s)
     if s.dtype != "f32":
         _fail(f"{s.name}.dtype ({s.dtype}) must be float32")
-    if tuple(s.shape) != tuple(out.shape[:-1]):
-        _fail(f"{s.name} has shape {list(s.shape)}; it must be {out.name}'s without head_dim "
-              f"{list(out.shape[:-1])}")
+    if tuple(s.shape) != tuple(like.shape[:-1]):
+        _fail(f"{s.name} has shape {list(s.shape)}; it must be {like.name}'s without head_dim "
+              f"{list(like.shape[:-1])}{where}")
+
+
+def _scales(chk, s, out, layout):
+    """The ropejit_tensor of a dynamic output's scales (any strides)."""
+    _scale_view(chk, s, out)
     if layout == "thd":
         return _capi.ropejit_tensor(s.ptr, s.shape[1], 0, s.strides[0], s.strides[1])
     b, q, h = _call.DENSE_AXES[layout]
@@ -105,14 +110,9 @@ def _scales(chk, s, out, layout):
 
 
 def _cache_scales(chk, s, cache, kv_layout):
-    """(pointer, stride_page, stride_slot, stride_head) of a dynamic cache's float32 scales:
-    the cache's shape without head_dim, any strides."""
-    chk.device_of(s)
-    if s.dtype != "f32":
-        _fail(f"{s.name}.dtype ({s.dtype}) must be float32")
-    if tuple(s.shape) != tuple(cache.shape[:-1]):
-        _fail(f"{s.name} has shape {list(s.shape)}; it must be {cache.name}'s without head_dim "
-              f"{list(cache.shape[:-1])} ({kv_layout})")
+    """(pointer, stride_page, stride_slot, stride_head) of a dynamic cache's scales (any
+    strides)."""
+    _scale_view(chk, s, cache, f" ({kv_layout})")
     st = s.strides
     return (s.ptr, st[0], st[1], st[2]) if kv_layout == "NHD" else (s.ptr, st[0], st[2], st[1])
 
