@@ -151,8 +151,15 @@ TEST_CASE("rendering binds every axis and nothing else") {
         "kPosMode = 2", "kIdx64 = false", "kComputed = true", "kBackward = true",
         "kInPlace = false", "kVec = 4", "kHeadsPerThread = 2", "kGridStride = false"})
     CHECK_MESSAGE(binds(binding), binding);
-  CHECK(r.source.find("__launch_bounds__(256)") != std::string::npos);
+  CHECK(r.source.find("__launch_bounds__(256, 1)") != std::string::npos);
   CHECK(r.source.find("{{") == std::string::npos);
+  // Fused kernels of up to 256 threads keep two blocks per SM.
+  const Spec fused =
+      parse_key("rope_thd_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_q-nrms-cpaged_fwd_ip");
+  CHECK(detail::render(fused, KernelVariant{8, 1, 256}).source.find("__launch_bounds__(256, 2)") !=
+        std::string::npos);
+  CHECK(detail::render(fused, KernelVariant{8, 1, 512}).source.find("__launch_bounds__(512, 1)") !=
+        std::string::npos);
   // Deterministic: the same inputs render byte-identical source (cache keys depend on it).
   CHECK(detail::render(s.canonical(), v).source == r.source);
 }
