@@ -269,6 +269,45 @@ def test_dynamic_fp8_arguments(launches):
                            k_out=DLPackArray((T, HK, D), code=10, bits=8, ptr=at(16))))
 
 
+def test_repeated_shapes_reuse_the_plan_with_each_calls_addresses(launches):
+    plans = ropejit.fused._PLANS
+    plans.clear()
+    ropejit.fused.qk_norm_rope(**step())
+    assert len(plans) == 1
+    # The same shapes at other addresses: a hit, with every address the call's own.
+    token = (HQ + 2 * HK) * D
+    moved = step(q=DLPackArray((T, HQ, D), strides=(token, D, 1), ptr=at(40), code=4, bits=16),
+                 k=DLPackArray((T, HK, D), strides=(token, D, 1), ptr=at(40) + HQ * D * 2,
+                               code=4, bits=16),
+                 v=DLPackArray((T, HK, D), strides=(token, D, 1), ptr=at(40) + (HQ + HK) * D * 2,
+                               code=4, bits=16),
+                 q_out=DLPackArray((T, HQ, D), code=10, bits=8, ptr=at(41)),
+                 k_cache=DLPackArray((5, 16, HK, D), code=10, bits=8, ptr=at(42)),
+                 kv_indices=CudaArray((5,), "<i4", ptr=at(43)),
+                 skipped=CudaArray((1,), "<i4", ptr=at(44)))
+    ropejit.fused.qk_norm_rope(**moved)
+    assert len(plans) == 1
+    spec, args, _ = launches[-1]
+    assert (args.q.data, args.k.data, args.q_out.data) == (at(40), at(40) + HQ * D * 2, at(41))
+    assert (args.cache.k, args.cache.indices, args.cache.skipped) == (at(42), at(43), at(44))
+    # Byte for byte what planning it afresh gives.
+    plans.clear()
+    ropejit.fused.qk_norm_rope(**moved)
+    fresh_spec, fresh_args, _ = launches[-1]
+    assert bytes(args) == bytes(fresh_args) and key_of(spec) == key_of(fresh_spec)
+    # Another shape, or an argument of another type with an equal value, is planned again
+    # (and refused where plan() refuses it).
+    ropejit.fused.qk_norm_rope(**step(out_scale=0.5))
+    ropejit.fused.qk_norm_rope(**step(out_scale=1))
+    assert len(plans) == 2
+    k_out = DLPackArray((T, HK, D), code=10, bits=8, ptr=at(16))
+    ropejit.fused.qk_norm_rope(**step(write_k=True, k_out=k_out))
+    before = len(launches)
+    with pytest.raises(ropejit.InvalidArgument, match=r"write_k \(1\) must be True or False"):
+        ropejit.fused.qk_norm_rope(**step(write_k=1, k_out=k_out))
+    assert len(launches) == before
+
+
 def test_the_library_checks_what_python_cannot(launches, monkeypatch):
     # Overlapping cache pages and q (the C API's overlap check), reached through the real
     # ropejit_apply: refused with the C message, before any launch (no driver needed).
