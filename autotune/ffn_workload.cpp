@@ -223,19 +223,7 @@ int64_t FfnProblem::bytes_moved() const {
          (spec_.norm != Norm::none ? sizes_.hidden * e : 0);
 }
 
-CheckReport FfnProblem::check_as(ProjPath path) {
-  const ProjPath asked = sizes_.path;
-  sizes_.path = path;
-  CheckReport r;
-  try {
-    r = check();
-  } catch (...) {
-    sizes_.path = asked;
-    throw;
-  }
-  sizes_.path = asked;
-  return r;
-}
+CheckReport FfnProblem::check_as(ProjPath path) { return check_on_path(*this, &sizes_.path, path); }
 
 CheckReport FfnProblem::check() {
   const detail::Driver& d = detail::driver();

@@ -398,17 +398,7 @@ int64_t ProjProblem::bytes_moved() const {
 }
 
 CheckReport ProjProblem::check_as(ProjPath path) {
-  const ProjPath asked = sizes_.path;
-  sizes_.path = path;
-  CheckReport r;
-  try {
-    r = check();
-  } catch (...) {
-    sizes_.path = asked;
-    throw;
-  }
-  sizes_.path = asked;
-  return r;
+  return check_on_path(*this, &sizes_.path, path);
 }
 
 CheckReport ProjProblem::check() {

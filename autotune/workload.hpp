@@ -61,6 +61,19 @@ struct CheckReport {
   std::string first_failure;  // operand, element, got, expected, tolerance
 };
 
+// problem.check() with `*path` (the problem's sizes' path) set to `as` for the call and restored
+// after, also when it throws: the projection and FFN problems' check_as.
+template <class Problem>
+CheckReport check_on_path(Problem& problem, ProjPath* path, ProjPath as) {
+  struct Restore {
+    ProjPath* slot;
+    ProjPath kept;
+    ~Restore() { *slot = kept; }
+  } restore{path, *path};
+  *path = as;
+  return problem.check();
+}
+
 class Workload {
  public:
   // Generates host data only; needs no GPU.
