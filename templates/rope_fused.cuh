@@ -91,7 +91,9 @@ struct FusedKernel {
   // As loaded: converted only in cache_place, so that no conversion sits between the loads.
   struct CacheFetch {
     long long slot;
-    int a, b, c;
+    // Paged: the sequence's indptr range and last_page_len; contiguous: `start` holds its
+    // seq_lens entry (the tokens it held before the call).
+    int start, end, last;
   };
   struct CachePending {
     long long page, slot;
@@ -108,11 +110,11 @@ struct FusedKernel {
       // Indexed like position ids: (sequence, index) order, whatever the layout's token walk.
       f.slot = __ldg(c.slot_mapping + Rope::id_index(fp.rope, tp, t));
     } else if (kCache == kCachePaged) {
-      f.a = __ldg(c.indptr + b);
-      f.b = __ldg(c.indptr + b + 1);
-      f.c = __ldg(c.last_page_len + b);
+      f.start = __ldg(c.indptr + b);
+      f.end = __ldg(c.indptr + b + 1);
+      f.last = __ldg(c.last_page_len + b);
     } else if (kCache == kCacheContiguous) {
-      f.a = __ldg(c.seq_lens + b);
+      f.start = __ldg(c.seq_lens + b);
     }
     return f;
   }
@@ -132,7 +134,7 @@ struct FusedKernel {
         return d;
       }
     } else if (kCache == kCachePaged) {
-      const long long start = f.a, end = f.b, last = f.c;
+      const long long start = f.start, end = f.end, last = f.last;
       const long long held = (end - start - 1) * c.page_size + last;  // after the append
       const long long pos = held - seq_tokens + tp.s;
       if (start < 0 || end <= start || end > c.num_indices || last < 1 || last > c.page_size ||
@@ -142,7 +144,7 @@ struct FusedKernel {
       }
       d.loaded_page = __ldg(c.indices + start + div_nonneg(pos, c.page_size, &d.slot));
     } else {  // contiguous: row tp.b of the cache, after the tokens it holds
-      const long long held = f.a;
+      const long long held = f.start;
       d.slot = held + tp.s;
       d.page = tp.b;
       if (held < 0 || d.slot >= c.page_size || d.page >= c.pages) {
