@@ -133,6 +133,8 @@ typedef struct {
   double norm_eps;
   float out_quant_scale;
   ropejit_kv_cache cache;
+  /* ROPEJIT_STORE_E4M3_DYNAMIC outputs: float32 dequantization scales per token and head of
+   * q_out / k_out (ropejit::Args::q_out_scale; strides in floats, head_dim unused). */
   ropejit_tensor q_out_scale, k_out_scale;
 } ropejit_args;
 
