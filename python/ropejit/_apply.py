@@ -76,16 +76,16 @@ def apply(q, k=None, *, cos=None, sin=None, base=10000.0, layout="bshd", style="
             handle = torch_stream(q)
         else:
             handle = qv.stream or 0
-    views = {name: (None if t is None else view(name, t, handle)) for name, t in (
+    tensors = (qv, *(None if t is None else view(name, t, handle) for name, t in (
         ("k", k), ("q_out", q_out), ("k_out", k_out), ("cos", cos), ("sin", sin),
-        ("position_ids", position_ids), ("seq_offsets", seq_offsets), ("cu_seqlens", cu_seqlens))}
-    spec, args = _call.plan(qv, views["k"], views["q_out"], views["k_out"], cos=views["cos"],
-                            sin=views["sin"], position_ids=views["position_ids"],
-                            seq_offsets=views["seq_offsets"], cu_seqlens=views["cu_seqlens"],
-                            layout=layout, style=style, rotary_dim=rotary_dim,
-                            position_offset=position_offset, base=base, freqs=freqs,
-                            scaling=scaling, seq_len=seq_len, mrope_section=mrope_section,
-                            mrope_interleaved=mrope_interleaved, backward=backward)
+        ("position_ids", position_ids), ("seq_offsets", seq_offsets), ("cu_seqlens", cu_seqlens))))
+    opts = dict(layout=layout, style=style, rotary_dim=rotary_dim,
+                position_offset=position_offset, base=base, freqs=freqs, scaling=scaling,
+                seq_len=seq_len, mrope_section=mrope_section,
+                mrope_interleaved=mrope_interleaved, backward=backward)
+    spec, args = _call.cached_plan("apply", tensors, opts, lambda ts: _call.plan(
+        *ts[:4], cos=ts[4], sin=ts[5], position_ids=ts[6], seq_offsets=ts[7],
+        cu_seqlens=ts[8], **opts))
     guard = torch_device_guard(q) if is_torch else None
     if guard is None:
         _call.launch(spec, args, handle)

@@ -47,7 +47,6 @@ argument; nothing is written then.
 """
 
 import ctypes
-import struct
 
 from ropejit import _apply, _call, _capi, _tensors
 from ropejit._call import _fail, _is_row_major, _numel, _operand
@@ -331,78 +330,10 @@ def plan(qv, kv, vv, views, *, layout, style, rotary_dim, position_offset, base,
     return spec, a
 
 
-# Plans of earlier calls, by everything plan() reads except the tensors' addresses (shapes,
-# strides, dtypes, devices, the other arguments with their types): an eager serving loop repeats
-# a few shapes, and planning is most of a call's host time. An entry holds the spec, the args
-# struct's bytes and where each tensor's address goes in them; the C API checks every call's
-# pointers (alignment, overlap) whatever Python remembers.
-_PLANS = {}
-_MAX_PLANS = 256
-
-
-def _pointer_offsets(cls=_capi.ropejit_args, base=0):
-    """Byte offsets of every void* field of a ctypes struct, nested structs included."""
-    out = []
-    for name, typ in cls._fields_:
-        at = base + getattr(cls, name).offset
-        if typ is _capi._ptr:
-            out.append(at)
-        elif isinstance(typ, type) and issubclass(typ, ctypes.Structure):
-            out += _pointer_offsets(typ, at)
-    return out
-
-
-_ARGS_POINTERS = _pointer_offsets()
-
-
-def _remember(key, tensors, plan_call):
-    """Plans once more with stand-in addresses (distinct, never real) to find where each
-    tensor's address lands in the args struct, and keeps the plan under `key`."""
-    stand_ins = [None if v is None else _tensors.View(v.name, (i + 1) << 44, v.shape, v.strides,
-                                                        v.dtype, v.device, v.stream)
-                 for i, v in enumerate(tensors)]
-    spec, args = plan_call(stand_ins)
-    raw = bytes(args)
-    patches = []
-    for at in _ARGS_POINTERS:
-        value = struct.unpack_from("<Q", raw, at)[0]
-        slot = (value >> 44) - 1
-        if value and value & ((1 << 44) - 1) == 0 and 0 <= slot < len(tensors):
-            patches.append((at, slot))
-    found = {slot for _, slot in patches}
-    if any(v is not None and i not in found for i, v in enumerate(tensors)):
-        return  # a tensor that plan() uses other than by its address: not cached
-    if len(_PLANS) >= _MAX_PLANS:
-        _PLANS.clear()
-    _PLANS[key] = (spec, raw, tuple(patches))
-
-
 def _planned(qv, views, opts):
-    """(spec, args) for the call, from the plan cache or plan(); raises InvalidArgument."""
-    tensors = (qv, *views.values())
-
-    def plan_call(ts):
-        return plan(ts[0], ts[1], ts[2], dict(zip(views, ts[1:])), **opts)
-
-    key = None
-    if opts["scaling"] is None and all(v is None or v.ptr for v in tensors):  # not fake
-        key = (tuple((type(x), x) for x in opts.values()),
-               tuple(None if v is None else (v.shape, v.strides, v.dtype, v.device)
-                     for v in tensors))
-        try:
-            entry = _PLANS.get(key)
-        except TypeError:  # an argument that cannot be a key (a list): planned every time
-            key = entry = None
-        if entry is not None:
-            spec, raw, patches = entry
-            buf = bytearray(raw)
-            for at, slot in patches:
-                struct.pack_into("<Q", buf, at, tensors[slot].ptr)
-            return spec, _capi.ropejit_args.from_buffer(buf)
-    spec, args = plan_call(tensors)  # refuses bad input, naming the argument
-    if key is not None:
-        _remember(key, tensors, plan_call)
-    return spec, args
+    """(spec, args) for the call, from the plan cache (_call.cached_plan) or plan()."""
+    return _call.cached_plan("fused", (qv, *views.values()), opts, lambda ts: plan(
+        ts[0], ts[1], ts[2], dict(zip(views, ts[1:])), **opts))
 
 
 def qk_norm_rope(q, k=None, v=None, *, cos=None, sin=None, base=10000.0, layout="thd",

@@ -223,3 +223,34 @@ def test_stream_arguments(launches):
     assert [s for _, _, s in launches] == [0x1234, 0x5678]
     refused(launches[:0], r"stream \('default'\) must be a CUstream handle", q, stream="default")
     assert _apply.stream_handle(None) == 0
+
+
+def test_repeated_shapes_reuse_the_plan_with_each_calls_addresses(launches):
+    from ropejit import _call
+    _call._PLANS.clear()
+    ids = CudaArray((2, 5), "<i8", ptr=FAKE_PTR + 3 * MB)
+    q, k = q_k()
+    ropejit.apply(q, k, cos=table(), sin=table(offset=4 * MB), position_ids=ids)
+    assert len(_call._PLANS) == 1
+    # Other addresses, same shapes: a hit, with this call's addresses.
+    q2 = CudaArray((2, 5, 4, 64), "<f2", ptr=FAKE_PTR + 10 * MB)
+    k2 = CudaArray((2, 5, 2, 64), "<f2", ptr=FAKE_PTR + 11 * MB)
+    ids2 = CudaArray((2, 5), "<i8", ptr=FAKE_PTR + 12 * MB)
+    cos2, sin2 = table(offset=13 * MB), table(offset=14 * MB)
+    ropejit.apply(q2, k2, cos=cos2, sin=sin2, position_ids=ids2)
+    assert len(_call._PLANS) == 1
+    spec, args, _ = launches[-1]
+    assert (args.q.data, args.k.data, args.position_ids) == (
+        FAKE_PTR + 10 * MB, FAKE_PTR + 11 * MB, FAKE_PTR + 12 * MB)
+    assert (args.cos, args.sin) == (FAKE_PTR + 13 * MB, FAKE_PTR + 14 * MB)
+    _call._PLANS.clear()
+    ropejit.apply(q2, k2, cos=cos2, sin=sin2, position_ids=ids2)
+    assert bytes(launches[-1][1]) == bytes(args) and launches[-1][0] is spec
+    # An equal value of another type is planned again, and refused where planning refuses it.
+    before = len(launches)
+    with pytest.raises(ropejit.InvalidArgument, match="position_offset"):
+        ropejit.apply(q2, k2, cos=cos2, sin=sin2, position_offset=1.0)
+    ropejit.apply(q2, k2, cos=cos2, sin=sin2, position_offset=1)
+    with pytest.raises(ropejit.InvalidArgument, match="position_offset"):
+        ropejit.apply(q2, k2, cos=cos2, sin=sin2, position_offset=1.0)
+    assert len(launches) == before + 1
