@@ -46,8 +46,6 @@ None when ``write_k`` is False). Bad input raises ``ropejit.InvalidArgument`` na
 argument; nothing is written then.
 """
 
-import ctypes
-
 from ropejit import _apply, _call, _capi, _tensors
 from ropejit._call import _fail, _is_row_major, _numel, _operand
 
@@ -102,12 +100,10 @@ def _scale_view(chk, s, like, where=""):
 
 
 def _scales(chk, s, out, layout):
-    """The ropejit_tensor of a dynamic output's scales (any strides)."""
+    """The ropejit_tensor of a dynamic output's scales (any strides): an operand's axes without
+    head_dim, which _operand does not read."""
     _scale_view(chk, s, out)
-    if layout == "thd":
-        return _capi.ropejit_tensor(s.ptr, s.shape[1], 0, s.strides[0], s.strides[1])
-    b, q, h = _call.DENSE_AXES[layout]
-    return _capi.ropejit_tensor(s.ptr, s.shape[h], s.strides[b], s.strides[q], s.strides[h])
+    return _operand(s, layout)
 
 
 def _cache_scales(chk, s, cache, kv_layout):
