@@ -122,17 +122,14 @@ struct RopeKernel {
       tp.b = t - (long long)s * p.batch;
       tp.valid = true;
     } else {
-      // One sequence, or sequences of one token (decode's two shapes), need no division (~20
-      // dependent instructions before every load of the thread; no measurable change alone).
+      // One sequence, or sequences of one token (decode's two shapes), need no division: one
+      // branch on both, then selects (s = t - b holds for both). Branching on each in turn, as
+      // this did before, put two dependent parameter reads and branches before every load and
+      // cost ~0.1 µs per decode call (bench/RESULTS.md, "decode, the parameter chain").
       tp.valid = true;
-      if (p.batch == 1) {
-        tp.b = 0;
-        tp.s = t;
-        return tp;
-      }
-      if (p.seq_len == 1) {
-        tp.b = t;
-        tp.s = 0;
+      if (p.batch == 1 || p.seq_len == 1) {
+        tp.b = p.batch == 1 ? 0 : t;
+        tp.s = t - tp.b;
         return tp;
       }
       // The host guarantees tokens < 2^31, so 32-bit division is exact here.
@@ -353,10 +350,9 @@ struct RopeKernel {
 
   // One head for this thread in all (the one-head kernel's usual decode launch): its address from
   // its own operand's fields alone. The general path computes both operands' token rows first
-  // and then selects per head, ~50 more PTX instructions before the first load. Written while
-  // chasing the 0.15 µs by which a decode call trails a hand-written kernel of the same mapping;
-  // it measured within noise of the general path, so that gap lies elsewhere
-  // (bench/RESULTS.md, "Decode: where the time goes").
+  // and then selects per head, ~50 more PTX instructions before the first load. That measured
+  // within noise: the gap to a hand-written kernel of the same mapping was the chain of
+  // branches on parameters in `locate` (bench/RESULTS.md, "decode, the parameter chain").
   static __device__ __forceinline__ void one_head(const RopeParams& p, const TokenPlace& tp,
                                                   long long t, int h, const TokenHeads& th,
                                                   bool turn, int chunk, const Pairs* f) {
@@ -433,7 +429,10 @@ struct RopeKernel {
     do {
       const long long t = base + threadIdx.z;
       const bool live = t < p.tokens;
-      const TokenPlace tp = live ? locate(p, t) : TokenPlace{0, 0, false};
+      // Located whether live or not (its loads stay inside cu_seqlens either way), so the
+      // token bound is not one more branch ahead of the first load.
+      TokenPlace tp = locate(p, t);
+      tp.valid = tp.valid && live;
       // In place, a pass-through chunk or a token outside every sequence has nothing to change.
       int h0 = blockIdx.y * blockDim.y + threadIdx.y;
       const bool work = live && (!Cfg::kInPlace || (tp.valid && rot_chunk)) && h0 < th.total_heads;
