@@ -85,13 +85,14 @@ int32_t check_strided(const char* name, const void* data, const Dims& dims, int6
 
 namespace {
 
-// A q/k/v tensor (or output) of the call: [batch, seq, heads, head_dim] or [tokens, heads, d].
+// A tensor of the call laid out [batch, seq, heads, row] or [tokens, heads, row]: q/k/v and
+// their outputs (row = head_dim), the dynamic FP8 scales (row = 1).
 int32_t check_operand(const char* name, const Tensor& t, bool dense, int64_t batch, int64_t seq,
-                      int64_t heads, const Spec& c, int64_t elem, bool written, Operand* op) {
+                      int64_t heads, int64_t row, int64_t elem, bool written, Operand* op) {
   if (t.data && t.heads != heads) invalid(name, ".heads (", t.heads, ") must be ", heads);
   const Dims dims = {Dim{t.stride_seq, seq, "stride_seq"}, Dim{t.stride_head, heads, "stride_head"},
                      Dim{t.stride_batch, dense ? batch : 1, "stride_batch"}};
-  return check_strided(name, t.data, dims, c.head_dim, elem, written, op);
+  return check_strided(name, t.data, dims, row, elem, written, op);
 }
 
 // Whether two operands whose byte spans intersect still share no element: views of different
@@ -222,14 +223,14 @@ void check_tensors(const Spec& c, const Args& a, const CallShape& shape, Operand
   const int64_t out_elem = is_fp8(c.out_store) ? 1 : elem;
   const bool has_k = shape.k_heads > 0;
   const bool k_written = c.fusion == Fusion::qk;
-  o->allow(
-      check_operand("args.q", a.q, dense, a.batch, seq, a.q.heads, c, elem, c.in_place, o->next()));
+  o->allow(check_operand("args.q", a.q, dense, a.batch, seq, a.q.heads, c.head_dim, elem,
+                         c.in_place, o->next()));
   if (has_k)
-    o->allow(check_operand("args.k", a.k, dense, a.batch, seq, a.k.heads, c, elem,
+    o->allow(check_operand("args.k", a.k, dense, a.batch, seq, a.k.heads, c.head_dim, elem,
                            c.in_place && k_written, o->next()));
   if (a.v.data)
-    o->allow(
-        check_operand("args.v", a.v, dense, a.batch, seq, a.k.heads, c, elem, false, o->next()));
+    o->allow(check_operand("args.v", a.v, dense, a.batch, seq, a.k.heads, c.head_dim, elem, false,
+                           o->next()));
   if (c.in_place) {
     // In place, q and k are the outputs: an output tensor given too would be silently ignored.
     for (const auto& [t, name] :
@@ -243,11 +244,11 @@ void check_tensors(const Spec& c, const Args& a, const CallShape& shape, Operand
   }
   // Widths count elements whatever their size: an e4m3 output allows vec elements at vec-byte
   // alignment.
-  o->allow(check_operand("args.q_out", a.q_out, dense, a.batch, seq, a.q.heads, c, out_elem, true,
-                         o->next()));
+  o->allow(check_operand("args.q_out", a.q_out, dense, a.batch, seq, a.q.heads, c.head_dim,
+                         out_elem, true, o->next()));
   if (has_k && k_written)
-    o->allow(check_operand("args.k_out", a.k_out, dense, a.batch, seq, a.k.heads, c, out_elem, true,
-                           o->next()));
+    o->allow(check_operand("args.k_out", a.k_out, dense, a.batch, seq, a.k.heads, c.head_dim,
+                           out_elem, true, o->next()));
   else if (a.k_out.data)
     invalid("args.k_out.data is set but ",
             has_k ? "spec.fusion is q: k is written only to the cache" : "args.k.data is null");
@@ -351,11 +352,7 @@ void check_fusion(const Spec& c, const Args& a, const CallShape& shape, Operands
       continue;
     }
     if (!t->data) invalid(name, ".data is null but spec.out_store is e4m3dyn");
-    if (t->heads != heads) invalid(name, ".heads (", t->heads, ") must be ", heads);
-    const Dims dims = {Dim{t->stride_seq, seq, "stride_seq"},
-                       Dim{t->stride_head, heads, "stride_head"},
-                       Dim{t->stride_batch, dense ? a.batch : 1, "stride_batch"}};
-    check_strided(name, t->data, dims, 1, 4, true, o->next());
+    check_operand(name, *t, dense, a.batch, seq, heads, 1, 4, true, o->next());
   }
   const KvCacheArgs& k = a.cache;
   if (c.cache_store != Store::e4m3_dynamic)

@@ -173,14 +173,14 @@ struct FusedKernel {
     return r;
   }
 
-  // Sums (kMax: the largest of) v[j] over the lanes of each head row and gives every lane the
-  // same result (lane 0's, so the whole head is scaled alike). All threads of the block call it
-  // together. `mask`: the lanes of this thread's warp that exist (a block's last warp may be
-  // partial).
   template <bool kMax>
   static __device__ __forceinline__ float combine(float a, float b) {
     return kMax ? fmaxf(a, b) : a + b;
   }
+  // Sums (kMax: the largest of) v[j] over the lanes of each head row and gives every lane the
+  // same result (lane 0's, so the whole head is scaled alike). All threads of the block call it
+  // together. `mask`: the lanes of this thread's warp that exist (a block's last warp may be
+  // partial).
   template <bool kMax>
   static __device__ __forceinline__ void row_reduce(float (&v)[kHpt], float* scratch,
                                                     unsigned mask) {
