@@ -131,6 +131,36 @@ extern "C" __global__ void __launch_bounds__(160) two_heads(bf16* q, bf16* k, co
   *reinterpret_cast<V8*>(h1 + 64) = b1;
 }
 
+// heads_split doing Liger's arithmetic: bf16 cos/sin (HF's full-width rows, first half) and
+// packed bf16x2 fma, no conversion to fp32 (Liger computes in the table's dtype).
+__device__ __forceinline__ unsigned fma2(unsigned a, unsigned b, unsigned c) {
+  unsigned d;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+extern "C" __global__ void __launch_bounds__(320) heads_split_bf16math(bf16* q, bf16* k,
+                                                                       const bf16* cos,
+                                                                       const bf16* sin) {
+  int t = blockIdx.x, h = blockIdx.y * blockDim.y + threadIdx.y, c = threadIdx.x;
+  if (h >= 40) return;
+  bf16* head = h < 32 ? q + (t * 32 + h) * 128 : k + (t * 8 + h - 32) * 128;
+  uint4 lo = *reinterpret_cast<const uint4*>(head + c * 8);
+  uint4 hi = *reinterpret_cast<const uint4*>(head + 64 + c * 8);
+  uint4 cs = *reinterpret_cast<const uint4*>(cos + t * 128 + c * 8);
+  uint4 sn = *reinterpret_cast<const uint4*>(sin + t * 128 + c * 8);
+  unsigned* l = &lo.x; unsigned* u = &hi.x; const unsigned* cc = &cs.x; const unsigned* ss = &sn.x;
+  const unsigned nz = 0x80008000u;  // (-0, -0)
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    unsigned bs = fma2(u[j], ss[j], nz), as = fma2(l[j], ss[j], nz);
+    unsigned a = l[j], b = u[j];
+    l[j] = fma2(a, cc[j], bs ^ nz);
+    u[j] = fma2(b, cc[j], as);
+  }
+  *reinterpret_cast<uint4*>(head + c * 8) = lo;
+  *reinterpret_cast<uint4*>(head + 64 + c * 8) = hi;
+}
+
 // head_per_row with as many parameter bytes as ropejit's block (232): 25 unused 8-byte ones.
 extern "C" __global__ void __launch_bounds__(320) big_params(bf16* q, bf16* k, const float* cos,
                                                              const float* sin, PAD_PARAMS) {
@@ -369,11 +399,11 @@ def probes():
     module = cupy.RawModule(code=SOURCE, options=("-std=c++17",))
     kernels = {n: module.get_function(n) for n in
                ("head_per_row", "heads_split", "heads_split_ldg", "token_per_block",
-                "two_heads", "big_params")}
+                "two_heads", "heads_split_bf16math", "big_params")}
 
-    def launch(name, grid, block, x, big=False):
+    def launch(name, grid, block, x, big=False, hf=False):
         kernel = kernels[name]
-        cos, sin = x.row_cos32, x.row_sin32
+        cos, sin = (x.row_cos_hf, x.row_sin_hf) if hf else (x.row_cos32, x.row_sin32)
 
         def fn(q, k):
             stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
@@ -394,6 +424,8 @@ def probes():
             lambda x: launch("heads_split_ldg", lambda t: (t, 4), (8, 10), x),
         "probe heads_split 8x20 (2 blocks/token)":
             lambda x: launch("heads_split", lambda t: (t, 2), (8, 20), x),
+        "probe heads_split 8x10, Liger's arithmetic (bf16 table, bf16x2 fma)":
+            lambda x: launch("heads_split_bf16math", lambda t: (t, 4), (8, 10), x, hf=True),
         "probe two_heads (8x20, heads y and y + 20, one block per token)":
             lambda x: launch("two_heads", lambda t: (t,), (8, 20), x),
         "probe token_per_block (128)":

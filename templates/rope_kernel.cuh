@@ -284,16 +284,26 @@ struct RopeKernel {
   static __device__ __forceinline__ void rotate(Vec& lo, Vec& hi, const float* cs,
                                                 const float* sn) {
     if (Cfg::kNeox) {
+      // Every element read before any is written: a read of a vector being rewritten makes
+      // the compiler pack the words between the two (twice the conversions).
+      float a[Cfg::kVec], b[Cfg::kVec];
 #pragma unroll
       for (int j = 0; j < Cfg::kVec; ++j) {
-        const float a = lo.get(j), b = hi.get(j);
-        lo.set(j, fmaf(a, cs[j], -b * sn[j]));
-        hi.set(j, fmaf(b, cs[j], a * sn[j]));
+        a[j] = lo.get(j);
+        b[j] = hi.get(j);
+      }
+#pragma unroll
+      for (int j = 0; j < Cfg::kVec; ++j) {
+        lo.set(j, fmaf(a[j], cs[j], -b[j] * sn[j]));
+        hi.set(j, fmaf(b[j], cs[j], a[j] * sn[j]));
       }
     } else {
+      float x[Cfg::kVec];
+#pragma unroll
+      for (int j = 0; j < Cfg::kVec; ++j) x[j] = lo.get(j);
 #pragma unroll
       for (int m = 0; m < Cfg::kVec / 2; ++m) {
-        const float a = lo.get(2 * m), b = lo.get(2 * m + 1);
+        const float a = x[2 * m], b = x[2 * m + 1];
         lo.set(2 * m, fmaf(a, cs[m], -b * sn[m]));
         lo.set(2 * m + 1, fmaf(b, cs[m], a * sn[m]));
       }
@@ -369,8 +379,15 @@ struct RopeKernel {
     if (th.two_vectors) hi.load(src + kPartner);
     if (turn) {
       float cs[kPairsPerChunk], sn[kPairsPerChunk];
-      angles(p, chunk, positions(p, tp, t), nullptr, cs, sn, f);
+      bool outside = false;
+      angles(p, chunk, positions(p, tp, t), nullptr, cs, sn, f, &outside);
       rotate(lo, hi, cs, sn);
+      // A position outside the table poisons the rotated elements themselves: one select per
+      // element, where poisoning cos and sin took two.
+      if (outside) {
+        lo.poison();
+        hi.poison();
+      }
     }
     char* dst = const_cast<char*>(src);
     if (!Cfg::kInPlace) {

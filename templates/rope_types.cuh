@@ -20,6 +20,7 @@ struct Elem;
 template <>
 struct Elem<kF32> {
   typedef float Raw;
+  static __device__ __forceinline__ Raw nan() { return __int_as_float(0x7fc00000); }
   static __device__ __forceinline__ float load(Raw r) { return r; }
   static __device__ __forceinline__ Raw store(float f) { return f; }
 };
@@ -27,6 +28,7 @@ struct Elem<kF32> {
 template <>
 struct Elem<kF16> {
   typedef u16 Raw;
+  static __device__ __forceinline__ Raw nan() { return u16(0x7e00u); }
   static __device__ __forceinline__ float load(Raw r) {
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(r));
@@ -42,6 +44,7 @@ struct Elem<kF16> {
 template <>
 struct Elem<kBF16> {
   typedef u16 Raw;
+  static __device__ __forceinline__ Raw nan() { return u16(0x7fc0u); }
   static __device__ __forceinline__ float load(Raw r) { return __uint_as_float(u32(r) << 16); }
   static __device__ __forceinline__ Raw store(float f) {
 #if __CUDA_ARCH__ >= 800
@@ -110,8 +113,35 @@ union Pack {
   // Read-only data (tables): through the non-coherent texture path.
   __device__ __forceinline__ void load_ro(const void* p) { w = __ldg(static_cast<const W*>(p)); }
   __device__ __forceinline__ void store(void* p) const { *static_cast<W*>(p) = w; }
-  __device__ __forceinline__ float get(int i) const { return Elem<kDType>::load(v[i]); }
+  __device__ __forceinline__ u32 word_at(int j) const {
+    if constexpr (sizeof(W) == 16)
+      return j == 0 ? w.x : j == 1 ? w.y : j == 2 ? w.z : w.w;
+    else if constexpr (sizeof(W) == 8)
+      return j == 0 ? w.x : w.y;
+    else
+      return u32(w);
+  }
+  __device__ __forceinline__ float get(int i) const {
+    // bf16 pairs from their 32-bit word: the high element by a mask, one instruction, where
+    // the u16 element took an extract and a shift (8 of a decode thread's ~130 instructions).
+    if (kDType == kBF16 && int(sizeof(W)) >= 4) {
+      const u32 word = word_at(i >> 1);
+      return __uint_as_float((i & 1) ? (word & 0xffff0000u) : (word << 16));
+    }
+    return Elem<kDType>::load(v[i]);
+  }
   __device__ __forceinline__ void set(int i, float f) { v[i] = Elem<kDType>::store(f); }
+  // Every element a quiet NaN, written a 32-bit word at a time (2- and 4-byte dtypes).
+  __device__ __forceinline__ void poison() {
+    u32 bits;
+    if constexpr (sizeof(Raw) == 2)
+      bits = u32(Elem<kDType>::nan()) * 0x10001u;
+    else
+      bits = __float_as_uint(Elem<kDType>::nan());
+    u32* words = reinterpret_cast<u32*>(&w);
+#pragma unroll
+    for (int j = 0; j < int(sizeof(W)) / 4; ++j) words[j] = bits;
+  }
 };
 
 }  // namespace ropejit_dev
