@@ -30,6 +30,10 @@ if [ "$what" != gpu ] && [ "${ROPEJIT_SKIP_BUILD:-0}" != 1 ]; then
     # shellcheck disable=SC2086  # ROPEJIT_CMAKE_ARGS holds extra -D options, split on spaces
     cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
       -DCMAKE_PREFIX_PATH="$PWD/.deps/usr" -DROPEJIT_WERROR=ON ${ROPEJIT_CMAKE_ARGS:-}
+  elif [ "$what" = test ] && grep -q '^ROPEJIT_BUILD_TESTS:BOOL=OFF' "$build/CMakeCache.txt"; then
+    # A folder configured for benchmarks alone: the test command turns its tests back on.
+    echo "dev.sh: $build was configured with ROPEJIT_BUILD_TESTS=OFF; turning the tests on"
+    cmake -S . -B "$build" -DROPEJIT_BUILD_TESTS=ON > /dev/null
   fi
   cmake --build "$build" -j "$(nproc)"
 fi
