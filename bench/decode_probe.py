@@ -25,7 +25,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from compare_peers import (GRAPH_CALLS, Inputs, graph_us_per_call,  # noqa: E402
                            implementations, import_ropejit, profile)
 
-SOURCE = r"""
+# bf16 helpers shared by both kernel sources.
+COMMON = r"""
 typedef unsigned short bf16;
 __device__ __forceinline__ float up(unsigned short x) { return __uint_as_float(unsigned(x) << 16); }
 __device__ __forceinline__ unsigned short down(float f) {
@@ -33,10 +34,18 @@ __device__ __forceinline__ unsigned short down(float f) {
   return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 struct alignas(16) V8 { unsigned short e[8]; };
-
+"""
+SOURCE = COMMON + r"""
 template <bool kLdg>
 __device__ __forceinline__ float4 table4(const float* p) {
   return kLdg ? __ldg(reinterpret_cast<const float4*>(p)) : *reinterpret_cast<const float4*>(p);
+}
+// 8 consecutive floats of a table row, two 16-byte loads.
+template <bool kLdg>
+__device__ __forceinline__ void table8(const float* p, float* out) {
+  float4 a = table4<kLdg>(p), b = table4<kLdg>(p + 4);
+  out[0] = a.x; out[1] = a.y; out[2] = a.z; out[3] = a.w;
+  out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
 }
 
 // One 8-pair chunk of one head: lo at col, hi at col + 64; kLdg: the table through __ldg.
@@ -44,10 +53,9 @@ template <bool kLdg = false>
 __device__ __forceinline__ void rotate_chunk(bf16* head, const float* cs, const float* sn, int c) {
   V8 lo = *reinterpret_cast<const V8*>(head + c * 8);
   V8 hi = *reinterpret_cast<const V8*>(head + 64 + c * 8);
-  float4 c0 = table4<kLdg>(cs + 8 * c), c1 = table4<kLdg>(cs + 8 * c + 4);
-  float4 s0 = table4<kLdg>(sn + 8 * c), s1 = table4<kLdg>(sn + 8 * c + 4);
-  float cc[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
-  float ss[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
+  float cc[8], ss[8];
+  table8<kLdg>(cs + 8 * c, cc);
+  table8<kLdg>(sn + 8 * c, ss);
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     float a = up(lo.e[j]), b = up(hi.e[j]);
@@ -112,10 +120,9 @@ extern "C" __global__ void __launch_bounds__(160) two_heads(bf16* q, bf16* k, co
   V8 a1 = *reinterpret_cast<const V8*>(h1), b1 = *reinterpret_cast<const V8*>(h1 + 64);
   const float* cs = cos + t * 64 + 8 * c;
   const float* sn = sin + t * 64 + 8 * c;
-  float4 c0 = table4<false>(cs), c1 = table4<false>(cs + 4);
-  float4 s0 = table4<false>(sn), s1 = table4<false>(sn + 4);
-  float cc[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
-  float ss[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
+  float cc[8], ss[8];
+  table8<false>(cs, cc);
+  table8<false>(sn, ss);
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     float x = up(a0.e[j]), y = up(b0.e[j]);
@@ -169,15 +176,7 @@ extern "C" __global__ void __launch_bounds__(320) big_params(bf16* q, bf16* k, c
   rotate_chunk(head, cos + t * 64, sin + t * 64, c);
 }
 """.replace("PAD_PARAMS", ", ".join(f"long long pad{i}" for i in range(25)))
-BISECT_SOURCE = r"""
-typedef unsigned short bf16;
-__device__ __forceinline__ float up(unsigned short x) { return __uint_as_float(unsigned(x) << 16); }
-__device__ __forceinline__ unsigned short down(float f) {
-  unsigned u = __float_as_uint(f);
-  return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-struct alignas(16) V8 { unsigned short e[8]; };
-
+BISECT_SOURCE = COMMON + r"""
 // ropejit's parameter block (templates/rope_params.cuh), 232 bytes.
 struct HeadOperand {
   const void* in; void* out;
@@ -227,17 +226,28 @@ extern "C" __global__ void __launch_bounds__(320) s1_struct(const __grid_constan
 
 // S2: S1 plus ropejit's checks: token bound, one-sequence / one-token-sequence places, head
 // count from the block, position offset, table bound with NaN poisoning.
-extern "C" __global__ void __launch_bounds__(320) s2_checks(const __grid_constant__ Params p) {
+// The checks and the token's place, as ropejit's kernel made them before the change (three
+// dependent branches on parameters); false: nothing to do for this thread.
+struct Place { long long b, s, row; bool inside; int h, c; };
+__device__ __forceinline__ bool place(const Params& p, Place& w) {
   long long t = blockIdx.x;
-  int h = blockIdx.y * blockDim.y + threadIdx.y, c = threadIdx.x;
-  if (t >= p.tokens || h >= p.q.heads + p.k.heads) return;
-  long long b, s;
-  if (p.batch == 1) { b = 0; s = t; }
-  else if (p.seq_len == 1) { b = t; s = 0; }
-  else { b = unsigned(t) / unsigned(p.seq_len); s = t - b * p.seq_len; }
-  long long pos = s + p.pos_offset;
-  bool inside = pos >= 0 && pos < p.table_rows;
-  long long row = (inside ? pos : 0) * p.table_stride;
+  w.h = blockIdx.y * blockDim.y + threadIdx.y;
+  w.c = threadIdx.x;
+  if (t >= p.tokens || w.h >= p.q.heads + p.k.heads) return false;
+  if (p.batch == 1) { w.b = 0; w.s = t; }
+  else if (p.seq_len == 1) { w.b = t; w.s = 0; }
+  else { w.b = unsigned(t) / unsigned(p.seq_len); w.s = t - w.b * p.seq_len; }
+  long long pos = w.s + p.pos_offset;
+  w.inside = pos >= 0 && pos < p.table_rows;
+  w.row = (w.inside ? pos : 0) * p.table_stride;
+  return true;
+}
+extern "C" __global__ void __launch_bounds__(320) s2_checks(const __grid_constant__ Params p) {
+  Place w;
+  if (!place(p, w)) return;
+  const long long b = w.b, s = w.s, row = w.row;
+  const int h = w.h, c = w.c;
+  const bool inside = w.inside;
   char* head = h < p.q.heads
       ? (char*)p.q.in + 2 * (b * p.q.stride_batch + s * p.q.stride_seq + h * p.q.stride_head)
       : (char*)p.k.in + 2 * (b * p.k.stride_batch + s * p.k.stride_seq +
@@ -249,16 +259,11 @@ extern "C" __global__ void __launch_bounds__(320) s2_checks(const __grid_constan
 // S3: S2 with the operand chosen first (is_k ? p.k : p.q), as ropejit's one-head path does.
 template <int kBound>
 __device__ __forceinline__ void s3_body(const Params& p) {
-  long long t = blockIdx.x;
-  int h = blockIdx.y * blockDim.y + threadIdx.y, c = threadIdx.x;
-  if (t >= p.tokens || h >= p.q.heads + p.k.heads) return;
-  long long b, s;
-  if (p.batch == 1) { b = 0; s = t; }
-  else if (p.seq_len == 1) { b = t; s = 0; }
-  else { b = unsigned(t) / unsigned(p.seq_len); s = t - b * p.seq_len; }
-  long long pos = s + p.pos_offset;
-  bool inside = pos >= 0 && pos < p.table_rows;
-  long long row = (inside ? pos : 0) * p.table_stride;
+  Place w;
+  if (!place(p, w)) return;
+  const long long b = w.b, s = w.s, row = w.row;
+  const int h = w.h, c = w.c;
+  const bool inside = w.inside;
   const bool is_k = h >= p.q.heads;
   const HeadOperand& o = is_k ? p.k : p.q;
   unsigned hh = unsigned(is_k ? h - p.q.heads : h);
