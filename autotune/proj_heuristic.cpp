@@ -36,8 +36,8 @@ detail::ProjVariant proj_heuristic(const QkvProjSpec& canonical, const detail::P
 // crossover of a shape on its GPU and the tuning file overrides this.
 ProjPath proj_heuristic_path(const QkvProjSpec& canonical, const detail::ProjShape& shape,
                              const detail::DeviceInfo& device) {
-  (void)canonical;
   (void)device;
+  if (canonical.weights == Weights::e4m3) return ProjPath::fused;  // its only path
   return shape.tokens <= 16 ? ProjPath::fused : ProjPath::unfused;
 }
 

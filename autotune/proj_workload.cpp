@@ -13,6 +13,8 @@
 //     products, and the computed angle's error (cos/sin within 2.5e-7 of float64 up to 2^20;
 //     4e-7 allowed); table values are exact inputs;
 //   - one rounding to the output dtype.
+// With e4m3 weights the products use the decoded codes (exact in the operand dtype) and the
+// column's scale multiplies the fp32 sum: one more fp32 rounding of y.
 #include "autotune/proj_workload.hpp"
 
 #include <algorithm>
@@ -73,7 +75,27 @@ ProjProblem::ProjProblem(const QkvProjSpec& spec, const ProjSizes& sizes)
     x_ = &add(std::move(bytes));
   }
   // Weights: uniform with the variance of a trained projection (1/K), rows w_stride_ apart.
-  {
+  // e4m3: every finite code equally likely (all exponents and the subnormals), and a scale per
+  // row that brings the row to about that variance.
+  if (c.weights == Weights::e4m3) {
+    if (z.path != ProjPath::fused)
+      detail::invalid("ProjProblem: e4m3 weights have only the fused path");
+    std::uniform_int_distribution<int> code(0, 253);  // 254 finite codes: skip 0x7f and 0xff
+    std::vector<uint8_t> bytes(size_t(columns_ * w_stride_), kPoison);
+    for (int64_t n = 0; n < columns_; ++n)
+      for (int64_t k = 0; k < z.hidden; ++k) {
+        const int v = code(rng_);
+        bytes[size_t(n * w_stride_ + k)] = uint8_t(v < 127 ? v : v + 1);
+      }
+    w_ = &add(std::move(bytes));
+    std::vector<uint8_t> scales(size_t(columns_) * 4);
+    const double base = std::sqrt(1.0 / double(z.hidden)) / 100.0;  // codes' rms is ~100
+    for (int64_t n = 0; n < columns_; ++n) {
+      const float v = float(base * (1.0 + 0.5 * unit(rng_)));
+      std::memcpy(scales.data() + n * 4, &v, 4);
+    }
+    scale_ = &add(std::move(scales));
+  } else {
     const double scale = std::sqrt(3.0 / double(z.hidden));
     std::vector<uint8_t> bytes(size_t(columns_ * w_stride_ * e), kPoison);
     for (int64_t n = 0; n < columns_; ++n)
@@ -203,6 +225,7 @@ void ProjProblem::build_reference() {
   const double rel_rstd = ((double(K) / 4 + 24) / 2 + 4) * std::ldexp(1.0, -24);
   const double u32 = std::ldexp(1.0, -24);
   const double u_out = unit_roundoff(c.dtype);
+  const bool w8 = c.weights == Weights::e4m3;
   std::vector<double> a(static_cast<size_t>(K));
   std::vector<double> sum(static_cast<size_t>(columns_)), mag(static_cast<size_t>(columns_));
   for (int64_t m = 0; m < z.tokens; ++m) {
@@ -224,17 +247,31 @@ void ProjProblem::build_reference() {
     const double rstd =
         c.norm == Norm::none ? 1.0 : 1.0 / std::sqrt(sumsq / double(K) + double(float(z.norm_eps)));
     for (int64_t n = 0; n < columns_; ++n) {
-      const uint8_t* wr = w_->host.data() + n * w_stride_ * e;
-      double s = 0, s_abs = 0;
-      for (int64_t k = 0; k < K; ++k) {
-        const double t = a[size_t(k)] * load_value(c.dtype, wr + k * e);
-        s += t;
-        s_abs += std::fabs(t);
+      double s = 0, s_abs = 0, scale = 1, scale_err = 0;
+      if (w8) {
+        const uint8_t* wr = w_->host.data() + n * w_stride_;
+        for (int64_t k = 0; k < K; ++k) {
+          const double t = a[size_t(k)] * e4m3_value(wr[k]);
+          s += t;
+          s_abs += std::fabs(t);
+        }
+        float f = 0;
+        std::memcpy(&f, scale_->host.data() + n * 4, 4);
+        scale = f;
+        scale_err = u32;  // the fp32 product sum · scale
+      } else {
+        const uint8_t* wr = w_->host.data() + n * w_stride_ * e;
+        for (int64_t k = 0; k < K; ++k) {
+          const double t = a[size_t(k)] * load_value(c.dtype, wr + k * e);
+          s += t;
+          s_abs += std::fabs(t);
+        }
       }
-      sum[size_t(n)] = rstd * s;
-      // Error of the kernel's fp32 y = rstd · Σ (absolute).
-      mag[size_t(n)] = rstd * gamma_dot * s_abs +
-                       (c.norm == Norm::none ? 0.0 : (rel_rstd + u32) * std::fabs(rstd * s));
+      sum[size_t(n)] = rstd * scale * s;
+      // Error of the kernel's fp32 y = rstd · (scale · Σ) (absolute).
+      mag[size_t(n)] =
+          rstd * scale * gamma_dot * s_abs +
+          ((c.norm == Norm::none ? 0.0 : rel_rstd + u32) + scale_err) * std::fabs(sum[size_t(n)]);
     }
     const int64_t pos = positions_[size_t(m)];
     for (int64_t n = 0; n < columns_; ++n) {
@@ -357,6 +394,7 @@ QkvProjArgs ProjProblem::args(void* stream) const {
   a.norm_eps = z.norm_eps;
   a.weight = ptr(w_);
   a.weight_stride = w_stride_;
+  a.weight_scale = static_cast<const float*>(ptr(scale_));
   const int64_t hs = D + z.out_head_gap;
   const int32_t heads[3] = {z.q_heads, z.kv_heads, z.kv_heads};
   Tensor* outs[3] = {&a.q, &a.k, &a.v};
@@ -388,7 +426,9 @@ QkvProjArgs ProjProblem::args(void* stream) const {
 }
 
 int64_t ProjProblem::weight_bytes() const {
-  return columns_ * sizes_.hidden * detail::element_bytes(spec_.dtype);
+  return spec_.weights == Weights::e4m3
+             ? columns_ * sizes_.hidden + columns_ * 4
+             : columns_ * sizes_.hidden * detail::element_bytes(spec_.dtype);
 }
 
 int64_t ProjProblem::bytes_moved() const {

@@ -52,7 +52,8 @@ class ProjProblem {
   // reference.
   CheckReport check();
 
-  // The weight's bytes (the projection's floor: it must be read once) and everything a launch
+  // The weight's bytes (with e4m3 weights, their scales too; the projection's floor: they must
+  // be read once) and everything a launch
   // moves (weight, activations, norm weight, outputs).
   int64_t weight_bytes() const;
   int64_t bytes_moved() const;
@@ -98,6 +99,7 @@ class ProjProblem {
   std::vector<Buffer*> buffers_;
   Buffer* x_ = nullptr;
   Buffer* w_ = nullptr;
+  Buffer* scale_ = nullptr;  // e4m3 weights: a float per row
   Buffer* norm_ = nullptr;
   Buffer* ids_ = nullptr;
   Buffer* cos_ = nullptr;

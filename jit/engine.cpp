@@ -543,7 +543,8 @@ const Engine::ProjPlan& Engine::proj_plan(CUcontext ctx, const QkvProjSpec& c,
     invalid("the QKV projection (", c.key(), ") needs tensor cores of compute capability 8.0 or ",
             "newer; this GPU is sm_", device.cc);
   const ProjVariant chosen = policy().choose_proj(c, shape, device);
-  if (const std::string why = proj_variant_problem(chosen); !why.empty())
+  if (const std::string why = proj_variant_problem(chosen, c.weights == Weights::e4m3);
+      !why.empty())
     fail(ErrorCode::internal, "policy chose ", chosen.name(), " for ", c.key(), ": ", why);
   const ProjPath path = policy().choose_proj_path(c, shape, device);
   if (path != ProjPath::fused && path != ProjPath::unfused)
@@ -710,7 +711,8 @@ void Engine::launch_proj(const QkvProjSpec& c, const QkvProjArgs& args, const Pr
     const ProjPlan& p = proj_plan(ctx, c, args, shape, stream);
     return launch_fused(*p.fn, p.variant, c, args, shape, stream);
   }
-  if (const std::string why = proj_variant_problem(*requested); !why.empty())
+  if (const std::string why = proj_variant_problem(*requested, c.weights == Weights::e4m3);
+      !why.empty())
     invalid("projection variant ", requested->name(), " is not legal: ", why);
   if (device_info(ctx).cc < 80)
     invalid("the QKV projection (", c.key(), ") needs compute capability 8.0 or newer");

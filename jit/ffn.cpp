@@ -129,6 +129,7 @@ RenderedKernel render(const FfnSpec& c, const ProjVariant& v) {
       {"norm", std::to_string(int(c.norm))},
       {"act", std::to_string(int(c.act))},
       {"glu", "true"},
+      {"w8", "false"},
       {"token_tiles", std::to_string(v.token_tiles)},
       {"splits", std::to_string(v.splits)},
       {"unroll", std::to_string(v.unroll)},

@@ -78,15 +78,18 @@ void check_workspace(const void* workspace, size_t bytes, const Range* others, s
 
 std::string ProjVariant::name() const { return concat('m', token_tiles, 's', splits, 'u', unroll); }
 
-std::string proj_variant_problem(const ProjVariant& v) {
+std::string proj_variant_problem(const ProjVariant& v, bool fp8_weights) {
   if (!power_of_two(v.token_tiles) || v.token_tiles > 8)
     return concat("token_tiles (", v.token_tiles, ") must be 1, 2, 4 or 8");
   if (v.splits < 1 || v.splits > 8) return concat("splits (", v.splits, ") must be in [1, 8]");
   if (!power_of_two(v.unroll) || v.unroll > 4)
     return concat("unroll (", v.unroll, ") must be 1, 2 or 4");
-  if (v.token_tiles * v.unroll > 16)
-    return concat("token_tiles (", v.token_tiles, ") x unroll (", v.unroll,
-                  ") must be <= 16 (registers)");
+  // A chunk's activations: token_tiles * unroll vectors of 16 bytes per stage (FP8 weights:
+  // twice as many, each chunk 64 elements).
+  const int32_t limit = fp8_weights ? 8 : 16;
+  if (v.token_tiles * v.unroll > limit)
+    return concat("token_tiles (", v.token_tiles, ") x unroll (", v.unroll, ") must be <= ", limit,
+                  fp8_weights ? " with e4m3 weights" : "", " (registers)");
   return "";
 }
 
@@ -158,6 +161,8 @@ int64_t proj_path_bucket(int64_t tokens) {
 
 std::string proj_split_problem(const QkvProjSpec& c, const QkvProjArgs& a, const ProjShape& s,
                                bool need_workspace) {
+  if (c.weights == Weights::e4m3)
+    return "spec.weights (e4m3) has no unfused path: cuBLASLt's FP8 GEMMs take FP8 activations";
   const Tensor* ts[3] = {&a.q, &a.k, &a.v};
   const char* names[3] = {"args.q", "args.k", "args.v"};
   const int64_t heads[3] = {s.q_heads, s.kv_heads, s.kv_heads};
@@ -213,9 +218,12 @@ ProjShape check_proj_call(const QkvProjSpec& c, const QkvProjArgs& a) {
   if (a.tokens > kMaxGridY * 8)  // the smallest token group a variant takes
     invalid("args.tokens (", a.tokens, ") exceeds ", kMaxGridY * 8,
             "; the fused projection is for decode-sized calls");
-  if (a.hidden < 8 || a.hidden % 8 != 0 || a.hidden > kMaxHidden)
-    invalid("args.hidden (", a.hidden, ") must be a multiple of 8 in [8, ", kMaxHidden,
-            "] (16-byte vectors)");
+  const bool w8 = c.weights == Weights::e4m3;
+  const int64_t welem = w8 ? 1 : elem;
+  const int64_t kmul = w8 ? 16 : 8;  // elements of a lane's 16-byte weight vector
+  if (a.hidden < kmul || a.hidden % kmul != 0 || a.hidden > kMaxHidden)
+    invalid("args.hidden (", a.hidden, ") must be a multiple of ", kmul, " in [", kmul, ", ",
+            kMaxHidden, "] (16-byte vectors", w8 ? " of e4m3 weights" : "", ")");
   if (a.q_heads < 1 || a.q_heads > kMaxHeads)
     invalid("args.q_heads (", a.q_heads, ") must be in [1, ", kMaxHeads, "]");
   if (a.kv_heads < 1 || a.kv_heads > kMaxHeads)
@@ -230,7 +238,13 @@ ProjShape check_proj_call(const QkvProjSpec& c, const QkvProjArgs& a) {
   const int64_t x_stride = a.x_stride == 0 ? a.hidden : a.x_stride;
   const int64_t w_stride = a.weight_stride == 0 ? a.hidden : a.weight_stride;
   check_matrix("args.x", "args.x_stride", a.x, a.tokens, a.hidden, x_stride, elem);
-  check_matrix("args.weight", "args.weight_stride", a.weight, columns, a.hidden, w_stride, elem);
+  check_matrix("args.weight", "args.weight_stride", a.weight, columns, a.hidden, w_stride, welem);
+  if (w8) {
+    if (!a.weight_scale) invalid("args.weight_scale is null but spec.weights is e4m3");
+    if (reinterpret_cast<uintptr_t>(a.weight_scale) % 4 != 0)
+      invalid("args.weight_scale (", static_cast<const void*>(a.weight_scale),
+              ") is not aligned to its 4-byte floats");
+  }
   if (c.norm != Norm::none) {
     if (!a.norm_weight) invalid("args.norm_weight is null but spec.norm is ", to_string(c.norm));
     check_matrix("args.norm_weight", "args.hidden", a.norm_weight, 1, a.hidden, a.hidden, elem);
@@ -273,7 +287,8 @@ ProjShape check_proj_call(const QkvProjSpec& c, const QkvProjArgs& a) {
     const int64_t ibytes = c.index_type == IndexType::i64 ? 8 : 4;
     const Range inputs[] = {
         range_of("args.x", a.x, a.tokens, x_stride, a.hidden, elem),
-        range_of("args.weight", a.weight, columns, w_stride, a.hidden, elem),
+        range_of("args.weight", a.weight, columns, w_stride, a.hidden, welem),
+        range_of("args.weight_scale", w8 ? a.weight_scale : nullptr, columns, 1, 1, 4),
         range_of("args.norm_weight", c.norm != Norm::none ? a.norm_weight : nullptr, 1, a.hidden,
                  a.hidden, elem),
         range_of("args.position_ids", c.positions == Positions::ids ? a.position_ids : nullptr,
@@ -309,6 +324,8 @@ ropejit_dev::ProjParams make_proj_params(const QkvProjSpec& c, const QkvProjArgs
   p.norm_w = c.norm != Norm::none ? a.norm_weight : nullptr;
   p.w = a.weight;
   p.w2 = a.weight;
+  p.w_scale = c.weights == Weights::e4m3 ? a.weight_scale : nullptr;
+  p.w2_scale = p.w_scale;
   p.x_stride = a.x_stride == 0 ? a.hidden : a.x_stride;
   p.w_stride = a.weight_stride == 0 ? a.hidden : a.weight_stride;
   p.tokens = s.tokens;
@@ -335,7 +352,7 @@ ropejit_dev::ProjParams make_proj_params(const QkvProjSpec& c, const QkvProjArgs
 }
 
 RenderedKernel render(const QkvProjSpec& c, const ProjVariant& v) {
-  if (const std::string why = proj_variant_problem(v); !why.empty())
+  if (const std::string why = proj_variant_problem(v, c.weights == Weights::e4m3); !why.empty())
     invalid("projection variant ", v.name(), ": ", why);
   RenderedKernel r;
   r.key = c.key();
@@ -359,8 +376,9 @@ RenderedKernel render(const QkvProjSpec& c, const ProjVariant& v) {
       {"table_full", flag(c.table_width == TableWidth::full)},
       {"act", "0"},
       {"glu", "false"},
+      {"w8", flag(c.weights == Weights::e4m3)},
       {"threads", std::to_string(v.threads())},
-      {"min_blocks", std::to_string(v.min_blocks())},
+      {"min_blocks", std::to_string(v.min_blocks(c.weights == Weights::e4m3))},
   };
   r.source = substitute_template(embedded_file("proj_entry.cu.in"), vars);
   return r;

@@ -23,15 +23,20 @@ struct ProjVariant {
   // Blocks the kernel is compiled to keep resident per SM (__launch_bounds__): 1024 threads'
   // worth for up to 16 tokens, so that a Llama-sized grid (384 blocks) runs in one wave on
   // 132 SMs; 512 threads' worth for more tokens, whose activations need the registers.
-  int32_t min_blocks() const { return std::max(1, (token_tiles <= 2 ? 1024 : 512) / threads()); }
+  // With e4m3 weights a stage holds twice the activations: 768 threads' worth for up to 16
+  // tokens (80 registers; 384 blocks still fit one wave on 132 SMs at three per SM).
+  int32_t min_blocks(bool fp8_weights = false) const {
+    return std::max(1, (token_tiles <= 2 ? (fp8_weights ? 768 : 1024) : 512) / threads());
+  }
   std::string name() const;  // "m2s4u2"
   friend bool operator==(const ProjVariant& a, const ProjVariant& b) {
     return a.token_tiles == b.token_tiles && a.splits == b.splits && a.unroll == b.unroll;
   }
 };
 
-// "" when `v` may be compiled, else the reason, starting with the field's name.
-std::string proj_variant_problem(const ProjVariant& v);
+// "" when `v` may be compiled (for e4m3 weights when `fp8_weights`), else the reason, starting
+// with the field's name.
+std::string proj_variant_problem(const ProjVariant& v, bool fp8_weights = false);
 
 // Call-checking helpers shared with the FFN (jit/ffn.cpp).
 struct Range {

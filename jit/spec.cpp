@@ -21,6 +21,7 @@ const char* to_string(Norm v) { return detail::name_of(v); }
 const char* to_string(KvCache v) { return detail::name_of(v); }
 const char* to_string(Store v) { return detail::name_of(v); }
 const char* to_string(ProjPath v) { return detail::name_of(v); }
+const char* to_string(Weights v) { return detail::name_of(v); }
 const char* to_string(Activation v) { return detail::name_of(v); }
 
 namespace {
@@ -285,6 +286,7 @@ void QkvProjSpec::validate() const {
   check_enum(table_dtype, "table_dtype");
   check_enum(table_width, "table_width");
   check_enum(norm, "norm");
+  check_enum(weights, "weights");
   if (dtype == DType::f32)
     detail::invalid("spec.dtype (f32) has no tensor-core projection: use bf16 or f16");
   if (head_dim < 16 || head_dim % 16 != 0 || head_dim > kMaxHeadDim)
@@ -323,10 +325,10 @@ bool operator==(const QkvProjSpec& a, const QkvProjSpec& b) {
   return a.dtype == b.dtype && a.head_dim == b.head_dim && a.rotary_dim == b.rotary_dim &&
          a.style == b.style && a.positions == b.positions && a.index_type == b.index_type &&
          a.freqs == b.freqs && a.table_dtype == b.table_dtype && a.table_width == b.table_width &&
-         a.norm == b.norm;
+         a.norm == b.norm && a.weights == b.weights;
 }
 
-// qkvproj_<dtype>_d<D>_r<R>_<style>_pos-<mode>[-<idx>]_<tab-<tdtype>-<width>|comp>_n<norm>
+// qkvproj_<dtype>_d<D>_r<R>_<style>_pos-<mode>[-<idx>]_<tab-<tdtype>-<width>|comp>_n<norm>[_we4m3]
 std::string QkvProjSpec::key() const {
   const QkvProjSpec c = canonical();
   std::ostringstream os;
@@ -338,14 +340,16 @@ std::string QkvProjSpec::key() const {
   else
     os << "_comp";
   os << "_n" << to_string(c.norm);
+  if (c.weights != Weights::same) os << "_w" << to_string(c.weights);
   return os.str();
 }
 
 QkvProjSpec parse_qkv_proj_key(const std::string& key) {
   const std::vector<std::string> f = split(key, '_');
-  if (f.size() != 8 || f[0] != "qkvproj")
-    detail::invalid("key '", detail::clipped(key),
-                    "' is not a projection key (qkvproj_<dtype>_d.._r.._<style>_pos-.._.._n..)");
+  if (f.size() < 8 || f.size() > 9 || f[0] != "qkvproj")
+    detail::invalid(
+        "key '", detail::clipped(key),
+        "' is not a projection key (qkvproj_<dtype>_d.._r.._<style>_pos-.._.._n..[_w..])");
   QkvProjSpec s;
   s.dtype = detail::parse_name<DType>(f[1], "key dtype");
   s.head_dim = parse_dim(f[2], 'd', key);
@@ -372,6 +376,12 @@ QkvProjSpec parse_qkv_proj_key(const std::string& key) {
     detail::invalid("key '", detail::clipped(key), "': bad norm field '", detail::clipped(f[7]),
                     "'");
   s.norm = detail::parse_name<Norm>(f[7].substr(1), "key norm");
+  if (f.size() == 9) {
+    if (f[8].size() < 2 || f[8][0] != 'w')
+      detail::invalid("key '", detail::clipped(key), "': bad weights field '",
+                      detail::clipped(f[8]), "'");
+    s.weights = detail::parse_name<Weights>(f[8].substr(1), "key weights");
+  }
   if (s.key() != key)
     detail::invalid("key '", detail::clipped(key), "' is not canonical (expected '", s.key(), "')");
   return s;

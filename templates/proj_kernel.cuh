@@ -19,6 +19,16 @@
 // The GLU epilogue (Cfg::kGlu, the FFN's gate/up half): the thread's two rows are gate row n
 // (of w) and up row n (of w2), and the store is act(gate) · up of the fp32 sums, column n.
 //
+// FP8 weights (Cfg::kW8): e4m3 codes with a float scale per output column (weight row). A lane
+// then loads 16 codes (16 bytes) of each of its rows per 64-element chunk and the matching 16
+// activations, widens the codes to the operand dtype exactly (every e4m3 value is a bf16 and
+// an f16 value) and feeds four k16 steps; the column's scale multiplies its fp32 sum.
+//
+// The epilogue's inputs (position ids, then the cos/sin table entries that depend on them, and
+// the FP8 column scales) are fetched in the first loop iteration, after that iteration's
+// weight loads are issued, so their dependent latencies pass under the weight stream instead
+// of after it.
+//
 // RMSNorm: y = rstd(x) · Σ_k bf16(x_k · w_k) W_nk. The weight product is rounded once to the
 // operand dtype (exactly what the float64 reference reproduces), the statistics Σ x² are
 // gathered while the activations stream by, and rstd is applied to the fp32 sums.
@@ -26,6 +36,10 @@
 #include "activation.cuh"
 #include "proj_params.cuh"
 #include "rope_freqs.cuh"
+
+#ifndef ROPEJIT_PROJ_EPILOGUE
+#define ROPEJIT_PROJ_EPILOGUE 1
+#endif
 
 namespace ropejit_dev {
 
@@ -78,6 +92,25 @@ __device__ __forceinline__ uint4 load_stream16(const void* p) {
   return v;
 }
 
+// Four e4m3 codes (one 32-bit word, code 0 lowest) -> two words of two operand-dtype values
+// each (lo: codes 0 and 1), exactly. The code's sign and its seven exponent-mantissa bits are
+// placed in the 16-bit format's fields (bf16: 8 exponent bits, f16: 5) so that the pattern is
+// the value times 2^-120 (bf16) or 2^-8 (f16), e4m3 subnormals landing on the format's own
+// subnormals; one packed multiply by 2^120 or 2^8 (exact: the value is representable) then
+// gives the value. The NaN codes (0x7f, 0xff) read as +-480: weights are finite.
+template <int kDType>
+__device__ __forceinline__ u32 widen_e4m3_pair(u32 spread) {
+  u32 r;
+  if (kDType == kBF16) {
+    const u32 bits = (spread & 0x80008000u) | ((spread >> 4) & 0x07f007f0u);
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(bits), "r"(0x7b807b80u), "r"(0x80008000u));
+  } else {
+    const u32 bits = (spread & 0x80008000u) | ((spread >> 1) & 0x3f803f80u);
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(bits), "r"(0x5c005c00u), "r"(0x80008000u));
+  }
+  return r;
+}
+
 template <class Cfg>
 struct ProjKernel {
   typedef typename Elem<Cfg::kDType>::Raw Raw;
@@ -85,10 +118,15 @@ struct ProjKernel {
   enum : int {
     kPairsPerHead = Cfg::kHeadDim / 2,
     kRotPairs = Cfg::kRotaryDim / 2,
-    kTiles = Cfg::kTokenTiles,  // 8 tokens each
-    kSplits = Cfg::kSplits,     // warps per block, each a slice of the hidden dimension
-    kUnroll = Cfg::kUnroll,     // 32-element chunks per warp per iteration
-    kStep = 32 * kUnroll * kSplits
+    kTiles = Cfg::kTokenTiles,    // 8 tokens each
+    kSplits = Cfg::kSplits,       // warps per block, each a slice of the hidden dimension
+    kUnroll = Cfg::kUnroll,       // chunks per warp per iteration
+    kChunk = Cfg::kW8 ? 64 : 32,  // elements of a chunk: 16 bytes of weight row per lane
+    kLaneK = kChunk / 4,          // a lane's consecutive elements in a chunk
+    kXv = kLaneK / 8,             // 16-byte activation vectors per lane per chunk
+    kWBytes = Cfg::kW8 ? 1 : int(sizeof(Raw)),
+    kStep = kChunk * kUnroll * kSplits,
+    kMine = (kTiles + kSplits - 1) / kSplits  // tiles a warp finishes
   };
 
   // The two output columns of the thread's pair, and where they go.
@@ -154,9 +192,10 @@ struct ProjKernel {
     *s = table_load<Cfg::kTableDType>(p.sin, at);
   }
 
-  // Rotates and stores the pair's two columns for one token (GLU: act(gate) · up, column r.col).
+  // Rotates (by the prefetched c, s) and stores the pair's two columns for one token (GLU:
+  // act(gate) · up, column r.col).
   static __device__ __forceinline__ void finish(const ProjParams& p, const Pair& r, long long token,
-                                                float ya, float yb, float rstd) {
+                                                float ya, float yb, float rstd, float c, float s) {
     if (Cfg::kNorm != kProjNormNone) {
       ya *= rstd;
       yb *= rstd;
@@ -168,8 +207,6 @@ struct ProjKernel {
       return;
     }
     if (r.rotate) {
-      float c, s;
-      angle(p, r.j, position(p, token), &c, &s);
       const float a = fmaf(ya, c, -yb * s);
       const float b = fmaf(yb, c, ya * s);
       ya = a;
@@ -208,10 +245,10 @@ struct ProjKernel {
     }
   }
 
-  // One loop iteration's operands: kUnroll 32-element chunks of the thread's two weight rows,
-  // the norm weight, and the activations of its token in each tile (zero past the end).
+  // One loop iteration's operands: kUnroll chunks of the thread's two weight rows, the norm
+  // weight, and the activations of its token in each tile (zero past the end).
   struct Stage {
-    uint4 a[kUnroll], b[kUnroll], n[kUnroll], x[kUnroll][kTiles];
+    uint4 a[kUnroll], b[kUnroll], n[kUnroll][kXv], x[kUnroll][kTiles][kXv];
 
     __device__ __forceinline__ void load(const ProjParams& p, const char* wa, const char* wb,
                                          const char* const* xrow, const bool* token_in, bool live,
@@ -219,18 +256,52 @@ struct ProjKernel {
       const uint4 zero = make_uint4(0, 0, 0, 0);
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
-        const long long k = k0 + 32 * u + 8 * t;
-        const bool in = k < p.hidden;  // hidden is a multiple of 8: all 8 or none
-        const long long off = k * (long long)sizeof(Raw);
-        a[u] = in && live ? load_stream16(wa + off) : zero;
-        b[u] = in && live ? load_stream16(wb + off) : zero;
-        n[u] = in && Cfg::kNorm != kProjNormNone
-                   ? __ldg(reinterpret_cast<const uint4*>(static_cast<const char*>(p.norm_w) + off))
-                   : zero;
+        const long long k = k0 + kChunk * u + kLaneK * t;
+        const bool in = k < p.hidden;  // hidden is a multiple of kLaneK: all or none
+        const long long woff = k * kWBytes, off = k * (long long)sizeof(Raw);
+        a[u] = in && live ? load_stream16(wa + woff) : zero;
+        b[u] = in && live ? load_stream16(wb + woff) : zero;
 #pragma unroll
-        for (int i = 0; i < kTiles; ++i)
-          x[u][i] = in && token_in[i] ? __ldg(reinterpret_cast<const uint4*>(xrow[i] + off)) : zero;
+        for (int v = 0; v < kXv; ++v) {
+          n[u][v] = in && Cfg::kNorm != kProjNormNone
+                        ? __ldg(reinterpret_cast<const uint4*>(static_cast<const char*>(p.norm_w) +
+                                                               off + 16 * v))
+                        : zero;
+#pragma unroll
+          for (int i = 0; i < kTiles; ++i)
+            x[u][i][v] = in && token_in[i]
+                             ? __ldg(reinterpret_cast<const uint4*>(xrow[i] + off + 16 * v))
+                             : zero;
+        }
       }
+    }
+  };
+
+  // What the epilogue needs besides the sums, fetched while the weights stream: cos and sin of
+  // the thread's pair at each token it finishes (tile warp + m * kSplits, tokens 2t and
+  // 2t + 1), and the FP8 column scales.
+  struct Epilogue {
+    float c[kMine][2], s[kMine][2];
+    float scale_a, scale_b;
+
+    __device__ __forceinline__ void fetch(const ProjParams& p, const Pair& r, bool live,
+                                          long long first_token, int warp, int t) {
+      scale_a = scale_b = 1.0f;
+      if (Cfg::kW8 && live) {
+        scale_a = __ldg(p.w_scale + r.col);
+        scale_b = __ldg((Cfg::kGlu ? p.w2_scale : p.w_scale) + r.col_b);
+      }
+#pragma unroll
+      for (int m = 0; m < kMine; ++m)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          c[m][h] = 1.0f;
+          s[m][h] = 0.0f;
+          const int i = warp + m * kSplits;
+          const long long token = first_token + i * 8 + 2 * t + h;
+          if (!Cfg::kGlu && live && r.rotate && i < kTiles && token < p.tokens)
+            angle(p, r.j, position(p, token), &c[m][h], &s[m][h]);
+        }
     }
   };
 
@@ -245,9 +316,9 @@ struct ProjKernel {
     const bool live = pair < p.pairs;
     const Pair r = locate(p, live ? pair : 0);
     const long long first_token = (long long)blockIdx.y * kTiles * 8;  // this block's tokens
-    const char* wa = static_cast<const char*>(p.w) + r.col * p.w_stride * (long long)sizeof(Raw);
+    const char* wa = static_cast<const char*>(p.w) + r.col * p.w_stride * (long long)kWBytes;
     const char* wb = static_cast<const char*>(Cfg::kGlu ? p.w2 : p.w) +
-                     r.col_b * p.w_stride * (long long)sizeof(Raw);
+                     r.col_b * p.w_stride * (long long)kWBytes;
     const char* xrow[kTiles];
     bool token_in[kTiles];
 #pragma unroll
@@ -265,25 +336,67 @@ struct ProjKernel {
       acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
       sumsq[i] = 0.0f;
     }
-    // Software-pipelined: the next iteration's loads are issued before this one's products,
-    // so every warp keeps two iterations of weight loads in flight.
-    const long long first = (long long)warp * 32 * kUnroll;
+    // Software-pipelined: two iterations' loads are in flight before the first products, and
+    // each iteration issues the loads of the one after next once its products are taken. The
+    // epilogue's inputs are fetched between the first two iterations' loads and the first
+    // products, so a dependent position -> table load waits under the weight stream.
+    const long long first = (long long)warp * kChunk * kUnroll;
     Stage cur, next;
+    Epilogue ep;
     cur.load(p, wa, wb, xrow, token_in, live, first, t);
+#if ROPEJIT_PROJ_EPILOGUE == 2
+    next.load(p, wa, wb, xrow, token_in, live, first + kStep, t);
+#endif
+#if ROPEJIT_PROJ_EPILOGUE >= 1
+    ep.fetch(p, r, live, first_token, warp, t);
+#endif
     for (long long k0 = first; k0 < p.hidden; k0 += kStep) {
+#if ROPEJIT_PROJ_EPILOGUE != 2
       next.load(p, wa, wb, xrow, token_in, live, k0 + kStep, t);
+#endif
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
+        if (Cfg::kW8) {
+          // Half a lane's codes at a time (8 elements: two k16 steps), all tiles, so that only
+          // those two steps' widened weights are live.
+          const u32 wa[4] = {cur.a[u].x, cur.a[u].y, cur.a[u].z, cur.a[u].w};
+          const u32 wb[4] = {cur.b[u].x, cur.b[u].y, cur.b[u].z, cur.b[u].w};
 #pragma unroll
-        for (int i = 0; i < kTiles; ++i) {
-          u32 b[4];
-          operand(cur.x[u][i], cur.n[u], sumsq[i], b);
-          Mma::run(acc[i], cur.a[u].x, cur.b[u].x, cur.a[u].y, cur.b[u].y, b[0], b[1]);
-          Mma::run(acc[i], cur.a[u].z, cur.b[u].z, cur.a[u].w, cur.b[u].w, b[2], b[3]);
+          for (int v = 0; v < kXv; ++v) {
+            u32 a8[4], b8[4];  // steps 2v and 2v + 1: A registers (a0, a2) and (a1, a3)
+#pragma unroll
+            for (int q = 0; q < 2; ++q) {
+              a8[2 * q] = widen_e4m3_pair<Cfg::kDType>(__byte_perm(wa[2 * v + q], 0u, 0x1404));
+              a8[2 * q + 1] = widen_e4m3_pair<Cfg::kDType>(__byte_perm(wa[2 * v + q], 0u, 0x3424));
+              b8[2 * q] = widen_e4m3_pair<Cfg::kDType>(__byte_perm(wb[2 * v + q], 0u, 0x1404));
+              b8[2 * q + 1] = widen_e4m3_pair<Cfg::kDType>(__byte_perm(wb[2 * v + q], 0u, 0x3424));
+            }
+#pragma unroll
+            for (int i = 0; i < kTiles; ++i) {
+              u32 b[4];
+              operand(cur.x[u][i][v], cur.n[u][v], sumsq[i], b);
+              Mma::run(acc[i], a8[0], b8[0], a8[1], b8[1], b[0], b[1]);
+              Mma::run(acc[i], a8[2], b8[2], a8[3], b8[3], b[2], b[3]);
+            }
+          }
+        } else {
+#pragma unroll
+          for (int i = 0; i < kTiles; ++i) {
+            u32 b[4];
+            operand(cur.x[u][i][0], cur.n[u][0], sumsq[i], b);
+            Mma::run(acc[i], cur.a[u].x, cur.b[u].x, cur.a[u].y, cur.b[u].y, b[0], b[1]);
+            Mma::run(acc[i], cur.a[u].z, cur.b[u].z, cur.a[u].w, cur.b[u].w, b[2], b[3]);
+          }
         }
       }
       cur = next;
+#if ROPEJIT_PROJ_EPILOGUE == 2
+      next.load(p, wa, wb, xrow, token_in, live, k0 + 2 * kStep, t);
+#endif
     }
+#if ROPEJIT_PROJ_EPILOGUE == 0
+    ep.fetch(p, r, live, first_token, warp, t);
+#endif
 
     // Σ x² of token i * 8 + g: the group's four lanes hold disjoint parts of each slice.
     if (Cfg::kNorm != kProjNormNone) {
@@ -335,7 +448,9 @@ struct ProjKernel {
           for (int w = 0; w < kSplits; ++w) s += sums[w][local];
           rstd = 1.0f / sqrtf(s / float(p.hidden) + p.norm_eps);
         }
-        finish(p, r, token, c[h], c[2 + h], rstd);
+        const float ya = Cfg::kW8 ? c[h] * ep.scale_a : c[h];
+        const float yb = Cfg::kW8 ? c[2 + h] * ep.scale_b : c[2 + h];
+        finish(p, r, token, ya, yb, rstd, ep.c[i / kSplits][h], ep.s[i / kSplits][h]);
       }
     }
   }

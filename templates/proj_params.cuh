@@ -14,10 +14,12 @@ struct ProjOutput {
 };
 
 struct ProjParams {
-  const void* x;       // [tokens][hidden] activations, row stride x_stride
-  const void* norm_w;  // [hidden] RMSNorm weight (null without a norm)
-  const void* w;       // [columns][hidden] weight: row n is output column n (torch's Linear)
-  const void* w2;      // the GLU epilogue's up weight [pairs][hidden] (QKV: w)
+  const void* x;          // [tokens][hidden] activations, row stride x_stride
+  const void* norm_w;     // [hidden] RMSNorm weight (null without a norm)
+  const void* w;          // [columns][hidden] weight: row n is output column n (torch's Linear)
+  const void* w2;         // the GLU epilogue's up weight [pairs][hidden] (QKV: w)
+  const float* w_scale;   // e4m3 weights: a float scale per row of w (else null)
+  const float* w2_scale;  // and of w2
   long long x_stride;
   long long w_stride;
   long long tokens;

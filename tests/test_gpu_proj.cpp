@@ -222,6 +222,49 @@ TEST_SUITE("gpu") {
         }
   }
 
+  TEST_CASE("projection, e4m3 weights with column scales: every axis against float64") {
+    testing::use_primary_context();
+    const int32_t dims[][2] = {{128, 128}, {64, 32}, {80, 80}, {256, 256}};
+    const DType dtypes[] = {DType::bf16, DType::f16};
+    const Norm norms[] = {Norm::rms, Norm::none, Norm::rms_one_plus};
+    const int64_t tokens[] = {1, 5, 16, 29, 64};
+    int n = 0;
+    for (const auto& d : dims)
+      for (const DType dt : dtypes)
+        for (const Norm norm : norms) {
+          ++n;
+          const Style style = n % 2 ? Style::gptj : Style::neox;
+          const Positions pos = (n / 2) % 2 ? Positions::offset : Positions::ids;
+          const Freqs fr = (n / 3) % 2 ? Freqs::computed : Freqs::table;
+          QkvProjSpec s = spec_of(dt, d[0], d[1], style, pos, fr, norm);
+          s.weights = Weights::e4m3;
+          autotune::ProjSizes z;
+          z.tokens = tokens[size_t(n) % 5];
+          z.hidden = n % 2 ? 272 : 1024;  // 272: the last 64-element chunk is partial
+          z.q_heads = 3 + n % 3;
+          z.kv_heads = 1 + n % 2;
+          z.packed_out = n % 3 != 1;
+          z.out_head_gap = n % 4 == 2 ? 8 : 0;
+          z.x_gap = n % 5 == 3 ? 16 : 0;
+          z.weight_gap = n % 6 == 4 ? 16 : 0;
+          z.position_offset = pos == Positions::offset ? 17 * n : 0;
+          z.bad_positions = pos == Positions::ids && fr == Freqs::table ? 2 : 0;
+          z.seed = uint64_t(3000 + n);
+          autotune::ProjProblem p(s, z);
+          p.upload();
+          CHECK(qkv_projection_path(s, p.args()) == ProjPath::fused);
+          qkv_projection(s, p.args());
+          expect_ok(p, s.key() + " tokens " + std::to_string(z.tokens));
+          const QkvProjSpec c = s.canonical();
+          const detail::ProjShape shape = detail::check_proj_call(c, p.args());
+          const int32_t tiles = detail::proj_token_tiles(z.tokens);
+          const detail::ProjVariant other{tiles, 2 + n % 3, tiles <= 4 ? 1 + n % 2 : 1};
+          p.upload();
+          api::engine().launch_proj(c, p.args(), shape, &other);
+          expect_ok(p, s.key() + " " + other.name() + " tokens " + std::to_string(z.tokens));
+        }
+  }
+
   TEST_CASE("projection: every kernel variant gives a correct result (Llama-3-8B shape)") {
     testing::use_primary_context();
     const QkvProjSpec s =

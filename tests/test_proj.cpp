@@ -98,7 +98,14 @@ TEST_CASE("projection keys: golden strings, canonical form, round trip") {
   s.rotary_dim = 64;
   CHECK(s.key() == "qkvproj_f16_d128_r64_gptj_pos-offset_comp_nrms1p");
   CHECK(parse_qkv_proj_key(s.key()) == s.canonical());
+  s.weights = Weights::e4m3;
+  CHECK(s.key() == "qkvproj_f16_d128_r64_gptj_pos-offset_comp_nrms1p_we4m3");
+  CHECK(parse_qkv_proj_key(s.key()) == s.canonical());
+  s.weights = Weights(7);
+  CHECK(contains(error_of([&] { s.validate(); }), "spec.weights (7)"));
   for (const char* bad : {"qkvproj_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half", "rope_bf16_d128",
+                          "qkvproj_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_nrms_wsame",
+                          "qkvproj_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_nrms_e4m3",
                           "qkvproj_bf16_d128_r128_neox_pos-offset-i64_comp_nrms",  // not canonical
                           "qkvproj_bf16_d128_r128_neox_pos-ids-i64_tab-f32_nrms",
                           "qkvproj_bf16_d72_r72_neox_pos-ids-i64_comp_nrms"})

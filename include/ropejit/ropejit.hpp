@@ -285,10 +285,22 @@ Info info();
 // q's columns, then k's, then v's) and writes q, k (both rotated) and v. Tensor cores with fp32
 // accumulation (sm_80 or newer); RMSNorm's statistics in fp32 and rstd applied to the fp32 sums;
 // RoPE on the fp32 sums, rounded once at the store.
+// How a projection's weights are stored (QkvProjSpec::weights, FfnSpec::weights).
+enum class Weights : int32_t {
+  same = 0,  // in the activation dtype
+  // FP8 e4m3 codes (torch.float8_e4m3fn), one byte each, with a float32 scale per output column
+  // (weight row): W_nk = code_nk · scale_n. The kernel widens the codes to the activation dtype
+  // exactly and applies the scale to the column's fp32 sum. Codes must be finite (the NaN codes
+  // 0x7f/0xff read as ±480); hidden must be a multiple of 16. Fused path only: cuBLASLt's FP8
+  // GEMMs take FP8 activations, so an automatic call runs fused at every token count.
+  e4m3 = 1,
+};
+
 struct QkvProjSpec {
-  DType dtype = DType::bf16;  // x, W, the norm weight and the outputs: bf16 or f16
-  int32_t head_dim = 128;     // a multiple of 16, <= 512
-  int32_t rotary_dim = 0;     // 0 means head_dim; the first rotary_dim elements of q/k heads rotate
+  DType dtype =
+      DType::bf16;         // x, the norm weight and the outputs (and W, unless e4m3): bf16 or f16
+  int32_t head_dim = 128;  // a multiple of 16, <= 512
+  int32_t rotary_dim = 0;  // 0 means head_dim; the first rotary_dim elements of q/k heads rotate
   Style style = Style::neox;
   Positions positions = Positions::ids;   // offset or ids
   IndexType index_type = IndexType::i64;  // of position_ids
@@ -300,11 +312,12 @@ struct QkvProjSpec {
   // dtype for the tensor cores (in f16, |x_k * w_k| must stay below 65504); rstd is applied to
   // the fp32 sums.
   Norm norm = Norm::rms;
+  Weights weights = Weights::same;
 
   // Throws Error naming the first invalid field.
   void validate() const;
   QkvProjSpec canonical() const;
-  // e.g. qkvproj_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_nrms
+  // e.g. qkvproj_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_nrms (e4m3 weights: _we4m3 appended)
   std::string key() const;
 
   friend bool operator==(const QkvProjSpec& a, const QkvProjSpec& b);
@@ -328,6 +341,7 @@ enum class ProjPath : int32_t {
   unfused = 2,
 };
 const char* to_string(ProjPath v);
+const char* to_string(Weights v);
 
 // One call. Strides in elements; every pointer is device memory.
 struct QkvProjArgs {
@@ -341,6 +355,9 @@ struct QkvProjArgs {
   double norm_eps = 1e-6;
   const void* weight = nullptr;  // [(q_heads + 2 kv_heads) * head_dim][hidden]
   int64_t weight_stride = 0;     // elements between weight rows; 0: hidden
+  // Weights::e4m3: the float32 scale of every weight row, [(q_heads + 2 kv_heads) * head_dim]
+  // (4-byte aligned); ignored otherwise.
+  const float* weight_scale = nullptr;
   // Outputs [tokens][heads][head_dim] (last dimension contiguous; stride_batch is ignored,
   // stride_seq is the token stride; heads must equal q_heads / kv_heads). They may be views of
   // one packed [tokens][q + 2 kv heads][head_dim] tensor; they may not overlap the inputs.
