@@ -24,11 +24,6 @@
 // activations, widens the codes to the operand dtype exactly (every e4m3 value is a bf16 and
 // an f16 value) and feeds four k16 steps; the column's scale multiplies its fp32 sum.
 //
-// The epilogue's inputs (position ids, then the cos/sin table entries that depend on them, and
-// the FP8 column scales) are fetched in the first loop iteration, after that iteration's
-// weight loads are issued, so their dependent latencies pass under the weight stream instead
-// of after it.
-//
 // RMSNorm: y = rstd(x) · Σ_k bf16(x_k · w_k) W_nk. The weight product is rounded once to the
 // operand dtype (exactly what the float64 reference reproduces), the statistics Σ x² are
 // gathered while the activations stream by, and rstd is applied to the fp32 sums.
@@ -36,10 +31,6 @@
 #include "activation.cuh"
 #include "proj_params.cuh"
 #include "rope_freqs.cuh"
-
-#ifndef ROPEJIT_PROJ_EPILOGUE
-#define ROPEJIT_PROJ_EPILOGUE 1
-#endif
 
 namespace ropejit_dev {
 
@@ -277,7 +268,7 @@ struct ProjKernel {
     }
   };
 
-  // What the epilogue needs besides the sums, fetched while the weights stream: cos and sin of
+  // What the epilogue needs besides the sums: cos and sin of
   // the thread's pair at each token it finishes (tile warp + m * kSplits, tokens 2t and
   // 2t + 1), and the FP8 column scales.
   struct Epilogue {
@@ -336,24 +327,16 @@ struct ProjKernel {
       acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
       sumsq[i] = 0.0f;
     }
-    // Software-pipelined: two iterations' loads are in flight before the first products, and
-    // each iteration issues the loads of the one after next once its products are taken. The
-    // epilogue's inputs are fetched between the first two iterations' loads and the first
-    // products, so a dependent position -> table load waits under the weight stream.
+    // Software-pipelined: the next iteration's loads are issued before this one's products, so
+    // every warp keeps two iterations of weight loads in flight. The epilogue's inputs are
+    // fetched after the loop: fetching them before it (under the weight stream) measured no
+    // faster at 1-8 tokens and slower beyond, its registers spilling (bench/RESULTS.md).
     const long long first = (long long)warp * kChunk * kUnroll;
     Stage cur, next;
     Epilogue ep;
     cur.load(p, wa, wb, xrow, token_in, live, first, t);
-#if ROPEJIT_PROJ_EPILOGUE == 2
-    next.load(p, wa, wb, xrow, token_in, live, first + kStep, t);
-#endif
-#if ROPEJIT_PROJ_EPILOGUE >= 1
-    ep.fetch(p, r, live, first_token, warp, t);
-#endif
     for (long long k0 = first; k0 < p.hidden; k0 += kStep) {
-#if ROPEJIT_PROJ_EPILOGUE != 2
       next.load(p, wa, wb, xrow, token_in, live, k0 + kStep, t);
-#endif
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         if (Cfg::kW8) {
@@ -390,13 +373,8 @@ struct ProjKernel {
         }
       }
       cur = next;
-#if ROPEJIT_PROJ_EPILOGUE == 2
-      next.load(p, wa, wb, xrow, token_in, live, k0 + 2 * kStep, t);
-#endif
     }
-#if ROPEJIT_PROJ_EPILOGUE == 0
     ep.fetch(p, r, live, first_token, warp, t);
-#endif
 
     // Σ x² of token i * 8 + g: the group's four lanes hold disjoint parts of each slice.
     if (Cfg::kNorm != kProjNormNone) {
