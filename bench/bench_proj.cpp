@@ -5,6 +5,8 @@
 // timed call: the weight is as large as the H100's L2, so repeated calls would otherwise find
 // part of it there.
 //   proj/llama3_8b_m<M>: the library's choice for M tokens;
+//   proj_fp8/llama3_8b_m<M>: the same with e4m3 weights and a scale per column (25 MB; the floor
+//   is those bytes);
 //   proj_variants/m<M>/<variant>: every legal kernel variant with the call's token tiles, to
 //   see what the heuristic leaves;
 //   proj_path/m<M>/<fused|unfused|auto>: the fused kernel, the unfused path (RMSNorm key ->
@@ -39,8 +41,10 @@ autotune::ProjSizes llama_sizes(int64_t tokens) {
   return z;
 }
 
-void run_proj(benchmark::State& state, int64_t tokens, const detail::ProjVariant* variant) {
-  const QkvProjSpec s = llama_spec();
+void run_proj(benchmark::State& state, int64_t tokens, const detail::ProjVariant* variant,
+              Weights weights = Weights::same) {
+  QkvProjSpec s = llama_spec();
+  s.weights = weights;
   const QkvProjSpec c = s.canonical();
   autotune::ProjProblem p(s, llama_sizes(tokens));
   p.upload();
@@ -156,6 +160,13 @@ void register_proj_benchmarks() {
   for (const int64_t m : {1, 2, 4, 8, 16, 32, 64})
     benchmark::RegisterBenchmark(("proj/llama3_8b_m" + std::to_string(m)).c_str(),
                                  [m](benchmark::State& st) { run_proj(st, m, nullptr); })
+        ->UseManualTime()
+        ->Iterations(50)
+        ->Unit(benchmark::kMicrosecond);
+  for (const int64_t m : {1, 2, 4, 8, 16, 32, 64})
+    benchmark::RegisterBenchmark(
+        ("proj_fp8/llama3_8b_m" + std::to_string(m)).c_str(),
+        [m](benchmark::State& st) { run_proj(st, m, nullptr, Weights::e4m3); })
         ->UseManualTime()
         ->Iterations(50)
         ->Unit(benchmark::kMicrosecond);
