@@ -183,7 +183,7 @@ struct ProjKernel {
     *s = table_load<Cfg::kTableDType>(p.sin, at);
   }
 
-  // Rotates (by the prefetched c, s) and stores the pair's two columns for one token (GLU:
+  // Rotates (by c, s from Epilogue::fetch) and stores the pair's two columns for one token (GLU:
   // act(gate) · up, column r.col).
   static __device__ __forceinline__ void finish(const ProjParams& p, const Pair& r, long long token,
                                                 float ya, float yb, float rstd, float c, float s) {
