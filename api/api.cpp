@@ -100,15 +100,18 @@ std::vector<std::string> precompile(const FfnSpec& spec, const std::string& arch
   device.cc = cc;
   const std::vector<detail::ProjVariant> variants = autotune::ffn_heuristic_variants(c, device);
   const std::string target = detail::target_for(cc);
-  std::vector<std::string> paths(variants.size() + 2);
+  // The unfused path's GLU kernels too, where the key has that path.
+  const bool unfused = c.weights == Weights::same;
+  std::vector<std::string> paths(variants.size() + (unfused ? 2 : 0));
   std::vector<std::future<void>> builds;
   for (size_t i = 0; i < variants.size(); ++i)
     builds.push_back(api::engine().image_async(c, variants[i], target, &paths[i]));
-  for (const int32_t vec : {8, 1})  // the unfused path's GLU kernels
-    builds.push_back(std::async(std::launch::async, [&, vec] {
-      api::engine().glu_image(c, detail::GluVariant{vec}, target,
-                              &paths[variants.size() + (vec == 8 ? 0 : 1)]);
-    }));
+  if (unfused)
+    for (const int32_t vec : {8, 1})
+      builds.push_back(std::async(std::launch::async, [&, vec] {
+        api::engine().glu_image(c, detail::GluVariant{vec}, target,
+                                &paths[variants.size() + (vec == 8 ? 0 : 1)]);
+      }));
   for (std::future<void>& f : builds) f.get();
   return paths;
 }

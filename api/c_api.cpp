@@ -342,6 +342,7 @@ ropejit::QkvProjSpec to_proj_spec(const ropejit_qkv_proj_spec& s) {
   o.table_dtype = ropejit::DType(s.table_dtype);
   o.table_width = ropejit::TableWidth(s.table_width);
   o.norm = ropejit::Norm(s.norm);
+  o.weights = ropejit::Weights(s.weights);
   return o;
 }
 
@@ -357,6 +358,7 @@ ropejit::QkvProjArgs to_proj_args(const ropejit_qkv_proj_args& a) {
   o.norm_eps = a.norm_eps;
   o.weight = a.weight;
   o.weight_stride = a.weight_stride;
+  o.weight_scale = a.weight_scale;
   o.q = to_tensor(a.q);
   o.k = to_tensor(a.k);
   o.v = to_tensor(a.v);
@@ -383,7 +385,8 @@ void ropejit_qkv_proj_spec_init(ropejit_qkv_proj_spec* spec) {
                                 d.rotary_dim,           int32_t(d.style),
                                 int32_t(d.positions),   int32_t(d.index_type),
                                 int32_t(d.freqs),       int32_t(d.table_dtype),
-                                int32_t(d.table_width), int32_t(d.norm)};
+                                int32_t(d.table_width), int32_t(d.norm),
+                                int32_t(d.weights)};
 }
 
 void ropejit_qkv_proj_args_init(ropejit_qkv_proj_args* args) {
@@ -441,6 +444,7 @@ ropejit::FfnSpec to_ffn_spec(const ropejit_ffn_spec& s) {
   o.dtype = ropejit::DType(s.dtype);
   o.norm = ropejit::Norm(s.norm);
   o.act = ropejit::Activation(s.act);
+  o.weights = ropejit::Weights(s.weights);
   return o;
 }
 
@@ -456,6 +460,8 @@ ropejit::FfnArgs to_ffn_args(const ropejit_ffn_args& a) {
   o.gate_weight = a.gate_weight;
   o.up_weight = a.up_weight;
   o.weight_stride = a.weight_stride;
+  o.gate_scale = a.gate_scale;
+  o.up_scale = a.up_scale;
   o.out = a.out;
   o.out_stride = a.out_stride;
   o.path = ropejit::ProjPath(a.path);
@@ -470,7 +476,7 @@ ropejit::FfnArgs to_ffn_args(const ropejit_ffn_args& a) {
 void ropejit_ffn_spec_init(ropejit_ffn_spec* spec) {
   if (!spec) return;
   const ropejit::FfnSpec d;
-  *spec = ropejit_ffn_spec{int32_t(d.dtype), int32_t(d.norm), int32_t(d.act)};
+  *spec = ropejit_ffn_spec{int32_t(d.dtype), int32_t(d.norm), int32_t(d.act), int32_t(d.weights)};
 }
 
 void ropejit_ffn_args_init(ropejit_ffn_args* args) {

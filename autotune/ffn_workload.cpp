@@ -7,6 +7,9 @@
 // 8 · 2^-24 · (|act(g)| + |g| / 2) (expf / tanhf and the operations around them; gelu's
 // 1 + tanh cancels for negative g, hence the |g| term), two fp32 products, one rounding.
 //
+// With e4m3 weights the products use the decoded codes (exact in the operand dtype) and each
+// row's scale multiplies its fp32 sum: one more fp32 rounding of g and of u.
+//
 // Unfused path (RMSNorm key -> cuBLASLt -> GLU key): a_k = round((x_k · rstd) · w_k) with the
 // neighbour allowed where float64 lies within rstd's error of a rounding boundary (as the
 // projection's unfused reference); g and u from cuBLASLt ((K/8 + 64) · 2^-22 · Σ|a W|) each
@@ -64,17 +67,38 @@ FfnProblem::FfnProblem(const FfnSpec& spec, const FfnSizes& sizes)
     x_ = &add(std::move(bytes));
   }
   // Weights with a trained projection's variance (1/K), scaled up 3x so that the gate reaches
-  // the activation's curved part.
+  // the activation's curved part. e4m3: every finite code equally likely (all exponents and the
+  // subnormals) and a scale per row that brings the row to about that variance.
+  const bool w8 = c.weights == Weights::e4m3;
+  if (w8 && z.path != ProjPath::fused)
+    detail::invalid("FfnProblem: e4m3 weights have only the fused path");
+  const int64_t we = w8 ? 1 : e;
   const double scale = 3.0 * std::sqrt(3.0 / double(z.hidden));
+  std::uniform_int_distribution<int> code(0, 253);  // 254 finite codes: skip 0x7f and 0xff
   auto weights = [&](int64_t rows) {
-    std::vector<uint8_t> bytes(size_t(rows * w_stride_ * e), kPoison);
+    std::vector<uint8_t> bytes(size_t(rows * w_stride_ * we), kPoison);
     for (int64_t n = 0; n < rows; ++n)
-      for (int64_t k = 0; k < z.hidden; ++k)
-        store_value(c.dtype, bytes.data() + (n * w_stride_ + k) * e, scale * unit(rng_));
+      for (int64_t k = 0; k < z.hidden; ++k) {
+        if (w8) {
+          const int v = code(rng_);
+          bytes[size_t(n * w_stride_ + k)] = uint8_t(v < 127 ? v : v + 1);
+        } else {
+          store_value(c.dtype, bytes.data() + (n * w_stride_ + k) * e, scale * unit(rng_));
+        }
+      }
     return bytes;
   };
   gate_ = &add(weights(z.packed ? 2 * z.intermediate : z.intermediate));
   if (!z.packed) up_ = &add(weights(z.intermediate));
+  if (w8) {
+    std::vector<uint8_t> scales(size_t(2 * z.intermediate) * 4);
+    const double base = 3.0 * std::sqrt(1.0 / double(z.hidden)) / 100.0;  // codes' rms is ~100
+    for (int64_t n = 0; n < 2 * z.intermediate; ++n) {
+      const float v = float(base * (1.0 + 0.5 * unit(rng_)));
+      std::memcpy(scales.data() + n * 4, &v, 4);
+    }
+    scale_ = &add(std::move(scales));
+  }
   if (c.norm != Norm::none) {
     const bool one_plus = c.norm == Norm::rms_one_plus;
     std::vector<uint8_t> bytes(size_t(z.hidden * e));
@@ -117,8 +141,10 @@ void FfnProblem::build_reference(bool unfused, Expected* out) {
   auto round_to = [&](double v) {
     return c.dtype == DType::bf16 ? bf16_value(bf16_bits(v)) : f16_value(f16_bits(v));
   };
+  const bool w8 = c.weights == Weights::e4m3;
+  const int64_t we = w8 ? 1 : e;
   const uint8_t* gate_rows = gate_->host.data();
-  const uint8_t* up_rows = z.packed ? gate_->host.data() + I * w_stride_ * e : up_->host.data();
+  const uint8_t* up_rows = z.packed ? gate_->host.data() + I * w_stride_ * we : up_->host.data();
   out->value.assign(size_t(z.tokens * I), 0.0);
   out->tol.assign(size_t(z.tokens * I), 0.0);
   std::vector<double> a(static_cast<size_t>(K)), amb(static_cast<size_t>(K), 0.0);
@@ -153,19 +179,27 @@ void FfnProblem::build_reference(bool unfused, Expected* out) {
     const double post = unfused ? 1.0 : rstd;
     for (int64_t n = 0; n < I; ++n) {
       double sum[2] = {0, 0}, mag[2] = {0, 0}, am[2] = {0, 0};
-      const uint8_t* rows[2] = {gate_rows + n * w_stride_ * e, up_rows + n * w_stride_ * e};
-      for (int h = 0; h < 2; ++h)
+      const uint8_t* rows[2] = {gate_rows + n * w_stride_ * we, up_rows + n * w_stride_ * we};
+      double row_scale[2] = {1, 1};
+      for (int h = 0; h < 2; ++h) {
         for (int64_t k = 0; k < K; ++k) {
-          const double wv = load_value(c.dtype, rows[h] + k * e);
+          const double wv = w8 ? e4m3_value(rows[h][k]) : load_value(c.dtype, rows[h] + k * e);
           sum[h] += a[size_t(k)] * wv;
           mag[h] += std::fabs(a[size_t(k)] * wv);
           am[h] += amb[size_t(k)] * std::fabs(wv);
         }
+        if (w8) {
+          float f = 0;
+          std::memcpy(&f, scale_->host.data() + (h * I + n) * 4, 4);
+          row_scale[h] = f;
+        }
+      }
       double v[2], err[2];
       for (int h = 0; h < 2; ++h) {
-        v[h] = post * sum[h];
-        err[h] = post * (gamma * mag[h] + am[h]);
+        v[h] = post * row_scale[h] * sum[h];
+        err[h] = post * row_scale[h] * (gamma * mag[h] + am[h]);
         if (!unfused && c.norm != Norm::none) err[h] += (rel_rstd + u32) * std::fabs(v[h]);
+        if (w8) err[h] += u32 * std::fabs(v[h]);  // the fp32 sum · scale
         if (unfused) err[h] = u_out * std::fabs(v[h]) + (1 + u_out) * err[h];  // rounded product
       }
       const double act = act_of(c.act, v[0]);
@@ -201,9 +235,14 @@ FfnArgs FfnProblem::args(void* stream) const {
   a.norm_weight = ptr(norm_);
   a.norm_eps = z.norm_eps;
   a.gate_weight = ptr(gate_);
+  const int64_t we = spec_.weights == Weights::e4m3 ? 1 : e;
   a.up_weight =
-      z.packed ? static_cast<char*>(ptr(gate_)) + z.intermediate * w_stride_ * e : ptr(up_);
+      z.packed ? static_cast<char*>(ptr(gate_)) + z.intermediate * w_stride_ * we : ptr(up_);
   a.weight_stride = w_stride_;
+  if (scale_) {
+    a.gate_scale = static_cast<const float*>(ptr(scale_));
+    a.up_scale = a.gate_scale + z.intermediate;
+  }
   a.out = ptr(out_);
   a.out_stride = out_stride_;
   a.path = z.path;
@@ -214,6 +253,8 @@ FfnArgs FfnProblem::args(void* stream) const {
 }
 
 int64_t FfnProblem::weight_bytes() const {
+  if (spec_.weights == Weights::e4m3)
+    return 2 * sizes_.intermediate * sizes_.hidden + 2 * sizes_.intermediate * 4;
   return 2 * sizes_.intermediate * sizes_.hidden * detail::element_bytes(spec_.dtype);
 }
 

@@ -42,7 +42,7 @@ class FfnProblem {
   CheckReport check();
   ProjPath matched() const { return matched_; }
   CheckReport check_as(ProjPath path);  // as ProjProblem::check_as
-  int64_t weight_bytes() const;         // both weights: the fused kernel's floor
+  int64_t weight_bytes() const;  // both weights (and e4m3's scales): the fused kernel's floor
   int64_t bytes_moved() const;
 
   struct Expected {
@@ -68,8 +68,9 @@ class FfnProblem {
   int64_t x_stride_ = 0, w_stride_ = 0, out_stride_ = 0;
   std::vector<Buffer*> buffers_;
   Buffer* x_ = nullptr;
-  Buffer* gate_ = nullptr;  // packed: both halves
-  Buffer* up_ = nullptr;    // separate up weight (packed: null)
+  Buffer* gate_ = nullptr;   // packed: both halves
+  Buffer* up_ = nullptr;     // separate up weight (packed: null)
+  Buffer* scale_ = nullptr;  // e4m3 weights: a float per gate row, then one per up row
   Buffer* norm_ = nullptr;
   Buffer* out_ = nullptr;
   Buffer* workspace_ = nullptr;

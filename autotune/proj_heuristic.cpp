@@ -70,8 +70,8 @@ std::vector<detail::ProjVariant> ffn_heuristic_variants(const FfnSpec& canonical
 
 ProjPath ffn_heuristic_path(const FfnSpec& canonical, const detail::ProjShape& shape,
                             const detail::DeviceInfo& device) {
-  (void)canonical;
   (void)device;
+  if (canonical.weights == Weights::e4m3) return ProjPath::fused;  // its only path
   return shape.tokens <= 16 ? ProjPath::fused : ProjPath::unfused;
 }
 

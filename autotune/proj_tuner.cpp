@@ -119,6 +119,10 @@ ProjTuneReport tune_proj(const QkvProjSpec& spec, int64_t bucket, int64_t hidden
 
 ProjTuneReport tune_ffn(const FfnSpec& spec, int64_t bucket, int64_t hidden, int64_t intermediate) {
   const FfnSpec c = spec.canonical();
+  if (c.weights == Weights::e4m3)
+    detail::invalid(
+        "spec.weights (e4m3): the FFN's gate/up takes one path with e4m3 weights (fused); "
+        "there is no crossover to tune");
   const detail::DeviceInfo& device = tuning_device("the FFN's path");
   detail::Engine& engine = detail::Engine::instance();
   FfnSizes z;

@@ -6,7 +6,7 @@
 // part of it there.
 //   proj/llama3_8b_m<M>: the library's choice for M tokens;
 //   proj_fp8/llama3_8b_m<M>: the same with e4m3 weights and a scale per column (25 MB; the floor
-//   is those bytes);
+//   is those bytes); ffn_fp8/m<M> likewise for the FFN's gate/up (117 MB of e4m3 weights);
 //   proj_variants/m<M>/<variant>: every legal kernel variant with the call's token tiles, to
 //   see what the heuristic leaves;
 //   proj_path/m<M>/<fused|unfused|auto>: the fused kernel, the unfused path (RMSNorm key ->
@@ -106,13 +106,16 @@ void run_path(benchmark::State& state, int64_t tokens, ProjPath path) {
 // The FFN's gate/up at Llama-3-8B's shape (hidden 4096, intermediate 14336: two 14336 x 4096
 // bf16 weights, 235 MB), every path, against the weight-read floor. Checked against float64 up
 // to 8 tokens (M x 28672 x 4096 host multiply-adds).
-void run_ffn_path(benchmark::State& state, int64_t tokens, ProjPath path) {
-  const FfnSpec s;  // bf16, RMSNorm, SiLU
+void run_ffn_path(benchmark::State& state, int64_t tokens, ProjPath path,
+                  Weights weights = Weights::same) {
+  FfnSpec s;  // bf16, RMSNorm, SiLU
+  s.weights = weights;
   autotune::FfnSizes z;
   z.tokens = tokens;
   z.hidden = 4096;
   z.intermediate = 14336;
-  z.path = path == ProjPath::fused ? ProjPath::fused : ProjPath::automatic;
+  z.path =
+      path == ProjPath::fused || weights == Weights::e4m3 ? ProjPath::fused : ProjPath::automatic;
   z.reference = tokens <= 8;
   autotune::FfnProblem p(s, z);
   p.upload();
@@ -169,6 +172,13 @@ void register_proj_benchmarks() {
         [m](benchmark::State& st) { run_proj(st, m, nullptr, Weights::e4m3); })
         ->UseManualTime()
         ->Iterations(50)
+        ->Unit(benchmark::kMicrosecond);
+  for (const int64_t m : {1, 4, 8, 16, 32, 64})
+    benchmark::RegisterBenchmark(
+        ("ffn_fp8/m" + std::to_string(m)).c_str(),
+        [m](benchmark::State& st) { run_ffn_path(st, m, ProjPath::automatic, Weights::e4m3); })
+        ->UseManualTime()
+        ->Iterations(20)
         ->Unit(benchmark::kMicrosecond);
   static std::vector<detail::ProjVariant> variants;
   for (const int32_t tiles : {1, 2, 4, 8})

@@ -126,7 +126,8 @@ size_t Engine::ProjPlanKeyHash::operator()(const ProjPlanKey& k) const {
 
 size_t Engine::FfnPlanKeyHash::operator()(const FfnPlanKey& k) const {
   uint64_t h = std::hash<const void*>()(k.ctx);
-  mix(h, uint64_t(k.spec.dtype) | uint64_t(k.spec.norm) << 8 | uint64_t(k.spec.act) << 16);
+  mix(h, uint64_t(k.spec.dtype) | uint64_t(k.spec.norm) << 8 | uint64_t(k.spec.act) << 16 |
+             uint64_t(k.spec.weights) << 24);
   mix(h, uint64_t(k.bucket));
   mix(h, uint64_t(k.hidden));
   mix(h, uint64_t(k.intermediate));
@@ -842,7 +843,8 @@ const Engine::ProjPlan& Engine::ffn_plan(CUcontext ctx, const FfnSpec& c, const 
             "newer; this GPU is sm_", device.cc);
   const ProjShape view = shape.proj();
   const ProjVariant chosen = policy().choose_ffn(c, view, device);
-  if (const std::string why = proj_variant_problem(chosen); !why.empty())
+  if (const std::string why = proj_variant_problem(chosen, c.weights == Weights::e4m3);
+      !why.empty())
     fail(ErrorCode::internal, "policy chose ", chosen.name(), " for ", c.key(), ": ", why);
   const ProjPath path = policy().choose_ffn_path(c, view, device);
   if (path != ProjPath::fused && path != ProjPath::unfused)
@@ -927,7 +929,8 @@ void Engine::launch_ffn(const FfnSpec& c, const FfnArgs& args, const FfnShape& s
   ProjVariant variant;
   const LoadedFunction* fn = nullptr;
   if (requested) {
-    if (const std::string why = proj_variant_problem(*requested); !why.empty())
+    if (const std::string why = proj_variant_problem(*requested, c.weights == Weights::e4m3);
+        !why.empty())
       invalid("projection variant ", requested->name(), " is not legal: ", why);
     if (device_info(ctx).cc < 80)
       invalid("the FFN's gate/up (", c.key(), ") needs compute capability 8.0 or newer");

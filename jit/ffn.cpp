@@ -4,6 +4,7 @@
 #include <cfloat>
 #include <cmath>
 #include <map>
+#include <utility>
 
 #include "jit/call.hpp"
 #include "jit/embedded.hpp"
@@ -31,9 +32,12 @@ FfnShape check_ffn_call(const FfnSpec& c, const FfnArgs& a) {
   if (a.tokens > kMaxGridY * 8)
     invalid("args.tokens (", a.tokens, ") exceeds ", kMaxGridY * 8,
             "; the FFN's gate/up is for decode-sized calls");
-  if (a.hidden < 8 || a.hidden % 8 != 0 || a.hidden > kMaxHidden)
-    invalid("args.hidden (", a.hidden, ") must be a multiple of 8 in [8, ", kMaxHidden,
-            "] (16-byte vectors)");
+  const bool w8 = c.weights == Weights::e4m3;
+  const int64_t welem = w8 ? 1 : elem;
+  const int64_t kmul = w8 ? 16 : 8;  // elements of a lane's 16-byte weight vector
+  if (a.hidden < kmul || a.hidden % kmul != 0 || a.hidden > kMaxHidden)
+    invalid("args.hidden (", a.hidden, ") must be a multiple of ", kmul, " in [", kmul, ", ",
+            kMaxHidden, "] (16-byte vectors", w8 ? " of e4m3 weights" : "", ")");
   if (a.intermediate < 1 || a.intermediate > kMaxIntermediate)
     invalid("args.intermediate (", a.intermediate, ") must be in [1, ", kMaxIntermediate, "]");
   s.tokens = a.tokens;
@@ -44,9 +48,18 @@ FfnShape check_ffn_call(const FfnSpec& c, const FfnArgs& a) {
   const int64_t out_stride = a.out_stride == 0 ? a.intermediate : a.out_stride;
   check_matrix("args.x", "args.x_stride", a.x, a.tokens, a.hidden, x_stride, elem);
   check_matrix("args.gate_weight", "args.weight_stride", a.gate_weight, a.intermediate, a.hidden,
-               w_stride, elem);
+               w_stride, welem);
   check_matrix("args.up_weight", "args.weight_stride", a.up_weight, a.intermediate, a.hidden,
-               w_stride, elem);
+               w_stride, welem);
+  if (w8) {
+    const std::pair<const char*, const float*> scales[] = {{"args.gate_scale", a.gate_scale},
+                                                           {"args.up_scale", a.up_scale}};
+    for (const auto& [name, p] : scales) {
+      if (!p) invalid(name, " is null but spec.weights is e4m3");
+      if (reinterpret_cast<uintptr_t>(p) % 4 != 0)
+        invalid(name, " (", static_cast<const void*>(p), ") is not aligned to its 4-byte floats");
+    }
+  }
   if (c.norm != Norm::none) {
     if (!a.norm_weight) invalid("args.norm_weight is null but spec.norm is ", to_string(c.norm));
     check_matrix("args.norm_weight", "args.hidden", a.norm_weight, 1, a.hidden, a.hidden, elem);
@@ -69,10 +82,12 @@ FfnShape check_ffn_call(const FfnSpec& c, const FfnArgs& a) {
     const Range written = range_of("args.out", a.out, a.tokens, out_stride, a.intermediate, elem);
     const Range inputs[] = {
         range_of("args.x", a.x, a.tokens, x_stride, a.hidden, elem),
-        range_of("args.gate_weight", a.gate_weight, a.intermediate, w_stride, a.hidden, elem),
-        range_of("args.up_weight", a.up_weight, a.intermediate, w_stride, a.hidden, elem),
+        range_of("args.gate_weight", a.gate_weight, a.intermediate, w_stride, a.hidden, welem),
+        range_of("args.up_weight", a.up_weight, a.intermediate, w_stride, a.hidden, welem),
         range_of("args.norm_weight", c.norm != Norm::none ? a.norm_weight : nullptr, 1, a.hidden,
-                 a.hidden, elem)};
+                 a.hidden, elem),
+        range_of("args.gate_scale", w8 ? a.gate_scale : nullptr, a.intermediate, 1, 1, 4),
+        range_of("args.up_scale", w8 ? a.up_scale : nullptr, a.intermediate, 1, 1, 4)};
     auto overlap = [](const Range& p, const Range& q) {
       return p.first < p.end && q.first < q.end && p.first < q.end && q.first < p.end;
     };
@@ -84,8 +99,8 @@ FfnShape check_ffn_call(const FfnSpec& c, const FfnArgs& a) {
                 reinterpret_cast<const void*>(in.first), ", ",
                 reinterpret_cast<const void*>(in.end), ")); the call reads its inputs while ",
                 "writing its output");
-    const Range all[] = {inputs[0], inputs[1], inputs[2], inputs[3], written};
-    check_workspace(a.workspace, a.workspace_bytes, all, 5);
+    const Range all[] = {inputs[0], inputs[1], inputs[2], inputs[3], inputs[4], inputs[5], written};
+    check_workspace(a.workspace, a.workspace_bytes, all, 7);
   }
   if (a.path == ProjPath::unfused)
     if (const std::string why = ffn_split_problem(c, a, s, true); !why.empty())
@@ -99,6 +114,8 @@ ropejit_dev::ProjParams make_ffn_params(const FfnSpec& c, const FfnArgs& a, cons
   p.norm_w = c.norm != Norm::none ? a.norm_weight : nullptr;
   p.w = a.gate_weight;
   p.w2 = a.up_weight;
+  p.w_scale = c.weights == Weights::e4m3 ? a.gate_scale : nullptr;
+  p.w2_scale = c.weights == Weights::e4m3 ? a.up_scale : nullptr;
   p.x_stride = a.x_stride == 0 ? a.hidden : a.x_stride;
   p.w_stride = a.weight_stride == 0 ? a.hidden : a.weight_stride;
   p.tokens = s.tokens;
@@ -112,7 +129,8 @@ ropejit_dev::ProjParams make_ffn_params(const FfnSpec& c, const FfnArgs& a, cons
 }
 
 RenderedKernel render(const FfnSpec& c, const ProjVariant& v) {
-  if (const std::string why = proj_variant_problem(v); !why.empty())
+  const bool w8 = c.weights == Weights::e4m3;
+  if (const std::string why = proj_variant_problem(v, w8); !why.empty())
     invalid("projection variant ", v.name(), ": ", why);
   RenderedKernel r;
   r.key = c.key();
@@ -129,7 +147,7 @@ RenderedKernel render(const FfnSpec& c, const ProjVariant& v) {
       {"norm", std::to_string(int(c.norm))},
       {"act", std::to_string(int(c.act))},
       {"glu", "true"},
-      {"w8", "false"},
+      {"w8", w8 ? "true" : "false"},
       {"token_tiles", std::to_string(v.token_tiles)},
       {"splits", std::to_string(v.splits)},
       {"unroll", std::to_string(v.unroll)},
@@ -139,7 +157,7 @@ RenderedKernel render(const FfnSpec& c, const ProjVariant& v) {
       {"computed", "false"},
       {"table_full", "false"},
       {"threads", std::to_string(v.threads())},
-      {"min_blocks", std::to_string(v.min_blocks())},
+      {"min_blocks", std::to_string(v.min_blocks(w8))},
   };
   r.source = substitute_template(embedded_file("proj_entry.cu.in"), vars);
   return r;
@@ -158,6 +176,8 @@ size_t ffn_workspace_bytes(const FfnSpec& c, int64_t tokens, int64_t hidden, int
 std::string ffn_split_problem(const FfnSpec& c, const FfnArgs& a, const FfnShape& s,
                               bool need_workspace) {
   const int64_t elem = element_bytes(c.dtype);
+  if (c.weights == Weights::e4m3)
+    return "spec.weights (e4m3) has no unfused path: cuBLASLt's FP8 GEMMs take FP8 activations";
   if (c.norm != Norm::none && s.hidden * elem > int64_t(kNormThreads) * 16 * 16)
     return concat("args.hidden (", s.hidden, ") exceeds the RMSNorm key's ",
                   int64_t(kNormThreads) * 16 * 16 / elem, " elements per row (unfused path)");

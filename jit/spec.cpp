@@ -445,6 +445,7 @@ void FfnSpec::validate() const {
   check_enum(dtype, "dtype");
   check_enum(norm, "norm");
   check_enum(act, "act");
+  check_enum(weights, "weights");
   if (dtype == DType::f32)
     detail::invalid("spec.dtype (f32) has no tensor-core projection: use bf16 or f16");
   if (norm == Norm::rms_all_heads)
@@ -457,21 +458,30 @@ FfnSpec FfnSpec::canonical() const {
   return *this;
 }
 
-// ffnglu_<dtype>_n<norm>_<act>
+// ffnglu_<dtype>_n<norm>_<act>[_we4m3]
 std::string FfnSpec::key() const {
   validate();
-  return std::string("ffnglu_") + to_string(dtype) + "_n" + to_string(norm) + '_' + to_string(act);
+  std::string key =
+      std::string("ffnglu_") + to_string(dtype) + "_n" + to_string(norm) + '_' + to_string(act);
+  if (weights != Weights::same) key += std::string("_w") + to_string(weights);
+  return key;
 }
 
 FfnSpec parse_ffn_key(const std::string& key) {
   const std::vector<std::string> f = split(key, '_');
-  if (f.size() != 4 || f[0] != "ffnglu" || f[2].size() < 2 || f[2][0] != 'n')
+  if (f.size() < 4 || f.size() > 5 || f[0] != "ffnglu" || f[2].size() < 2 || f[2][0] != 'n')
     detail::invalid("key '", detail::clipped(key),
-                    "' is not an FFN gate/up key (ffnglu_<dtype>_n<norm>_<act>)");
+                    "' is not an FFN gate/up key (ffnglu_<dtype>_n<norm>_<act>[_w..])");
   FfnSpec s;
   s.dtype = detail::parse_name<DType>(f[1], "key dtype");
   s.norm = detail::parse_name<Norm>(f[2].substr(1), "key norm");
   s.act = detail::parse_name<Activation>(f[3], "key act");
+  if (f.size() == 5) {
+    if (f[4].size() < 2 || f[4][0] != 'w')
+      detail::invalid("key '", detail::clipped(key), "': bad weights field '",
+                      detail::clipped(f[4]), "'");
+    s.weights = detail::parse_name<Weights>(f[4].substr(1), "key weights");
+  }
   if (s.key() != key)
     detail::invalid("key '", detail::clipped(key), "' is not canonical (expected '", s.key(), "')");
   return s;

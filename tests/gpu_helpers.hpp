@@ -21,6 +21,18 @@ inline autotune::Sizes dense_sizes(int64_t batch, int64_t seq_len, int32_t q_hea
   return z;
 }
 
+// Device memory for one test, freed at the end of its scope.
+struct DeviceBuffer {
+  CUdeviceptr ptr = 0;
+  explicit DeviceBuffer(size_t bytes) {
+    detail::check(detail::driver().MemAlloc(&ptr, bytes), "cuMemAlloc");
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() { detail::driver().MemFree(ptr); }
+  void* get() const { return reinterpret_cast<void*>(ptr); }
+};
+
 // Captures what `calls` enqueues on `stream` into a CUDA graph, replays it `replays` times
 // and waits for it.
 inline void capture_and_replay(CUstream stream, const std::function<void()>& calls,

@@ -109,6 +109,25 @@ TEST_CASE("C API: the projection's defaults, key, errors and precompile") {
   a.path = 9;
   CHECK(ropejit_qkv_projection_path(&s, &a, &path) == ROPEJIT_ERROR_INVALID_ARGUMENT);
   CHECK(std::string(ropejit_last_error()).find("args.path (9)") != std::string::npos);
+  // e4m3 weights: the spec's last field, the scales the args' last; checked before any GPU work.
+  CHECK(s.weights == 0);
+  s.weights = 1;
+  REQUIRE(ropejit_qkv_proj_key(&s, key, sizeof key) == ROPEJIT_OK);
+  CHECK(std::string(key).size() > 6);
+  CHECK(std::string(key).substr(std::string(key).size() - 6) == "_we4m3");
+  ropejit_qkv_proj_args_init(&a);
+  CHECK(a.weight_scale == nullptr);
+  a.tokens = 1;
+  a.hidden = 4096;
+  a.q_heads = 4;
+  a.kv_heads = 1;
+  a.x = reinterpret_cast<void*>(0x10000000);
+  a.weight = reinterpret_cast<void*>(0x20000000);
+  CHECK(ropejit_qkv_projection(&s, &a) == ROPEJIT_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(ropejit_last_error()).find("args.weight_scale is null") != std::string::npos);
+  s.weights = 2;
+  CHECK(ropejit_qkv_proj_key(&s, key, sizeof key) == ROPEJIT_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(ropejit_last_error()).find("spec.weights (2)") != std::string::npos);
 }
 
 TEST_CASE("C API: the FFN's defaults, key, errors, workspace and precompile") {
@@ -146,4 +165,21 @@ TEST_CASE("C API: the FFN's defaults, key, errors, workspace and precompile") {
   CHECK(ropejit_ffn_gate_up_path(&s, &a, nullptr) == ROPEJIT_ERROR_INVALID_ARGUMENT);
   CHECK(ropejit_ffn_precompile(&s, "sm_70") == ROPEJIT_ERROR_INVALID_ARGUMENT);
   CHECK(ropejit_ffn_precompile(&s, "sm_90") == ROPEJIT_OK);
+  // e4m3 weights: the spec's last field, the two scales the args' last.
+  CHECK(s.weights == 0);
+  s.weights = 1;
+  REQUIRE(ropejit_ffn_key(&s, key, sizeof key) == ROPEJIT_OK);
+  CHECK(std::string(key) == "ffnglu_bf16_nrms_silu_we4m3");
+  ropejit_ffn_args_init(&a);
+  CHECK(a.gate_scale == nullptr);
+  CHECK(a.up_scale == nullptr);
+  a.tokens = 1;
+  a.hidden = 4096;
+  a.intermediate = 128;
+  a.x = reinterpret_cast<void*>(0x10000000);
+  a.gate_weight = reinterpret_cast<void*>(0x20000000);
+  a.up_weight = reinterpret_cast<void*>(0x30000000);
+  a.gate_scale = reinterpret_cast<const float*>(0x40000000);
+  CHECK(ropejit_ffn_gate_up(&s, &a) == ROPEJIT_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(ropejit_last_error()).find("args.up_scale is null") != std::string::npos);
 }

@@ -62,6 +62,11 @@ TEST_CASE("FFN spec: validation, golden keys, round trip") {
   CHECK(parse_ffn_key(s.key()) == s);
   s.norm = Norm::none;
   CHECK(parse_ffn_key(s.key()) == s);
+  s.weights = Weights::e4m3;
+  CHECK(s.key() == "ffnglu_f16_nnone_gelutanh_we4m3");
+  CHECK(parse_ffn_key(s.key()) == s);
+  s.weights = Weights(3);
+  CHECK(contains(error_of([&] { s.validate(); }), "spec.weights (3)"));
   s = FfnSpec{};
   s.dtype = DType::f32;
   CHECK(contains(error_of([&] { s.validate(); }), "spec.dtype (f32)"));
@@ -71,8 +76,10 @@ TEST_CASE("FFN spec: validation, golden keys, round trip") {
   s = FfnSpec{};
   s.act = Activation(5);
   CHECK(contains(error_of([&] { s.validate(); }), "spec.act (5) is not a known value"));
-  for (const char* bad : {"ffnglu_bf16_nrms", "ffnglu_bf16_rms_silu", "ffnglu_f32_nrms_silu",
-                          "ffnglu_bf16_nrms_relu", "qkvproj_bf16_nrms_silu"})
+  for (const char* bad :
+       {"ffnglu_bf16_nrms", "ffnglu_bf16_rms_silu", "ffnglu_f32_nrms_silu", "ffnglu_bf16_nrms_relu",
+        "qkvproj_bf16_nrms_silu", "ffnglu_bf16_nrms_silu_wsame", "ffnglu_bf16_nrms_silu_e4m3",
+        "ffnglu_bf16_nrms_silu_we4m3_x"})
     CHECK_MESSAGE(!error_of([&] { parse_ffn_key(bad); }).empty(), bad);
   CHECK(std::string(to_string(Activation::gelu_tanh)) == "gelutanh");
 }
@@ -129,6 +136,35 @@ TEST_CASE("FFN calls: every bad argument is named, a good one passes") {
     const std::string why = f.check();
     CHECK_MESSAGE(contains(why, b.expect), std::string(b.expect), " -> '", why, "'");
   }
+  // e4m3 weights: one byte per element, a scale per row of each, no unfused path.
+  auto fp8 = [](Fake& f) {
+    f.spec.weights = Weights::e4m3;
+    f.args.up_weight = reinterpret_cast<void*>(0x20000000 + 96 * 256);
+    f.args.gate_scale = reinterpret_cast<const float*>(0x50000000);
+    f.args.up_scale = f.args.gate_scale + 96;
+  };
+  const std::vector<Bad> fp8_cases = {
+      {"args.hidden (264) must be a multiple of 16", [](Fake& f) { f.args.hidden = 264; }},
+      {"args.gate_scale is null but spec.weights is e4m3",
+       [](Fake& f) { f.args.gate_scale = nullptr; }},
+      {"args.up_scale (0x50000182) is not aligned to its 4-byte floats",
+       [](Fake& f) { f.args.up_scale = reinterpret_cast<const float*>(0x50000182); }},
+      {"args.out and args.up_scale overlap",
+       [](Fake& f) { f.args.out = const_cast<float*>(f.args.up_scale) + 8; }},
+      {"spec.weights (e4m3) has no unfused path", [](Fake& f) { f.args.path = ProjPath::unfused; }},
+  };
+  {
+    Fake f;
+    fp8(f);
+    CHECK(f.check().empty());
+  }
+  for (const Bad& b : fp8_cases) {
+    Fake f;
+    fp8(f);
+    b.edit(f);
+    const std::string why = f.check();
+    CHECK_MESSAGE(contains(why, b.expect), std::string(b.expect), " -> '", why, "'");
+  }
   Fake f;
   f.spec.norm = Norm::none;
   f.args.norm_weight = nullptr;
@@ -165,12 +201,15 @@ TEST_CASE("FFN: the unfused path's workspace size") {
 TEST_CASE("FFN keys compile for sm_80 and sm_90 (fused variants and the GLU kernels)") {
   const FfnSpec specs[] = {FfnSpec{},
                            FfnSpec{DType::f16, Norm::rms_one_plus, Activation::gelu_tanh},
-                           FfnSpec{DType::bf16, Norm::none, Activation::gelu_tanh}};
+                           FfnSpec{DType::bf16, Norm::none, Activation::gelu_tanh},
+                           FfnSpec{DType::bf16, Norm::rms, Activation::silu, Weights::e4m3},
+                           FfnSpec{DType::f16, Norm::none, Activation::gelu_tanh, Weights::e4m3}};
   for (const FfnSpec& s : specs)
     for (const char* arch : {"sm_80", "sm_90"}) {
       std::vector<std::string> paths;
       CHECK_NOTHROW(paths = precompile(s, arch));
-      CHECK_MESSAGE(paths.size() == 6, s.key(), " ", arch);
+      // The fused variants, and the unfused path's two GLU kernels where the key has that path.
+      CHECK_MESSAGE(paths.size() == (s.weights == Weights::e4m3 ? 4u : 6u), s.key(), " ", arch);
       if (api::engine().disk().enabled())
         for (const std::string& path : paths) CHECK_MESSAGE(!path.empty(), s.key(), " ", arch);
     }

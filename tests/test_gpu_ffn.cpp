@@ -55,6 +55,49 @@ TEST_SUITE("gpu") {
           }
   }
 
+  TEST_CASE("FFN gate/up, e4m3 weights with row scales: every dtype, norm, activation") {
+    testing::use_primary_context();
+    const DType dtypes[] = {DType::bf16, DType::f16};
+    const Norm norms[] = {Norm::rms, Norm::none, Norm::rms_one_plus};
+    const Activation acts[] = {Activation::silu, Activation::gelu_tanh};
+    const int64_t tokens[] = {1, 5, 16, 40, 64, 3};
+    int n = 0;
+    for (const DType dt : dtypes)
+      for (const Norm norm : norms)
+        for (const Activation act : acts) {
+          ++n;
+          FfnSpec s{dt, norm, act};
+          s.weights = Weights::e4m3;
+          autotune::FfnSizes z;
+          z.tokens = tokens[size_t(n) % 6];
+          z.hidden = n % 2 ? 272 : 1024;  // 272: the last 64-element chunk is partial
+          z.intermediate = n % 3 == 0 ? 100 : 96;
+          z.packed = n % 4 != 1;
+          z.x_gap = n % 5 == 3 ? 16 : 0;
+          z.weight_gap = n % 6 == 4 ? 16 : 0;
+          z.out_gap = n % 7 == 2 ? 6 : 0;
+          z.path = ProjPath::fused;
+          z.seed = uint64_t(4000 + n);
+          autotune::FfnProblem p(s, z);
+          p.upload();
+          FfnArgs automatic = p.args();
+          automatic.path = ProjPath::automatic;
+          CHECK(ffn_gate_up_path(s, automatic) == ProjPath::fused);
+          ffn_gate_up(s, automatic);
+          const std::string what = s.key() + " tokens " + std::to_string(z.tokens) +
+                                   (z.packed ? " packed" : " separate");
+          expect_ok(p, what);
+          // A second variant of the same key.
+          const FfnSpec c = s.canonical();
+          const detail::FfnShape shape = detail::check_ffn_call(c, p.args());
+          const int32_t tiles = detail::proj_token_tiles(z.tokens);
+          const detail::ProjVariant other{tiles, 2 + n % 3, tiles <= 4 ? 1 + n % 2 : 1};
+          p.upload();
+          api::engine().launch_ffn(c, p.args(), shape, &other);
+          expect_ok(p, what + " " + other.name());
+        }
+  }
+
   TEST_CASE("FFN gate/up: every kernel variant (a Llama-3-8B row count, hidden 4096)") {
     testing::use_primary_context();
     const FfnSpec s;

@@ -3,13 +3,18 @@
 // after every output and gaps between heads checked untouched; every variant, every axis.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include "api/engine.hpp"
 #include "autotune/norm_workload.hpp"
+#include "autotune/numbers.hpp"
 #include "autotune/proj_workload.hpp"
 #include "gpu_helpers.hpp"
+#include "jit/errors.hpp"
 #include "test_util.hpp"
 
 using namespace ropejit;
@@ -35,6 +40,30 @@ QkvProjSpec spec_of(DType dtype, int32_t d, int32_t r, Style style, Positions po
   return s;
 }
 
+// The n-th case of a covering matrix over head size, dtype and norm: style, positions,
+// frequencies, head counts, output packing and the gaps vary with n. The caller sets hidden,
+// the weight gap, the path and the seed.
+struct MatrixCase {
+  QkvProjSpec spec;
+  autotune::ProjSizes sizes;
+};
+MatrixCase matrix_case(int n, const int32_t (&d)[2], DType dt, Norm norm,
+                       const int64_t (&tokens)[5]) {
+  const Style style = n % 2 ? Style::gptj : Style::neox;
+  const Positions pos = (n / 2) % 2 ? Positions::offset : Positions::ids;
+  const Freqs fr = (n / 3) % 2 ? Freqs::computed : Freqs::table;
+  MatrixCase m{spec_of(dt, d[0], d[1], style, pos, fr, norm), {}};
+  autotune::ProjSizes& z = m.sizes;
+  z.tokens = tokens[size_t(n) % 5];
+  z.q_heads = 3 + n % 3;
+  z.kv_heads = 1 + n % 2;
+  z.packed_out = n % 3 != 1;  // one tensor (one GEMM unfused), or one per output
+  z.x_gap = n % 5 == 3 ? 16 : 0;
+  z.position_offset = pos == Positions::offset ? 17 * n : 0;
+  z.bad_positions = pos == Positions::ids && fr == Freqs::table ? 2 : 0;
+  return m;
+}
+
 }  // namespace
 
 TEST_SUITE("gpu") {
@@ -49,25 +78,14 @@ TEST_SUITE("gpu") {
       for (const DType dt : dtypes)
         for (const Norm norm : norms) {
           ++n;
-          const Style style = n % 2 ? Style::gptj : Style::neox;
-          const Positions pos = (n / 2) % 2 ? Positions::offset : Positions::ids;
-          const Freqs fr = (n / 3) % 2 ? Freqs::computed : Freqs::table;
-          QkvProjSpec s = spec_of(dt, d[0], d[1], style, pos, fr, norm);
-          if (fr == Freqs::table) {
+          auto [s, z] = matrix_case(n, d, dt, norm, tokens);
+          if (s.freqs == Freqs::table) {
             s.table_dtype = n % 3 == 0 ? DType::bf16 : DType::f32;
             s.table_width = n % 4 == 1 ? TableWidth::full : TableWidth::half;
             s.index_type = n % 5 == 0 ? IndexType::i32 : IndexType::i64;
           }
-          autotune::ProjSizes z;
-          z.tokens = tokens[size_t(n) % 5];
           z.hidden = n % 2 ? 264 : 512;
-          z.q_heads = 3 + n % 3;
-          z.kv_heads = 1 + n % 2;
-          z.packed_out = n % 3 != 1;  // one GEMM, or one per output
-          z.x_gap = n % 5 == 3 ? 16 : 0;
           z.weight_gap = n % 6 == 4 ? 8 : 0;
-          z.position_offset = pos == Positions::offset ? 17 * n : 0;
-          z.bad_positions = pos == Positions::ids && fr == Freqs::table ? 2 : 0;
           z.path = ProjPath::unfused;
           z.seed = uint64_t(2000 + n);
           autotune::ProjProblem p(s, z);
@@ -233,22 +251,11 @@ TEST_SUITE("gpu") {
       for (const DType dt : dtypes)
         for (const Norm norm : norms) {
           ++n;
-          const Style style = n % 2 ? Style::gptj : Style::neox;
-          const Positions pos = (n / 2) % 2 ? Positions::offset : Positions::ids;
-          const Freqs fr = (n / 3) % 2 ? Freqs::computed : Freqs::table;
-          QkvProjSpec s = spec_of(dt, d[0], d[1], style, pos, fr, norm);
+          auto [s, z] = matrix_case(n, d, dt, norm, tokens);
           s.weights = Weights::e4m3;
-          autotune::ProjSizes z;
-          z.tokens = tokens[size_t(n) % 5];
           z.hidden = n % 2 ? 272 : 1024;  // 272: the last 64-element chunk is partial
-          z.q_heads = 3 + n % 3;
-          z.kv_heads = 1 + n % 2;
-          z.packed_out = n % 3 != 1;
           z.out_head_gap = n % 4 == 2 ? 8 : 0;
-          z.x_gap = n % 5 == 3 ? 16 : 0;
           z.weight_gap = n % 6 == 4 ? 16 : 0;
-          z.position_offset = pos == Positions::offset ? 17 * n : 0;
-          z.bad_positions = pos == Positions::ids && fr == Freqs::table ? 2 : 0;
           z.seed = uint64_t(3000 + n);
           autotune::ProjProblem p(s, z);
           p.upload();
@@ -263,6 +270,98 @@ TEST_SUITE("gpu") {
           api::engine().launch_proj(c, p.args(), shape, &other);
           expect_ok(p, s.key() + " " + other.name() + " tokens " + std::to_string(z.tokens));
         }
+  }
+
+  TEST_CASE("projection, e4m3 weights: every code decodes exactly, in every variant (bits)") {
+    // Token m is one-hot at k = m, so each output is one weight code times its column's scale
+    // (1 or 2^-3: exact in bf16 and f16), and every position is 0 (cos 1, sin 0: the rotation
+    // is exact). Column n of token m holds code (n + 7 m) mod 256, so every code meets every
+    // token; the two NaN codes are replaced by 0. The outputs' bits are compared exactly (a zero
+    // of either sign for the zero codes), and a poisoned guard after them must stay untouched.
+    testing::use_primary_context();
+    const detail::Driver& d = detail::driver();
+    constexpr int64_t kTokens = 128, kHidden = 128, kD = 64, kQ = 2, kKv = 1;
+    constexpr int64_t kColumns = (kQ + 2 * kKv) * kD;  // 256
+    constexpr size_t kGuard = 256;
+    std::vector<uint8_t> w(static_cast<size_t>(kColumns * kHidden));
+    auto code_at = [](int64_t n, int64_t k) {
+      const int c = int((n + 7 * k) % 256);
+      return uint8_t(c == 0x7f || c == 0xff ? 0 : c);
+    };
+    for (int64_t n = 0; n < kColumns; ++n)
+      for (int64_t k = 0; k < kHidden; ++k) w[size_t(n * kHidden + k)] = code_at(n, k);
+    std::vector<float> scale(static_cast<size_t>(kColumns));
+    for (int64_t n = 0; n < kColumns; ++n) scale[size_t(n)] = n % 3 == 1 ? 0.125f : 1.0f;
+    const std::vector<int64_t> ids(size_t(kTokens), 0);
+    testing::DeviceBuffer dw(w.size()), dscale(scale.size() * 4), dids(ids.size() * 8);
+    detail::check(d.MemcpyHtoD(dw.ptr, w.data(), w.size()), "cuMemcpyHtoD");
+    detail::check(d.MemcpyHtoD(dscale.ptr, scale.data(), scale.size() * 4), "cuMemcpyHtoD");
+    detail::check(d.MemcpyHtoD(dids.ptr, ids.data(), ids.size() * 8), "cuMemcpyHtoD");
+    for (const DType dt : {DType::bf16, DType::f16}) {
+      QkvProjSpec s = spec_of(dt, kD, kD, Style::neox, Positions::ids, Freqs::computed, Norm::none);
+      s.weights = Weights::e4m3;
+      auto bits_of = [&](double v) {
+        return dt == DType::bf16 ? autotune::bf16_bits(v) : autotune::f16_bits(v);
+      };
+      std::vector<uint16_t> x(size_t(kTokens * kHidden), bits_of(0.0));
+      for (int64_t m = 0; m < kTokens; ++m) x[size_t(m * kHidden + m % kHidden)] = bits_of(1.0);
+      const size_t out_bytes = size_t(kTokens * kColumns) * 2;
+      testing::DeviceBuffer dx(x.size() * 2), dout(out_bytes + kGuard);
+      detail::check(d.MemcpyHtoD(dx.ptr, x.data(), x.size() * 2), "cuMemcpyHtoD");
+      QkvProjArgs a;
+      a.tokens = kTokens;
+      a.hidden = kHidden;
+      a.q_heads = kQ;
+      a.kv_heads = kKv;
+      a.x = dx.get();
+      a.weight = dw.get();
+      a.weight_scale = static_cast<const float*>(dscale.get());
+      a.position_ids = dids.get();
+      char* out = static_cast<char*>(dout.get());
+      a.q = Tensor{out, kQ, 0, kColumns, kD};
+      a.k = Tensor{out + kQ * kD * 2, kKv, 0, kColumns, kD};
+      a.v = Tensor{out + (kQ + kKv) * kD * 2, kKv, 0, kColumns, kD};
+      auto run_and_compare = [&](const detail::ProjVariant* v, const std::string& what) {
+        std::vector<uint8_t> got(out_bytes + kGuard, 0xff);
+        detail::check(d.MemcpyHtoD(dout.ptr, got.data(), got.size()), "cuMemcpyHtoD");
+        if (v) {
+          const QkvProjSpec c = s.canonical();
+          api::engine().launch_proj(c, a, detail::check_proj_call(c, a), v);
+        } else {
+          qkv_projection(s, a);
+        }
+        detail::check(d.CtxSynchronize(), "kernel");
+        detail::check(d.MemcpyDtoH(got.data(), dout.ptr, got.size()), "cuMemcpyDtoH");
+        int64_t wrong = 0;
+        std::string first;
+        for (int64_t m = 0; m < kTokens; ++m)
+          for (int64_t n = 0; n < kColumns; ++n) {
+            const uint8_t code = code_at(n, m % kHidden);
+            const uint16_t want = bits_of(autotune::e4m3_value(code) * double(scale[size_t(n)]));
+            uint16_t have = 0;
+            std::memcpy(&have, got.data() + size_t(m * kColumns + n) * 2, 2);
+            const bool zero = (want & 0x7fff) == 0 && (have & 0x7fff) == 0;
+            if (have != want && !zero && wrong++ == 0) {
+              char line[96];
+              std::snprintf(line, sizeof line, "code 0x%02x: bits 0x%04x, expected 0x%04x",
+                            unsigned(code), unsigned(have), unsigned(want));
+              first = detail::concat("token ", m, " column ", n, " ", line);
+            }
+          }
+        CHECK_MESSAGE(wrong == 0, what, ": ", wrong, " wrong; ", first);
+        CHECK_MESSAGE(std::all_of(got.begin() + long(out_bytes), got.end(),
+                                  [](uint8_t b) { return b == 0xff; }),
+                      what, ": the guard after the outputs was written");
+      };
+      run_and_compare(nullptr, s.key() + " default");
+      for (const int32_t tiles : {1, 2, 4, 8})
+        for (const int32_t splits : {1, 2, 4, 8})
+          for (const int32_t unroll : {1, 2, 4}) {
+            const detail::ProjVariant v{tiles, splits, unroll};
+            if (!detail::proj_variant_problem(v, true).empty()) continue;
+            run_and_compare(&v, s.key() + " " + v.name());
+          }
+    }
   }
 
   TEST_CASE("projection: every kernel variant gives a correct result (Llama-3-8B shape)") {

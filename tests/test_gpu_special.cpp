@@ -16,18 +16,7 @@
 using namespace ropejit;
 using detail::check;
 
-namespace {
-
-struct DeviceBuffer {
-  CUdeviceptr ptr = 0;
-  explicit DeviceBuffer(size_t bytes) {
-    check(detail::driver().MemAlloc(&ptr, bytes), "cuMemAlloc");
-  }
-  ~DeviceBuffer() { detail::driver().MemFree(ptr); }
-  void* get() const { return reinterpret_cast<void*>(ptr); }
-};
-
-}  // namespace
+using testing::DeviceBuffer;
 
 TEST_SUITE("gpu") {
   TEST_CASE("computed cos/sin stay within 2.5e-7 of float64 up to position 2^20") {

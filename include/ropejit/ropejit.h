@@ -226,6 +226,7 @@ ROPEJIT_API void ropejit_decode_struct_sizes(size_t* qkv_spec, size_t* qkv_args,
 typedef struct {
   int32_t dtype, head_dim, rotary_dim, style, positions, index_type, freqs;
   int32_t table_dtype, table_width, norm;
+  int32_t weights; /* ropejit::Weights: 0 same as dtype, 1 e4m3 (with args.weight_scale) */
 } ropejit_qkv_proj_spec;
 
 typedef struct {
@@ -244,9 +245,10 @@ typedef struct {
   int64_t table_stride, table_rows;
   double base;
   void* stream;
-  int32_t path;           /* ropejit::ProjPath: 0 automatic, 1 fused, 2 unfused */
-  void* workspace;        /* the unfused path's scratch (256-byte aligned device memory) */
-  size_t workspace_bytes; /* ropejit_qkv_projection_workspace_bytes() */
+  int32_t path;              /* ropejit::ProjPath: 0 automatic, 1 fused, 2 unfused */
+  void* workspace;           /* the unfused path's scratch (256-byte aligned device memory) */
+  size_t workspace_bytes;    /* ropejit_qkv_projection_workspace_bytes() */
+  const float* weight_scale; /* e4m3 weights: a float32 scale per weight row */
 } ropejit_qkv_proj_args;
 
 /* Fill with the C++ defaults (bf16, d128, neox, int64 ids, f32 half table, RMSNorm; eps 1e-6,
@@ -269,6 +271,7 @@ ROPEJIT_API ropejit_status ropejit_qkv_projection_path(const ropejit_qkv_proj_sp
  *   out = act(RMSNorm(x) · Wgᵀ) ⊙ (RMSNorm(x) · Wuᵀ) */
 typedef struct {
   int32_t dtype, norm, act; /* act: 0 silu, 1 gelu_tanh */
+  int32_t weights;          /* ropejit::Weights: 0 same as dtype, 1 e4m3 */
 } ropejit_ffn_spec;
 
 typedef struct {
@@ -286,6 +289,8 @@ typedef struct {
   void* workspace;
   size_t workspace_bytes;
   void* stream;
+  const float* gate_scale; /* e4m3 weights: a float32 scale per gate row, and per up row */
+  const float* up_scale;
 } ropejit_ffn_args;
 
 /* Fill with the C++ defaults (bf16, RMSNorm, SiLU; eps 1e-6, automatic path). */

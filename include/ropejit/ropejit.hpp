@@ -413,16 +413,19 @@ enum class Activation : int32_t {
 const char* to_string(Activation v);
 
 struct FfnSpec {
-  DType dtype = DType::bf16;  // bf16 or f16 (x, weights, norm weight, out)
+  DType dtype = DType::bf16;  // bf16 or f16 (x, norm weight, out, and the weights unless e4m3)
   Norm norm = Norm::rms;      // none, rms, rms_one_plus (as QkvProjSpec)
   Activation act = Activation::silu;
+  // e4m3: gate and up weights as FP8 codes with a float32 scale per row (FfnArgs::gate_scale,
+  // up_scale), as QkvProjSpec::weights; fused path only.
+  Weights weights = Weights::same;
 
   void validate() const;
   FfnSpec canonical() const;
-  std::string key() const;  // ffnglu_bf16_nrms_silu
+  std::string key() const;  // ffnglu_bf16_nrms_silu (e4m3 weights: _we4m3 appended)
 
   friend bool operator==(const FfnSpec& a, const FfnSpec& b) {
-    return a.dtype == b.dtype && a.norm == b.norm && a.act == b.act;
+    return a.dtype == b.dtype && a.norm == b.norm && a.act == b.act && a.weights == b.weights;
   }
   friend bool operator!=(const FfnSpec& a, const FfnSpec& b) { return !(a == b); }
 };
@@ -432,15 +435,20 @@ FfnSpec parse_ffn_key(const std::string& key);
 // One call. Strides in elements; every pointer is device memory.
 struct FfnArgs {
   int64_t tokens = 0;
-  int64_t hidden = 0;        // K: a multiple of 8
+  int64_t hidden = 0;        // K: a multiple of 8 (16 with e4m3 weights)
   int64_t intermediate = 0;  // I: output columns, >= 1
   const void* x = nullptr;   // [tokens][hidden], rows x_stride apart
   int64_t x_stride = 0;      // 0: hidden
   const void* norm_weight = nullptr;
   double norm_eps = 1e-6;
-  const void* gate_weight = nullptr;    // [intermediate][hidden]
-  const void* up_weight = nullptr;      // [intermediate][hidden]
-  int64_t weight_stride = 0;            // elements between rows of both; 0: hidden
+  const void* gate_weight = nullptr;  // [intermediate][hidden]
+  const void* up_weight = nullptr;    // [intermediate][hidden]
+  int64_t weight_stride = 0;          // elements between rows of both; 0: hidden
+  // Weights::e4m3: the float32 scale of every gate row and every up row, [intermediate] each
+  // (4-byte aligned; a merged gate_up tensor's scales: up_scale = gate_scale + intermediate).
+  // Ignored otherwise.
+  const float* gate_scale = nullptr;
+  const float* up_scale = nullptr;
   void* out = nullptr;                  // [tokens][intermediate]
   int64_t out_stride = 0;               // 0: intermediate
   ProjPath path = ProjPath::automatic;  // as QkvProjArgs::path

@@ -81,7 +81,7 @@ class ropejit_model(ctypes.Structure):
 class ropejit_qkv_proj_spec(ctypes.Structure):
     _fields_ = [(name, _i32) for name in (
         "dtype", "head_dim", "rotary_dim", "style", "positions", "index_type", "freqs",
-        "table_dtype", "table_width", "norm")]
+        "table_dtype", "table_width", "norm", "weights")]
 
 
 class ropejit_qkv_proj_args(ctypes.Structure):
@@ -93,11 +93,12 @@ class ropejit_qkv_proj_args(ctypes.Structure):
         ("position_offset", _i64), ("position_ids", _ptr), ("cos", _ptr), ("sin", _ptr),
         ("table_stride", _i64), ("table_rows", _i64), ("base", _f64), ("stream", _ptr),
         ("path", _i32), ("workspace", _ptr), ("workspace_bytes", ctypes.c_size_t),
+        ("weight_scale", _ptr),
     ]
 
 
 class ropejit_ffn_spec(ctypes.Structure):
-    _fields_ = [("dtype", _i32), ("norm", _i32), ("act", _i32)]
+    _fields_ = [("dtype", _i32), ("norm", _i32), ("act", _i32), ("weights", _i32)]
 
 
 class ropejit_ffn_args(ctypes.Structure):
@@ -106,7 +107,7 @@ class ropejit_ffn_args(ctypes.Structure):
         ("x_stride", _i64), ("norm_weight", _ptr), ("norm_eps", _f64), ("gate_weight", _ptr),
         ("up_weight", _ptr), ("weight_stride", _i64), ("out", _ptr), ("out_stride", _i64),
         ("path", _i32), ("workspace", _ptr), ("workspace_bytes", ctypes.c_size_t),
-        ("stream", _ptr),
+        ("stream", _ptr), ("gate_scale", _ptr), ("up_scale", _ptr),
     ]
 
 
@@ -115,6 +116,9 @@ ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}
 
 # ropejit::ProjPath
 PROJ_PATHS = {"auto": 0, "fused": 1, "unfused": 2}
+
+# ropejit::Weights: in the activation dtype, or FP8 e4m3 codes with a float32 scale per row
+WEIGHTS = {"same": 0, "e4m3": 1}
 
 
 # Canonical keys are about 70 characters; this leaves room for the fused axes.

@@ -30,6 +30,13 @@ rounds only ``x * w`` and its outputs.
 ``weight`` is vLLM's merged ``gate_up_proj`` ``[2 * intermediate, hidden]`` (gate rows, then up
 rows), or pass ``gate_weight`` and ``up_weight`` ``[intermediate, hidden]`` separately (HF's
 ``gate_proj`` / ``up_proj``).
+
+FP8 weights: both calls take ``torch.float8_e4m3fn`` weights with a float32 scale per weight
+row (``weight_scale`` ``[rows]``; for the FFN's separate weights ``gate_scale`` and
+``up_scale``), as FP8 checkpoints store them (W = code x scale). The kernel widens the codes to
+x's dtype exactly and multiplies each row's fp32 sum by its scale; ``hidden`` must be a multiple
+of 16. Such weights have the fused path only (cuBLASLt's FP8 GEMMs take FP8 activations), so
+``path="auto"`` runs fused at every token count.
 """
 
 import ctypes
@@ -46,6 +53,35 @@ _paths = {}
 def _fail(message):
     from ropejit.errors import InvalidArgument
     raise InvalidArgument(f"ropejit: {message}")
+
+
+def _weights(x, rows, pairs):
+    """"same" or "e4m3" for weight tensors and their scales, ``pairs`` as ((name, weight),
+    (scale name, scale)); checks the scale against the weight's kind."""
+    import torch
+    fp8 = getattr(torch, "float8_e4m3fn", None)
+    kinds = set()
+    for (name, w), (scale_name, scale) in pairs:
+        if w.dtype == x.dtype:
+            if scale is not None:
+                _fail(f"{scale_name} is for float8_e4m3fn weights; {name} is {w.dtype}")
+            kinds.add("same")
+            continue
+        if fp8 is None or w.dtype != fp8:
+            _fail(f"{name}.dtype ({w.dtype}) must be x's dtype ({x.dtype}) or "
+                  f"torch.float8_e4m3fn")
+        if scale is None:
+            _fail(f"{name} is float8_e4m3fn: give {scale_name}, a float32 scale per row")
+        if (not isinstance(scale, torch.Tensor) or scale.dtype != torch.float32
+                or scale.device != x.device or scale.dim() != 1 or not scale.is_contiguous()
+                or scale.numel() != rows):
+            _fail(f"{scale_name} must be a contiguous float32 [{rows}] tensor on x's device, got "
+                  f"{getattr(scale, 'dtype', type(scale))} of shape "
+                  f"{tuple(getattr(scale, 'shape', ()))}")
+        kinds.add("e4m3")
+    if len(kinds) != 1:
+        _fail("the weights must all be float8_e4m3fn or all be x's dtype")
+    return kinds.pop()
 
 
 def _spec(x, head_dim, rotary_dim, style, positions, index_type, cos, norm):
@@ -83,9 +119,11 @@ def _spec(x, head_dim, rotary_dim, style, positions, index_type, cos, norm):
 
 def qkv_projection(x, weight, *, q_heads, kv_heads, head_dim=128, rotary_dim=None,
                    norm_weight=None, eps=1e-6, norm="rms", position_ids=None, position_offset=0,
-                   cos=None, sin=None, base=10000.0, style="neox", path="auto"):
+                   cos=None, sin=None, base=10000.0, style="neox", path="auto",
+                   weight_scale=None):
     """Returns (q, k, v), new tensors ``[tokens, heads, head_dim]``; see the module docstring.
-    ``norm="none"`` skips RMSNorm; ``"rms_one_plus"`` is Gemma's ``(1 + w)``."""
+    ``norm="none"`` skips RMSNorm; ``"rms_one_plus"`` is Gemma's ``(1 + w)``; float8_e4m3fn
+    weights take ``weight_scale``, a float32 scale per weight row."""
     import torch
     if path not in _capi.PROJ_PATHS:
         _fail(f"path ({path!r}) must be one of: {', '.join(_capi.PROJ_PATHS)}")
@@ -96,9 +134,12 @@ def qkv_projection(x, weight, *, q_heads, kv_heads, head_dim=128, rotary_dim=Non
     if x.dim() != 2 or x.stride(-1) != 1:
         _fail(f"x must be [tokens, hidden] with a contiguous last dimension, got shape "
               f"{tuple(x.shape)} and strides {x.stride()}")
-    if weight.dim() != 2 or weight.stride(-1) != 1 or weight.dtype != x.dtype:
-        _fail(f"weight must be [columns, hidden] of x's dtype with a contiguous last dimension, "
+    if weight.dim() != 2 or weight.stride(-1) != 1:
+        _fail(f"weight must be [columns, hidden] with a contiguous last dimension, "
               f"got shape {tuple(weight.shape)}, dtype {weight.dtype}")
+    if weight.device != x.device:
+        _fail(f"weight is on {weight.device} but x is on {x.device}")
+    weights = _weights(x, weight.shape[0], ((("weight", weight), ("weight_scale", weight_scale)),))
     if weight.shape[1] != x.shape[1]:
         _fail(f"weight.shape[1] ({weight.shape[1]}) must equal x.shape[1] ({x.shape[1]})")
     if weight.shape[0] != (q_heads + 2 * kv_heads) * head_dim:
@@ -133,6 +174,7 @@ def qkv_projection(x, weight, *, q_heads, kv_heads, head_dim=128, rotary_dim=Non
         positions = "ids"
         index_type = "i64" if position_ids.dtype == torch.int64 else "i32"
     spec = _spec(x, head_dim, rotary_dim, style, positions, index_type, cos, norm)
+    spec.weights = _capi.WEIGHTS[weights]
     tokens = x.shape[0]
     out = torch.empty(tokens, q_heads + 2 * kv_heads, head_dim, dtype=x.dtype, device=x.device)
     q, k, v = out.split([q_heads, kv_heads, kv_heads], dim=1)
@@ -142,6 +184,8 @@ def qkv_projection(x, weight, *, q_heads, kv_heads, head_dim=128, rotary_dim=Non
     # A stride of 0 means "the row length" to the C API; a single row's stride is irrelevant.
     a.x, a.x_stride = x.data_ptr(), x.stride(0) if x.shape[0] > 1 else x.shape[1]
     a.weight, a.weight_stride = weight.data_ptr(), weight.stride(0)
+    if weight_scale is not None:
+        a.weight_scale = weight_scale.data_ptr()
     if norm_weight is not None:
         a.norm_weight = norm_weight.data_ptr()
     a.norm_eps = eps
@@ -182,8 +226,9 @@ def qkv_projection(x, weight, *, q_heads, kv_heads, head_dim=128, rotary_dim=Non
 
 def qkv_projection_key(dtype="bf16", head_dim=128, rotary_dim=None, style="neox",
                        positions="ids", index_type="i64", freqs="table", table_dtype="f32",
-                       table_width="half", norm="rms"):
-    """The key string of a projection kernel (no GPU needed)."""
+                       table_width="half", norm="rms", weights="same"):
+    """The key string of a projection kernel (no GPU needed); ``weights="e4m3"`` for FP8
+    weights."""
     s = _capi.ropejit_qkv_proj_spec()
     _capi.lib.ropejit_qkv_proj_spec_init(ctypes.byref(s))
     s.dtype, s.head_dim, s.rotary_dim = _capi.DTYPES[dtype], head_dim, rotary_dim or 0
@@ -191,6 +236,7 @@ def qkv_projection_key(dtype="bf16", head_dim=128, rotary_dim=None, style="neox"
     s.index_type, s.freqs = _capi.INDEX_TYPES[index_type], _capi.FREQS[freqs]
     s.table_dtype, s.table_width = _capi.DTYPES[table_dtype], _capi.TABLE_WIDTHS[table_width]
     s.norm = _NORMS[norm]
+    s.weights = _capi.WEIGHTS[weights]
     buf = ctypes.create_string_buffer(_capi.KEY_BUFFER)
     _capi.check(_capi.lib.ropejit_qkv_proj_key(ctypes.byref(s), buf, len(buf)))
     return buf.value.decode()
@@ -206,10 +252,13 @@ def _workspace(x, size_fn, spec, a):
 
 
 def ffn_gate_up(x, weight=None, *, intermediate=None, gate_weight=None, up_weight=None,
-                norm_weight=None, eps=1e-6, norm="rms", act="silu", path="auto"):
+                norm_weight=None, eps=1e-6, norm="rms", act="silu", path="auto",
+                weight_scale=None, gate_scale=None, up_scale=None):
     """Returns ``act(RMSNorm(x) @ gate.T) * (RMSNorm(x) @ up.T)``, a new ``[tokens,
     intermediate]`` tensor; see the module docstring. ``norm="none"`` skips RMSNorm;
-    ``"rms_one_plus"`` is Gemma's ``(1 + w)``."""
+    ``"rms_one_plus"`` is Gemma's ``(1 + w)``. float8_e4m3fn weights take float32 scales per row:
+    ``weight_scale`` ``[2 * intermediate]`` with the merged weight, ``gate_scale`` and
+    ``up_scale`` ``[intermediate]`` with separate ones."""
     import torch
     if path not in _capi.PROJ_PATHS:
         _fail(f"path ({path!r}) must be one of: {', '.join(_capi.PROJ_PATHS)}")
@@ -230,18 +279,29 @@ def ffn_gate_up(x, weight=None, *, intermediate=None, gate_weight=None, up_weigh
         _fail(f"x must be [tokens, hidden] with a contiguous last dimension, got shape "
               f"{tuple(x.shape)} and strides {x.stride()}")
     if weight is not None:
-        if weight.dim() != 2 or weight.shape[0] % 2:
-            _fail(f"weight must be [2 * intermediate, hidden], got shape {tuple(weight.shape)}")
+        if gate_scale is not None or up_scale is not None:
+            _fail("with the merged weight give weight_scale ([2 * intermediate]), not "
+                  "gate_scale / up_scale")
+        if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or weight.shape[0] % 2:
+            _fail(f"weight must be [2 * intermediate, hidden], got shape "
+                  f"{tuple(getattr(weight, 'shape', ()))}")
         if intermediate is not None and weight.shape[0] != 2 * intermediate:
             _fail(f"weight.shape[0] ({weight.shape[0]}) must be 2 x intermediate "
                   f"({2 * intermediate})")
+        if weight.device != x.device:
+            _fail(f"weight is on {weight.device} but x is on {x.device}")
+        kind = _weights(x, weight.shape[0], ((("weight", weight), ("weight_scale", weight_scale)),))
         intermediate = weight.shape[0] // 2
         gate_weight, up_weight = weight[:intermediate], weight[intermediate:]
+        if kind == "e4m3":
+            gate_scale, up_scale = weight_scale[:intermediate], weight_scale[intermediate:]
+    elif weight_scale is not None:
+        _fail("weight_scale goes with the merged weight; give gate_scale and up_scale")
     for name, w in (("gate_weight", gate_weight), ("up_weight", up_weight)):
         if (not isinstance(w, torch.Tensor) or w.dim() != 2 or w.stride(-1) != 1
-                or w.dtype != x.dtype or w.device != x.device):
-            _fail(f"{name} must be a [intermediate, hidden] CUDA tensor of x's dtype on x's "
-                  f"device with a contiguous last dimension")
+                or w.device != x.device):
+            _fail(f"{name} must be a [intermediate, hidden] CUDA tensor on x's device with a "
+                  f"contiguous last dimension")
         if w.shape[1] != x.shape[1]:
             _fail(f"{name}.shape[1] ({w.shape[1]}) must equal x.shape[1] ({x.shape[1]})")
         if w.shape[0] > 1 and w.stride(0) == 0:
@@ -252,6 +312,8 @@ def ffn_gate_up(x, weight=None, *, intermediate=None, gate_weight=None, up_weigh
         _fail(f"gate_weight.shape[0] ({gate_weight.shape[0]}) must be intermediate "
               f"({intermediate})")
     intermediate = gate_weight.shape[0]
+    weights = _weights(x, intermediate, ((("gate_weight", gate_weight), ("gate_scale", gate_scale)),
+                                         (("up_weight", up_weight), ("up_scale", up_scale))))
     if norm != "none":
         if norm_weight is None:
             _fail(f"norm ({norm!r}) needs norm_weight")
@@ -267,6 +329,7 @@ def ffn_gate_up(x, weight=None, *, intermediate=None, gate_weight=None, up_weigh
     _capi.lib.ropejit_ffn_spec_init(ctypes.byref(spec))
     spec.dtype, spec.norm = _capi.DTYPES[dtypes[x.dtype]], _NORMS[norm]
     spec.act = _capi.ACTIVATIONS[act]
+    spec.weights = _capi.WEIGHTS[weights]
     tokens = x.shape[0]
     out = torch.empty(tokens, intermediate, dtype=x.dtype, device=x.device)
     a = _capi.ropejit_ffn_args()
@@ -275,6 +338,8 @@ def ffn_gate_up(x, weight=None, *, intermediate=None, gate_weight=None, up_weigh
     a.x, a.x_stride = x.data_ptr(), x.stride(0) if tokens > 1 else x.shape[1]
     a.gate_weight, a.up_weight = gate_weight.data_ptr(), up_weight.data_ptr()
     a.weight_stride = gate_weight.stride(0) if intermediate > 1 else x.shape[1]
+    if weights == "e4m3":
+        a.gate_scale, a.up_scale = gate_scale.data_ptr(), up_scale.data_ptr()
     if norm_weight is not None:
         a.norm_weight = norm_weight.data_ptr()
     a.norm_eps = eps
@@ -302,11 +367,13 @@ def ffn_gate_up(x, weight=None, *, intermediate=None, gate_weight=None, up_weigh
     return out
 
 
-def ffn_key(dtype="bf16", norm="rms", act="silu"):
-    """The key string of an FFN gate/up kernel (no GPU needed)."""
+def ffn_key(dtype="bf16", norm="rms", act="silu", weights="same"):
+    """The key string of an FFN gate/up kernel (no GPU needed); ``weights="e4m3"`` for FP8
+    weights."""
     s = _capi.ropejit_ffn_spec()
     _capi.lib.ropejit_ffn_spec_init(ctypes.byref(s))
     s.dtype, s.norm, s.act = _capi.DTYPES[dtype], _NORMS[norm], _capi.ACTIVATIONS[act]
+    s.weights = _capi.WEIGHTS[weights]
     buf = ctypes.create_string_buffer(_capi.KEY_BUFFER)
     _capi.check(_capi.lib.ropejit_ffn_key(ctypes.byref(s), buf, len(buf)))
     return buf.value.decode()

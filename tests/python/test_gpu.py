@@ -315,6 +315,102 @@ def test_qkv_projection_against_float64(tokens, norm, style, table):
     assert q.shape == (tokens, qh, d) and v.shape == (tokens, kvh, d)
 
 
+@pytest.mark.parametrize("tokens,norm,style", [(1, "rms", "neox"), (9, "none", "gptj"),
+                                                (33, "rms_one_plus", "neox")])
+def test_qkv_projection_e4m3_weights_against_float64(tokens, norm, style):
+    """float8_e4m3fn weights with a float32 scale per row: float64 of (a @ codes.T) * scale * rstd,
+    then RoPE, as the kernel computes it (codes widened exactly, the scale on the fp32 sums)."""
+    from ropejit import decode
+    torch.manual_seed(100 + tokens)
+    hidden, qh, kvh, d = 512, 4, 2, 64
+    rows = (qh + 2 * kvh) * d
+    x = (torch.rand(tokens, hidden, device="cuda") * 4 - 2).bfloat16()
+    w8 = (torch.randn(rows, hidden, device="cuda") * 64).clamp(-448, 448).to(torch.float8_e4m3fn)
+    scale = (torch.rand(rows, device="cuda") + 0.5) * (1 / hidden) ** 0.5 / 64
+    nw = (torch.rand(hidden, device="cuda") + (-0.5 if norm == "rms_one_plus" else 0.5)).bfloat16()
+    ids = torch.randint(0, 4096, (tokens,), device="cuda")
+    q, k, v = decode.qkv_projection(x, w8, q_heads=qh, kv_heads=kvh, head_dim=d,
+                                    norm_weight=None if norm == "none" else nw, norm=norm,
+                                    position_ids=ids, style=style, weight_scale=scale)
+    x64 = x.double()
+    if norm == "none":
+        a = x64
+    else:
+        wf = (1 + nw.float()) if norm == "rms_one_plus" else nw.float()
+        a = (x.float() * wf).bfloat16().double()
+    y = (a @ w8.double().t()) * scale.double()
+    if norm != "none":
+        y = y / torch.sqrt((x64 * x64).mean(-1, keepdim=True) + float(torch.tensor(1e-6).float()))
+    y = y.view(tokens, qh + 2 * kvh, d)
+    inv = 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float64, device="cuda") / d)
+    ang = ids.double()[:, None] * inv
+    c, s = ang.cos()[:, None, :], ang.sin()[:, None, :]
+    rot = y[:, :qh + kvh]
+    if style == "neox":
+        lo, hi = rot[..., :d // 2], rot[..., d // 2:]
+        rot = torch.cat((lo * c - hi * s, hi * c + lo * s), dim=-1)
+    else:
+        ev, od = rot[..., 0::2], rot[..., 1::2]
+        rot = torch.stack((ev * c - od * s, od * c + ev * s), dim=-1).flatten(-2)
+    want = torch.cat((rot, y[:, qh + kvh:]), dim=1)
+    got = torch.cat((q, k, v), dim=1).double()
+    err = (got - want).abs()
+    assert torch.all(err <= 2 ** -7 * want.abs() + 1e-3), float((err - 2 ** -7 * want.abs()).max())
+    # The scale goes with e4m3 weights only, and they need it.
+    with pytest.raises(ropejit.InvalidArgument, match="give weight_scale"):
+        decode.qkv_projection(x, w8, q_heads=qh, kv_heads=kvh, head_dim=d, norm="none")
+    with pytest.raises(ropejit.InvalidArgument, match="weight_scale must be a contiguous float32"):
+        decode.qkv_projection(x, w8, q_heads=qh, kv_heads=kvh, head_dim=d, norm="none",
+                              weight_scale=scale.half())
+    with pytest.raises(ropejit.InvalidArgument, match="weight_scale is for float8_e4m3fn"):
+        decode.qkv_projection(x, w8.bfloat16(), q_heads=qh, kv_heads=kvh, head_dim=d,
+                              norm="none", weight_scale=scale)
+    with pytest.raises(ropejit.InvalidArgument, match="no unfused path"):
+        decode.qkv_projection(x, w8, q_heads=qh, kv_heads=kvh, head_dim=d, norm="none",
+                              weight_scale=scale, path="unfused")
+
+
+@pytest.mark.parametrize("tokens,act,merged", [(1, "silu", True), (12, "gelu_tanh", False),
+                                               (64, "silu", False)])
+def test_ffn_gate_up_e4m3_weights_against_float64(tokens, act, merged):
+    """The FFN's gate/up with float8_e4m3fn weights and a float32 scale per row (merged with
+    weight_scale, or separate with gate_scale / up_scale); automatic path (fused only)."""
+    from ropejit import decode
+    torch.manual_seed(200 + tokens)
+    hidden, inter = 1024, 256
+    x = (torch.rand(tokens, hidden, device="cuda") * 4 - 2).bfloat16()
+    w8 = (torch.randn(2 * inter, hidden, device="cuda") * 64).clamp(-448, 448)
+    w8 = w8.to(torch.float8_e4m3fn)
+    scale = (torch.rand(2 * inter, device="cuda") + 0.5) * 3 * (1 / hidden) ** 0.5 / 64
+    nw = (torch.rand(hidden, device="cuda") + 0.5).bfloat16()
+    if merged:
+        kw = dict(weight=w8, weight_scale=scale)
+    else:
+        kw = dict(gate_weight=w8[:inter].clone(), up_weight=w8[inter:].clone(),
+                  gate_scale=scale[:inter].clone(), up_scale=scale[inter:].clone())
+    got = decode.ffn_gate_up(x, norm_weight=nw, eps=1e-6, act=act, **kw).double()
+    x64 = x.double()
+    rstd = 1 / torch.sqrt((x64 * x64).mean(-1, keepdim=True) + float(torch.tensor(1e-6).float()))
+    a = (x.float() * nw.float()).bfloat16().double()
+    gu = (a @ w8.double().t()) * scale.double() * rstd
+    g, u = gu[:, :inter], gu[:, inter:]
+    if act == "silu":
+        s = g / (1 + torch.exp(-g))
+    else:
+        s = 0.5 * g * (1 + torch.tanh(0.7978845608028654 * (g + 0.044715 * g ** 3)))
+    want, mag = s * u, (s.abs() + g.abs()) * u.abs() + s.abs() * u.abs()
+    err = (got - want).abs()
+    assert torch.all(err <= 2 ** -7 * mag + 2 ** -8 * want.abs() + 1e-4), float(err.max())
+    with pytest.raises(ropejit.InvalidArgument, match="give gate_scale"):
+        decode.ffn_gate_up(x, gate_weight=w8[:inter], up_weight=w8[inter:], norm_weight=nw)
+    with pytest.raises(ropejit.InvalidArgument, match="weight_scale goes with the merged weight"):
+        decode.ffn_gate_up(x, gate_weight=w8[:inter], up_weight=w8[inter:], norm_weight=nw,
+                           weight_scale=scale)
+    with pytest.raises(ropejit.InvalidArgument, match="all be float8_e4m3fn or all be"):
+        decode.ffn_gate_up(x, gate_weight=w8[:inter], up_weight=w8[inter:].bfloat16(),
+                           gate_scale=scale[:inter], norm_weight=nw)
+
+
 @pytest.mark.parametrize("tokens,path,act,merged", [
     (1, "fused", "silu", True), (64, "unfused", "silu", False), (40, "auto", "gelu_tanh", True),
     (7, "auto", "silu", False), (3, "unfused", "gelu_tanh", True)])

@@ -229,6 +229,8 @@ def test_qkv_projection_key_and_errors():
             == "qkvproj_f16_d64_r32_gptj_pos-offset_comp_nrms1p")
     with pytest.raises(ropejit.InvalidArgument, match=r"spec.head_dim \(72\)"):
         decode.qkv_projection_key(head_dim=72)
+    assert (decode.qkv_projection_key(weights="e4m3")
+            == "qkvproj_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_nrms_we4m3")
 
 
 def test_ffn_key_and_errors():
@@ -236,6 +238,7 @@ def test_ffn_key_and_errors():
     assert decode.ffn_key() == "ffnglu_bf16_nrms_silu"
     assert decode.ffn_key(dtype="f16", norm="rms_one_plus", act="gelu_tanh") == \
         "ffnglu_f16_nrms1p_gelutanh"
+    assert decode.ffn_key(weights="e4m3") == "ffnglu_bf16_nrms_silu_we4m3"
     torch = pytest.importorskip("torch", reason="PyTorch is not installed")
     x = torch.zeros(2, 64, dtype=torch.bfloat16)
     w = torch.zeros(2 * 32, 64, dtype=torch.bfloat16)
