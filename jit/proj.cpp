@@ -84,12 +84,12 @@ std::string proj_variant_problem(const ProjVariant& v, bool fp8_weights) {
   if (v.splits < 1 || v.splits > 8) return concat("splits (", v.splits, ") must be in [1, 8]");
   if (!power_of_two(v.unroll) || v.unroll > 4)
     return concat("unroll (", v.unroll, ") must be 1, 2 or 4");
-  // A chunk's activations: token_tiles * unroll vectors of 16 bytes per stage (FP8 weights:
-  // twice as many, each chunk 64 elements).
-  const int32_t limit = fp8_weights ? 8 : 16;
-  if (v.token_tiles * v.unroll > limit)
-    return concat("token_tiles (", v.token_tiles, ") x unroll (", v.unroll, ") must be <= ", limit,
-                  fp8_weights ? " with e4m3 weights" : "", " (registers)");
+  // A stage's activations: token_tiles * unroll vectors of 16 bytes per lane, at most 16
+  // (e4m3 weights with one token tile: twice as many, each chunk 64 elements; 8 at most).
+  const int32_t vectors = v.token_tiles * v.unroll * (fp8_weights && v.token_tiles == 1 ? 2 : 1);
+  if (vectors > 16)
+    return concat("token_tiles (", v.token_tiles, ") x unroll (", v.unroll, ") must be <= 16",
+                  " (registers)");
   return "";
 }
 

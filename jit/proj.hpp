@@ -23,10 +23,12 @@ struct ProjVariant {
   // Blocks the kernel is compiled to keep resident per SM (__launch_bounds__): 1024 threads'
   // worth for up to 16 tokens, so that a Llama-sized grid (384 blocks) runs in one wave on
   // 132 SMs; 512 threads' worth for more tokens, whose activations need the registers.
-  // With e4m3 weights a stage holds twice the activations: 768 threads' worth for up to 16
-  // tokens (80 registers; 384 blocks still fit one wave on 132 SMs at three per SM).
+  // With e4m3 weights and one token tile a stage holds twice the activations (64-element
+  // chunks): 768 threads' worth (80 registers; 384 blocks still fit one wave on 132 SMs at
+  // three per SM). More tiles read 32-element chunks as 16-bit weights do.
   int32_t min_blocks(bool fp8_weights = false) const {
-    return std::max(1, (token_tiles <= 2 ? (fp8_weights ? 768 : 1024) : 512) / threads());
+    const bool wide = fp8_weights && token_tiles == 1;
+    return std::max(1, (token_tiles <= 2 ? (wide ? 768 : 1024) : 512) / threads());
   }
   std::string name() const;  // "m2s4u2"
   friend bool operator==(const ProjVariant& a, const ProjVariant& b) {

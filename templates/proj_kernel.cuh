@@ -19,10 +19,13 @@
 // The GLU epilogue (Cfg::kGlu, the FFN's gate/up half): the thread's two rows are gate row n
 // (of w) and up row n (of w2), and the store is act(gate) · up of the fp32 sums, column n.
 //
-// FP8 weights (Cfg::kW8): e4m3 codes with a float scale per output column (weight row). A lane
-// then loads 16 codes (16 bytes) of each of its rows per 64-element chunk and the matching 16
-// activations, widens the codes to the operand dtype exactly (every e4m3 value is a bf16 and
-// an f16 value) and feeds four k16 steps; the column's scale multiplies its fp32 sum.
+// FP8 weights (Cfg::kW8): e4m3 codes with a float scale per output column (weight row). With
+// one token tile a lane loads 16 codes (16 bytes) of each of its rows per 64-element chunk and
+// the matching 16 activations and feeds four k16 steps; with more tiles it loads 8 codes per
+// 32-element chunk (8 bytes), so that a stage holds no more activations than with 16-bit
+// weights (16 per lane and tile spilled from two tiles on). The codes are widened to the
+// operand dtype exactly (every e4m3 value is a bf16 and an f16 value); the column's scale
+// multiplies its fp32 sum.
 //
 // RMSNorm: y = rstd(x) · Σ_k bf16(x_k · w_k) W_nk. The weight product is rounded once to the
 // operand dtype (exactly what the float64 reference reproduces), the statistics Σ x² are
@@ -83,6 +86,16 @@ __device__ __forceinline__ uint4 load_stream16(const void* p) {
   return v;
 }
 
+// The same for 8 bytes (in x and y; z and w zero).
+__device__ __forceinline__ uint4 load_stream8(const void* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.L2::256B.v2.u32 {%0,%1}, [%2];"
+      : "=r"(v.x), "=r"(v.y)
+      : "l"(p));
+  v.z = v.w = 0u;
+  return v;
+}
+
 // Four e4m3 codes (one 32-bit word, code 0 lowest) -> two words of two operand-dtype values
 // each (lo: codes 0 and 1), exactly. The code's sign and its seven exponent-mantissa bits are
 // placed in the 16-bit format's fields (bf16: 8 exponent bits, f16: 5) so that the pattern is
@@ -109,13 +122,15 @@ struct ProjKernel {
   enum : int {
     kPairsPerHead = Cfg::kHeadDim / 2,
     kRotPairs = Cfg::kRotaryDim / 2,
-    kTiles = Cfg::kTokenTiles,    // 8 tokens each
-    kSplits = Cfg::kSplits,       // warps per block, each a slice of the hidden dimension
-    kUnroll = Cfg::kUnroll,       // chunks per warp per iteration
-    kChunk = Cfg::kW8 ? 64 : 32,  // elements of a chunk: 16 bytes of weight row per lane
-    kLaneK = kChunk / 4,          // a lane's consecutive elements in a chunk
-    kXv = kLaneK / 8,             // 16-byte activation vectors per lane per chunk
+    kTiles = Cfg::kTokenTiles,          // 8 tokens each
+    kSplits = Cfg::kSplits,             // warps per block, each a slice of the hidden dimension
+    kUnroll = Cfg::kUnroll,             // chunks per warp per iteration
+    kW8Wide = Cfg::kW8 && kTiles == 1,  // 16 codes per lane and chunk (else 8)
+    kChunk = kW8Wide ? 64 : 32,         // elements of a chunk
+    kLaneK = kChunk / 4,                // a lane's consecutive elements in a chunk
+    kXv = kLaneK / 8,                   // 16-byte activation vectors per lane per chunk
     kWBytes = Cfg::kW8 ? 1 : int(sizeof(Raw)),
+    kWLoad = kLaneK * kWBytes,  // bytes of a weight row a lane loads per chunk: 16 or 8
     kStep = kChunk * kUnroll * kSplits,
     kMine = (kTiles + kSplits - 1) / kSplits  // tiles a warp finishes
   };
@@ -250,8 +265,13 @@ struct ProjKernel {
         const long long k = k0 + kChunk * u + kLaneK * t;
         const bool in = k < p.hidden;  // hidden is a multiple of kLaneK: all or none
         const long long woff = k * kWBytes, off = k * (long long)sizeof(Raw);
-        a[u] = in && live ? load_stream16(wa + woff) : zero;
-        b[u] = in && live ? load_stream16(wb + woff) : zero;
+        if (kWLoad == 16) {
+          a[u] = in && live ? load_stream16(wa + woff) : zero;
+          b[u] = in && live ? load_stream16(wb + woff) : zero;
+        } else {
+          a[u] = in && live ? load_stream8(wa + woff) : zero;
+          b[u] = in && live ? load_stream8(wb + woff) : zero;
+        }
 #pragma unroll
         for (int v = 0; v < kXv; ++v) {
           n[u][v] = in && Cfg::kNorm != kProjNormNone

@@ -123,6 +123,12 @@ TEST_CASE("projection variants: names, legality, token tiles") {
   CHECK(contains(detail::proj_variant_problem(v), "splits (9)"));
   v = ProjVariant{8, 4, 4};
   CHECK(contains(detail::proj_variant_problem(v), "registers"));
+  // e4m3 with one tile reads 64-element chunks (twice the activations); more tiles 32.
+  CHECK(detail::proj_variant_problem(ProjVariant{2, 8, 4}, true).empty());
+  CHECK(detail::proj_variant_problem(ProjVariant{1, 8, 4}, true).empty());
+  CHECK(contains(detail::proj_variant_problem(ProjVariant{8, 4, 4}, true), "registers"));
+  CHECK(ProjVariant{1, 8, 1}.min_blocks(true) == 3);
+  CHECK(ProjVariant{2, 8, 1}.min_blocks(true) == 4);
   CHECK(detail::proj_token_tiles(1) == 1);
   CHECK(detail::proj_token_tiles(8) == 1);
   CHECK(detail::proj_token_tiles(9) == 2);
