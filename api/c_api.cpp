@@ -106,6 +106,32 @@ void model_out(ropejit::ModelRope m, int32_t dtype, ropejit_spec* spec, ropejit_
                            r.softmax_scale_multiplier};
 }
 
+ropejit::KvCacheArgs to_cache(const ropejit_kv_cache& a) {
+  ropejit::KvCacheArgs c;
+  c.k = a.k;
+  c.v = a.v;
+  c.pages = a.pages;
+  c.page_size = a.page_size;
+  c.stride_page = a.stride_page;
+  c.stride_slot = a.stride_slot;
+  c.stride_head = a.stride_head;
+  c.slot_mapping = a.slot_mapping;
+  c.indptr = a.indptr;
+  c.indices = a.indices;
+  c.num_indices = a.num_indices;
+  c.last_page_len = a.last_page_len;
+  c.seq_lens = a.seq_lens;
+  c.k_quant_scale = a.k_quant_scale;
+  c.v_quant_scale = a.v_quant_scale;
+  c.skipped = a.skipped;
+  c.k_scales = a.k_scales;
+  c.v_scales = a.v_scales;
+  c.scale_stride_page = a.scale_stride_page;
+  c.scale_stride_slot = a.scale_stride_slot;
+  c.scale_stride_head = a.scale_stride_head;
+  return c;
+}
+
 ropejit::Args to_args(const ropejit_args& a) {
   ropejit::Args o;
   o.batch = a.batch;
@@ -132,28 +158,7 @@ ropejit::Args to_args(const ropejit_args& a) {
   o.k_norm_weight = a.k_norm_weight;
   o.norm_eps = a.norm_eps;
   o.out_quant_scale = a.out_quant_scale;
-  ropejit::KvCacheArgs& c = o.cache;
-  c.k = a.cache.k;
-  c.v = a.cache.v;
-  c.pages = a.cache.pages;
-  c.page_size = a.cache.page_size;
-  c.stride_page = a.cache.stride_page;
-  c.stride_slot = a.cache.stride_slot;
-  c.stride_head = a.cache.stride_head;
-  c.slot_mapping = a.cache.slot_mapping;
-  c.indptr = a.cache.indptr;
-  c.indices = a.cache.indices;
-  c.num_indices = a.cache.num_indices;
-  c.last_page_len = a.cache.last_page_len;
-  c.seq_lens = a.cache.seq_lens;
-  c.k_quant_scale = a.cache.k_quant_scale;
-  c.v_quant_scale = a.cache.v_quant_scale;
-  c.skipped = a.cache.skipped;
-  c.k_scales = a.cache.k_scales;
-  c.v_scales = a.cache.v_scales;
-  c.scale_stride_page = a.cache.scale_stride_page;
-  c.scale_stride_slot = a.cache.scale_stride_slot;
-  c.scale_stride_head = a.cache.scale_stride_head;
+  o.cache = to_cache(a.cache);
   o.q_out_scale = to_tensor(a.q_out_scale);
   o.k_out_scale = to_tensor(a.k_out_scale);
   return o;
@@ -343,6 +348,8 @@ ropejit::QkvProjSpec to_proj_spec(const ropejit_qkv_proj_spec& s) {
   o.table_width = ropejit::TableWidth(s.table_width);
   o.norm = ropejit::Norm(s.norm);
   o.weights = ropejit::Weights(s.weights);
+  o.cache = ropejit::KvCache(s.cache);
+  o.cache_store = ropejit::Store(s.cache_store);
   return o;
 }
 
@@ -373,6 +380,7 @@ ropejit::QkvProjArgs to_proj_args(const ropejit_qkv_proj_args& a) {
   o.path = ropejit::ProjPath(a.path);
   o.workspace = a.workspace;
   o.workspace_bytes = a.workspace_bytes;
+  o.cache = to_cache(a.cache);
   return o;
 }
 
@@ -386,7 +394,8 @@ void ropejit_qkv_proj_spec_init(ropejit_qkv_proj_spec* spec) {
                                 int32_t(d.positions),   int32_t(d.index_type),
                                 int32_t(d.freqs),       int32_t(d.table_dtype),
                                 int32_t(d.table_width), int32_t(d.norm),
-                                int32_t(d.weights)};
+                                int32_t(d.weights),     int32_t(d.cache),
+                                int32_t(d.cache_store)};
 }
 
 void ropejit_qkv_proj_args_init(ropejit_qkv_proj_args* args) {
@@ -395,6 +404,8 @@ void ropejit_qkv_proj_args_init(ropejit_qkv_proj_args* args) {
   *args = ropejit_qkv_proj_args{};
   args->norm_eps = d.norm_eps;
   args->base = d.base;
+  args->cache.k_quant_scale = d.cache.k_quant_scale;
+  args->cache.v_quant_scale = d.cache.v_quant_scale;
 }
 
 ropejit_status ropejit_qkv_projection(const ropejit_qkv_proj_spec* spec,

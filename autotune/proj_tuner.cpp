@@ -86,10 +86,10 @@ ProjTuneReport race(Problem& problem, bool checked, CUstream stream, const std::
 ProjTuneReport tune_proj(const QkvProjSpec& spec, int64_t bucket, int64_t hidden, int32_t q_heads,
                          int32_t kv_heads) {
   const QkvProjSpec c = spec.canonical();
-  if (c.weights == Weights::e4m3)
-    detail::invalid(
-        "spec.weights (e4m3): the projection takes one path with e4m3 weights (fused); "
-        "there is no crossover to tune");
+  if (c.weights == Weights::e4m3 || c.cache != KvCache::none)
+    detail::invalid(c.weights == Weights::e4m3 ? "spec.weights (e4m3)" : "spec.cache (slots)",
+                    ": the projection takes one path with it (fused); there is no crossover to "
+                    "tune");
   const detail::DeviceInfo& device = tuning_device("the projection's path");
   detail::Engine& engine = detail::Engine::instance();
   const int64_t columns = int64_t(q_heads + 2 * kv_heads) * c.head_dim;

@@ -164,6 +164,33 @@ ProjProblem::ProjProblem(const QkvProjSpec& spec, const ProjSizes& sizes)
     workspace_bytes_ = detail::proj_workspace_bytes(c, z.tokens, z.hidden);
     workspace_ = &add(std::vector<uint8_t>(workspace_bytes_, kPoison));
   }
+  if (c.cache != KvCache::none) {
+    if (z.path != ProjPath::fused)
+      detail::invalid("ProjProblem: a KV cache has only the fused path");
+    const int64_t ps = z.cache_page_size;
+    cache_pages_ = z.cache_pages > 0 ? z.cache_pages : (z.tokens + ps - 1) / ps + 2;
+    slot_stride_ = int64_t(z.kv_heads) * D + z.cache_slot_gap;
+    page_stride_ = ps * slot_stride_;
+    const int64_t ce = is_fp8(c.cache_store) ? 1 : e;
+    const size_t bytes = size_t(cache_pages_ * page_stride_ * ce);
+    cache_k_ = &add(std::vector<uint8_t>(bytes, kPoison));
+    cache_v_ = &add(std::vector<uint8_t>(bytes, kPoison));
+    // Distinct slots in a random order; then the padded and the out-of-range ones.
+    const int64_t count = cache_pages_ * ps;
+    std::vector<int64_t> all(static_cast<size_t>(count));
+    for (int64_t i = 0; i < count; ++i) all[size_t(i)] = i;
+    std::shuffle(all.begin(), all.end(), rng_);
+    slot_of_.assign(size_t(z.tokens), 0);
+    for (int64_t m = 0; m < z.tokens; ++m) slot_of_[size_t(m)] = all[size_t(m % count)];
+    std::uniform_int_distribution<int64_t> token(0, std::max<int64_t>(z.tokens - 1, 0));
+    for (int32_t i = 0; i < z.padded_slots && z.tokens > 0; ++i) slot_of_[size_t(token(rng_))] = -1;
+    for (int32_t i = 0; i < z.bad_slots && z.tokens > 0; ++i)
+      slot_of_[size_t(token(rng_))] = count + int64_t(i) * 1000003;
+    std::vector<uint8_t> sb(size_t(std::max<int64_t>(z.tokens, 1)) * 8, 0);
+    std::memcpy(sb.data(), slot_of_.data(), slot_of_.size() * 8);
+    slots_ = &add(std::move(sb));
+    skipped_ = &add(std::vector<uint8_t>(4, 0));
+  }
   if (!z.reference) return;
   if (z.path != ProjPath::unfused) build_reference();
   if (z.path != ProjPath::fused) build_unfused_reference();
@@ -422,6 +449,21 @@ QkvProjArgs ProjProblem::args(void* stream) const {
   a.workspace = ptr(workspace_);
   a.workspace_bytes = workspace_bytes_;
   a.stream = stream;
+  if (cache_k_) {
+    KvCacheArgs& kc = a.cache;
+    kc.k = ptr(cache_k_);
+    kc.v = ptr(cache_v_);
+    kc.pages = cache_pages_;
+    kc.page_size = z.cache_page_size;
+    kc.stride_page = page_stride_;
+    kc.stride_slot = slot_stride_;
+    kc.stride_head = D;
+    kc.slot_mapping = static_cast<const int64_t*>(ptr(slots_));
+    kc.skipped = static_cast<int32_t*>(ptr(skipped_));
+    kc.k_quant_scale = is_fp8(spec_.cache_store) ? 4.0f : 1.0f;
+    kc.v_quant_scale = is_fp8(spec_.cache_store) ? 16.0f : 1.0f;
+    if (z.cache_only) a.k.data = a.v.data = nullptr;
+  }
   return a;
 }
 
@@ -463,6 +505,7 @@ CheckReport ProjProblem::check() {
       matched_ = ProjPath::unfused;
     }
   }
+  if (cache_k_) compare_cache(r);
   // The workspace's guard: the unfused path writes nothing past workspace_bytes.
   if (workspace_) {
     std::vector<uint8_t> guard(kGuardBytes);
@@ -500,6 +543,8 @@ CheckReport ProjProblem::compare(const Expected& want_all,
     for (int64_t m = 0; m < z.tokens; ++m)
       for (int64_t h = 0; h < heads; ++h)
         for (int64_t el = 0; el < D; ++el) {
+          // With cache_only, k's and v's heads are not outputs: they stay poisoned.
+          if (cache_k_ && z.cache_only && first_column / D + h >= z.q_heads) continue;
           const int64_t at = m * heads * hs + h * hs + el;
           addressed[size_t(at)] = true;
           const size_t ref_at = size_t(m * columns_ + first_column + h * D + el);
@@ -534,6 +579,78 @@ CheckReport ProjProblem::compare(const Expected& want_all,
   r.max_rel_l2 = ref2 > 0 ? std::sqrt(err2 / ref2) : 0;
   r.ok = r.mismatches == 0;
   return r;
+}
+
+void ProjProblem::compare_cache(CheckReport& r) const {
+  const QkvProjSpec& c = spec_;
+  const ProjSizes& z = sizes_;
+  const detail::Driver& d = detail::driver();
+  const int64_t D = c.head_dim;
+  const bool fp8 = is_fp8(c.cache_store);
+  const int64_t ce = fp8 ? 1 : detail::element_bytes(c.dtype);
+  const double u32 = std::ldexp(1.0, -24);
+  auto fail = [&](const std::string& why) {
+    ++r.mismatches;
+    r.ok = false;
+    if (r.first_failure.empty()) r.first_failure = why;
+  };
+  for (int which = 0; which < 2; ++which) {
+    const Buffer& b = *(which == 0 ? cache_k_ : cache_v_);
+    const double scale = fp8 ? (which == 0 ? 4.0 : 16.0) : 1.0;
+    const char* name = which == 0 ? "k cache" : "v cache";
+    std::vector<uint8_t> got(b.host.size());
+    detail::check(d.MemcpyDtoH(got.data(), b.device, got.size()), "cuMemcpyDtoH");
+    std::vector<bool> addressed(got.size() / size_t(ce), false);
+    const int64_t slot_count = cache_pages_ * z.cache_page_size;
+    for (int64_t m = 0; m < z.tokens; ++m) {
+      const int64_t slot = slot_of_[size_t(m)];
+      if (slot < 0 || slot >= slot_count) continue;
+      const int64_t page = slot / z.cache_page_size, row = slot % z.cache_page_size;
+      for (int64_t h = 0; h < z.kv_heads; ++h)
+        for (int64_t el = 0; el < D; ++el) {
+          const int64_t at = page * page_stride_ + row * slot_stride_ + h * D + el;
+          addressed[size_t(at)] = true;
+          const int64_t column = (int64_t(z.q_heads) + which * z.kv_heads + h) * D + el;
+          const size_t ref_at = size_t(m * columns_ + column);
+          const double want = expected_.value[ref_at] * scale;
+          const double tol = expected_.tol[ref_at] * scale;
+          bool good;
+          double have;
+          if (fp8) {
+            // The kernel's fp32 value lies within the tolerance of the float64 one, and its
+            // product with the scale within one more fp32 rounding: either rounding of that
+            // interval's ends is the byte (both zeros where it spans zero).
+            const double t = tol + u32 * std::fabs(want) * 2;
+            const uint8_t byte = got[size_t(at)];
+            have = e4m3_value(byte);
+            const uint8_t lo = e4m3_bits(want - t), hi = e4m3_bits(want + t);
+            good = std::isnan(want) ? std::isnan(have)
+                                    : byte == lo || byte == hi ||
+                                          (have >= e4m3_value(lo) && have <= e4m3_value(hi));
+          } else {
+            have = load_value(c.dtype, got.data() + at * ce);
+            good = std::isnan(want) ? std::isnan(have) : std::fabs(have - want) <= tol;
+          }
+          ++r.checked;
+          if (!good)
+            fail(detail::concat(name, ": token ", m, " slot ", slot, " head ", h, " element ", el,
+                                ": got ", have, ", expected ", want, " +- ", tol));
+        }
+    }
+    for (size_t i = 0; i < got.size(); ++i) {
+      if (i / size_t(ce) < addressed.size() && addressed[i / size_t(ce)]) continue;
+      if (got[i] != kPoison) {
+        fail(detail::concat(name, " byte ", i, " is in no token's slot but was written"));
+        break;
+      }
+    }
+  }
+  int32_t skipped = 0;
+  detail::check(d.MemcpyDtoH(&skipped, skipped_->device, 4), "cuMemcpyDtoH");
+  int32_t want_skipped = 0;
+  for (const int64_t slot : slot_of_) want_skipped += slot >= cache_pages_ * z.cache_page_size;
+  if (skipped != want_skipped)
+    fail(detail::concat("args.cache.skipped holds ", skipped, ", expected ", want_skipped));
 }
 
 }  // namespace ropejit::autotune

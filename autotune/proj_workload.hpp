@@ -28,6 +28,17 @@ struct ProjSizes {
   double norm_eps = 1e-6;
   double x_scale = 1.0;  // activations are uniform in [-2, 2] times this
   uint64_t seed = 1;
+  // spec.cache slots: a poisoned, guarded cache of `cache_pages` pages (0: enough for every
+  // token, plus two) of `cache_page_size` slots, NHD, `cache_slot_gap` elements after each
+  // slot's heads; every token a distinct random slot except `padded_slots` tokens at -1 (not
+  // written) and `bad_slots` past the end (not written, counted in args.cache.skipped).
+  // cache_only: args.k and args.v null (k and v reach only the cache).
+  int64_t cache_page_size = 16;
+  int64_t cache_pages = 0;
+  int64_t cache_slot_gap = 0;
+  int32_t padded_slots = 0;
+  int32_t bad_slots = 0;
+  bool cache_only = false;
   // What args() asks for. unfused and automatic come with a poisoned workspace (guarded); with
   // automatic, check() accepts the result of either path and matched() says which.
   ProjPath path = ProjPath::fused;
@@ -91,6 +102,9 @@ class ProjProblem {
   Rotated rotate(int64_t pos, int64_t n, const std::vector<double>& y,
                  const std::vector<double>& e) const;
   CheckReport compare(const Expected& want, const std::vector<std::vector<uint8_t>>& got) const;
+  // The KV cache against the fused reference (rows at each token's slot; every other byte
+  // untouched) and the skipped counter; adds to `r`.
+  void compare_cache(CheckReport& r) const;
 
   QkvProjSpec spec_;
   ProjSizes sizes_;
@@ -107,6 +121,12 @@ class ProjProblem {
   std::vector<Buffer*> outs_;  // one (packed) or three
   Buffer* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
+  Buffer* cache_k_ = nullptr;  // spec.cache: k and v caches, the slots, the skipped counter
+  Buffer* cache_v_ = nullptr;
+  Buffer* slots_ = nullptr;
+  Buffer* skipped_ = nullptr;
+  int64_t cache_pages_ = 0, slot_stride_ = 0, page_stride_ = 0;
+  std::vector<int64_t> slot_of_;  // per token
   std::vector<int64_t> positions_;
   Expected expected_, expected_unfused_;
   ProjPath matched_ = ProjPath::fused;

@@ -7,6 +7,8 @@
 //   proj/llama3_8b_m<M>: the library's choice for M tokens;
 //   proj_fp8/llama3_8b_m<M>: the same with e4m3 weights and a scale per column (25 MB; the floor
 //   is those bytes); ffn_fp8/m<M> likewise for the FFN's gate/up (117 MB of e4m3 weights);
+//   proj_cache[_fp8]/llama3_8b_m<M>: bf16 weights, k and v also appended to a KV cache through
+//   slots (bf16, or e4m3 with a static scale);
 //   proj_variants/m<M>/<variant>: every legal kernel variant with the call's token tiles, to
 //   see what the heuristic leaves;
 //   proj_path/m<M>/<fused|unfused|auto>: the fused kernel, the unfused path (RMSNorm key ->
@@ -42,9 +44,12 @@ autotune::ProjSizes llama_sizes(int64_t tokens) {
 }
 
 void run_proj(benchmark::State& state, int64_t tokens, const detail::ProjVariant* variant,
-              Weights weights = Weights::same) {
+              Weights weights = Weights::same, KvCache cache = KvCache::none,
+              Store cache_store = Store::same) {
   QkvProjSpec s = llama_spec();
   s.weights = weights;
+  s.cache = cache;
+  s.cache_store = cache_store;
   const QkvProjSpec c = s.canonical();
   autotune::ProjProblem p(s, llama_sizes(tokens));
   p.upload();
@@ -180,6 +185,18 @@ void register_proj_benchmarks() {
         ->UseManualTime()
         ->Iterations(20)
         ->Unit(benchmark::kMicrosecond);
+  for (const Store store : {Store::same, Store::e4m3})
+    for (const int64_t m : {1, 8, 16, 64})
+      benchmark::RegisterBenchmark(
+          (std::string(store == Store::e4m3 ? "proj_cache_fp8" : "proj_cache") + "/llama3_8b_m" +
+           std::to_string(m))
+              .c_str(),
+          [m, store](benchmark::State& st) {
+            run_proj(st, m, nullptr, Weights::same, KvCache::slots, store);
+          })
+          ->UseManualTime()
+          ->Iterations(50)
+          ->Unit(benchmark::kMicrosecond);
   static std::vector<detail::ProjVariant> variants;
   for (const int32_t tiles : {1, 2, 4, 8})
     for (const int32_t splits : {1, 2, 4, 8})

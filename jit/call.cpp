@@ -307,16 +307,6 @@ void check_frequencies(const Spec& c, const Args& a, CallShape* shape) {
             a.table_rows, ")");
 }
 
-void check_scale(float v, const char* name) {
-  if (!(std::isfinite(v) && v > 0.0f)) invalid(name, " (", v, ") must be a finite number > 0");
-}
-
-void check_aligned(const void* p, uint64_t bytes, const char* name, const char* why) {
-  if (!p) invalid(name, " is null but ", why);
-  if (reinterpret_cast<uintptr_t>(p) % bytes != 0)
-    invalid(name, " (", p, ") is not aligned to its ", bytes, "-byte elements");
-}
-
 // The fused stages: norm weights, FP8 scales, the KV cache and its addressing.
 void check_fusion(const Spec& c, const Args& a, const CallShape& shape, Operands* o) {
   const int64_t elem = element_bytes(c.dtype);
@@ -415,6 +405,16 @@ void check_fusion(const Spec& c, const Args& a, const CallShape& shape, Operands
 }
 
 }  // namespace
+
+void check_scale(float v, const char* name) {
+  if (!(std::isfinite(v) && v > 0.0f)) invalid(name, " (", v, ") must be a finite number > 0");
+}
+
+void check_aligned(const void* p, uint64_t bytes, const char* name, const char* why) {
+  if (!p) invalid(name, " is null but ", why);
+  if (reinterpret_cast<uintptr_t>(p) % bytes != 0)
+    invalid(name, " (", p, ") is not aligned to its ", bytes, "-byte elements");
+}
 
 CallShape check_call(const Spec& c, const Args& a) {
   require_kernel(c);  // axis values whose device code has not landed (jit/coverage.cpp)

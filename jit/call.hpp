@@ -50,6 +50,12 @@ int32_t check_strided(const char* name, const void* data, const Dims& dims, int6
 int64_t check_table(const void* cos, const void* sin, DType table_dtype, int64_t width,
                     int64_t table_rows, int64_t table_stride);
 
+// A quantization scale: finite and > 0 (the message names `name` and the value).
+void check_scale(float v, const char* name);
+// A device pointer that must be set (`why` says which spec field needs it) and aligned to
+// `bytes`.
+void check_aligned(const void* p, uint64_t bytes, const char* name, const char* why);
+
 // Rejects a written operand that shares memory with any other of the n, unless both are views
 // of distinct rows of one tensor (q and k of a packed QKV output).
 void check_no_overlap(const Operand* ops, size_t n);

@@ -163,6 +163,9 @@ std::string proj_split_problem(const QkvProjSpec& c, const QkvProjArgs& a, const
                                bool need_workspace) {
   if (c.weights == Weights::e4m3)
     return "spec.weights (e4m3) has no unfused path: cuBLASLt's FP8 GEMMs take FP8 activations";
+  if (c.cache != KvCache::none)
+    return concat("spec.cache (", to_string(c.cache),
+                  ") has no unfused path: the fused kernel appends to the KV cache");
   const Tensor* ts[3] = {&a.q, &a.k, &a.v};
   const char* names[3] = {"args.q", "args.k", "args.v"};
   const int64_t heads[3] = {s.q_heads, s.kv_heads, s.kv_heads};
@@ -257,14 +260,44 @@ ProjShape check_proj_call(const QkvProjSpec& c, const QkvProjArgs& a) {
   const char* names[3] = {"args.q", "args.k", "args.v"};
   const Tensor* ts[3] = {&a.q, &a.k, &a.v};
   const int64_t heads[3] = {a.q_heads, a.kv_heads, a.kv_heads};
+  const bool cached = c.cache != KvCache::none;
   for (int i = 0; i < 3; ++i) {
+    if (i > 0 && cached && !ts[i]->data) continue;  // k or v to the cache only
     if (ts[i]->data && ts[i]->heads != heads[i])
       invalid(names[i], ".heads (", ts[i]->heads, ") must be ", heads[i]);
     const Dims dims = {Dim{ts[i]->stride_seq, a.tokens, "stride_seq"},
                        Dim{ts[i]->stride_head, heads[i], "stride_head"}, Dim{0, 1, "-"}};
     check_strided(names[i], ts[i]->data, dims, c.head_dim, elem, true, &outs[i]);
   }
-  check_no_overlap(outs, 3);
+  // The KV cache: rows of head_dim at page · stride_page + (slot % page_size) · stride_slot +
+  // head · stride_head, k and v alike.
+  Operand caches[2];
+  if (cached) {
+    const KvCacheArgs& kc = a.cache;
+    const int64_t celem = is_fp8(c.cache_store) ? 1 : elem;
+    if (kc.pages < 1) invalid("args.cache.pages (", kc.pages, ") must be >= 1");
+    if (kc.page_size < 1) invalid("args.cache.page_size (", kc.page_size, ") must be >= 1");
+    int64_t slots = 0;
+    if (__builtin_mul_overflow(kc.pages, kc.page_size, &slots))
+      invalid("args.cache.pages (", kc.pages, ") x args.cache.page_size (", kc.page_size,
+              ") overflows 64 bits");
+    if (!kc.v) invalid("args.cache.v is null: the projection appends k and v");
+    const Dims dims = {Dim{kc.stride_page, kc.pages, "stride_page"},
+                       Dim{kc.stride_slot, kc.page_size, "stride_slot"},
+                       Dim{kc.stride_head, a.kv_heads, "stride_head"}};
+    check_strided("args.cache.k", kc.k, dims, c.head_dim, celem, true, &caches[0]);
+    check_strided("args.cache.v", kc.v, dims, c.head_dim, celem, true, &caches[1]);
+    if (c.cache_store == Store::e4m3) {
+      check_scale(kc.k_quant_scale, "args.cache.k_quant_scale");
+      check_scale(kc.v_quant_scale, "args.cache.v_quant_scale");
+    }
+    check_aligned(kc.slot_mapping, 8, "args.cache.slot_mapping", "spec.cache is slots");
+    if (reinterpret_cast<uintptr_t>(kc.skipped) % 4 != 0)
+      invalid("args.cache.skipped (", static_cast<const void*>(kc.skipped),
+              ") is not 4-byte aligned");
+  }
+  const Operand written[5] = {outs[0], outs[1], outs[2], caches[0], caches[1]};
+  check_no_overlap(written, 5);
 
   // Positions and frequencies.
   if (c.positions == Positions::ids) {
@@ -296,12 +329,14 @@ ProjShape check_proj_call(const QkvProjSpec& c, const QkvProjArgs& a) {
         range_of("args.cos", c.freqs == Freqs::table ? a.cos : nullptr, a.table_rows, table_stride,
                  width, telem),
         range_of("args.sin", c.freqs == Freqs::table ? a.sin : nullptr, a.table_rows, table_stride,
-                 width, telem)};
+                 width, telem),
+        range_of("args.cache.slot_mapping", cached ? a.cache.slot_mapping : nullptr, a.tokens, 1, 1,
+                 8)};
     // The workspace is written by the unfused path: it may overlap nothing.
     std::vector<Range> all(std::begin(inputs), std::end(inputs));
-    for (const Operand& o : outs) all.push_back(Range{o.name, o.first, o.end});
+    for (const Operand& o : written) all.push_back(Range{o.name, o.first, o.end});
     check_workspace(a.workspace, a.workspace_bytes, all.data(), all.size());
-    for (const Operand& o : outs)
+    for (const Operand& o : written)
       for (const Range& in : inputs)
         if (o.first < o.end && in.first < in.end && o.first < in.end && in.first < o.end)
           invalid(o.name, " and ", in.name, " overlap in memory (", o.name, " spans [",
@@ -338,6 +373,20 @@ ropejit_dev::ProjParams make_proj_params(const QkvProjSpec& c, const QkvProjArgs
     p.out[i].stride_token = ts[i]->stride_seq;
     p.out[i].stride_head = ts[i]->stride_head;
     p.out[i].heads = heads[i];
+  }
+  if (c.cache != KvCache::none) {
+    const KvCacheArgs& kc = a.cache;
+    p.cache.k = kc.k;
+    p.cache.v = kc.v;
+    p.cache.slots = reinterpret_cast<const long long*>(kc.slot_mapping);
+    p.cache.skipped = kc.skipped;
+    p.cache.stride_page = kc.stride_page;
+    p.cache.stride_slot = kc.stride_slot;
+    p.cache.stride_head = kc.stride_head;
+    p.cache.page_size = kc.page_size;
+    p.cache.slot_count = kc.pages * kc.page_size;
+    p.cache.k_scale = c.cache_store == Store::e4m3 ? kc.k_quant_scale : 1.0f;
+    p.cache.v_scale = c.cache_store == Store::e4m3 ? kc.v_quant_scale : 1.0f;
   }
   p.positions = c.positions == Positions::ids ? a.position_ids : nullptr;
   p.pos_offset = a.position_offset;
@@ -377,6 +426,8 @@ RenderedKernel render(const QkvProjSpec& c, const ProjVariant& v) {
       {"act", "0"},
       {"glu", "false"},
       {"w8", flag(c.weights == Weights::e4m3)},
+      {"cache", std::to_string(int(c.cache))},
+      {"cache_e4m3", flag(c.cache_store == Store::e4m3)},
       {"threads", std::to_string(v.threads())},
       {"min_blocks", std::to_string(v.min_blocks(c.weights == Weights::e4m3))},
   };

@@ -287,8 +287,21 @@ void QkvProjSpec::validate() const {
   check_enum(table_width, "table_width");
   check_enum(norm, "norm");
   check_enum(weights, "weights");
+  check_enum(cache, "cache");
+  check_enum(cache_store, "cache_store");
   if (dtype == DType::f32)
     detail::invalid("spec.dtype (f32) has no tensor-core projection: use bf16 or f16");
+  if (cache != KvCache::none && cache != KvCache::slots)
+    detail::invalid("spec.cache (", to_string(cache),
+                    ") is not available for the projection yet: none or slots (a cache slot per "
+                    "token, vLLM's slot_mapping)");
+  if (cache == KvCache::none && cache_store != Store::same)
+    detail::invalid("spec.cache_store (", to_string(cache_store),
+                    ") needs a KV cache: spec.cache is none");
+  if (cache_store == Store::e4m3_dynamic)
+    detail::invalid(
+        "spec.cache_store (e4m3dyn) needs each head's amax, and the projection's blocks each "
+        "hold 16 columns of a head: use e4m3 (a static scale per cache)");
   if (head_dim < 16 || head_dim % 16 != 0 || head_dim > kMaxHeadDim)
     detail::invalid("spec.head_dim (", head_dim, ") must be a multiple of 16 in [16, ", kMaxHeadDim,
                     "]");
@@ -325,7 +338,8 @@ bool operator==(const QkvProjSpec& a, const QkvProjSpec& b) {
   return a.dtype == b.dtype && a.head_dim == b.head_dim && a.rotary_dim == b.rotary_dim &&
          a.style == b.style && a.positions == b.positions && a.index_type == b.index_type &&
          a.freqs == b.freqs && a.table_dtype == b.table_dtype && a.table_width == b.table_width &&
-         a.norm == b.norm && a.weights == b.weights;
+         a.norm == b.norm && a.weights == b.weights && a.cache == b.cache &&
+         a.cache_store == b.cache_store;
 }
 
 // qkvproj_<dtype>_d<D>_r<R>_<style>_pos-<mode>[-<idx>]_<tab-<tdtype>-<width>|comp>_n<norm>[_we4m3]
@@ -341,15 +355,19 @@ std::string QkvProjSpec::key() const {
     os << "_comp";
   os << "_n" << to_string(c.norm);
   if (c.weights != Weights::same) os << "_w" << to_string(c.weights);
+  if (c.cache != KvCache::none) {
+    os << "_c" << to_string(c.cache);
+    if (c.cache_store != Store::same) os << '-' << to_string(c.cache_store);
+  }
   return os.str();
 }
 
 QkvProjSpec parse_qkv_proj_key(const std::string& key) {
   const std::vector<std::string> f = split(key, '_');
-  if (f.size() < 8 || f.size() > 9 || f[0] != "qkvproj")
+  if (f.size() < 8 || f.size() > 10 || f[0] != "qkvproj")
     detail::invalid(
         "key '", detail::clipped(key),
-        "' is not a projection key (qkvproj_<dtype>_d.._r.._<style>_pos-.._.._n..[_w..])");
+        "' is not a projection key (qkvproj_<dtype>_d.._r.._<style>_pos-.._.._n..[_w..][_c..])");
   QkvProjSpec s;
   s.dtype = detail::parse_name<DType>(f[1], "key dtype");
   s.head_dim = parse_dim(f[2], 'd', key);
@@ -376,12 +394,21 @@ QkvProjSpec parse_qkv_proj_key(const std::string& key) {
     detail::invalid("key '", detail::clipped(key), "': bad norm field '", detail::clipped(f[7]),
                     "'");
   s.norm = detail::parse_name<Norm>(f[7].substr(1), "key norm");
-  if (f.size() == 9) {
-    if (f[8].size() < 2 || f[8][0] != 'w')
-      detail::invalid("key '", detail::clipped(key), "': bad weights field '",
-                      detail::clipped(f[8]), "'");
-    s.weights = detail::parse_name<Weights>(f[8].substr(1), "key weights");
+  // Optional fields, in this order: _w<weights>, _c<cache>[-<store>].
+  size_t i = 8;
+  if (i < f.size() && f[i].size() >= 2 && f[i][0] == 'w')
+    s.weights = detail::parse_name<Weights>(f[i++].substr(1), "key weights");
+  if (i < f.size() && f[i].size() >= 2 && f[i][0] == 'c') {
+    const std::vector<std::string> cf = split(f[i++].substr(1), '-');
+    if (cf.size() > 2)
+      detail::invalid("key '", detail::clipped(key), "': bad cache field '",
+                      detail::clipped(f[i - 1]), "'");
+    s.cache = detail::parse_name<KvCache>(cf[0], "key cache");
+    if (cf.size() == 2) s.cache_store = detail::parse_name<Store>(cf[1], "key cache store");
   }
+  if (i != f.size())
+    detail::invalid("key '", detail::clipped(key), "': bad field '", detail::clipped(f[i]),
+                    "' (expected _w<weights> or _c<cache>)");
   if (s.key() != key)
     detail::invalid("key '", detail::clipped(key), "' is not canonical (expected '", s.key(), "')");
   return s;

@@ -27,6 +27,9 @@
 // operand dtype exactly (every e4m3 value is a bf16 and an f16 value); the column's scale
 // multiplies its fp32 sum.
 //
+// KV cache (Cfg::kCache, slots): k after RoPE and v are also stored, rounded once from the same
+// fp32 values (FP8: value · scale, saturating), in the cache row of the token's slot.
+//
 // RMSNorm: y = rstd(x) · Σ_k bf16(x_k · w_k) W_nk. The weight product is rounded once to the
 // operand dtype (exactly what the float64 reference reproduces), the statistics Σ x² are
 // gathered while the activations stream by, and rstd is applied to the fp32 sums.
@@ -219,9 +222,39 @@ struct ProjKernel {
       yb = b;
     }
     const ProjOutput& o = p.out[r.part];
-    Raw* row = static_cast<Raw*>(o.data) + token * o.stride_token + r.head * o.stride_head;
-    row[r.a] = Elem<Cfg::kDType>::store(ya);
-    row[r.b] = Elem<Cfg::kDType>::store(yb);
+    if (Cfg::kCache == 0 || o.data) {
+      Raw* row = static_cast<Raw*>(o.data) + token * o.stride_token + r.head * o.stride_head;
+      row[r.a] = Elem<Cfg::kDType>::store(ya);
+      row[r.b] = Elem<Cfg::kDType>::store(yb);
+    }
+    if (Cfg::kCache != 0 && r.part > 0) append(p, r, token, ya, yb);
+  }
+
+  // k (rotated) or v of one token into its cache row (Cfg::kCache: slots). A slot outside the
+  // cache is not written; one past its end is counted once per token (by the thread of k head
+  // 0's first pair).
+  static __device__ __forceinline__ void append(const ProjParams& p, const Pair& r, long long token,
+                                                float ya, float yb) {
+    const ProjCache& c = p.cache;
+    const long long slot = __ldg(c.slots + token);
+    if (slot < 0) return;
+    if (slot >= c.slot_count) {
+      if (c.skipped && r.part == 1 && r.head == 0 && r.a == 0) atomicAdd(c.skipped, 1);
+      return;
+    }
+    const long long page = slot / c.page_size;
+    const long long at =
+        page * c.stride_page + (slot - page * c.page_size) * c.stride_slot + r.head * c.stride_head;
+    if (Cfg::kCacheE4m3) {
+      const float scale = r.part == 1 ? c.k_scale : c.v_scale;
+      unsigned char* row = static_cast<unsigned char*>(r.part == 1 ? c.k : c.v) + at;
+      row[r.a] = Elem<kE4M3>::store(ya * scale);
+      row[r.b] = Elem<kE4M3>::store(yb * scale);
+    } else {
+      Raw* row = static_cast<Raw*>(r.part == 1 ? c.k : c.v) + at;
+      row[r.a] = Elem<Cfg::kDType>::store(ya);
+      row[r.b] = Elem<Cfg::kDType>::store(yb);
+    }
   }
 
   // One token's 8 activations (as loaded) -> the two k16 steps' B registers, and Σ x².

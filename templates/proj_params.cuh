@@ -13,6 +13,22 @@ struct ProjOutput {
   int pad_;
 };
 
+// The KV cache k and v are appended to (Cfg::kCache): row slots[token] of the cache, at page
+// slot / page_size, row slot % page_size; element offsets from k / v.
+struct ProjCache {
+  void* k;
+  void* v;
+  const long long* slots;  // per token; negative: not written; >= slot_count: counted, skipped
+  int* skipped;            // optional counter of out-of-range slots
+  long long stride_page;
+  long long stride_slot;
+  long long stride_head;
+  long long page_size;
+  long long slot_count;  // pages * page_size
+  float k_scale;         // e4m3 cache: stored = value * scale
+  float v_scale;
+};
+
 struct ProjParams {
   const void* x;          // [tokens][hidden] activations, row stride x_stride
   const void* norm_w;     // [hidden] RMSNorm weight (null without a norm)
@@ -24,8 +40,9 @@ struct ProjParams {
   long long w_stride;
   long long tokens;
   long long hidden;
-  long long pairs;  // output column pairs: columns / 2 (GLU: the intermediate columns)
-  ProjOutput out[3];
+  long long pairs;    // output column pairs: columns / 2 (GLU: the intermediate columns)
+  ProjOutput out[3];  // q, k, v (k's and v's data may be null with a cache)
+  ProjCache cache;
   const void* positions;  // per-token ids (index dtype of the key), or null with an offset
   long long pos_offset;
   const void* cos;  // table rows, row r holds position r

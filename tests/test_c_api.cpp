@@ -128,6 +128,32 @@ TEST_CASE("C API: the projection's defaults, key, errors and precompile") {
   s.weights = 2;
   CHECK(ropejit_qkv_proj_key(&s, key, sizeof key) == ROPEJIT_ERROR_INVALID_ARGUMENT);
   CHECK(std::string(ropejit_last_error()).find("spec.weights (2)") != std::string::npos);
+  // A KV cache through slots: the spec's last two fields, the args' cache descriptor.
+  s.weights = 0;
+  CHECK(s.cache == 0);
+  CHECK(s.cache_store == 0);
+  CHECK(a.cache.k_quant_scale == 1.0f);
+  s.cache = 3;
+  s.cache_store = 1;
+  REQUIRE(ropejit_qkv_proj_key(&s, key, sizeof key) == ROPEJIT_OK);
+  CHECK(std::string(key).substr(std::string(key).size() - 12) == "_cslots-e4m3");
+  a.weight_scale = nullptr;
+  a.norm_weight = reinterpret_cast<void*>(0x30000000);
+  a.position_ids = reinterpret_cast<void*>(0x50000000);
+  a.cos = reinterpret_cast<void*>(0x60000000);
+  a.sin = reinterpret_cast<void*>(0x70000000);
+  a.table_rows = 16;
+  a.q = ropejit_tensor{reinterpret_cast<void*>(0x40000000), 4, 0, 4 * 64, 64};
+  a.cache.k = reinterpret_cast<void*>(0x80000000);
+  a.cache.v = reinterpret_cast<void*>(0x90000000);
+  a.cache.pages = 4;
+  a.cache.page_size = 16;
+  a.cache.stride_page = 16 * 64;
+  a.cache.stride_slot = 64;
+  a.cache.stride_head = 64;
+  CHECK(ropejit_qkv_projection(&s, &a) == ROPEJIT_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(ropejit_last_error()).find("args.cache.slot_mapping is null") !=
+        std::string::npos);
 }
 
 TEST_CASE("C API: the FFN's defaults, key, errors, workspace and precompile") {

@@ -272,6 +272,50 @@ TEST_SUITE("gpu") {
         }
   }
 
+  TEST_CASE("projection with a KV cache (slots): k and v appended, every other byte untouched") {
+    // k (rotated) and v into the cache rows of each token's slot, in the dtype or e4m3, against
+    // the float64 reference; padded slots (-1) and slots past the cache not written, the latter
+    // counted; every cache byte outside the tokens' rows (gaps, other slots, the guard) still
+    // poisoned; with cache_only the k and v outputs untouched too.
+    testing::use_primary_context();
+    const int32_t dims[][2] = {{128, 128}, {64, 32}, {80, 80}};
+    const int64_t tokens[] = {1, 7, 16, 40, 64};
+    int n = 0;
+    for (const auto& d : dims)
+      for (const DType dt : {DType::bf16, DType::f16})
+        for (const Store store : {Store::same, Store::e4m3})
+          for (const Weights w : {Weights::same, Weights::e4m3}) {
+            ++n;
+            const Norm norm = n % 3 == 0 ? Norm::none : n % 3 == 1 ? Norm::rms : Norm::rms_one_plus;
+            auto [s, z] = matrix_case(n, d, dt, norm, tokens);
+            s.weights = w;
+            s.cache = KvCache::slots;
+            s.cache_store = store;
+            z.hidden = n % 2 ? 272 : 512;
+            z.cache_page_size = n % 3 == 0 ? 1 : n % 3 == 1 ? 16 : 5;
+            z.cache_slot_gap = n % 4 == 1 ? 16 : 0;
+            z.cache_only = n % 5 == 2;
+            z.padded_slots = z.tokens > 2 ? 1 + n % 2 : 0;
+            z.bad_slots = z.tokens > 4 ? 1 + n % 3 : 0;
+            z.seed = uint64_t(7000 + n);
+            autotune::ProjProblem p(s, z);
+            p.upload();
+            CHECK(qkv_projection_path(s, p.args()) == ProjPath::fused);
+            qkv_projection(s, p.args());
+            const std::string what = s.key() + " tokens " + std::to_string(z.tokens) + " page " +
+                                     std::to_string(z.cache_page_size) +
+                                     (z.cache_only ? " cache only" : "");
+            expect_ok(p, what);
+            const QkvProjSpec c = s.canonical();
+            const detail::ProjShape shape = detail::check_proj_call(c, p.args());
+            const int32_t tiles = detail::proj_token_tiles(z.tokens);
+            const detail::ProjVariant other{tiles, 1 + n % 4, tiles <= 4 ? 1 + n % 2 : 1};
+            p.upload();
+            api::engine().launch_proj(c, p.args(), shape, &other);
+            expect_ok(p, what + " " + other.name());
+          }
+  }
+
   TEST_CASE("projection, e4m3 weights: every code decodes exactly, in every variant (bits)") {
     // Token m is one-hot at k = m, so each output is one weight code times its column's scale
     // (1 or 2^-3: exact in bf16 and f16), and every position is 0 (cos 1, sin 0: the rotation

@@ -101,11 +101,33 @@ TEST_CASE("projection keys: golden strings, canonical form, round trip") {
   s.weights = Weights::e4m3;
   CHECK(s.key() == "qkvproj_f16_d128_r64_gptj_pos-offset_comp_nrms1p_we4m3");
   CHECK(parse_qkv_proj_key(s.key()) == s.canonical());
+  s.cache = KvCache::slots;
+  CHECK(s.key() == "qkvproj_f16_d128_r64_gptj_pos-offset_comp_nrms1p_we4m3_cslots");
+  CHECK(parse_qkv_proj_key(s.key()) == s.canonical());
+  s.cache_store = Store::e4m3;
+  CHECK(s.key() == "qkvproj_f16_d128_r64_gptj_pos-offset_comp_nrms1p_we4m3_cslots-e4m3");
+  CHECK(parse_qkv_proj_key(s.key()) == s.canonical());
+  s.weights = Weights::same;
+  CHECK(s.key() == "qkvproj_f16_d128_r64_gptj_pos-offset_comp_nrms1p_cslots-e4m3");
+  CHECK(parse_qkv_proj_key(s.key()) == s.canonical());
+  s.cache_store = Store::e4m3_dynamic;
+  CHECK(contains(error_of([&] { s.validate(); }), "spec.cache_store (e4m3dyn) needs each head"));
+  s.cache_store = Store::same;
+  s.cache = KvCache::paged;
+  CHECK(contains(error_of([&] { s.validate(); }), "spec.cache (paged) is not available"));
+  s.cache = KvCache::none;
+  s.cache_store = Store::e4m3;
+  CHECK(contains(error_of([&] { s.validate(); }), "spec.cache_store (e4m3) needs a KV cache"));
+  s.cache_store = Store::same;
   s.weights = Weights(7);
   CHECK(contains(error_of([&] { s.validate(); }), "spec.weights (7)"));
   for (const char* bad : {"qkvproj_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half", "rope_bf16_d128",
                           "qkvproj_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_nrms_wsame",
                           "qkvproj_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_nrms_e4m3",
+                          "qkvproj_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_nrms_cslots_we4m3",
+                          "qkvproj_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_nrms_cpaged",
+                          "qkvproj_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_nrms_cslots-same",
+                          "qkvproj_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_nrms_cslots-e4m3-x",
                           "qkvproj_bf16_d128_r128_neox_pos-offset-i64_comp_nrms",  // not canonical
                           "qkvproj_bf16_d128_r128_neox_pos-ids-i64_tab-f32_nrms",
                           "qkvproj_bf16_d72_r72_neox_pos-ids-i64_comp_nrms"})
@@ -225,6 +247,64 @@ TEST_CASE("projection calls: every bad argument is named, a good one passes") {
     const std::string why = f.check();
     CHECK_MESSAGE(contains(why, b.expect), std::string(b.expect), " -> '", why, "'");
   }
+  // A KV cache (slots): k and v also go to pages of 16 slots, 2 heads of 128.
+  auto cached = [](Fake& f) {
+    f.spec.cache = KvCache::slots;
+    KvCacheArgs& kc = f.args.cache;
+    kc.k = reinterpret_cast<void*>(0x90000000);
+    kc.v = reinterpret_cast<void*>(0xa0000000);
+    kc.pages = 8;
+    kc.page_size = 16;
+    kc.stride_page = 16 * 256;
+    kc.stride_slot = 256;
+    kc.stride_head = 128;
+    kc.slot_mapping = reinterpret_cast<const int64_t*>(0xb0000000);
+  };
+  const std::vector<Bad> cache_cases = {
+      {"args.cache.pages (0) must be >= 1", [](Fake& f) { f.args.cache.pages = 0; }},
+      {"args.cache.page_size (0) must be >= 1", [](Fake& f) { f.args.cache.page_size = 0; }},
+      {"args.cache.v is null: the projection appends k and v",
+       [](Fake& f) { f.args.cache.v = nullptr; }},
+      {"args.cache.k.data is null", [](Fake& f) { f.args.cache.k = nullptr; }},
+      {"args.cache.slot_mapping is null but spec.cache is slots",
+       [](Fake& f) { f.args.cache.slot_mapping = nullptr; }},
+      {"args.cache.slot_mapping (0xb0000004) is not aligned",
+       [](Fake& f) { f.args.cache.slot_mapping = reinterpret_cast<const int64_t*>(0xb0000004); }},
+      {"args.cache.skipped (0xc0000002) is not 4-byte aligned",
+       [](Fake& f) { f.args.cache.skipped = reinterpret_cast<int32_t*>(0xc0000002); }},
+      {"args.cache.k_quant_scale (0) must be a finite number > 0",
+       [](Fake& f) {
+         f.spec.cache_store = Store::e4m3;
+         f.args.cache.k_quant_scale = 0;
+       }},
+      {"args.q and args.cache.v overlap", [](Fake& f) { f.args.cache.v = f.args.q.data; }},
+      {"args.cache.k and args.cache.v overlap",
+       [](Fake& f) { f.args.cache.v = static_cast<char*>(f.args.cache.k) + 64; }},
+      {"args.q and args.cache.slot_mapping overlap",  // an input under an output
+       [](Fake& f) { f.args.cache.slot_mapping = static_cast<const int64_t*>(f.args.q.data); }},
+      {"spec.cache (slots) has no unfused path",
+       [](Fake& f) {
+         f.args.path = ProjPath::unfused;
+         f.args.workspace = reinterpret_cast<void*>(0x80000000);
+         f.args.workspace_bytes = size_t(64) << 20;
+       }},
+  };
+  {
+    Fake f;
+    cached(f);
+    CHECK(f.check().empty());
+    f.args.k.data = f.args.v.data = nullptr;  // the cache only
+    CHECK(f.check().empty());
+    f.spec.cache = KvCache::none;
+    CHECK(contains(f.check(), "args.k.data is null"));
+  }
+  for (const Bad& b : cache_cases) {
+    Fake f;
+    cached(f);
+    b.edit(f);
+    const std::string why = f.check();
+    CHECK_MESSAGE(contains(why, b.expect), std::string(b.expect), " -> '", why, "'");
+  }
   // Without a norm its weight may be anything.
   Fake f;
   f.spec.norm = Norm::none;
@@ -339,6 +419,8 @@ TEST_CASE("projection keys compile for sm_80 and sm_90 (every default variant)")
     s.norm = r.norm;
     const size_t row = size_t(&r - rows.data());
     if (row == 1 || row == 2) s.weights = Weights::e4m3;  // FP8 weights in both dtypes
+    if (row == 2 || row == 3) s.cache = KvCache::slots;   // a KV cache, FP8 in one
+    if (row == 3) s.cache_store = Store::e4m3;
     for (const char* arch : {"sm_80", "sm_90"}) {
       std::vector<std::string> paths;
       CHECK_NOTHROW(paths = precompile(s, arch));

@@ -227,6 +227,9 @@ typedef struct {
   int32_t dtype, head_dim, rotary_dim, style, positions, index_type, freqs;
   int32_t table_dtype, table_width, norm;
   int32_t weights; /* ropejit::Weights: 0 same as dtype, 1 e4m3 (with args.weight_scale) */
+  /* ropejit::KvCache (0 none, 3 slots) and ropejit::Store (0 same, 1 e4m3): k and v also
+   * appended to args.cache at each token's slot_mapping entry */
+  int32_t cache, cache_store;
 } ropejit_qkv_proj_spec;
 
 typedef struct {
@@ -249,6 +252,8 @@ typedef struct {
   void* workspace;           /* the unfused path's scratch (256-byte aligned device memory) */
   size_t workspace_bytes;    /* ropejit_qkv_projection_workspace_bytes() */
   const float* weight_scale; /* e4m3 weights: a float32 scale per weight row */
+  ropejit_kv_cache cache;    /* spec.cache slots: k, v, pages, page_size, strides,
+                                slot_mapping, k/v_quant_scale, skipped */
 } ropejit_qkv_proj_args;
 
 /* Fill with the C++ defaults (bf16, d128, neox, int64 ids, f32 half table, RMSNorm; eps 1e-6,

@@ -313,11 +313,18 @@ struct QkvProjSpec {
   // the fp32 sums.
   Norm norm = Norm::rms;
   Weights weights = Weights::same;
+  // k and v also appended to a KV cache (QkvProjArgs::cache): none, or slots (a flat slot per
+  // token, vLLM's slot_mapping: page = slot / page_size, row slot % page_size; a negative slot
+  // is not written), in the activation dtype or e4m3 with a static scale per cache (k and v
+  // rounded once from the fp32 values, value · scale, saturating at ±448).
+  KvCache cache = KvCache::none;
+  Store cache_store = Store::same;  // same or e4m3
 
   // Throws Error naming the first invalid field.
   void validate() const;
   QkvProjSpec canonical() const;
-  // e.g. qkvproj_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_nrms (e4m3 weights: _we4m3 appended)
+  // e.g. qkvproj_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_nrms; e4m3 weights append _we4m3,
+  // a cache _cslots (FP8: _cslots-e4m3)
   std::string key() const;
 
   friend bool operator==(const QkvProjSpec& a, const QkvProjSpec& b);
@@ -361,9 +368,15 @@ struct QkvProjArgs {
   // Outputs [tokens][heads][head_dim] (last dimension contiguous; stride_batch is ignored,
   // stride_seq is the token stride; heads must equal q_heads / kv_heads). They may be views of
   // one packed [tokens][q + 2 kv heads][head_dim] tensor; they may not overlap the inputs.
+  // With a KV cache k and v may be left null (written to the cache only).
   Tensor q;
   Tensor k;
   Tensor v;
+  // spec.cache slots: k (rotated) and v of token t go to row slot_mapping[t] of the cache
+  // (KvCacheArgs: k, v, pages, page_size, the three strides, slot_mapping, k/v_quant_scale for
+  // e4m3, skipped; the paged and contiguous fields are not used). A slot outside [0, pages ·
+  // page_size) is not written: negative ones silently (padding), others counted in `skipped`.
+  KvCacheArgs cache;
   int64_t position_offset = 0;         // Positions::offset: position = offset + token index
   const void* position_ids = nullptr;  // Positions::ids: [tokens]
   const void* cos = nullptr;           // Freqs::table

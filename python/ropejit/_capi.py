@@ -18,6 +18,8 @@ FREQS = {"table": 0, "computed": 1, "linear": 2, "dynamic_ntk": 3, "llama3": 4, 
 TABLE_WIDTHS = {"half": 0, "full": 1}
 DIRECTIONS = {"forward": 0, "backward": 1}
 NORMS = {"none": 0, "rms": 1, "rms_one_plus": 2, "rms_all_heads": 3}
+KV_CACHES = {"none": 0, "contiguous": 1, "paged": 2, "slots": 3}  # ropejit::KvCache
+STORES = {"same": 0, "e4m3": 1, "e4m3_dynamic": 2}  # ropejit::Store
 
 _i32, _i64, _f32, _f64 = ctypes.c_int32, ctypes.c_int64, ctypes.c_float, ctypes.c_double
 _ptr = ctypes.c_void_p
@@ -81,7 +83,7 @@ class ropejit_model(ctypes.Structure):
 class ropejit_qkv_proj_spec(ctypes.Structure):
     _fields_ = [(name, _i32) for name in (
         "dtype", "head_dim", "rotary_dim", "style", "positions", "index_type", "freqs",
-        "table_dtype", "table_width", "norm", "weights")]
+        "table_dtype", "table_width", "norm", "weights", "cache", "cache_store")]
 
 
 class ropejit_qkv_proj_args(ctypes.Structure):
@@ -93,7 +95,7 @@ class ropejit_qkv_proj_args(ctypes.Structure):
         ("position_offset", _i64), ("position_ids", _ptr), ("cos", _ptr), ("sin", _ptr),
         ("table_stride", _i64), ("table_rows", _i64), ("base", _f64), ("stream", _ptr),
         ("path", _i32), ("workspace", _ptr), ("workspace_bytes", ctypes.c_size_t),
-        ("weight_scale", _ptr),
+        ("weight_scale", _ptr), ("cache", ropejit_kv_cache),
     ]
 
 

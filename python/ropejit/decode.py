@@ -31,6 +31,14 @@ rounds only ``x * w`` and its outputs.
 rows), or pass ``gate_weight`` and ``up_weight`` ``[intermediate, hidden]`` separately (HF's
 ``gate_proj`` / ``up_proj``).
 
+The KV cache: ``qkv_projection`` can also append k (rotated) and v to a cache through vLLM's
+``slot_mapping`` (int64 ``[tokens]``; token t goes to page ``slot // page_size``, row
+``slot % page_size``; a negative slot is not written, one past the cache is not written and is
+counted in ``skipped``, an int32 tensor of one element), ``k_cache`` and ``v_cache``
+``[pages, page_size, kv_heads, head_dim]`` (vLLM's flash layout) in x's dtype or
+``torch.float8_e4m3fn`` (stored ``value * k_scale`` / ``* v_scale``); ``write_kv=False`` then
+returns ``(q, None, None)`` and writes k and v only to the cache.
+
 FP8 weights: both calls take ``torch.float8_e4m3fn`` weights with a float32 scale per weight
 row (``weight_scale`` ``[rows]``; for the FFN's separate weights ``gate_scale`` and
 ``up_scale``), as FP8 checkpoints store them (W = code x scale). The kernel widens the codes to
@@ -120,7 +128,8 @@ def _spec(x, head_dim, rotary_dim, style, positions, index_type, cos, norm):
 def qkv_projection(x, weight, *, q_heads, kv_heads, head_dim=128, rotary_dim=None,
                    norm_weight=None, eps=1e-6, norm="rms", position_ids=None, position_offset=0,
                    cos=None, sin=None, base=10000.0, style="neox", path="auto",
-                   weight_scale=None):
+                   weight_scale=None, k_cache=None, v_cache=None, slot_mapping=None, k_scale=1.0,
+                   v_scale=1.0, skipped=None, write_kv=True):
     """Returns (q, k, v), new tensors ``[tokens, heads, head_dim]``; see the module docstring.
     ``norm="none"`` skips RMSNorm; ``"rms_one_plus"`` is Gemma's ``(1 + w)``; float8_e4m3fn
     weights take ``weight_scale``, a float32 scale per weight row."""
@@ -175,9 +184,17 @@ def qkv_projection(x, weight, *, q_heads, kv_heads, head_dim=128, rotary_dim=Non
         index_type = "i64" if position_ids.dtype == torch.int64 else "i32"
     spec = _spec(x, head_dim, rotary_dim, style, positions, index_type, cos, norm)
     spec.weights = _capi.WEIGHTS[weights]
+    cache = _cache(x, kv_heads, head_dim, k_cache, v_cache, slot_mapping, k_scale, v_scale,
+                   skipped, write_kv)
+    if cache is not None:
+        spec.cache, spec.cache_store = _capi.KV_CACHES["slots"], cache[1]
     tokens = x.shape[0]
-    out = torch.empty(tokens, q_heads + 2 * kv_heads, head_dim, dtype=x.dtype, device=x.device)
-    q, k, v = out.split([q_heads, kv_heads, kv_heads], dim=1)
+    out = torch.empty(tokens, q_heads + (2 * kv_heads if write_kv else 0), head_dim,
+                      dtype=x.dtype, device=x.device)
+    if write_kv:
+        q, k, v = out.split([q_heads, kv_heads, kv_heads], dim=1)
+    else:
+        q, k, v = out, None, None
     a = _capi.ropejit_qkv_proj_args()
     _capi.lib.ropejit_qkv_proj_args_init(ctypes.byref(a))
     a.tokens, a.hidden, a.q_heads, a.kv_heads = tokens, x.shape[1], q_heads, kv_heads
@@ -190,7 +207,11 @@ def qkv_projection(x, weight, *, q_heads, kv_heads, head_dim=128, rotary_dim=Non
         a.norm_weight = norm_weight.data_ptr()
     a.norm_eps = eps
     for field, t, heads in (("q", q, q_heads), ("k", k, kv_heads), ("v", v, kv_heads)):
-        setattr(a, field, _capi.ropejit_tensor(t.data_ptr(), heads, 0, t.stride(0), t.stride(1)))
+        if t is not None:
+            setattr(a, field,
+                    _capi.ropejit_tensor(t.data_ptr(), heads, 0, t.stride(0), t.stride(1)))
+    if cache is not None:
+        a.cache = cache[0]
     a.position_offset = position_offset
     if position_ids is not None:
         a.position_ids = position_ids.data_ptr()
@@ -224,11 +245,55 @@ def qkv_projection(x, weight, *, q_heads, kv_heads, head_dim=128, rotary_dim=Non
     return q, k, v
 
 
+def _cache(x, kv_heads, head_dim, k_cache, v_cache, slot_mapping, k_scale, v_scale, skipped,
+           write_kv):
+    """(ropejit_kv_cache, cache_store code) for the projection's slots cache, or None."""
+    import torch
+    if k_cache is None:
+        if v_cache is not None or slot_mapping is not None or skipped is not None:
+            _fail("v_cache, slot_mapping and skipped go with k_cache")
+        if not write_kv:
+            _fail("write_kv=False writes k and v only to the KV cache, but k_cache is not given")
+        return None
+    if v_cache is None or slot_mapping is None:
+        _fail("k_cache needs v_cache and slot_mapping (the projection appends k and v)")
+    fp8 = getattr(torch, "float8_e4m3fn", None)
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(t, torch.Tensor) or t.device != x.device:
+            _fail(f"{name} must be a torch tensor on x's device ({x.device})")
+        if t.dtype not in (x.dtype, fp8):
+            _fail(f"{name}.dtype ({t.dtype}) must be x's ({x.dtype}) or torch.float8_e4m3fn")
+        if t.dim() != 4 or t.shape[2] != kv_heads or t.shape[3] != head_dim or t.stride(3) != 1:
+            _fail(f"{name} must be [pages, page_size, kv_heads ({kv_heads}), head_dim "
+                  f"({head_dim})] with a contiguous last dimension, got shape {tuple(t.shape)} "
+                  f"and strides {t.stride()}")
+    if (k_cache.dtype, tuple(k_cache.shape), k_cache.stride()) != \
+            (v_cache.dtype, tuple(v_cache.shape), v_cache.stride()):
+        _fail("k_cache and v_cache must have one dtype, shape and strides")
+    if (not isinstance(slot_mapping, torch.Tensor) or slot_mapping.dtype != torch.int64
+            or slot_mapping.device != x.device or not slot_mapping.is_contiguous()
+            or slot_mapping.numel() != x.shape[0]):
+        _fail(f"slot_mapping must be a contiguous int64 [{x.shape[0]}] tensor on x's device")
+    if skipped is not None and (not isinstance(skipped, torch.Tensor) or skipped.dtype !=
+                                torch.int32 or skipped.numel() != 1 or skipped.device != x.device):
+        _fail("skipped must be an int32 tensor of one element on x's device")
+    c = _capi.ropejit_kv_cache()
+    c.k, c.v = k_cache.data_ptr(), v_cache.data_ptr()
+    c.pages, c.page_size = k_cache.shape[0], k_cache.shape[1]
+    c.stride_page, c.stride_slot, c.stride_head = k_cache.stride()[:3]
+    c.slot_mapping = slot_mapping.data_ptr()
+    c.k_quant_scale, c.v_quant_scale = k_scale, v_scale
+    if skipped is not None:
+        c.skipped = skipped.data_ptr()
+    return c, _capi.STORES["e4m3" if k_cache.dtype == fp8 else "same"]
+
+
 def qkv_projection_key(dtype="bf16", head_dim=128, rotary_dim=None, style="neox",
                        positions="ids", index_type="i64", freqs="table", table_dtype="f32",
-                       table_width="half", norm="rms", weights="same"):
+                       table_width="half", norm="rms", weights="same", cache="none",
+                       cache_store="same"):
     """The key string of a projection kernel (no GPU needed); ``weights="e4m3"`` for FP8
-    weights."""
+    weights, ``cache="slots"`` (``cache_store="e4m3"``) for a KV cache."""
     s = _capi.ropejit_qkv_proj_spec()
     _capi.lib.ropejit_qkv_proj_spec_init(ctypes.byref(s))
     s.dtype, s.head_dim, s.rotary_dim = _capi.DTYPES[dtype], head_dim, rotary_dim or 0
@@ -237,6 +302,7 @@ def qkv_projection_key(dtype="bf16", head_dim=128, rotary_dim=None, style="neox"
     s.table_dtype, s.table_width = _capi.DTYPES[table_dtype], _capi.TABLE_WIDTHS[table_width]
     s.norm = _NORMS[norm]
     s.weights = _capi.WEIGHTS[weights]
+    s.cache, s.cache_store = _capi.KV_CACHES[cache], _capi.STORES[cache_store]
     buf = ctypes.create_string_buffer(_capi.KEY_BUFFER)
     _capi.check(_capi.lib.ropejit_qkv_proj_key(ctypes.byref(s), buf, len(buf)))
     return buf.value.decode()

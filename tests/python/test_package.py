@@ -231,6 +231,10 @@ def test_qkv_projection_key_and_errors():
         decode.qkv_projection_key(head_dim=72)
     assert (decode.qkv_projection_key(weights="e4m3")
             == "qkvproj_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_nrms_we4m3")
+    assert (decode.qkv_projection_key(cache="slots", cache_store="e4m3")
+            == "qkvproj_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_nrms_cslots-e4m3")
+    with pytest.raises(ropejit.InvalidArgument, match=r"spec.cache \(paged\) is not available"):
+        decode.qkv_projection_key(cache="paged")
 
 
 def test_ffn_key_and_errors():
