@@ -168,27 +168,90 @@ ProjProblem::ProjProblem(const QkvProjSpec& spec, const ProjSizes& sizes)
     if (z.path != ProjPath::fused)
       detail::invalid("ProjProblem: a KV cache has only the fused path");
     const int64_t ps = z.cache_page_size;
-    cache_pages_ = z.cache_pages > 0 ? z.cache_pages : (z.tokens + ps - 1) / ps + 2;
+    const int64_t T = z.tokens;
+    cache_pages_ = z.cache_pages > 0           ? z.cache_pages
+                   : c.cache == KvCache::slots ? (T + ps - 1) / ps + 2
+                   : c.cache == KvCache::paged ? 3 * T + 2
+                                               : T + 1;
     slot_stride_ = int64_t(z.kv_heads) * D + z.cache_slot_gap;
     page_stride_ = ps * slot_stride_;
     const int64_t ce = is_fp8(c.cache_store) ? 1 : e;
     const size_t bytes = size_t(cache_pages_ * page_stride_ * ce);
     cache_k_ = &add(std::vector<uint8_t>(bytes, kPoison));
     cache_v_ = &add(std::vector<uint8_t>(bytes, kPoison));
-    // Distinct slots in a random order; then the padded and the out-of-range ones.
-    const int64_t count = cache_pages_ * ps;
-    std::vector<int64_t> all(static_cast<size_t>(count));
-    for (int64_t i = 0; i < count; ++i) all[size_t(i)] = i;
-    std::shuffle(all.begin(), all.end(), rng_);
-    slot_of_.assign(size_t(z.tokens), 0);
-    for (int64_t m = 0; m < z.tokens; ++m) slot_of_[size_t(m)] = all[size_t(m % count)];
-    std::uniform_int_distribution<int64_t> token(0, std::max<int64_t>(z.tokens - 1, 0));
-    for (int32_t i = 0; i < z.padded_slots && z.tokens > 0; ++i) slot_of_[size_t(token(rng_))] = -1;
-    for (int32_t i = 0; i < z.bad_slots && z.tokens > 0; ++i)
-      slot_of_[size_t(token(rng_))] = count + int64_t(i) * 1000003;
-    std::vector<uint8_t> sb(size_t(std::max<int64_t>(z.tokens, 1)) * 8, 0);
-    std::memcpy(sb.data(), slot_of_.data(), slot_of_.size() * 8);
-    slots_ = &add(std::move(sb));
+    dest_page_.assign(size_t(T), -1);
+    dest_row_.assign(size_t(T), -1);
+    std::uniform_int_distribution<int64_t> token(0, std::max<int64_t>(T - 1, 0));
+    std::vector<bool> bad(size_t(T), false);
+    for (int32_t i = 0; i < z.bad_slots && T > 0; ++i) bad[size_t(token(rng_))] = true;
+    // Distinct places in a random order: slots, or pages.
+    const int64_t count = c.cache == KvCache::slots ? cache_pages_ * ps : cache_pages_;
+    std::vector<int64_t> pool(static_cast<size_t>(count));
+    for (int64_t i = 0; i < count; ++i) pool[size_t(i)] = i;
+    std::shuffle(pool.begin(), pool.end(), rng_);
+    if (c.cache == KvCache::slots) {
+      std::vector<int64_t> slot(static_cast<size_t>(T));
+      for (int64_t m = 0; m < T; ++m) slot[size_t(m)] = pool[size_t(m % count)];
+      for (int32_t i = 0; i < z.padded_slots && T > 0; ++i) slot[size_t(token(rng_))] = -1;
+      for (int64_t m = 0; m < T; ++m) {
+        if (bad[size_t(m)]) slot[size_t(m)] = count + m * 1000003;
+        if (slot[size_t(m)] >= 0 && !bad[size_t(m)]) {
+          dest_page_[size_t(m)] = slot[size_t(m)] / ps;
+          dest_row_[size_t(m)] = slot[size_t(m)] % ps;
+        }
+      }
+      std::vector<uint8_t> sb(size_t(std::max<int64_t>(T, 1)) * 8, 0);
+      std::memcpy(sb.data(), slot.data(), slot.size() * 8);
+      slots_ = &add(std::move(sb));
+    } else if (c.cache == KvCache::paged) {
+      // Sequence m holds 1-3 pages of the pool; its newest token (this one) is at row
+      // last_page_len - 1 of the last. Bad sequences: last_page_len 0 or past the page, or a
+      // last page number outside the cache.
+      std::uniform_int_distribution<int64_t> npages(1, 3), last(1, ps);
+      std::vector<int32_t> indptr(size_t(T) + 1, 0), indices, lens(size_t(std::max<int64_t>(T, 1)));
+      int64_t next = 0;
+      for (int64_t m = 0; m < T; ++m) {
+        const int64_t n = npages(rng_);
+        for (int64_t i = 0; i < n; ++i) indices.push_back(int32_t(pool[size_t(next++)]));
+        indptr[size_t(m) + 1] = int32_t(indices.size());
+        lens[size_t(m)] = int32_t(last(rng_));
+        if (bad[size_t(m)]) {
+          const int kind = int(m % 3);
+          if (kind == 0) lens[size_t(m)] = 0;
+          if (kind == 1) lens[size_t(m)] = int32_t(ps + 1);
+          if (kind == 2) indices.back() = int32_t(cache_pages_ + 7);
+        } else {
+          dest_page_[size_t(m)] = indices.back();
+          dest_row_[size_t(m)] = lens[size_t(m)] - 1;
+        }
+      }
+      num_indices_ = int64_t(indices.size());
+      indices.resize(std::max<size_t>(indices.size(), 1));
+      auto bytes_of = [](const std::vector<int32_t>& v) {
+        std::vector<uint8_t> b(v.size() * 4);
+        std::memcpy(b.data(), v.data(), b.size());
+        return b;
+      };
+      indptr_ = &add(bytes_of(indptr));
+      indices_ = &add(bytes_of(indices));
+      lens_ = &add(bytes_of(lens));
+    } else {
+      // Sequence m (page m) held seq_lens[m] tokens; bad ones are full.
+      std::uniform_int_distribution<int32_t> held(0, int32_t(ps - 1));
+      std::vector<int32_t> lens(size_t(std::max<int64_t>(T, 1)), 0);
+      for (int64_t m = 0; m < T; ++m) {
+        lens[size_t(m)] = bad[size_t(m)] ? int32_t(ps) : held(rng_);
+        if (!bad[size_t(m)]) {
+          dest_page_[size_t(m)] = m;
+          dest_row_[size_t(m)] = lens[size_t(m)];
+        }
+      }
+      std::vector<uint8_t> b(lens.size() * 4);
+      std::memcpy(b.data(), lens.data(), b.size());
+      lens_ = &add(std::move(b));
+    }
+    want_skipped_ = 0;
+    for (int64_t m = 0; m < T; ++m) want_skipped_ += bad[size_t(m)];
     skipped_ = &add(std::vector<uint8_t>(4, 0));
   }
   if (!z.reference) return;
@@ -459,6 +522,13 @@ QkvProjArgs ProjProblem::args(void* stream) const {
     kc.stride_slot = slot_stride_;
     kc.stride_head = D;
     kc.slot_mapping = static_cast<const int64_t*>(ptr(slots_));
+    kc.indptr = static_cast<const int32_t*>(ptr(indptr_));
+    kc.indices = static_cast<const int32_t*>(ptr(indices_));
+    kc.num_indices = num_indices_;
+    kc.last_page_len =
+        spec_.cache == KvCache::paged ? static_cast<const int32_t*>(ptr(lens_)) : nullptr;
+    kc.seq_lens =
+        spec_.cache == KvCache::contiguous ? static_cast<const int32_t*>(ptr(lens_)) : nullptr;
     kc.skipped = static_cast<int32_t*>(ptr(skipped_));
     kc.k_quant_scale = is_fp8(spec_.cache_store) ? 4.0f : 1.0f;
     kc.v_quant_scale = is_fp8(spec_.cache_store) ? 16.0f : 1.0f;
@@ -601,11 +671,9 @@ void ProjProblem::compare_cache(CheckReport& r) const {
     std::vector<uint8_t> got(b.host.size());
     detail::check(d.MemcpyDtoH(got.data(), b.device, got.size()), "cuMemcpyDtoH");
     std::vector<bool> addressed(got.size() / size_t(ce), false);
-    const int64_t slot_count = cache_pages_ * z.cache_page_size;
     for (int64_t m = 0; m < z.tokens; ++m) {
-      const int64_t slot = slot_of_[size_t(m)];
-      if (slot < 0 || slot >= slot_count) continue;
-      const int64_t page = slot / z.cache_page_size, row = slot % z.cache_page_size;
+      const int64_t page = dest_page_[size_t(m)], row = dest_row_[size_t(m)];
+      if (page < 0) continue;
       for (int64_t h = 0; h < z.kv_heads; ++h)
         for (int64_t el = 0; el < D; ++el) {
           const int64_t at = page * page_stride_ + row * slot_stride_ + h * D + el;
@@ -633,24 +701,22 @@ void ProjProblem::compare_cache(CheckReport& r) const {
           }
           ++r.checked;
           if (!good)
-            fail(detail::concat(name, ": token ", m, " slot ", slot, " head ", h, " element ", el,
-                                ": got ", have, ", expected ", want, " +- ", tol));
+            fail(detail::concat(name, ": token ", m, " page ", page, " row ", row, " head ", h,
+                                " element ", el, ": got ", have, ", expected ", want, " +- ", tol));
         }
     }
     for (size_t i = 0; i < got.size(); ++i) {
       if (i / size_t(ce) < addressed.size() && addressed[i / size_t(ce)]) continue;
       if (got[i] != kPoison) {
-        fail(detail::concat(name, " byte ", i, " is in no token's slot but was written"));
+        fail(detail::concat(name, " byte ", i, " is in no token's row but was written"));
         break;
       }
     }
   }
   int32_t skipped = 0;
   detail::check(d.MemcpyDtoH(&skipped, skipped_->device, 4), "cuMemcpyDtoH");
-  int32_t want_skipped = 0;
-  for (const int64_t slot : slot_of_) want_skipped += slot >= cache_pages_ * z.cache_page_size;
-  if (skipped != want_skipped)
-    fail(detail::concat("args.cache.skipped holds ", skipped, ", expected ", want_skipped));
+  if (skipped != want_skipped_)
+    fail(detail::concat("args.cache.skipped holds ", skipped, ", expected ", want_skipped_));
 }
 
 }  // namespace ropejit::autotune

@@ -28,11 +28,13 @@ struct ProjSizes {
   double norm_eps = 1e-6;
   double x_scale = 1.0;  // activations are uniform in [-2, 2] times this
   uint64_t seed = 1;
-  // spec.cache slots: a poisoned, guarded cache of `cache_pages` pages (0: enough for every
-  // token, plus two) of `cache_page_size` slots, NHD, `cache_slot_gap` elements after each
-  // slot's heads; every token a distinct random slot except `padded_slots` tokens at -1 (not
-  // written) and `bad_slots` past the end (not written, counted in args.cache.skipped).
-  // cache_only: args.k and args.v null (k and v reach only the cache).
+  // spec.cache: a poisoned, guarded cache of `cache_pages` pages (0: enough for every token) of
+  // `cache_page_size` rows, NHD, `cache_slot_gap` elements after each row's heads. slots: every
+  // token a distinct random slot, `padded_slots` tokens at -1 (not written); paged: each token
+  // the newest of its own sequence of 1-3 random pages, at a random last_page_len; contiguous:
+  // sequence t at a random length. `bad_slots` tokens point outside the cache (slot past the
+  // end; last_page_len 0 or past the page, or a page number past the cache; a full sequence):
+  // not written, counted in args.cache.skipped. cache_only: args.k and args.v null.
   int64_t cache_page_size = 16;
   int64_t cache_pages = 0;
   int64_t cache_slot_gap = 0;
@@ -123,10 +125,14 @@ class ProjProblem {
   size_t workspace_bytes_ = 0;
   Buffer* cache_k_ = nullptr;  // spec.cache: k and v caches, the slots, the skipped counter
   Buffer* cache_v_ = nullptr;
-  Buffer* slots_ = nullptr;
+  Buffer* slots_ = nullptr;   // slots: slot_mapping
+  Buffer* indptr_ = nullptr;  // paged: indptr, indices, last_page_len (in lens_)
+  Buffer* indices_ = nullptr;
+  Buffer* lens_ = nullptr;  // paged: last_page_len; contiguous: seq_lens
   Buffer* skipped_ = nullptr;
-  int64_t cache_pages_ = 0, slot_stride_ = 0, page_stride_ = 0;
-  std::vector<int64_t> slot_of_;  // per token
+  int64_t cache_pages_ = 0, slot_stride_ = 0, page_stride_ = 0, num_indices_ = 0;
+  std::vector<int64_t> dest_page_, dest_row_;  // per token; -1: not written
+  int32_t want_skipped_ = 0;
   std::vector<int64_t> positions_;
   Expected expected_, expected_unfused_;
   ProjPath matched_ = ProjPath::fused;

@@ -2,6 +2,7 @@
 #include "jit/proj.hpp"
 
 #include <cfloat>
+#include <climits>
 #include <cmath>
 #include <map>
 
@@ -291,7 +292,26 @@ ProjShape check_proj_call(const QkvProjSpec& c, const QkvProjArgs& a) {
       check_scale(kc.k_quant_scale, "args.cache.k_quant_scale");
       check_scale(kc.v_quant_scale, "args.cache.v_quant_scale");
     }
-    check_aligned(kc.slot_mapping, 8, "args.cache.slot_mapping", "spec.cache is slots");
+    switch (c.cache) {
+      case KvCache::slots:
+        check_aligned(kc.slot_mapping, 8, "args.cache.slot_mapping", "spec.cache is slots");
+        break;
+      case KvCache::paged:
+        check_aligned(kc.indptr, 4, "args.cache.indptr", "spec.cache is paged");
+        check_aligned(kc.indices, 4, "args.cache.indices", "spec.cache is paged");
+        check_aligned(kc.last_page_len, 4, "args.cache.last_page_len", "spec.cache is paged");
+        if (kc.num_indices < 0 || kc.num_indices > INT32_MAX)
+          invalid("args.cache.num_indices (", kc.num_indices, ") must be in [0, 2^31)");
+        break;
+      case KvCache::contiguous:
+        check_aligned(kc.seq_lens, 4, "args.cache.seq_lens", "spec.cache is cont");
+        if (kc.pages < a.tokens)
+          invalid("args.cache.pages (", kc.pages, ") holds fewer sequences than args.tokens (",
+                  a.tokens, "): token t appends to sequence t");
+        break;
+      case KvCache::none:
+        break;
+    }
     if (reinterpret_cast<uintptr_t>(kc.skipped) % 4 != 0)
       invalid("args.cache.skipped (", static_cast<const void*>(kc.skipped),
               ") is not 4-byte aligned");
@@ -330,8 +350,16 @@ ProjShape check_proj_call(const QkvProjSpec& c, const QkvProjArgs& a) {
                  width, telem),
         range_of("args.sin", c.freqs == Freqs::table ? a.sin : nullptr, a.table_rows, table_stride,
                  width, telem),
-        range_of("args.cache.slot_mapping", cached ? a.cache.slot_mapping : nullptr, a.tokens, 1, 1,
-                 8)};
+        range_of("args.cache.slot_mapping",
+                 c.cache == KvCache::slots ? a.cache.slot_mapping : nullptr, a.tokens, 1, 1, 8),
+        range_of("args.cache.indptr", c.cache == KvCache::paged ? a.cache.indptr : nullptr,
+                 a.tokens + 1, 1, 1, 4),
+        range_of("args.cache.indices", c.cache == KvCache::paged ? a.cache.indices : nullptr,
+                 a.cache.num_indices, 1, 1, 4),
+        range_of("args.cache.last_page_len",
+                 c.cache == KvCache::paged ? a.cache.last_page_len : nullptr, a.tokens, 1, 1, 4),
+        range_of("args.cache.seq_lens", c.cache == KvCache::contiguous ? a.cache.seq_lens : nullptr,
+                 a.tokens, 1, 1, 4)};
     // The workspace is written by the unfused path: it may overlap nothing.
     std::vector<Range> all(std::begin(inputs), std::end(inputs));
     for (const Operand& o : written) all.push_back(Range{o.name, o.first, o.end});
@@ -379,6 +407,12 @@ ropejit_dev::ProjParams make_proj_params(const QkvProjSpec& c, const QkvProjArgs
     p.cache.k = kc.k;
     p.cache.v = kc.v;
     p.cache.slots = reinterpret_cast<const long long*>(kc.slot_mapping);
+    p.cache.indptr = kc.indptr;
+    p.cache.indices = kc.indices;
+    p.cache.last_page_len = kc.last_page_len;
+    p.cache.seq_lens = kc.seq_lens;
+    p.cache.num_indices = kc.num_indices;
+    p.cache.pages = kc.pages;
     p.cache.skipped = kc.skipped;
     p.cache.stride_page = kc.stride_page;
     p.cache.stride_slot = kc.stride_slot;

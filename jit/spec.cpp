@@ -291,10 +291,6 @@ void QkvProjSpec::validate() const {
   check_enum(cache_store, "cache_store");
   if (dtype == DType::f32)
     detail::invalid("spec.dtype (f32) has no tensor-core projection: use bf16 or f16");
-  if (cache != KvCache::none && cache != KvCache::slots)
-    detail::invalid("spec.cache (", to_string(cache),
-                    ") is not available for the projection yet: none or slots (a cache slot per "
-                    "token, vLLM's slot_mapping)");
   if (cache == KvCache::none && cache_store != Store::same)
     detail::invalid("spec.cache_store (", to_string(cache_store),
                     ") needs a KV cache: spec.cache is none");

@@ -27,8 +27,9 @@
 // operand dtype exactly (every e4m3 value is a bf16 and an f16 value); the column's scale
 // multiplies its fp32 sum.
 //
-// KV cache (Cfg::kCache, slots): k after RoPE and v are also stored, rounded once from the same
-// fp32 values (FP8: value · scale, saturating), in the cache row of the token's slot.
+// KV cache (Cfg::kCache: slots, paged or contiguous): k after RoPE and v are also stored, rounded
+// once from the same fp32 values (FP8: value · scale, saturating), in the cache row of the token's
+// slot.
 //
 // RMSNorm: y = rstd(x) · Σ_k bf16(x_k · w_k) W_nk. The weight product is rounded once to the
 // operand dtype (exactly what the float64 reference reproduces), the statistics Σ x² are
@@ -230,21 +231,39 @@ struct ProjKernel {
     if (Cfg::kCache != 0 && r.part > 0) append(p, r, token, ya, yb);
   }
 
-  // k (rotated) or v of one token into its cache row (Cfg::kCache: slots). A slot outside the
-  // cache is not written; one past its end is counted once per token (by the thread of k head
-  // 0's first pair).
+  // k (rotated) or v of one token into its cache row (Cfg::kCache). A row outside the cache
+  // (an index read here) is not written and is counted once per token (by the thread of k head
+  // 0's first pair); a negative slot is padding: not written, not counted.
   static __device__ __forceinline__ void append(const ProjParams& p, const Pair& r, long long token,
                                                 float ya, float yb) {
     const ProjCache& c = p.cache;
-    const long long slot = __ldg(c.slots + token);
-    if (slot < 0) return;
-    if (slot >= c.slot_count) {
+    long long page = 0, slot = 0;  // slot: the row within the page
+    bool bad = false;
+    if (Cfg::kCache == 3) {  // slots
+      const long long flat = __ldg(c.slots + token);
+      if (flat < 0) return;
+      bad = flat >= c.slot_count;
+      page = flat / c.page_size;
+      slot = flat - page * c.page_size;
+    } else if (Cfg::kCache == 2) {  // paged: the sequence's last page, after the append
+      const long long first = __ldg(c.indptr + token), end = __ldg(c.indptr + token + 1);
+      const long long last = __ldg(c.last_page_len + token);
+      bad = end <= first || first < 0 || end > c.num_indices || last < 1 || last > c.page_size;
+      if (!bad) {
+        page = __ldg(c.indices + end - 1);
+        bad = page < 0 || page >= c.pages;
+      }
+      slot = last - 1;
+    } else {  // contiguous: sequence `token`, after the tokens it held
+      page = token;
+      slot = __ldg(c.seq_lens + token);
+      bad = slot < 0 || slot >= c.page_size;
+    }
+    if (bad) {
       if (c.skipped && r.part == 1 && r.head == 0 && r.a == 0) atomicAdd(c.skipped, 1);
       return;
     }
-    const long long page = slot / c.page_size;
-    const long long at =
-        page * c.stride_page + (slot - page * c.page_size) * c.stride_slot + r.head * c.stride_head;
+    const long long at = page * c.stride_page + slot * c.stride_slot + r.head * c.stride_head;
     if (Cfg::kCacheE4m3) {
       const float scale = r.part == 1 ? c.k_scale : c.v_scale;
       unsigned char* row = static_cast<unsigned char*>(r.part == 1 ? c.k : c.v) + at;

@@ -13,13 +13,21 @@ struct ProjOutput {
   int pad_;
 };
 
-// The KV cache k and v are appended to (Cfg::kCache): row slots[token] of the cache, at page
-// slot / page_size, row slot % page_size; element offsets from k / v.
+// The KV cache k and v are appended to (Cfg::kCache); element offsets from k / v. slots: row
+// slots[token] (page slot / page_size, row slot % page_size); paged: the last page of sequence
+// `token` (indices[indptr[token + 1] - 1]), row last_page_len[token] - 1; contiguous: page
+// `token`, row seq_lens[token].
 struct ProjCache {
   void* k;
   void* v;
   const long long* slots;  // per token; negative: not written; >= slot_count: counted, skipped
-  int* skipped;            // optional counter of out-of-range slots
+  const int* indptr;
+  const int* indices;
+  const int* last_page_len;
+  const int* seq_lens;
+  int* skipped;  // optional counter of tokens whose row falls outside the cache
+  long long num_indices;
+  long long pages;
   long long stride_page;
   long long stride_slot;
   long long stride_head;

@@ -272,11 +272,12 @@ TEST_SUITE("gpu") {
         }
   }
 
-  TEST_CASE("projection with a KV cache (slots): k and v appended, every other byte untouched") {
-    // k (rotated) and v into the cache rows of each token's slot, in the dtype or e4m3, against
-    // the float64 reference; padded slots (-1) and slots past the cache not written, the latter
-    // counted; every cache byte outside the tokens' rows (gaps, other slots, the guard) still
-    // poisoned; with cache_only the k and v outputs untouched too.
+  TEST_CASE("projection with a KV cache (slots, paged, contiguous): every other byte untouched") {
+    // k (rotated) and v into each token's cache row, in the dtype or e4m3, against the float64
+    // reference; padded slots (-1) not written; rows outside the cache (a slot past the end, a
+    // bad last_page_len or page number, a full sequence) not written and counted; every cache
+    // byte outside the tokens' rows (gaps, other rows, the guard) still poisoned; with
+    // cache_only the k and v outputs untouched too.
     testing::use_primary_context();
     const int32_t dims[][2] = {{128, 128}, {64, 32}, {80, 80}};
     const int64_t tokens[] = {1, 7, 16, 40, 64};
@@ -289,10 +290,11 @@ TEST_SUITE("gpu") {
             const Norm norm = n % 3 == 0 ? Norm::none : n % 3 == 1 ? Norm::rms : Norm::rms_one_plus;
             auto [s, z] = matrix_case(n, d, dt, norm, tokens);
             s.weights = w;
-            s.cache = KvCache::slots;
+            const KvCache modes[] = {KvCache::slots, KvCache::paged, KvCache::contiguous};
+            s.cache = modes[n % 3];
             s.cache_store = store;
             z.hidden = n % 2 ? 272 : 512;
-            z.cache_page_size = n % 3 == 0 ? 1 : n % 3 == 1 ? 16 : 5;
+            z.cache_page_size = n % 4 == 0 ? 1 : n % 4 == 1 ? 16 : 5;
             z.cache_slot_gap = n % 4 == 1 ? 16 : 0;
             z.cache_only = n % 5 == 2;
             z.padded_slots = z.tokens > 2 ? 1 + n % 2 : 0;

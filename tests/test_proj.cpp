@@ -114,7 +114,12 @@ TEST_CASE("projection keys: golden strings, canonical form, round trip") {
   CHECK(contains(error_of([&] { s.validate(); }), "spec.cache_store (e4m3dyn) needs each head"));
   s.cache_store = Store::same;
   s.cache = KvCache::paged;
-  CHECK(contains(error_of([&] { s.validate(); }), "spec.cache (paged) is not available"));
+  CHECK(s.key() == "qkvproj_f16_d128_r64_gptj_pos-offset_comp_nrms1p_cpaged");
+  CHECK(parse_qkv_proj_key(s.key()) == s.canonical());
+  s.cache = KvCache::contiguous;
+  CHECK(s.key() == "qkvproj_f16_d128_r64_gptj_pos-offset_comp_nrms1p_ccont");
+  s.cache = KvCache(9);
+  CHECK(contains(error_of([&] { s.validate(); }), "spec.cache (9)"));
   s.cache = KvCache::none;
   s.cache_store = Store::e4m3;
   CHECK(contains(error_of([&] { s.validate(); }), "spec.cache_store (e4m3) needs a KV cache"));
@@ -125,7 +130,7 @@ TEST_CASE("projection keys: golden strings, canonical form, round trip") {
                           "qkvproj_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_nrms_wsame",
                           "qkvproj_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_nrms_e4m3",
                           "qkvproj_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_nrms_cslots_we4m3",
-                          "qkvproj_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_nrms_cpaged",
+                          "qkvproj_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_nrms_cpages",
                           "qkvproj_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_nrms_cslots-same",
                           "qkvproj_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_nrms_cslots-e4m3-x",
                           "qkvproj_bf16_d128_r128_neox_pos-offset-i64_comp_nrms",  // not canonical
@@ -305,6 +310,68 @@ TEST_CASE("projection calls: every bad argument is named, a good one passes") {
     const std::string why = f.check();
     CHECK_MESSAGE(contains(why, b.expect), std::string(b.expect), " -> '", why, "'");
   }
+  // Paged (each token the newest of its sequence) and contiguous addressing.
+  auto paged = [&](Fake& f) {
+    cached(f);
+    f.spec.cache = KvCache::paged;
+    f.args.cache.slot_mapping = nullptr;
+    f.args.cache.indptr = reinterpret_cast<const int32_t*>(0xb1000000);
+    f.args.cache.indices = reinterpret_cast<const int32_t*>(0xb2000000);
+    f.args.cache.last_page_len = reinterpret_cast<const int32_t*>(0xb3000000);
+    f.args.cache.num_indices = 8;
+  };
+  auto contiguous = [&](Fake& f) {
+    cached(f);
+    f.spec.cache = KvCache::contiguous;
+    f.args.cache.slot_mapping = nullptr;
+    f.args.cache.seq_lens = reinterpret_cast<const int32_t*>(0xb4000000);
+  };
+  {
+    Fake f;
+    paged(f);
+    CHECK(f.check().empty());
+    f = Fake{};
+    contiguous(f);
+    CHECK(f.check().empty());
+  }
+  const std::vector<std::pair<std::string, std::function<void(Fake&)>>> addressing = {
+      {"args.cache.indptr is null but spec.cache is paged",
+       [&](Fake& f) {
+         paged(f);
+         f.args.cache.indptr = nullptr;
+       }},
+      {"args.cache.last_page_len (0xb3000002) is not aligned",
+       [&](Fake& f) {
+         paged(f);
+         f.args.cache.last_page_len = reinterpret_cast<const int32_t*>(0xb3000002);
+       }},
+      {"args.cache.num_indices (-1)",
+       [&](Fake& f) {
+         paged(f);
+         f.args.cache.num_indices = -1;
+       }},
+      {"args.q and args.cache.indices overlap",
+       [&](Fake& f) {
+         paged(f);
+         f.args.cache.indices = static_cast<const int32_t*>(f.args.q.data);
+       }},
+      {"args.cache.seq_lens is null but spec.cache is cont",
+       [&](Fake& f) {
+         contiguous(f);
+         f.args.cache.seq_lens = nullptr;
+       }},
+      {"args.cache.pages (2) holds fewer sequences than args.tokens (4)",
+       [&](Fake& f) {
+         contiguous(f);
+         f.args.cache.pages = 2;
+       }},
+  };
+  for (const auto& [expect, edit] : addressing) {
+    Fake f;
+    edit(f);
+    const std::string why = f.check();
+    CHECK_MESSAGE(contains(why, expect), expect, " -> '", why, "'");
+  }
   // Without a norm its weight may be anything.
   Fake f;
   f.spec.norm = Norm::none;
@@ -419,7 +486,10 @@ TEST_CASE("projection keys compile for sm_80 and sm_90 (every default variant)")
     s.norm = r.norm;
     const size_t row = size_t(&r - rows.data());
     if (row == 1 || row == 2) s.weights = Weights::e4m3;  // FP8 weights in both dtypes
-    if (row == 2 || row == 3) s.cache = KvCache::slots;   // a KV cache, FP8 in one
+    // A KV cache in each addressing, FP8 in one.
+    if (row == 2) s.cache = KvCache::slots;
+    if (row == 3) s.cache = KvCache::paged;
+    if (row == 4) s.cache = KvCache::contiguous;
     if (row == 3) s.cache_store = Store::e4m3;
     for (const char* arch : {"sm_80", "sm_90"}) {
       std::vector<std::string> paths;

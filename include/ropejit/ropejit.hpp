@@ -313,10 +313,14 @@ struct QkvProjSpec {
   // the fp32 sums.
   Norm norm = Norm::rms;
   Weights weights = Weights::same;
-  // k and v also appended to a KV cache (QkvProjArgs::cache): none, or slots (a flat slot per
-  // token, vLLM's slot_mapping: page = slot / page_size, row slot % page_size; a negative slot
-  // is not written), in the activation dtype or e4m3 with a static scale per cache (k and v
-  // rounded once from the fp32 values, value · scale, saturating at ±448).
+  // k and v also appended to a KV cache (QkvProjArgs::cache), in the activation dtype or e4m3
+  // with a static scale per cache (k and v rounded once from the fp32 values, value · scale,
+  // saturating at ±448): none; slots (a flat slot per token, vLLM's slot_mapping: page =
+  // slot / page_size, row slot % page_size; a negative slot is not written); paged or
+  // contiguous, where each token is the newest of its own sequence (a decode step: sequence t
+  // is token t): paged, the last page of the sequence (kv_indices[kv_indptr[t + 1] - 1]) at row
+  // last_page_len[t] - 1, FlashInfer's layout after the append; contiguous, row seq_lens[t]
+  // (the tokens it held before) of sequence t.
   KvCache cache = KvCache::none;
   Store cache_store = Store::same;  // same or e4m3
 
@@ -324,7 +328,7 @@ struct QkvProjSpec {
   void validate() const;
   QkvProjSpec canonical() const;
   // e.g. qkvproj_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_nrms; e4m3 weights append _we4m3,
-  // a cache _cslots (FP8: _cslots-e4m3)
+  // a cache _c<slots|paged|cont> (FP8: _cslots-e4m3)
   std::string key() const;
 
   friend bool operator==(const QkvProjSpec& a, const QkvProjSpec& b);
@@ -372,10 +376,12 @@ struct QkvProjArgs {
   Tensor q;
   Tensor k;
   Tensor v;
-  // spec.cache slots: k (rotated) and v of token t go to row slot_mapping[t] of the cache
-  // (KvCacheArgs: k, v, pages, page_size, the three strides, slot_mapping, k/v_quant_scale for
-  // e4m3, skipped; the paged and contiguous fields are not used). A slot outside [0, pages ·
-  // page_size) is not written: negative ones silently (padding), others counted in `skipped`.
+  // spec.cache: k (rotated) and v of token t go to the cache row its addressing gives
+  // (KvCacheArgs: k, v, pages, page_size, the three strides, k/v_quant_scale for e4m3, skipped;
+  // slots: slot_mapping [tokens]; paged: indptr [tokens + 1], indices [num_indices],
+  // last_page_len [tokens]; contiguous: seq_lens [tokens], pages >= tokens; the dynamic scale
+  // fields are not used). A row outside the cache (read on the device) is not written and is
+  // counted in `skipped`; a negative slot is not written and not counted (padding).
   KvCacheArgs cache;
   int64_t position_offset = 0;         // Positions::offset: position = offset + token index
   const void* position_ids = nullptr;  // Positions::ids: [tokens]

@@ -31,12 +31,15 @@ rounds only ``x * w`` and its outputs.
 rows), or pass ``gate_weight`` and ``up_weight`` ``[intermediate, hidden]`` separately (HF's
 ``gate_proj`` / ``up_proj``).
 
-The KV cache: ``qkv_projection`` can also append k (rotated) and v to a cache through vLLM's
-``slot_mapping`` (int64 ``[tokens]``; token t goes to page ``slot // page_size``, row
-``slot % page_size``; a negative slot is not written, one past the cache is not written and is
-counted in ``skipped``, an int32 tensor of one element), ``k_cache`` and ``v_cache``
-``[pages, page_size, kv_heads, head_dim]`` (vLLM's flash layout) in x's dtype or
-``torch.float8_e4m3fn`` (stored ``value * k_scale`` / ``* v_scale``); ``write_kv=False`` then
+The KV cache: ``qkv_projection`` can also append k (rotated) and v to ``k_cache`` and
+``v_cache`` ``[pages, page_size, kv_heads, head_dim]`` (vLLM's flash layout, FlashInfer's NHD)
+in x's dtype or ``torch.float8_e4m3fn`` (stored ``value * k_scale`` / ``* v_scale``), addressed
+by vLLM's ``slot_mapping`` (int64 ``[tokens]``: page ``slot // page_size``, row
+``slot % page_size``; a negative slot is not written), by FlashInfer's ``kv_indptr``,
+``kv_indices`` and ``kv_last_page_len`` (int32; token t is the newest of sequence t: the
+sequence's last page, row ``kv_last_page_len[t] - 1``), or by ``cache_seqlens`` (int32, the
+tokens sequence t held before; page t of a contiguous cache). A row outside the cache is not
+written and is counted in ``skipped`` (an int32 tensor of one element). ``write_kv=False``
 returns ``(q, None, None)`` and writes k and v only to the cache.
 
 FP8 weights: both calls take ``torch.float8_e4m3fn`` weights with a float32 scale per weight
@@ -128,8 +131,9 @@ def _spec(x, head_dim, rotary_dim, style, positions, index_type, cos, norm):
 def qkv_projection(x, weight, *, q_heads, kv_heads, head_dim=128, rotary_dim=None,
                    norm_weight=None, eps=1e-6, norm="rms", position_ids=None, position_offset=0,
                    cos=None, sin=None, base=10000.0, style="neox", path="auto",
-                   weight_scale=None, k_cache=None, v_cache=None, slot_mapping=None, k_scale=1.0,
-                   v_scale=1.0, skipped=None, write_kv=True):
+                   weight_scale=None, k_cache=None, v_cache=None, slot_mapping=None,
+                   kv_indptr=None, kv_indices=None, kv_last_page_len=None, cache_seqlens=None,
+                   k_scale=1.0, v_scale=1.0, skipped=None, write_kv=True):
     """Returns (q, k, v), new tensors ``[tokens, heads, head_dim]``; see the module docstring.
     ``norm="none"`` skips RMSNorm; ``"rms_one_plus"`` is Gemma's ``(1 + w)``; float8_e4m3fn
     weights take ``weight_scale``, a float32 scale per weight row."""
@@ -184,10 +188,12 @@ def qkv_projection(x, weight, *, q_heads, kv_heads, head_dim=128, rotary_dim=Non
         index_type = "i64" if position_ids.dtype == torch.int64 else "i32"
     spec = _spec(x, head_dim, rotary_dim, style, positions, index_type, cos, norm)
     spec.weights = _capi.WEIGHTS[weights]
-    cache = _cache(x, kv_heads, head_dim, k_cache, v_cache, slot_mapping, k_scale, v_scale,
+    addressing = {"slots": (slot_mapping,), "paged": (kv_indptr, kv_indices, kv_last_page_len),
+                  "contiguous": (cache_seqlens,)}
+    cache = _cache(x, kv_heads, head_dim, k_cache, v_cache, addressing, k_scale, v_scale,
                    skipped, write_kv)
     if cache is not None:
-        spec.cache, spec.cache_store = _capi.KV_CACHES["slots"], cache[1]
+        spec.cache, spec.cache_store = _capi.KV_CACHES[cache[2]], cache[1]
     tokens = x.shape[0]
     out = torch.empty(tokens, q_heads + (2 * kv_heads if write_kv else 0), head_dim,
                       dtype=x.dtype, device=x.device)
@@ -245,18 +251,25 @@ def qkv_projection(x, weight, *, q_heads, kv_heads, head_dim=128, rotary_dim=Non
     return q, k, v
 
 
-def _cache(x, kv_heads, head_dim, k_cache, v_cache, slot_mapping, k_scale, v_scale, skipped,
+def _cache(x, kv_heads, head_dim, k_cache, v_cache, addressing, k_scale, v_scale, skipped,
            write_kv):
-    """(ropejit_kv_cache, cache_store code) for the projection's slots cache, or None."""
+    """(ropejit_kv_cache, cache_store code, mode) for the projection's KV cache, or None.
+    `addressing` maps each mode to its tensors (slot_mapping; kv_indptr, kv_indices,
+    kv_last_page_len; cache_seqlens)."""
     import torch
+    given = [mode for mode, ts in addressing.items() if any(t is not None for t in ts)]
     if k_cache is None:
-        if v_cache is not None or slot_mapping is not None or skipped is not None:
-            _fail("v_cache, slot_mapping and skipped go with k_cache")
+        if v_cache is not None or given or skipped is not None:
+            _fail("v_cache, the cache's addressing and skipped go with k_cache")
         if not write_kv:
             _fail("write_kv=False writes k and v only to the KV cache, but k_cache is not given")
         return None
-    if v_cache is None or slot_mapping is None:
-        _fail("k_cache needs v_cache and slot_mapping (the projection appends k and v)")
+    if v_cache is None:
+        _fail("k_cache needs v_cache (the projection appends k and v)")
+    if len(given) != 1 or any(t is None for t in addressing[given[0]]):
+        _fail("k_cache needs one addressing: slot_mapping (slots), kv_indptr + kv_indices + "
+              "kv_last_page_len (paged) or cache_seqlens (contiguous)")
+    mode = given[0]
     fp8 = getattr(torch, "float8_e4m3fn", None)
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(t, torch.Tensor) or t.device != x.device:
@@ -270,10 +283,17 @@ def _cache(x, kv_heads, head_dim, k_cache, v_cache, slot_mapping, k_scale, v_sca
     if (k_cache.dtype, tuple(k_cache.shape), k_cache.stride()) != \
             (v_cache.dtype, tuple(v_cache.shape), v_cache.stride()):
         _fail("k_cache and v_cache must have one dtype, shape and strides")
-    if (not isinstance(slot_mapping, torch.Tensor) or slot_mapping.dtype != torch.int64
-            or slot_mapping.device != x.device or not slot_mapping.is_contiguous()
-            or slot_mapping.numel() != x.shape[0]):
-        _fail(f"slot_mapping must be a contiguous int64 [{x.shape[0]}] tensor on x's device")
+    tokens = x.shape[0]
+    names = {"slots": (("slot_mapping", torch.int64, tokens),),
+             "paged": (("kv_indptr", torch.int32, tokens + 1), ("kv_indices", torch.int32, None),
+                       ("kv_last_page_len", torch.int32, tokens)),
+             "contiguous": (("cache_seqlens", torch.int32, tokens),)}[mode]
+    for (name, dtype, count), t in zip(names, addressing[mode]):
+        if (not isinstance(t, torch.Tensor) or t.dtype != dtype or t.device != x.device
+                or not t.is_contiguous() or t.dim() != 1
+                or (count is not None and t.numel() != count)):
+            _fail(f"{name} must be a contiguous 1-d {dtype} tensor"
+                  f"{'' if count is None else f' of {count} entries'} on x's device")
     if skipped is not None and (not isinstance(skipped, torch.Tensor) or skipped.dtype !=
                                 torch.int32 or skipped.numel() != 1 or skipped.device != x.device):
         _fail("skipped must be an int32 tensor of one element on x's device")
@@ -281,11 +301,19 @@ def _cache(x, kv_heads, head_dim, k_cache, v_cache, slot_mapping, k_scale, v_sca
     c.k, c.v = k_cache.data_ptr(), v_cache.data_ptr()
     c.pages, c.page_size = k_cache.shape[0], k_cache.shape[1]
     c.stride_page, c.stride_slot, c.stride_head = k_cache.stride()[:3]
-    c.slot_mapping = slot_mapping.data_ptr()
+    if mode == "slots":
+        c.slot_mapping = addressing[mode][0].data_ptr()
+    elif mode == "paged":
+        indptr, indices, last = addressing[mode]
+        c.indptr, c.indices, c.last_page_len = indptr.data_ptr(), indices.data_ptr(), \
+            last.data_ptr()
+        c.num_indices = indices.numel()
+    else:
+        c.seq_lens = addressing[mode][0].data_ptr()
     c.k_quant_scale, c.v_quant_scale = k_scale, v_scale
     if skipped is not None:
         c.skipped = skipped.data_ptr()
-    return c, _capi.STORES["e4m3" if k_cache.dtype == fp8 else "same"]
+    return c, _capi.STORES["e4m3" if k_cache.dtype == fp8 else "same"], mode
 
 
 def qkv_projection_key(dtype="bf16", head_dim=128, rotary_dim=None, style="neox",

@@ -370,58 +370,85 @@ def test_qkv_projection_e4m3_weights_against_float64(tokens, norm, style):
                               weight_scale=scale, path="unfused")
 
 
-@pytest.mark.parametrize("tokens,fp8,write_kv", [(1, False, True), (9, True, True),
-                                                 (33, False, False), (64, True, False)])
-def test_qkv_projection_appends_to_a_slots_cache(tokens, fp8, write_kv):
-    """k and v into vLLM's [pages, page_size, kv_heads, head_dim] cache at slot_mapping: the
-    same bits as the k/v outputs (the same fp32 values rounded once; FP8: within one e4m3 step
-    of the scaled output), padded slots (-1) untouched, a slot past the cache counted."""
+@pytest.mark.parametrize("tokens,fp8,write_kv,mode", [
+    (1, False, True, "slots"), (9, True, True, "slots"), (33, False, False, "slots"),
+    (64, True, False, "slots"), (5, False, True, "paged"), (40, True, False, "paged"),
+    (3, True, True, "contiguous"), (17, False, False, "contiguous")])
+def test_qkv_projection_appends_to_a_kv_cache(tokens, fp8, write_kv, mode):
+    """k and v into a [pages, page_size, kv_heads, head_dim] cache (vLLM's slot_mapping,
+    FlashInfer's paged indices with each token the newest of its sequence, or a contiguous cache
+    by sequence length): the same bits as the k/v outputs (the same fp32 values rounded once;
+    FP8: within one e4m3 step of the scaled output), other rows untouched, a row outside the
+    cache counted in skipped."""
     from ropejit import decode
     torch.manual_seed(300 + tokens)
-    hidden, qh, kvh, d, pages, page_size = 512, 4, 2, 64, 8, 16
+    hidden, qh, kvh, d, page_size = 512, 4, 2, 64, 16
+    pages = max(8, 2 * tokens + 2) if mode != "contiguous" else tokens + 1
     x = (torch.rand(tokens, hidden, device="cuda") * 4 - 2).bfloat16()
     w = ((torch.rand((qh + 2 * kvh) * d, hidden, device="cuda") * 2 - 1) * (3 / hidden) ** 0.5)
     w = w.bfloat16()
     nw = (torch.rand(hidden, device="cuda") + 0.5).bfloat16()
     ids = torch.randint(0, 4096, (tokens,), device="cuda")
-    slots = torch.randperm(pages * page_size, device="cuda")[:tokens].clone()
-    if tokens > 2:
-        slots[1] = -1                    # padding: not written
-        slots[2] = pages * page_size + 5  # past the cache: not written, counted
+    dest = []  # (page, row) per token, None where nothing is written
+    bad = 2 if tokens > 2 else -1
+    if mode == "slots":
+        slots = torch.randperm(pages * page_size, device="cuda")[:tokens].clone()
+        if tokens > 2:
+            slots[1] = -1                   # padding: not written, not counted
+            slots[bad] = pages * page_size + 5
+        dest = [None if not 0 <= int(v) < pages * page_size else divmod(int(v), page_size)
+                for v in slots]
+        addressing = dict(slot_mapping=slots)
+    elif mode == "paged":
+        perm = torch.randperm(pages).tolist()
+        indptr, indices, last = [0], [], []
+        for t in range(tokens):
+            indices += perm[2 * t:2 * t + 1 + t % 2]
+            indptr.append(len(indices))
+            last.append(1 + (7 * t) % page_size)
+            dest.append((indices[-1], last[-1] - 1))
+        if tokens > 2:
+            last[bad] = 0
+            dest[bad] = None
+        addressing = dict(kv_indptr=torch.tensor(indptr, dtype=torch.int32, device="cuda"),
+                          kv_indices=torch.tensor(indices, dtype=torch.int32, device="cuda"),
+                          kv_last_page_len=torch.tensor(last, dtype=torch.int32, device="cuda"))
+    else:
+        held = [(5 * t) % page_size for t in range(tokens)]
+        dest = [(t, held[t]) for t in range(tokens)]
+        if tokens > 2:
+            held[bad] = page_size  # full: not written, counted
+            dest[bad] = None
+        addressing = dict(cache_seqlens=torch.tensor(held, dtype=torch.int32, device="cuda"))
     cache_dtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
     k_cache = torch.full((pages, page_size, kvh, d), -3.0, device="cuda").to(cache_dtype)
     v_cache = k_cache.clone()
     skipped = torch.zeros(1, dtype=torch.int32, device="cuda")
     k_scale, v_scale = (4.0, 8.0) if fp8 else (1.0, 1.0)
-    q, k, v = decode.qkv_projection(x, w, q_heads=qh, kv_heads=kvh, head_dim=d, norm_weight=nw,
-                                    position_ids=ids, k_cache=k_cache, v_cache=v_cache,
-                                    slot_mapping=slots, k_scale=k_scale, v_scale=v_scale,
-                                    skipped=skipped, write_kv=True)
-    q2, k2, v2 = decode.qkv_projection(x, w, q_heads=qh, kv_heads=kvh, head_dim=d, norm_weight=nw,
-                                       position_ids=ids, k_cache=k_cache, v_cache=v_cache,
-                                       slot_mapping=slots, k_scale=k_scale, v_scale=v_scale,
-                                       write_kv=write_kv)
+    kw = dict(q_heads=qh, kv_heads=kvh, head_dim=d, norm_weight=nw, position_ids=ids,
+              k_cache=k_cache, v_cache=v_cache, k_scale=k_scale, v_scale=v_scale, **addressing)
+    q, k, v = decode.qkv_projection(x, w, skipped=skipped, write_kv=True, **kw)
+    q2, k2, v2 = decode.qkv_projection(x, w, write_kv=write_kv, **kw)
     torch.cuda.synchronize()
     assert torch.equal(q, q2)
     assert (k2 is None and v2 is None) == (not write_kv)
     assert int(skipped.item()) == (1 if tokens > 2 else 0)
-    flat_k = k_cache.view(pages * page_size, kvh, d)
-    flat_v = v_cache.view(pages * page_size, kvh, d)
-    written = torch.zeros(pages * page_size, dtype=torch.bool, device="cuda")
+    written = torch.zeros(pages, page_size, dtype=torch.bool, device="cuda")
     for t in range(tokens):
-        s = int(slots[t])
-        if s < 0 or s >= pages * page_size:
+        if dest[t] is None:
             continue
-        written[s] = True
-        for got, want, scale in ((flat_k[s], k[t], k_scale), (flat_v[s], v[t], v_scale)):
+        page, row = dest[t]
+        written[page, row] = True
+        for got, want, scale in ((k_cache[page, row], k[t], k_scale),
+                                 (v_cache[page, row], v[t], v_scale)):
             if fp8:
-                ref = (want.float() * scale)
+                ref = want.float() * scale
                 err = (got.float() - ref).abs()
                 assert torch.all(err <= ref.abs() * 2 ** -3 + 2 ** -9), float(err.max())
             else:
                 assert torch.equal(got, want)
-    untouched = flat_k[~written].float()
-    assert torch.all(untouched == -3.0) and torch.all(flat_v[~written].float() == -3.0)
+    assert torch.all(k_cache[~written].float() == -3.0)
+    assert torch.all(v_cache[~written].float() == -3.0)
 
 
 @pytest.mark.parametrize("tokens,act,merged", [(1, "silu", True), (12, "gelu_tanh", False),

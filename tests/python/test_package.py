@@ -233,8 +233,9 @@ def test_qkv_projection_key_and_errors():
             == "qkvproj_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_nrms_we4m3")
     assert (decode.qkv_projection_key(cache="slots", cache_store="e4m3")
             == "qkvproj_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_nrms_cslots-e4m3")
-    with pytest.raises(ropejit.InvalidArgument, match=r"spec.cache \(paged\) is not available"):
-        decode.qkv_projection_key(cache="paged")
+    assert decode.qkv_projection_key(cache="paged").endswith("_nrms_cpaged")
+    with pytest.raises(ropejit.InvalidArgument, match=r"spec.cache_store \(e4m3dyn\) needs"):
+        decode.qkv_projection_key(cache="paged", cache_store="e4m3_dynamic")
 
 
 def test_ffn_key_and_errors():
