@@ -16,7 +16,6 @@
 namespace ropejit::detail {
 namespace {
 
-constexpr int64_t kMaxHidden = int64_t(1) << 24;
 constexpr int64_t kMaxIntermediate = int64_t(1) << 24;
 constexpr int64_t kMaxGridY = 65535;
 
@@ -34,10 +33,7 @@ FfnShape check_ffn_call(const FfnSpec& c, const FfnArgs& a) {
             "; the FFN's gate/up is for decode-sized calls");
   const bool w8 = c.weights == Weights::e4m3;
   const int64_t welem = w8 ? 1 : elem;
-  const int64_t kmul = w8 ? 16 : 8;  // elements of a lane's 16-byte weight vector
-  if (a.hidden < kmul || a.hidden % kmul != 0 || a.hidden > kMaxHidden)
-    invalid("args.hidden (", a.hidden, ") must be a multiple of ", kmul, " in [", kmul, ", ",
-            kMaxHidden, "] (16-byte vectors", w8 ? " of e4m3 weights" : "", ")");
+  check_hidden(a.hidden, c.weights);
   if (a.intermediate < 1 || a.intermediate > kMaxIntermediate)
     invalid("args.intermediate (", a.intermediate, ") must be in [1, ", kMaxIntermediate, "]");
   s.tokens = a.tokens;

@@ -214,6 +214,14 @@ uint32_t proj_grid_y(const ProjShape& s, const ProjVariant& v) {
   return uint32_t((s.tokens + per_block - 1) / per_block);
 }
 
+void check_hidden(int64_t hidden, Weights weights) {
+  const bool w8 = weights == Weights::e4m3;
+  const int64_t kmul = w8 ? 16 : 8;  // elements of a lane's 16-byte weight vector
+  if (hidden < kmul || hidden % kmul != 0 || hidden > kMaxHidden)
+    invalid("args.hidden (", hidden, ") must be a multiple of ", kmul, " in [", kmul, ", ",
+            kMaxHidden, "] (16-byte vectors", w8 ? " of e4m3 weights" : "", ")");
+}
+
 ProjShape check_proj_call(const QkvProjSpec& c, const QkvProjArgs& a) {
   ProjShape s;
   const int64_t elem = element_bytes(c.dtype);
@@ -224,10 +232,7 @@ ProjShape check_proj_call(const QkvProjSpec& c, const QkvProjArgs& a) {
             "; the fused projection is for decode-sized calls");
   const bool w8 = c.weights == Weights::e4m3;
   const int64_t welem = w8 ? 1 : elem;
-  const int64_t kmul = w8 ? 16 : 8;  // elements of a lane's 16-byte weight vector
-  if (a.hidden < kmul || a.hidden % kmul != 0 || a.hidden > kMaxHidden)
-    invalid("args.hidden (", a.hidden, ") must be a multiple of ", kmul, " in [", kmul, ", ",
-            kMaxHidden, "] (16-byte vectors", w8 ? " of e4m3 weights" : "", ")");
+  check_hidden(a.hidden, c.weights);
   if (a.q_heads < 1 || a.q_heads > kMaxHeads)
     invalid("args.q_heads (", a.q_heads, ") must be in [1, ", kMaxHeads, "]");
   if (a.kv_heads < 1 || a.kv_heads > kMaxHeads)

@@ -40,6 +40,10 @@ struct ProjVariant {
 // with the field's name.
 std::string proj_variant_problem(const ProjVariant& v, bool fp8_weights = false);
 
+// args.hidden of a projection or FFN call: a multiple of a lane's 16-byte weight vector (8
+// elements, 16 with e4m3 weights) up to 2^24; throws naming it otherwise.
+void check_hidden(int64_t hidden, Weights weights);
+
 // Call-checking helpers shared with the FFN (jit/ffn.cpp).
 struct Range {
   const char* name;

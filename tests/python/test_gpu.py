@@ -265,6 +265,37 @@ def test_jax_if_installed():
                                      False))
 
 
+def _fused_projection_want(x, w64, nw, norm, ids, qh, kvh, d, style, tables):
+    """float64 RMSNorm -> projection (weight rows w64, already decoded) -> RoPE as the fused
+    kernel computes it: x * w rounded to bf16 once, rstd on the sums; cos/sin from `tables` (the
+    fp32 values the kernel reads) or computed with base 10000."""
+    tokens = x.shape[0]
+    x64 = x.double()
+    if norm == "none":
+        a = x64
+    else:
+        wf = (1 + nw.float()) if norm == "rms_one_plus" else nw.float()
+        a = (x.float() * wf).bfloat16().double()
+    y = a @ w64.t()
+    if norm != "none":
+        y = y / torch.sqrt((x64 * x64).mean(-1, keepdim=True) + float(torch.tensor(1e-6).float()))
+    y = y.view(tokens, qh + 2 * kvh, d)
+    if tables is None:
+        inv = 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float64, device="cuda") / d)
+        ang = ids.double()[:, None] * inv
+        c, s = ang.cos()[:, None, :], ang.sin()[:, None, :]
+    else:
+        c, s = tables[0].double()[ids][:, None, :], tables[1].double()[ids][:, None, :]
+    rot = y[:, :qh + kvh]
+    if style == "neox":
+        lo, hi = rot[..., :d // 2], rot[..., d // 2:]
+        rot = torch.cat((lo * c - hi * s, hi * c + lo * s), dim=-1)
+    else:
+        ev, od = rot[..., 0::2], rot[..., 1::2]
+        rot = torch.stack((ev * c - od * s, od * c + ev * s), dim=-1).flatten(-2)
+    return torch.cat((rot, y[:, qh + kvh:]), dim=1)
+
+
 @pytest.mark.parametrize("tokens,norm,style,table", [
     (1, "rms", "neox", True), (5, "rms_one_plus", "gptj", False), (16, "none", "neox", True),
     (37, "rms", "gptj", True)])
@@ -286,29 +317,8 @@ def test_qkv_projection_against_float64(tokens, norm, style, table):
                                     norm=norm, position_ids=ids,
                                     cos=cos if table else None, sin=sin if table else None,
                                     style=style, path="fused")
-    x64 = x.double()
-    if norm == "none":
-        a = x64
-    else:
-        wf = (1 + nw.float()) if norm == "rms_one_plus" else nw.float()
-        a = (x.float() * wf).bfloat16().double()
-    y = a @ w.double().t()
-    if norm != "none":
-        y = y / torch.sqrt((x64 * x64).mean(-1, keepdim=True) + float(torch.tensor(1e-6).float()))
-    y = y.view(tokens, qh + 2 * kvh, d)
-    inv = 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float64, device="cuda") / d)
-    ang = ids.double()[:, None] * inv
-    c, s = ang.cos()[:, None, :], ang.sin()[:, None, :]
-    if table:  # the fp32 table values the kernel reads
-        c, s = cos.double()[ids][:, None, :], sin.double()[ids][:, None, :]
-    rot = y[:, :qh + kvh]
-    if style == "neox":
-        lo, hi = rot[..., :d // 2], rot[..., d // 2:]
-        rot = torch.cat((lo * c - hi * s, hi * c + lo * s), dim=-1)
-    else:
-        ev, od = rot[..., 0::2], rot[..., 1::2]
-        rot = torch.stack((ev * c - od * s, od * c + ev * s), dim=-1).flatten(-2)
-    want = torch.cat((rot, y[:, qh + kvh:]), dim=1)
+    want = _fused_projection_want(x, w.double(), nw, norm, ids, qh, kvh, d, style,
+                                  (cos, sin) if table else None)
     got = torch.cat((q, k, v), dim=1).double()
     err = (got - want).abs()
     assert torch.all(err <= 2 ** -7 * want.abs() + 1e-3), float((err - 2 ** -7 * want.abs()).max())
@@ -332,27 +342,8 @@ def test_qkv_projection_e4m3_weights_against_float64(tokens, norm, style):
     q, k, v = decode.qkv_projection(x, w8, q_heads=qh, kv_heads=kvh, head_dim=d,
                                     norm_weight=None if norm == "none" else nw, norm=norm,
                                     position_ids=ids, style=style, weight_scale=scale)
-    x64 = x.double()
-    if norm == "none":
-        a = x64
-    else:
-        wf = (1 + nw.float()) if norm == "rms_one_plus" else nw.float()
-        a = (x.float() * wf).bfloat16().double()
-    y = (a @ w8.double().t()) * scale.double()
-    if norm != "none":
-        y = y / torch.sqrt((x64 * x64).mean(-1, keepdim=True) + float(torch.tensor(1e-6).float()))
-    y = y.view(tokens, qh + 2 * kvh, d)
-    inv = 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float64, device="cuda") / d)
-    ang = ids.double()[:, None] * inv
-    c, s = ang.cos()[:, None, :], ang.sin()[:, None, :]
-    rot = y[:, :qh + kvh]
-    if style == "neox":
-        lo, hi = rot[..., :d // 2], rot[..., d // 2:]
-        rot = torch.cat((lo * c - hi * s, hi * c + lo * s), dim=-1)
-    else:
-        ev, od = rot[..., 0::2], rot[..., 1::2]
-        rot = torch.stack((ev * c - od * s, od * c + ev * s), dim=-1).flatten(-2)
-    want = torch.cat((rot, y[:, qh + kvh:]), dim=1)
+    want = _fused_projection_want(x, w8.double() * scale.double()[:, None], nw, norm, ids, qh,
+                                  kvh, d, style, None)
     got = torch.cat((q, k, v), dim=1).double()
     err = (got - want).abs()
     assert torch.all(err <= 2 ** -7 * want.abs() + 1e-3), float((err - 2 ** -7 * want.abs()).max())
