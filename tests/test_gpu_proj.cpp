@@ -64,6 +64,24 @@ MatrixCase matrix_case(int n, const int32_t (&d)[2], DType dt, Norm norm,
   return m;
 }
 
+// The library's call (and, when `fused_only`, the check that it takes the fused path), then
+// another split of the hidden dimension and unroll of the same key on the same problem, each
+// checked against float64.
+void check_call_and_variant(autotune::ProjProblem& p, const QkvProjSpec& s, int32_t splits,
+                            int32_t unroll, bool fused_only, const std::string& what) {
+  p.upload();
+  if (fused_only) CHECK(qkv_projection_path(s, p.args()) == ProjPath::fused);
+  qkv_projection(s, p.args());
+  expect_ok(p, what);
+  const QkvProjSpec c = s.canonical();
+  const detail::ProjShape shape = detail::check_proj_call(c, p.args());
+  const int32_t tiles = detail::proj_token_tiles(p.sizes().tokens);
+  const detail::ProjVariant other{tiles, splits, tiles <= 4 ? unroll : 1};
+  p.upload();
+  api::engine().launch_proj(c, p.args(), shape, &other);
+  expect_ok(p, what + " " + other.name());
+}
+
 }  // namespace
 
 TEST_SUITE("gpu") {
@@ -226,17 +244,8 @@ TEST_SUITE("gpu") {
           z.bad_positions = pos == Positions::ids && fr == Freqs::table ? 2 : 0;  // both sides
           z.seed = uint64_t(1000 + n);
           autotune::ProjProblem p(s, z);
-          p.upload();
-          qkv_projection(s, p.args());
-          expect_ok(p, s.key() + " tokens " + std::to_string(z.tokens));
-          // Another split of the hidden dimension and unroll on the same problem.
-          const QkvProjSpec c = s.canonical();
-          const detail::ProjShape shape = detail::check_proj_call(c, p.args());
-          const int32_t tiles = detail::proj_token_tiles(z.tokens);
-          const detail::ProjVariant other{tiles, 2 + n % 3, tiles <= 4 ? 1 + n % 2 : 1};
-          p.upload();
-          api::engine().launch_proj(c, p.args(), shape, &other);
-          expect_ok(p, s.key() + " " + other.name() + " tokens " + std::to_string(z.tokens));
+          check_call_and_variant(p, s, 2 + n % 3, 1 + n % 2, false,
+                                 s.key() + " tokens " + std::to_string(z.tokens));
         }
   }
 
@@ -258,17 +267,8 @@ TEST_SUITE("gpu") {
           z.weight_gap = n % 6 == 4 ? 16 : 0;
           z.seed = uint64_t(3000 + n);
           autotune::ProjProblem p(s, z);
-          p.upload();
-          CHECK(qkv_projection_path(s, p.args()) == ProjPath::fused);
-          qkv_projection(s, p.args());
-          expect_ok(p, s.key() + " tokens " + std::to_string(z.tokens));
-          const QkvProjSpec c = s.canonical();
-          const detail::ProjShape shape = detail::check_proj_call(c, p.args());
-          const int32_t tiles = detail::proj_token_tiles(z.tokens);
-          const detail::ProjVariant other{tiles, 2 + n % 3, tiles <= 4 ? 1 + n % 2 : 1};
-          p.upload();
-          api::engine().launch_proj(c, p.args(), shape, &other);
-          expect_ok(p, s.key() + " " + other.name() + " tokens " + std::to_string(z.tokens));
+          check_call_and_variant(p, s, 2 + n % 3, 1 + n % 2, true,
+                                 s.key() + " tokens " + std::to_string(z.tokens));
         }
   }
 
@@ -291,7 +291,7 @@ TEST_SUITE("gpu") {
             auto [s, z] = matrix_case(n, d, dt, norm, tokens);
             s.weights = w;
             const KvCache modes[] = {KvCache::slots, KvCache::paged, KvCache::contiguous};
-            s.cache = modes[n % 3];
+            s.cache = modes[(n / 2) % 3];  // against the norm (n % 3)
             s.cache_store = store;
             z.hidden = n % 2 ? 272 : 512;
             z.cache_page_size = n % 4 == 0 ? 1 : n % 4 == 1 ? 16 : 5;
@@ -301,20 +301,10 @@ TEST_SUITE("gpu") {
             z.bad_slots = z.tokens > 4 ? 1 + n % 3 : 0;
             z.seed = uint64_t(7000 + n);
             autotune::ProjProblem p(s, z);
-            p.upload();
-            CHECK(qkv_projection_path(s, p.args()) == ProjPath::fused);
-            qkv_projection(s, p.args());
-            const std::string what = s.key() + " tokens " + std::to_string(z.tokens) + " page " +
-                                     std::to_string(z.cache_page_size) +
-                                     (z.cache_only ? " cache only" : "");
-            expect_ok(p, what);
-            const QkvProjSpec c = s.canonical();
-            const detail::ProjShape shape = detail::check_proj_call(c, p.args());
-            const int32_t tiles = detail::proj_token_tiles(z.tokens);
-            const detail::ProjVariant other{tiles, 1 + n % 4, tiles <= 4 ? 1 + n % 2 : 1};
-            p.upload();
-            api::engine().launch_proj(c, p.args(), shape, &other);
-            expect_ok(p, what + " " + other.name());
+            check_call_and_variant(p, s, 1 + n % 4, 1 + n % 2, true,
+                                   s.key() + " tokens " + std::to_string(z.tokens) + " page " +
+                                       std::to_string(z.cache_page_size) +
+                                       (z.cache_only ? " cache only" : ""));
           }
   }
 
