@@ -275,8 +275,8 @@ ProjShape check_proj_call(const QkvProjSpec& c, const QkvProjArgs& a) {
                        Dim{ts[i]->stride_head, heads[i], "stride_head"}, Dim{0, 1, "-"}};
     check_strided(names[i], ts[i]->data, dims, c.head_dim, elem, true, &outs[i]);
   }
-  // The KV cache: rows of head_dim at page · stride_page + (slot % page_size) · stride_slot +
-  // head · stride_head, k and v alike.
+  // The KV cache: rows of head_dim at page · stride_page + row · stride_slot + head ·
+  // stride_head, k and v alike (page and row from the addressing, read on the device).
   Operand caches[2];
   if (cached) {
     const KvCacheArgs& kc = a.cache;
