@@ -47,14 +47,15 @@ struct MatrixCase {
   QkvProjSpec spec;
   autotune::ProjSizes sizes;
 };
+template <size_t N>
 MatrixCase matrix_case(int n, const int32_t (&d)[2], DType dt, Norm norm,
-                       const int64_t (&tokens)[5]) {
+                       const int64_t (&tokens)[N]) {
   const Style style = n % 2 ? Style::gptj : Style::neox;
   const Positions pos = (n / 2) % 2 ? Positions::offset : Positions::ids;
   const Freqs fr = (n / 3) % 2 ? Freqs::computed : Freqs::table;
   MatrixCase m{spec_of(dt, d[0], d[1], style, pos, fr, norm), {}};
   autotune::ProjSizes& z = m.sizes;
-  z.tokens = tokens[size_t(n) % 5];
+  z.tokens = tokens[size_t(n) % N];
   z.q_heads = 3 + n % 3;
   z.kv_heads = 1 + n % 2;
   z.packed_out = n % 3 != 1;  // one tensor (one GEMM unfused), or one per output
@@ -213,35 +214,21 @@ TEST_SUITE("gpu") {
     const int32_t dims[][2] = {{128, 128}, {64, 32}, {80, 80}, {96, 64}, {256, 256}, {512, 128}};
     const DType dtypes[] = {DType::bf16, DType::f16};
     const Norm norms[] = {Norm::rms, Norm::none, Norm::rms_one_plus};
-    const Style styles[] = {Style::neox, Style::gptj};
-    const Positions positions[] = {Positions::ids, Positions::offset};
-    const Freqs freqs[] = {Freqs::table, Freqs::computed};
     const int64_t tokens[] = {1, 3, 8, 13, 29, 64, 70};
     int n = 0;
     for (const auto& d : dims)
       for (const DType dt : dtypes)
         for (const Norm norm : norms) {
           ++n;
-          const Style style = styles[n % 2];
-          const Positions pos = positions[(n / 2) % 2];
-          const Freqs fr = freqs[(n / 3) % 2];
-          QkvProjSpec s = spec_of(dt, d[0], d[1], style, pos, fr, norm);
-          if (fr == Freqs::table) {
+          auto [s, z] = matrix_case(n, d, dt, norm, tokens);
+          if (s.freqs == Freqs::table) {
             s.table_dtype = n % 3 == 0 ? DType::bf16 : DType::f32;
             s.table_width = n % 4 == 1 ? TableWidth::full : TableWidth::half;
             s.index_type = n % 5 == 0 ? IndexType::i32 : IndexType::i64;
           }
-          autotune::ProjSizes z;
-          z.tokens = tokens[size_t(n) % 7];
           z.hidden = n % 2 ? 264 : 512;  // 264: the last 32-element chunk is partial
-          z.q_heads = 3 + n % 3;
-          z.kv_heads = 1 + n % 2;
-          z.packed_out = n % 3 != 1;
           z.out_head_gap = n % 4 == 2 ? 8 : 0;
-          z.x_gap = n % 5 == 3 ? 16 : 0;
           z.weight_gap = n % 6 == 4 ? 8 : 0;
-          z.position_offset = pos == Positions::offset ? 17 * n : 0;
-          z.bad_positions = pos == Positions::ids && fr == Freqs::table ? 2 : 0;  // both sides
           z.seed = uint64_t(1000 + n);
           autotune::ProjProblem p(s, z);
           check_call_and_variant(p, s, 2 + n % 3, 1 + n % 2, false,
