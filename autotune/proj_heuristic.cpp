@@ -2,31 +2,38 @@
 // over the whole hidden dimension, so a Llama-3-8B projection (6144 columns) runs 384 blocks,
 // compiled to stay resident together (one wave on 132 SMs). What the H100 measured at that
 // shape, every variant with the call's token tiles (bench/RESULTS.md, "The decode block's QKV
-// projection"): eight warps splitting the hidden dimension beat four and two at 1 and 16
-// tokens (25.8 / 31.2 / 48.1 µs at one token with one chunk per iteration), and one 32-element
-// chunk per iteration (the loads of the next iteration issued before this one's products) beat
-// two and four; at 64 tokens four warps beat eight (58.9 against 70.4 µs): the activations of
-// eight token tiles then need the registers.
+// projection" and "A clean L2"): eight warps splitting the hidden dimension beat four and two
+// at 1 and 16 tokens (23.4 / 29.5 / 44.2 µs at one token with one chunk per iteration, clean
+// L2); at one token two 32-element chunks per iteration beat one (22.3 against 23.4 µs with a
+// clean L2; the same within 0.1 µs after a memset flush), four spill; from two tiles on one
+// chunk is best (the activations take the registers: 25.6 against 50.5 µs at 16 tokens); at
+// 64 tokens four warps beat eight (58.9 against 70.4 µs): the activations of eight token tiles
+// then need the registers. e4m3 weights at one tile already read 64-element chunks (two of them
+// spill), and the FFN keeps one chunk (not measured with two).
 #include "autotune/policy.hpp"
 
 namespace ropejit::autotune {
 namespace {
 
-detail::ProjVariant variant_for_tiles(int32_t tiles) {
+detail::ProjVariant variant_for_tiles(int32_t tiles, int32_t unroll_at_one_tile = 1) {
   detail::ProjVariant v;
   v.token_tiles = tiles;
   v.splits = tiles <= 4 ? 8 : 4;
-  v.unroll = 1;
+  v.unroll = tiles == 1 ? unroll_at_one_tile : 1;
   return v;
+}
+
+// Two chunks per iteration at one token tile, for 16-bit weights.
+int32_t proj_unroll(const QkvProjSpec& canonical) {
+  return canonical.weights == Weights::e4m3 ? 1 : 2;
 }
 
 }  // namespace
 
 detail::ProjVariant proj_heuristic(const QkvProjSpec& canonical, const detail::ProjShape& shape,
                                    const detail::DeviceInfo& device) {
-  (void)canonical;
   (void)device;
-  return variant_for_tiles(detail::proj_token_tiles(shape.tokens));
+  return variant_for_tiles(detail::proj_token_tiles(shape.tokens), proj_unroll(canonical));
 }
 
 // The path by token count. The H100 at Llama-3-8B's projection (bench/RESULTS.md): the fused
@@ -44,10 +51,10 @@ ProjPath proj_heuristic_path(const QkvProjSpec& canonical, const detail::ProjSha
 
 std::vector<detail::ProjVariant> proj_heuristic_variants(const QkvProjSpec& canonical,
                                                          const detail::DeviceInfo& device) {
-  (void)canonical;
   (void)device;
   std::vector<detail::ProjVariant> out;
-  for (const int32_t tiles : {1, 2, 4, 8}) out.push_back(variant_for_tiles(tiles));
+  for (const int32_t tiles : {1, 2, 4, 8})
+    out.push_back(variant_for_tiles(tiles, proj_unroll(canonical)));
   return out;
 }
 

@@ -67,7 +67,9 @@ ProjTuneReport race(Problem& problem, bool checked, CUstream stream, const std::
       detail::fail(ErrorCode::internal, "tuning ", key, ": the ", to_string(path),
                    " path fails the float64 check at ", bucket, " tokens: ", r.first_failure);
   }
-  Timer timer(stream);
+  // A clean L2 before each call (read flush), as in a model's step, where the previous layer's
+  // weights were read: after a memset both paths would also pay for writing dirty lines back.
+  Timer timer(stream, size_t(256) << 20, Flush::read);
   report.fused_us = timer.time(fused, kWarmup, kReps).median_us;
   report.unfused_us = timer.time(unfused, kWarmup, kReps).median_us;
   ProjTuningEntry& e = report.best;

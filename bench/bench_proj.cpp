@@ -1,12 +1,15 @@
 // The decode block's QKV projection (RMSNorm -> QKV GEMM -> RoPE, one kernel) at Llama-3-8B's
 // shape (hidden 4096, 32 q + 8 kv heads of 128: a 6144 x 4096 bf16 weight, 50 MB), against the
 // weight-read floor: the weight's bytes at the bandwidth of a same-run device copy (a copy of
-// 2 x 50 MB, half read and half written, takes twice the floor). L2 flushed before every
-// timed call: the weight is as large as the H100's L2, so repeated calls would otherwise find
-// part of it there.
+// 2 x 50 MB, half read and half written, takes twice the floor), and a read-only pass over the
+// weight's bytes (read_us, x_read). L2 flushed before every timed call by reading a 256 MB
+// buffer (clean lines, as after the previous layer's weights; bench_common.hpp): the weight is
+// as large as the H100's L2, so repeated calls would otherwise find part of it there.
 //   proj/llama3_8b_m<M>: the library's choice for M tokens;
 //   proj_fp8/llama3_8b_m<M>: the same with e4m3 weights and a scale per column (25 MB; the floor
 //   is those bytes); ffn_fp8/m<M> likewise for the FFN's gate/up (117 MB of e4m3 weights);
+//   proj_k[_fp8]/k<K>_m1: one token, the same 6144 output columns over a hidden size K of
+//   1024..16384: the time against the weight's bytes separates a fixed cost from the stream;
 //   proj_cache[_fp8]/llama3_8b_m<M>: bf16 weights, k and v also appended to a KV cache through
 //   slots (bf16, or e4m3 with a static scale);
 //   proj_variants/m<M>/<variant>: every legal kernel variant with the call's token tiles, to
@@ -33,10 +36,10 @@ QkvProjSpec llama_spec() {
   return s;
 }
 
-autotune::ProjSizes llama_sizes(int64_t tokens) {
+autotune::ProjSizes llama_sizes(int64_t tokens, int64_t hidden = 4096) {
   autotune::ProjSizes z;
   z.tokens = tokens;
-  z.hidden = 4096;
+  z.hidden = hidden;
   z.q_heads = 32;
   z.kv_heads = 8;
   z.max_position = 8191;
@@ -45,13 +48,13 @@ autotune::ProjSizes llama_sizes(int64_t tokens) {
 
 void run_proj(benchmark::State& state, int64_t tokens, const detail::ProjVariant* variant,
               Weights weights = Weights::same, KvCache cache = KvCache::none,
-              Store cache_store = Store::same) {
+              Store cache_store = Store::same, int64_t hidden = 4096) {
   QkvProjSpec s = llama_spec();
   s.weights = weights;
   s.cache = cache;
   s.cache_store = cache_store;
   const QkvProjSpec c = s.canonical();
-  autotune::ProjProblem p(s, llama_sizes(tokens));
+  autotune::ProjProblem p(s, llama_sizes(tokens, hidden));
   p.upload();
   const QkvProjArgs args = p.args(g_stream);
   const detail::ProjShape shape = detail::check_proj_call(c, args);
@@ -67,12 +70,9 @@ void run_proj(benchmark::State& state, int64_t tokens, const detail::ProjVariant
     state.SkipWithError(("wrong result: " + r.first_failure).c_str());
     return;
   }
-  time_against_copy(state, 2 * p.weight_bytes(), call);  // copy_us: a copy of 2 x W
-  const double floor_us = state.counters["copy_us"] / 2;
-  state.counters["floor_us"] = floor_us;
-  state.counters["x_floor"] = state.counters["median_us"] / floor_us;
-  state.counters["weight_gbps"] = double(p.weight_bytes()) / state.counters["median_us"] / 1e3;
-  state.counters["pct_copy"] = 100.0 * floor_us / state.counters["median_us"];
+  time_against_copy(state, 2 * p.weight_bytes(), call,
+                    autotune::Flush::read);  // copy_us: a copy of 2 x W
+  report_weight_floor(state, p.weight_bytes());
   state.SetBytesProcessed(int64_t(state.iterations()) * p.bytes_moved());
   state.SetLabel(c.key() + (variant ? " " + variant->name() : std::string(" default")));
 }
@@ -96,10 +96,8 @@ void run_path(benchmark::State& state, int64_t tokens, ProjPath path) {
     }
   }
   const ProjPath taken = path == ProjPath::automatic ? qkv_projection_path(s, args) : path;
-  time_against_copy(state, 2 * p.weight_bytes(), call);
-  const double floor_us = state.counters["copy_us"] / 2;
-  state.counters["floor_us"] = floor_us;
-  state.counters["x_floor"] = state.counters["median_us"] / floor_us;
+  time_against_copy(state, 2 * p.weight_bytes(), call, autotune::Flush::read);
+  report_weight_floor(state, p.weight_bytes());
   state.counters["unfused"] = taken == ProjPath::unfused ? 1 : 0;
   state.counters["tflops"] =
       2.0 * double(tokens) * double(p.weight_bytes() / 2) / state.counters["median_us"] / 1e6;
@@ -136,10 +134,8 @@ void run_ffn_path(benchmark::State& state, int64_t tokens, ProjPath path,
     }
   }
   const ProjPath taken = path == ProjPath::automatic ? ffn_gate_up_path(s, args) : path;
-  time_against_copy(state, 2 * p.weight_bytes(), call);
-  const double floor_us = state.counters["copy_us"] / 2;
-  state.counters["floor_us"] = floor_us;
-  state.counters["x_floor"] = state.counters["median_us"] / floor_us;
+  time_against_copy(state, 2 * p.weight_bytes(), call, autotune::Flush::read);
+  report_weight_floor(state, p.weight_bytes());
   state.counters["unfused"] = taken == ProjPath::unfused ? 1 : 0;
   state.SetBytesProcessed(int64_t(state.iterations()) * p.bytes_moved());
   state.SetLabel(s.key() + " " + to_string(path) + " -> " + to_string(taken) +
@@ -194,6 +190,17 @@ void register_proj_benchmarks() {
           [m, store](benchmark::State& st) {
             run_proj(st, m, nullptr, Weights::same, KvCache::slots, store);
           })
+          ->UseManualTime()
+          ->Iterations(50)
+          ->Unit(benchmark::kMicrosecond);
+  for (const Weights w : {Weights::same, Weights::e4m3})
+    for (const int64_t k : {1024, 2048, 4096, 8192, 16384})
+      benchmark::RegisterBenchmark((std::string(w == Weights::e4m3 ? "proj_k_fp8" : "proj_k") +
+                                    "/k" + std::to_string(k) + "_m1")
+                                       .c_str(),
+                                   [w, k](benchmark::State& st) {
+                                     run_proj(st, 1, nullptr, w, KvCache::none, Store::same, k);
+                                   })
           ->UseManualTime()
           ->Iterations(50)
           ->Unit(benchmark::kMicrosecond);

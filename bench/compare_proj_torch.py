@@ -10,9 +10,13 @@ projection -> SiLU(g) * u.
     floor:   a device copy of 2 x the weight's bytes, halved (the weight read at copy bandwidth).
 
 Each timed call starts with a cold L2 (the 50 MB weight is as large as the H100's L2). Plain
-launches and CUDA-graph replays (one call per graph) are both timed; medians in µs.
+launches and CUDA-graph replays (one call per graph) are both timed; medians in µs. `--flush
+read` (the default, as ropejit_bench's projection and FFN rows) empties the L2 by summing a
+256 MB buffer, which leaves clean lines, as in a model's step after the previous layer's weight
+reads; `--flush write` zeroes it instead, leaving dirty lines that the timed call writes back as
+it evicts them (run ropejit_bench with ROPEJIT_FLUSH=write to match).
 
-    python3 bench/compare_proj_torch.py --out $OUT/proj_torch.json
+    python3 bench/compare_proj_torch.py --out $OUT/proj_torch.json [--flush write]
 """
 
 import argparse
@@ -56,6 +60,7 @@ def ffn(x, norm_w, gate_up, inter):
 
 
 def time_us(fn, flush, reps, graph):
+    """Median µs of `fn` over `reps` calls, each after `flush()`."""
     if graph:
         fn()
         torch.cuda.synchronize()
@@ -67,7 +72,7 @@ def time_us(fn, flush, reps, graph):
         fn()
     samples = []
     for _ in range(reps):
-        flush.zero_()
+        flush()
         start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()
@@ -81,10 +86,13 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=None)
     ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--flush", choices=("write", "read"), default="read",
+                    help="empty the L2 by zeroing a buffer (dirty lines left) or reading it (clean)")
     args = ap.parse_args()
     torch.manual_seed(0)
     dev = "cuda"
-    flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=dev)
+    scratch = torch.zeros(FLUSH_BYTES // 8, dtype=torch.int64, device=dev)
+    flush = scratch.zero_ if args.flush == "write" else scratch.sum
     weight = (torch.rand(COLUMNS, HIDDEN, device=dev) * 2 - 1).mul_((3 / HIDDEN) ** 0.5)
     weight = weight.to(torch.bfloat16)
     norm_w = (1 + 0.5 * (torch.rand(HIDDEN, device=dev) * 2 - 1)).to(torch.bfloat16)
@@ -96,7 +104,7 @@ def main():
     dst = torch.empty_like(src)
     copy_us = time_us(lambda: dst.copy_(src), flush, args.reps, graph=False)
     rows = []
-    print(f"GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; L2 flushed before each")
+    print(f"GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; L2 flushed ({args.flush}) before each")
     print("| M | unfused µs | unfused graph µs | F.linear µs | F.linear graph µs | floor µs |")
     print("|---|---|---|---|---|---|")
     for m in (1, 2, 4, 8, 16, 24, 32, 48, 64, 128, 256, 512, 1024, 2048, 4096):

@@ -155,7 +155,7 @@ RenderedKernel render(const FfnSpec& c, const ProjVariant& v) {
       {"computed", "false"},
       {"table_full", "false"},
       {"threads", std::to_string(v.threads())},
-      {"min_blocks", std::to_string(v.min_blocks(w8))},
+      {"min_blocks", std::to_string(v.min_blocks(w8, true))},
   };
   r.source = substitute_template(embedded_file("proj_entry.cu.in"), vars);
   return r;

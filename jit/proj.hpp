@@ -20,15 +20,23 @@ struct ProjVariant {
   int32_t unroll = 2;       // 32-element chunks per warp per loop iteration: 1, 2 or 4
 
   int32_t threads() const { return 32 * splits; }
-  // Blocks the kernel is compiled to keep resident per SM (__launch_bounds__): 1024 threads'
-  // worth for up to 16 tokens, so that a Llama-sized grid (384 blocks) runs in one wave on
-  // 132 SMs; 512 threads' worth for more tokens, whose activations need the registers.
-  // With e4m3 weights and one token tile a stage holds twice the activations (64-element
-  // chunks): 768 threads' worth (80 registers; 384 blocks still fit one wave on 132 SMs at
-  // three per SM). More tiles read 32-element chunks as 16-bit weights do.
-  int32_t min_blocks(bool fp8_weights = false) const {
+  // Blocks the kernel is compiled to keep resident per SM (__launch_bounds__), in threads'
+  // worth: 1024 for one token tile (64 registers at 8 warps; a Llama-sized grid of 384 blocks
+  // runs in one wave on 132 SMs), 768 with e4m3 weights there (a stage holds 64-element chunks:
+  // 80 registers). Two tiles: 1024, but 768 for the projection with 16-bit weights (its 2-tile
+  // variant spilled at 64 registers). Four and eight tiles: 512, but 384 for eight tiles in the
+  // projection with 16-bit weights (three 4-warp blocks per SM, 168 registers). The exceptions
+  // are what the H100 measured faster (bench/RESULTS.md, "A clean L2"): 25.6 against 26.1 µs at
+  // 16 tokens, 51.0 against 57.3 µs at 64; the FFN (`glu`), whose 1792-block grid runs several
+  // waves, was slower with fewer resident blocks (95.1 against 93.1 µs at 16 tokens).
+  int32_t min_blocks(bool fp8_weights = false, bool glu = false) const {
     const bool wide = fp8_weights && token_tiles == 1;
-    return std::max(1, (token_tiles <= 2 ? (wide ? 768 : 1024) : 512) / threads());
+    const bool proj16 = !fp8_weights && !glu;
+    int32_t worth = token_tiles == 1             ? (wide ? 768 : 1024)
+                    : token_tiles == 2           ? (proj16 ? 768 : 1024)
+                    : token_tiles == 8 && proj16 ? 384
+                                                 : 512;
+    return std::max(1, worth / threads());
   }
   std::string name() const;  // "m2s4u2"
   friend bool operator==(const ProjVariant& a, const ProjVariant& b) {

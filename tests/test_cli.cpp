@@ -195,7 +195,7 @@ TEST_CASE("ropejit tune takes projection keys: the path per token bucket") {
   Run r = run("tune --key " + key + " --heads 32,8 --hidden 4096 --tokens 1,20,64 --dry-run");
   INFO(r.output);
   CHECK(r.status == 0);
-  CHECK(has(r, (key + "  bucket 1  hidden 4096  heads 32/8: fused (m1s8u1) vs unfused").c_str()));
+  CHECK(has(r, (key + "  bucket 1  hidden 4096  heads 32/8: fused (m1s8u2) vs unfused").c_str()));
   CHECK(has(r, (key + "  bucket 32  hidden 4096  heads 32/8: fused (m4s8u1) vs unfused").c_str()));
   CHECK(has(r, (key + "  bucket 64  hidden 4096  heads 32/8: fused (m8s4u1) vs unfused").c_str()));
   r = run("tune --key " + key + " --heads 32,8 --dry-run");

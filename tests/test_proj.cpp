@@ -156,6 +156,14 @@ TEST_CASE("projection variants: names, legality, token tiles") {
   CHECK(contains(detail::proj_variant_problem(ProjVariant{8, 4, 4}, true), "registers"));
   CHECK(ProjVariant{1, 8, 1}.min_blocks(true) == 3);
   CHECK(ProjVariant{2, 8, 1}.min_blocks(true) == 4);
+  // 16-bit weights: three blocks per SM at two and eight tiles in the projection, not the FFN.
+  CHECK(ProjVariant{1, 8, 2}.min_blocks() == 4);
+  CHECK(ProjVariant{2, 8, 1}.min_blocks() == 3);
+  CHECK(ProjVariant{2, 8, 1}.min_blocks(false, true) == 4);
+  CHECK(ProjVariant{4, 8, 1}.min_blocks() == 2);
+  CHECK(ProjVariant{8, 4, 1}.min_blocks() == 3);
+  CHECK(ProjVariant{8, 4, 1}.min_blocks(false, true) == 4);
+  CHECK(ProjVariant{8, 4, 1}.min_blocks(true) == 4);
   CHECK(detail::proj_token_tiles(1) == 1);
   CHECK(detail::proj_token_tiles(8) == 1);
   CHECK(detail::proj_token_tiles(9) == 2);
