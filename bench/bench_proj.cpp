@@ -10,6 +10,9 @@
 //   is those bytes); ffn_fp8/m<M> likewise for the FFN's gate/up (117 MB of e4m3 weights);
 //   proj_k[_fp8]/k<K>_m1: one token, the same 6144 output columns over a hidden size K of
 //   1024..16384: the time against the weight's bytes separates a fixed cost from the stream;
+//   proj_cluster/<shape>_m<M>/<variant>: thread-block clusters splitting the hidden dimension
+//   against the same split without them, at Llama-3-8B and at a tensor-parallel shard of
+//   Llama-3-70B whose 80 column blocks cannot fill the GPU alone;
 //   proj_cache[_fp8]/llama3_8b_m<M>: bf16 weights, k and v also appended to a KV cache through
 //   slots (bf16, or e4m3 with a static scale);
 //   proj_variants/m<M>/<variant>: every legal kernel variant with the call's token tiles, to
@@ -36,25 +39,31 @@ QkvProjSpec llama_spec() {
   return s;
 }
 
-autotune::ProjSizes llama_sizes(int64_t tokens, int64_t hidden = 4096) {
+// A projection's shape: hidden size and head counts (d128).
+struct Shape {
+  int64_t hidden = 4096;
+  int32_t q_heads = 32, kv_heads = 8;
+};
+
+autotune::ProjSizes llama_sizes(int64_t tokens, Shape shape = {}) {
   autotune::ProjSizes z;
   z.tokens = tokens;
-  z.hidden = hidden;
-  z.q_heads = 32;
-  z.kv_heads = 8;
+  z.hidden = shape.hidden;
+  z.q_heads = shape.q_heads;
+  z.kv_heads = shape.kv_heads;
   z.max_position = 8191;
   return z;
 }
 
 void run_proj(benchmark::State& state, int64_t tokens, const detail::ProjVariant* variant,
               Weights weights = Weights::same, KvCache cache = KvCache::none,
-              Store cache_store = Store::same, int64_t hidden = 4096) {
+              Store cache_store = Store::same, Shape dims = {}) {
   QkvProjSpec s = llama_spec();
   s.weights = weights;
   s.cache = cache;
   s.cache_store = cache_store;
   const QkvProjSpec c = s.canonical();
-  autotune::ProjProblem p(s, llama_sizes(tokens, hidden));
+  autotune::ProjProblem p(s, llama_sizes(tokens, dims));
   p.upload();
   const QkvProjArgs args = p.args(g_stream);
   const detail::ProjShape shape = detail::check_proj_call(c, args);
@@ -195,15 +204,45 @@ void register_proj_benchmarks() {
           ->Unit(benchmark::kMicrosecond);
   for (const Weights w : {Weights::same, Weights::e4m3})
     for (const int64_t k : {1024, 2048, 4096, 8192, 16384})
-      benchmark::RegisterBenchmark((std::string(w == Weights::e4m3 ? "proj_k_fp8" : "proj_k") +
-                                    "/k" + std::to_string(k) + "_m1")
-                                       .c_str(),
-                                   [w, k](benchmark::State& st) {
-                                     run_proj(st, 1, nullptr, w, KvCache::none, Store::same, k);
-                                   })
+      benchmark::RegisterBenchmark(
+          (std::string(w == Weights::e4m3 ? "proj_k_fp8" : "proj_k") + "/k" + std::to_string(k) +
+           "_m1")
+              .c_str(),
+          [w, k](benchmark::State& st) {
+            run_proj(st, 1, nullptr, w, KvCache::none, Store::same, Shape{k, 32, 8});
+          })
           ->UseManualTime()
           ->Iterations(50)
           ->Unit(benchmark::kMicrosecond);
+  // Thread-block clusters splitting the hidden dimension (sm_90): Llama-3-8B (384 column
+  // blocks) and one GPU's share of Llama-3-70B at tensor parallelism 8 (hidden 8192, 8 q + 1 kv
+  // heads: 80 column blocks, fewer than the SMs), against the same kernel without clusters.
+  static std::vector<detail::ProjVariant> clustered;
+  for (const int32_t tiles : {1, 2})
+    for (const int32_t splits : {2, 4, 8})
+      for (const int32_t cluster : {1, 2, 4, 8}) {
+        detail::ProjVariant v{tiles, splits, tiles == 1 ? 2 : 1};
+        v.cluster = cluster;
+        if (splits * cluster >= 8 && splits * cluster <= 32) clustered.push_back(v);
+      }
+  const std::pair<const char*, Shape> cluster_shapes[] = {{"l8b", Shape{}},
+                                                          {"l70b_tp8", Shape{8192, 8, 1}}};
+  for (const auto& [name, shape] : cluster_shapes)
+    for (const int64_t m : {1, 16})
+      for (const detail::ProjVariant& v : clustered) {
+        if (v.token_tiles != detail::proj_token_tiles(m)) continue;
+        const detail::ProjVariant* pv = &v;
+        const Shape sh = shape;
+        benchmark::RegisterBenchmark(
+            (std::string("proj_cluster/") + name + "_m" + std::to_string(m) + "/" + v.name())
+                .c_str(),
+            [m, pv, sh](benchmark::State& st) {
+              run_proj(st, m, pv, Weights::same, KvCache::none, Store::same, sh);
+            })
+            ->UseManualTime()
+            ->Iterations(30)
+            ->Unit(benchmark::kMicrosecond);
+      }
   static std::vector<detail::ProjVariant> variants;
   for (const int32_t tiles : {1, 2, 4, 8})
     for (const int32_t splits : {1, 2, 4, 8})

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <future>
@@ -488,8 +489,55 @@ void Engine::launch(const Spec& c, const Args& args, const CallShape& shape,
 // The decode block's QKV projection.
 // ---------------------------------------------------------------------------------------------
 
+namespace {
+
+// The target's compute capability: "sm_90" -> 90, "compute_100" -> 100.
+int target_cc(const std::string& target) {
+  const size_t at = target.find('_');
+  return at == std::string::npos ? 0 : std::atoi(target.c_str() + at + 1);
+}
+
+// A projection or FFN variant whose blocks form clusters needs sm_90; refused by name before
+// anything is compiled for an older target.
+void check_cluster_target(const ProjVariant& v, const std::string& target) {
+  if (v.cluster > 1 && target_cc(target) < 90)
+    invalid("projection variant ", v.name(), ": cluster (", v.cluster,
+            ") needs thread-block clusters, sm_90 or newer (target ", target, ")");
+}
+
+// One launch of a projection or FFN kernel: grid (x, y, cluster), the cluster's blocks along z
+// (rank = blockIdx.z) when the variant has one.
+void launch_proj_kernel(CUfunction fn, const ProjShape& shape, const ProjVariant& v,
+                        CUstream stream, void** kernel_args) {
+  const Driver& d = driver();
+  if (v.cluster <= 1) {
+    check(d.LaunchKernel(fn, proj_grid_x(shape), proj_grid_y(shape, v), 1, unsigned(v.threads()), 1,
+                         1, 0, stream, kernel_args, nullptr),
+          "cuLaunchKernel");
+    return;
+  }
+  CUlaunchAttribute attr{};
+  attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+  attr.value.clusterDim.x = 1;
+  attr.value.clusterDim.y = 1;
+  attr.value.clusterDim.z = unsigned(v.cluster);
+  CUlaunchConfig config{};
+  config.gridDimX = proj_grid_x(shape);
+  config.gridDimY = proj_grid_y(shape, v);
+  config.gridDimZ = unsigned(v.cluster);
+  config.blockDimX = unsigned(v.threads());
+  config.blockDimY = config.blockDimZ = 1;
+  config.hStream = stream;
+  config.attrs = &attr;
+  config.numAttrs = 1;
+  check(d.LaunchKernelEx(&config, fn, kernel_args, nullptr), "cuLaunchKernelEx (cluster)");
+}
+
+}  // namespace
+
 const CacheEntry& Engine::image(const QkvProjSpec& c, const ProjVariant& variant,
                                 const std::string& target, std::string* path) {
+  check_cluster_target(variant, target);
   return image_by(
       c.key() + "__" + variant.name() + "@" + target, target, [&] { return render(c, variant); },
       path);
@@ -725,9 +773,7 @@ void Engine::launch_fused(const LoadedFunction& fn, const ProjVariant& variant,
                           CUstream stream) {
   ropejit_dev::ProjParams params = make_proj_params(c, args, shape);
   void* kernel_args[] = {&params};
-  check(driver().LaunchKernel(fn.fn, proj_grid_x(shape), proj_grid_y(shape, variant), 1,
-                              unsigned(variant.threads()), 1, 1, 0, stream, kernel_args, nullptr),
-        "cuLaunchKernel");
+  launch_proj_kernel(fn.fn, shape, variant, stream, kernel_args);
 }
 
 void Engine::launch_proj_unfused(const QkvProjSpec& c, const QkvProjArgs& args,
@@ -798,6 +844,7 @@ void Engine::launch_proj_unfused(const QkvProjSpec& c, const QkvProjArgs& args,
 
 const CacheEntry& Engine::image(const FfnSpec& c, const ProjVariant& variant,
                                 const std::string& target, std::string* path) {
+  check_cluster_target(variant, target);
   return image_by(
       c.key() + "__" + variant.name() + "@" + target, target, [&] { return render(c, variant); },
       path);
@@ -895,10 +942,7 @@ void Engine::ffn_gate_up(const FfnSpec& spec, const FfnArgs& args) {
     return launch_ffn_unfused(c, args, shape);
   ropejit_dev::ProjParams params = make_ffn_params(c, args, shape);
   void* kernel_args[] = {&params};
-  const ProjShape view = shape.proj();
-  check(d.LaunchKernel(p.fn->fn, proj_grid_x(view), proj_grid_y(view, p.variant), 1,
-                       unsigned(p.variant.threads()), 1, 1, 0, stream, kernel_args, nullptr),
-        "cuLaunchKernel");
+  launch_proj_kernel(p.fn->fn, shape.proj(), p.variant, stream, kernel_args);
 }
 
 ProjPath Engine::ffn_gate_up_path(const FfnSpec& spec, const FfnArgs& args, bool ignore_workspace) {
@@ -943,10 +987,7 @@ void Engine::launch_ffn(const FfnSpec& c, const FfnArgs& args, const FfnShape& s
   }
   ropejit_dev::ProjParams params = make_ffn_params(c, args, shape);
   void* kernel_args[] = {&params};
-  const ProjShape view = shape.proj();
-  check(d.LaunchKernel(fn->fn, proj_grid_x(view), proj_grid_y(view, variant), 1,
-                       unsigned(variant.threads()), 1, 1, 0, stream, kernel_args, nullptr),
-        "cuLaunchKernel");
+  launch_proj_kernel(fn->fn, shape.proj(), variant, stream, kernel_args);
 }
 
 void Engine::launch_ffn_unfused(const FfnSpec& c, const FfnArgs& args, const FfnShape& shape) {

@@ -149,6 +149,7 @@ RenderedKernel render(const FfnSpec& c, const ProjVariant& v) {
       {"token_tiles", std::to_string(v.token_tiles)},
       {"splits", std::to_string(v.splits)},
       {"unroll", std::to_string(v.unroll)},
+      {"cluster", std::to_string(v.cluster)},
       {"neox", "true"},
       {"pos_ids", "false"},
       {"idx64", "false"},

@@ -77,7 +77,10 @@ void check_workspace(const void* workspace, size_t bytes, const Range* others, s
   }
 }
 
-std::string ProjVariant::name() const { return concat('m', token_tiles, 's', splits, 'u', unroll); }
+std::string ProjVariant::name() const {
+  return concat('m', token_tiles, 's', splits, 'u', unroll) +
+         (cluster > 1 ? concat('c', cluster) : std::string());
+}
 
 std::string proj_variant_problem(const ProjVariant& v, bool fp8_weights) {
   if (!power_of_two(v.token_tiles) || v.token_tiles > 8)
@@ -85,6 +88,8 @@ std::string proj_variant_problem(const ProjVariant& v, bool fp8_weights) {
   if (v.splits < 1 || v.splits > 8) return concat("splits (", v.splits, ") must be in [1, 8]");
   if (!power_of_two(v.unroll) || v.unroll > 4)
     return concat("unroll (", v.unroll, ") must be 1, 2 or 4");
+  if (!power_of_two(v.cluster) || v.cluster > 8)
+    return concat("cluster (", v.cluster, ") must be 1, 2, 4 or 8");
   // A stage's activations: token_tiles * unroll vectors of 16 bytes per lane, at most 16
   // (e4m3 weights with one token tile: twice as many, each chunk 64 elements; 8 at most).
   const int32_t vectors = v.token_tiles * v.unroll * (fp8_weights && v.token_tiles == 1 ? 2 : 1);
@@ -457,6 +462,7 @@ RenderedKernel render(const QkvProjSpec& c, const ProjVariant& v) {
       {"token_tiles", std::to_string(v.token_tiles)},
       {"splits", std::to_string(v.splits)},
       {"unroll", std::to_string(v.unroll)},
+      {"cluster", std::to_string(v.cluster)},
       {"neox", flag(c.style == Style::neox)},
       {"pos_ids", flag(c.positions == Positions::ids)},
       {"idx64", flag(c.index_type == IndexType::i64)},

@@ -18,6 +18,11 @@ struct ProjVariant {
   int32_t token_tiles = 1;  // tokens per block, in eights: 1, 2, 4 or 8
   int32_t splits = 4;       // warps per block, each a slice of the hidden dimension: 1..8
   int32_t unroll = 2;       // 32-element chunks per warp per loop iteration: 1, 2 or 4
+  // Blocks of one thread-block cluster splitting the hidden dimension (sm_90+): 1 (none), 2, 4
+  // or 8. Each block sums its slice; the cluster's partial sums meet in distributed shared
+  // memory, added in rank order (deterministic), before the epilogue. For grids too small to
+  // fill the GPU.
+  int32_t cluster = 1;
 
   int32_t threads() const { return 32 * splits; }
   // Blocks the kernel is compiled to keep resident per SM (__launch_bounds__), in threads'
@@ -38,9 +43,10 @@ struct ProjVariant {
                                                  : 512;
     return std::max(1, worth / threads());
   }
-  std::string name() const;  // "m2s4u2"
+  std::string name() const;  // "m2s4u2", "m1s8u2c4"
   friend bool operator==(const ProjVariant& a, const ProjVariant& b) {
-    return a.token_tiles == b.token_tiles && a.splits == b.splits && a.unroll == b.unroll;
+    return a.token_tiles == b.token_tiles && a.splits == b.splits && a.unroll == b.unroll &&
+           a.cluster == b.cluster;
   }
 };
 

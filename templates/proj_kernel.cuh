@@ -119,6 +119,39 @@ __device__ __forceinline__ u32 widen_e4m3_pair(u32 spread) {
   return r;
 }
 
+// Thread-block clusters (sm_90+; Cfg::kCluster > 1): the block's rank in its cluster, a float
+// of another block's shared memory (`local` is this block's copy of the same variable), and a
+// barrier over the cluster that orders shared-memory writes before the reads after it.
+__device__ __forceinline__ int cluster_rank() {
+  unsigned r = 0;
+#if __CUDA_ARCH__ >= 900
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+#endif
+  return int(r);
+}
+
+__device__ __forceinline__ float cluster_load(const float* local, int rank) {
+#if __CUDA_ARCH__ >= 900
+  const unsigned addr = unsigned(__cvta_generic_to_shared(local));
+  unsigned remote;
+  float v;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+  return v;
+#else
+  return rank == 0 ? *local : 0.0f;
+#endif
+}
+
+__device__ __forceinline__ void cluster_sync() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::
+                   : "memory");
+#else
+  __syncthreads();
+#endif
+}
+
 template <class Cfg>
 struct ProjKernel {
   typedef typename Elem<Cfg::kDType>::Raw Raw;
@@ -134,9 +167,11 @@ struct ProjKernel {
     kLaneK = kChunk / 4,                // a lane's consecutive elements in a chunk
     kXv = kLaneK / 8,                   // 16-byte activation vectors per lane per chunk
     kWBytes = Cfg::kW8 ? 1 : int(sizeof(Raw)),
-    kWLoad = kLaneK * kWBytes,  // bytes of a weight row a lane loads per chunk: 16 or 8
-    kStep = kChunk * kUnroll * kSplits,
-    kMine = (kTiles + kSplits - 1) / kSplits  // tiles a warp finishes
+    kWLoad = kLaneK * kWBytes,     // bytes of a weight row a lane loads per chunk: 16 or 8
+    kCluster = Cfg::kCluster,      // blocks of a cluster, each a slice of the hidden dimension
+    kSlices = kSplits * kCluster,  // warps of the cluster, each a slice
+    kStep = kChunk * kUnroll * kSlices,
+    kMine = (kTiles + kSlices - 1) / kSlices  // tiles a warp finishes
   };
 
   // The two output columns of the thread's pair, and where they go.
@@ -348,7 +383,7 @@ struct ProjKernel {
     float scale_a, scale_b;
 
     __device__ __forceinline__ void fetch(const ProjParams& p, const Pair& r, bool live,
-                                          long long first_token, int warp, int t) {
+                                          long long first_token, int finisher, int t) {
       scale_a = scale_b = 1.0f;
       if (Cfg::kW8 && live) {
         scale_a = __ldg(p.w_scale + r.col);
@@ -360,7 +395,7 @@ struct ProjKernel {
         for (int h = 0; h < 2; ++h) {
           c[m][h] = 1.0f;
           s[m][h] = 0.0f;
-          const int i = warp + m * kSplits;
+          const int i = finisher + m * kSlices;
           const long long token = first_token + i * 8 + 2 * t + h;
           if (!Cfg::kGlu && live && r.rotate && i < kTiles && token < p.tokens)
             angle(p, r.j, position(p, token), &c[m][h], &s[m][h]);
@@ -369,7 +404,7 @@ struct ProjKernel {
   };
 
   static __device__ void run(const ProjParams& p) {
-    __shared__ float partial[kSplits > 1 ? kSplits : 1][kTiles][4][32];
+    __shared__ float partial[kSlices > 1 ? kSplits : 1][kTiles][4][32];
     __shared__ float sums[kSplits][kTiles * 8];
     const int lane = int(threadIdx.x) & 31;
     const int warp = int(threadIdx.x) >> 5;
@@ -403,7 +438,10 @@ struct ProjKernel {
     // every warp keeps two iterations of weight loads in flight. The epilogue's inputs are
     // fetched after the loop: fetching them before it (under the weight stream) measured no
     // faster at 1-8 tokens and slower beyond, its registers spilling (bench/RESULTS.md).
-    const long long first = (long long)warp * kChunk * kUnroll;
+    // The warp's slice among the cluster's (one block: kSlices = kSplits, rank 0).
+    const int rank = kCluster > 1 ? cluster_rank() : 0;
+    const int slice = rank * kSplits + warp;  // also the tiles it finishes: slice, + kSlices, ...
+    const long long first = (long long)slice * kChunk * kUnroll;
     Stage cur, next;
     Epilogue ep;
     cur.load(p, wa, wb, xrow, token_in, live, first, t);
@@ -446,7 +484,7 @@ struct ProjKernel {
       }
       cur = next;
     }
-    ep.fetch(p, r, live, first_token, warp, t);
+    ep.fetch(p, r, live, first_token, slice, t);
 
     // Σ x² of token i * 8 + g: the group's four lanes hold disjoint parts of each slice.
     if (Cfg::kNorm != kProjNormNone) {
@@ -458,28 +496,44 @@ struct ProjKernel {
         if (t == 0) sums[warp][i * 8 + g] = s;
       }
     }
-    if (kSplits > 1) {
+    if (kSlices > 1) {
 #pragma unroll
       for (int i = 0; i < kTiles; ++i)
 #pragma unroll
         for (int e = 0; e < 4; ++e) partial[warp][i][e][lane] = acc[i][e];
     }
-    if (kSplits > 1 || Cfg::kNorm != kProjNormNone) __syncthreads();
+    if (kCluster > 1)
+      cluster_sync();  // every block's partial sums visible to the cluster
+    else if (kSplits > 1 || Cfg::kNorm != kProjNormNone)
+      __syncthreads();
+    if (live) finish_tiles(p, r, acc, partial, sums, ep, first_token, slice, lane, t);
+    // A cluster's blocks stay until every finisher has read their shared memory.
+    if (kCluster > 1) cluster_sync();
+  }
 
+  // The epilogue of the tiles this warp finishes (slice, slice + kSlices, ...): the cluster's
+  // sums added in rank and warp order, then norm, scales, RoPE and the stores.
+  static __device__ __forceinline__ void finish_tiles(
+      const ProjParams& p, const Pair& r, const float (&acc)[kTiles][4],
+      float (&partial)[kSlices > 1 ? kSplits : 1][kTiles][4][32],
+      float (&sums)[kSplits][kTiles * 8], const Epilogue& ep, long long first_token, int slice,
+      int lane, int t) {
     // The accumulator fragment: lane (g, t) holds columns (row g, row g + 8) = (a, b) of its
-    // pair for tokens 2t and 2t + 1 of each tile. Warp w finishes tiles w, w + kSplits, ...
+    // pair for tokens 2t and 2t + 1 of each tile. Slice w finishes tiles w, w + kSlices, ...
     // (the loop is unrolled so that acc[] stays in registers)
-    if (!live) return;
 #pragma unroll
     for (int i = 0; i < kTiles; ++i) {
-      if (i % kSplits != warp) continue;
+      if (i % kSlices != slice) continue;
       float c[4];
-      if (kSplits > 1) {
+      if (kSlices > 1) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           float s = 0.0f;
 #pragma unroll
-          for (int w = 0; w < kSplits; ++w) s += partial[w][i][e][lane];
+          for (int b = 0; b < kCluster; ++b)
+#pragma unroll
+            for (int w = 0; w < kSplits; ++w)
+              s += kCluster > 1 ? cluster_load(&partial[w][i][e][lane], b) : partial[w][i][e][lane];
           c[e] = s;
         }
       } else {
@@ -495,12 +549,15 @@ struct ProjKernel {
         if (Cfg::kNorm != kProjNormNone) {
           float s = 0.0f;
 #pragma unroll
-          for (int w = 0; w < kSplits; ++w) s += sums[w][local];
+          for (int b = 0; b < kCluster; ++b)
+#pragma unroll
+            for (int w = 0; w < kSplits; ++w)
+              s += kCluster > 1 ? cluster_load(&sums[w][local], b) : sums[w][local];
           rstd = 1.0f / sqrtf(s / float(p.hidden) + p.norm_eps);
         }
         const float ya = Cfg::kW8 ? c[h] * ep.scale_a : c[h];
         const float yb = Cfg::kW8 ? c[2 + h] * ep.scale_b : c[2 + h];
-        finish(p, r, token, ya, yb, rstd, ep.c[i / kSplits][h], ep.s[i / kSplits][h]);
+        finish(p, r, token, ya, yb, rstd, ep.c[i / kSlices][h], ep.s[i / kSlices][h]);
       }
     }
   }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "api/engine.hpp"
+#include "autotune/ffn_workload.hpp"
 #include "autotune/norm_workload.hpp"
 #include "autotune/numbers.hpp"
 #include "autotune/proj_workload.hpp"
@@ -414,6 +415,63 @@ TEST_SUITE("gpu") {
       p.upload();
       qkv_projection(s, p.args());  // the heuristic's choice
       expect_ok(p, s.key() + " default, tokens " + std::to_string(tokens));
+    }
+  }
+
+  TEST_CASE("projection: thread-block clusters split the hidden dimension (sm_90)") {
+    // Each block of a cluster sums a slice of the hidden dimension; the finisher adds the
+    // cluster's partial sums (and the norm's Σx²) from distributed shared memory. Every
+    // cluster size over dtypes, norms, e4m3 weights, a KV cache, 1-64 tokens and hidden sizes
+    // that leave some slices empty (272) or uneven, against float64.
+    const detail::DeviceInfo& device = api::engine().device_info(testing::use_primary_context());
+    if (device.cc < 90) {
+      MESSAGE("skipped: thread-block clusters need sm_90 (this GPU is sm_", device.cc, ")");
+      return;
+    }
+    const int32_t dims[][2] = {{128, 128}, {64, 32}};
+    const int64_t tokens[] = {1, 9, 16, 40, 64};
+    int n = 0;
+    for (const auto& d : dims)
+      for (const DType dt : {DType::bf16, DType::f16})
+        for (const Weights w : {Weights::same, Weights::e4m3})
+          for (const int32_t cluster : {2, 4, 8}) {
+            ++n;
+            const Norm norm = n % 3 == 0 ? Norm::none : n % 3 == 1 ? Norm::rms : Norm::rms_one_plus;
+            auto [s, z] = matrix_case(n, d, dt, norm, tokens);
+            s.weights = w;
+            if (n % 4 == 2) s.cache = KvCache::slots;
+            z.hidden = n % 3 == 0 ? 272 : n % 3 == 1 ? 1024 : 4096;
+            z.seed = uint64_t(8000 + n);
+            autotune::ProjProblem p(s, z);
+            p.upload();
+            const QkvProjSpec c = s.canonical();
+            const detail::ProjShape shape = detail::check_proj_call(c, p.args());
+            const int32_t tiles = detail::proj_token_tiles(z.tokens);
+            detail::ProjVariant v{tiles, 1 << (n % 4), tiles == 1 ? 1 + n % 2 : 1};
+            v.cluster = cluster;
+            REQUIRE(detail::proj_variant_problem(v, w == Weights::e4m3).empty());
+            api::engine().launch_proj(c, p.args(), shape, &v);
+            expect_ok(p, s.key() + " " + v.name() + " tokens " + std::to_string(z.tokens) +
+                             " hidden " + std::to_string(z.hidden));
+          }
+    // The FFN's gate/up through the same kernel.
+    const FfnSpec fs;
+    for (const int64_t t : {1, 16}) {
+      autotune::FfnSizes fz;
+      fz.tokens = t;
+      fz.hidden = 2048;
+      fz.intermediate = 512;
+      fz.seed = uint64_t(t);
+      autotune::FfnProblem fp(fs, fz);
+      fp.upload();
+      const FfnSpec fc = fs.canonical();
+      const detail::FfnShape fshape = detail::check_ffn_call(fc, fp.args());
+      detail::ProjVariant v{detail::proj_token_tiles(t), 4, 1};
+      v.cluster = 4;
+      api::engine().launch_ffn(fc, fp.args(), fshape, &v);
+      const autotune::CheckReport r = fp.check();
+      CHECK_MESSAGE(r.ok, fs.key(), " ", v.name(), ": ", r.first_failure);
+      CHECK(r.checked > 0);
     }
   }
 

@@ -154,6 +154,20 @@ TEST_CASE("projection variants: names, legality, token tiles") {
   CHECK(detail::proj_variant_problem(ProjVariant{2, 8, 4}, true).empty());
   CHECK(detail::proj_variant_problem(ProjVariant{1, 8, 4}, true).empty());
   CHECK(contains(detail::proj_variant_problem(ProjVariant{8, 4, 4}, true), "registers"));
+  // Thread-block clusters: 1, 2, 4 or 8 blocks, named by a suffix; sm_90 only.
+  v = ProjVariant{1, 8, 2};
+  CHECK(v.name() == "m1s8u2");
+  v.cluster = 4;
+  CHECK(v.name() == "m1s8u2c4");
+  CHECK(detail::proj_variant_problem(v).empty());
+  v.cluster = 3;
+  CHECK(contains(detail::proj_variant_problem(v), "cluster (3) must be 1, 2, 4 or 8"));
+  v.cluster = 2;
+  CHECK(contains(error_of([&] { api::engine().image(QkvProjSpec{}.canonical(), v, "sm_80"); }),
+                 "cluster (2) needs thread-block clusters, sm_90 or newer (target sm_80)"));
+  CHECK_NOTHROW(api::engine().image(QkvProjSpec{}.canonical(), v, "sm_90"));
+  CHECK(contains(error_of([&] { api::engine().image(FfnSpec{}.canonical(), v, "sm_80"); }),
+                 "needs thread-block clusters"));
   CHECK(ProjVariant{1, 8, 1}.min_blocks(true) == 3);
   CHECK(ProjVariant{2, 8, 1}.min_blocks(true) == 4);
   // 16-bit weights: three blocks per SM at two and eight tiles in the projection, not the FFN.
