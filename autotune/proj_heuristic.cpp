@@ -10,6 +10,12 @@
 // 64 tokens four warps beat eight (58.9 against 70.4 µs): the activations of eight token tiles
 // then need the registers. e4m3 weights at one tile already read 64-element chunks (two of them
 // spill), and the FFN keeps one chunk (not measured with two).
+//
+// Grids with fewer blocks than the GPU has SMs (a tensor-parallel shard: Llama-3-70B at TP 8 has
+// 80 column blocks) split the hidden dimension over a thread-block cluster on sm_90+: the
+// largest of 2, 4, 8 that keeps the grid within three blocks per SM. The H100 at that shard
+// (bench/RESULTS.md, "Thread-block clusters"): 15.8 against 18.0 µs at one token (c4), 17.7
+// against 30.3 at 16 (c4); at Llama-3-8B (384 blocks) clusters only add a second wave.
 #include "autotune/policy.hpp"
 
 namespace ropejit::autotune {
@@ -28,12 +34,23 @@ int32_t proj_unroll(const QkvProjSpec& canonical) {
   return canonical.weights == Weights::e4m3 ? 1 : 2;
 }
 
+// The cluster for a grid of `blocks` (1: none).
+int32_t cluster_for(int64_t blocks, const detail::DeviceInfo& device) {
+  if (device.cc < 90 || blocks >= device.sm_count) return 1;
+  int32_t c = 1;
+  while (c < 8 && blocks * 2 * c <= 3 * int64_t(device.sm_count)) c *= 2;
+  return c;
+}
+
 }  // namespace
 
 detail::ProjVariant proj_heuristic(const QkvProjSpec& canonical, const detail::ProjShape& shape,
                                    const detail::DeviceInfo& device) {
-  (void)device;
-  return variant_for_tiles(detail::proj_token_tiles(shape.tokens), proj_unroll(canonical));
+  detail::ProjVariant v =
+      variant_for_tiles(detail::proj_token_tiles(shape.tokens), proj_unroll(canonical));
+  v.cluster =
+      cluster_for(int64_t(detail::proj_grid_x(shape)) * detail::proj_grid_y(shape, v), device);
+  return v;
 }
 
 // The path by token count. The H100 at Llama-3-8B's projection (bench/RESULTS.md): the fused

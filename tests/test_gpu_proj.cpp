@@ -13,6 +13,7 @@
 #include "autotune/ffn_workload.hpp"
 #include "autotune/norm_workload.hpp"
 #include "autotune/numbers.hpp"
+#include "autotune/policy.hpp"
 #include "autotune/proj_workload.hpp"
 #include "gpu_helpers.hpp"
 #include "jit/errors.hpp"
@@ -454,6 +455,27 @@ TEST_SUITE("gpu") {
             expect_ok(p, s.key() + " " + v.name() + " tokens " + std::to_string(z.tokens) +
                              " hidden " + std::to_string(z.hidden));
           }
+    // The library's own choice at a tensor-parallel shard (80 column blocks): a cluster.
+    {
+      testing::ScopedEnv off("ROPEJIT_TUNING", "off");
+      const QkvProjSpec s =
+          spec_of(DType::bf16, 128, 128, Style::neox, Positions::ids, Freqs::table, Norm::rms);
+      for (const int64_t t : {1, 16}) {
+        autotune::ProjSizes z;
+        z.tokens = t;
+        z.hidden = 8192;
+        z.q_heads = 8;
+        z.kv_heads = 1;
+        z.seed = uint64_t(90 + t);
+        autotune::ProjProblem p(s, z);
+        p.upload();
+        const detail::ProjShape shape = detail::check_proj_call(s.canonical(), p.args());
+        const detail::ProjVariant v = autotune::proj_heuristic(s.canonical(), shape, device);
+        CHECK_MESSAGE(v.cluster > 1, v.name());
+        qkv_projection(s, p.args());
+        expect_ok(p, s.key() + " default (" + v.name() + ") tokens " + std::to_string(t));
+      }
+    }
     // The FFN's gate/up through the same kernel.
     const FfnSpec fs;
     for (const int64_t t : {1, 16}) {

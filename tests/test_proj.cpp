@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "api/engine.hpp"
+#include "autotune/policy.hpp"
 #include "autotune/proj_workload.hpp"
 #include "jit/nvrtc.hpp"
 #include "jit/proj.hpp"
@@ -168,6 +169,27 @@ TEST_CASE("projection variants: names, legality, token tiles") {
   CHECK_NOTHROW(api::engine().image(QkvProjSpec{}.canonical(), v, "sm_90"));
   CHECK(contains(error_of([&] { api::engine().image(FfnSpec{}.canonical(), v, "sm_80"); }),
                  "needs thread-block clusters"));
+  {  // The heuristic's cluster: only for grids smaller than the GPU, only on sm_90+.
+    detail::DeviceInfo h100;
+    h100.cc = 90;
+    h100.sm_count = 132;
+    detail::ProjShape shard;  // Llama-3-70B at TP 8: 10 heads of 128, 640 pairs, 80 blocks
+    shard.tokens = 1;
+    shard.hidden = 8192;
+    shard.q_heads = 8;
+    shard.kv_heads = 1;
+    shard.pairs = 640;
+    CHECK(autotune::proj_heuristic(QkvProjSpec{}.canonical(), shard, h100).name() == "m1s8u2c4");
+    shard.tokens = 16;
+    CHECK(autotune::proj_heuristic(QkvProjSpec{}.canonical(), shard, h100).name() == "m2s8u1c4");
+    detail::DeviceInfo a100 = h100;
+    a100.cc = 80;
+    a100.sm_count = 108;
+    CHECK(autotune::proj_heuristic(QkvProjSpec{}.canonical(), shard, a100).cluster == 1);
+    detail::ProjShape llama = shard;  // 384 blocks
+    llama.pairs = 3072;
+    CHECK(autotune::proj_heuristic(QkvProjSpec{}.canonical(), llama, h100).name() == "m2s8u1");
+  }
   CHECK(ProjVariant{1, 8, 1}.min_blocks(true) == 3);
   CHECK(ProjVariant{2, 8, 1}.min_blocks(true) == 4);
   // 16-bit weights: three blocks per SM at two and eight tiles in the projection, not the FFN.
