@@ -63,7 +63,8 @@ std::vector<std::string> precompile(const QkvProjSpec& spec, const std::string& 
     detail::invalid("arch (", arch, "): the QKV projection needs sm_80 or newer (tensor cores)");
   detail::DeviceInfo device;
   device.cc = cc;
-  const std::vector<detail::ProjVariant> variants = autotune::proj_heuristic_variants(c, device);
+  const std::vector<detail::ProjVariant> variants =
+      autotune::proj_heuristic_variants(c, detail::ProjShape{}, device);  // no clusters
   const std::string target = detail::target_for(cc);
   std::vector<std::string> paths(variants.size());
   std::vector<std::future<void>> builds;

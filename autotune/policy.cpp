@@ -193,8 +193,9 @@ class TuningPolicy final : public detail::LaunchPolicy {
     return proj_heuristic(c, shape, device);
   }
   std::vector<detail::ProjVariant> proj_variants(const QkvProjSpec& c,
+                                                 const detail::ProjShape& shape,
                                                  const detail::DeviceInfo& device) override {
-    return proj_heuristic_variants(c, device);
+    return proj_heuristic_variants(c, shape, device);
   }
   ProjPath choose_proj_path(const QkvProjSpec& c, const detail::ProjShape& shape,
                             const detail::DeviceInfo& device) override {

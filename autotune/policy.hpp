@@ -43,7 +43,10 @@ std::vector<detail::KernelVariant> policy_variants(const Spec& canonical,
 // may return for a key (compiled together on the key's first use).
 detail::ProjVariant proj_heuristic(const QkvProjSpec& canonical, const detail::ProjShape& shape,
                                    const detail::DeviceInfo& device);
+// `shape`'s hidden size and head counts fix the grid's columns, so the clusters the heuristic can
+// pick for it at any token count; with shape.pairs 0 the variants without clusters.
 std::vector<detail::ProjVariant> proj_heuristic_variants(const QkvProjSpec& canonical,
+                                                         const detail::ProjShape& shape,
                                                          const detail::DeviceInfo& device);
 
 // The QKV projection's path for a call shape: the heuristic's (fused up to 16 tokens), and the

@@ -16,6 +16,8 @@
 // largest of 2, 4, 8 that keeps the grid within three blocks per SM. The H100 at that shard
 // (bench/RESULTS.md, "Thread-block clusters"): 15.8 against 18.0 µs at one token (c4), 17.7
 // against 30.3 at 16 (c4); at Llama-3-8B (384 blocks) clusters only add a second wave.
+#include <algorithm>
+
 #include "autotune/policy.hpp"
 
 namespace ropejit::autotune {
@@ -67,11 +69,23 @@ ProjPath proj_heuristic_path(const QkvProjSpec& canonical, const detail::ProjSha
 }
 
 std::vector<detail::ProjVariant> proj_heuristic_variants(const QkvProjSpec& canonical,
+                                                         const detail::ProjShape& shape,
                                                          const detail::DeviceInfo& device) {
-  (void)device;
   std::vector<detail::ProjVariant> out;
-  for (const int32_t tiles : {1, 2, 4, 8})
-    out.push_back(variant_for_tiles(tiles, proj_unroll(canonical)));
+  for (const int32_t tiles : {1, 2, 4, 8}) {
+    const detail::ProjVariant v = variant_for_tiles(tiles, proj_unroll(canonical));
+    out.push_back(v);
+    if (shape.pairs <= 0) continue;
+    // Token counts of this tile count: one row of blocks, or (eight tiles) any number of rows;
+    // the cluster shrinks as the rows grow and is 1 from a grid of sm_count blocks on.
+    const int64_t columns = detail::proj_grid_x(shape);
+    for (int64_t rows = 1; tiles == 8 || rows == 1; ++rows) {
+      detail::ProjVariant c = v;
+      c.cluster = cluster_for(columns * rows, device);
+      if (c.cluster == 1) break;
+      if (std::find(out.begin(), out.end(), c) == out.end()) out.push_back(c);
+    }
+  }
   return out;
 }
 

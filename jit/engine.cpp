@@ -604,7 +604,7 @@ const Engine::ProjPlan& Engine::proj_plan(CUcontext ctx, const QkvProjSpec& c,
   CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
   check(driver().StreamIsCapturing(stream, &capture), "cuStreamIsCapturing");
   std::vector<ProjVariant> all;
-  if (capture == CU_STREAM_CAPTURE_STATUS_NONE) all = policy().proj_variants(c, device);
+  if (capture == CU_STREAM_CAPTURE_STATUS_NONE) all = policy().proj_variants(c, shape, device);
   if (std::find(all.begin(), all.end(), chosen) == all.end()) all.push_back(chosen);
   const std::string target = target_for(device.cc);
   std::vector<std::future<void>> compiling;

@@ -28,11 +28,14 @@ class LaunchPolicy {
                                               const DeviceInfo& device) = 0;
 
   // The decode block's QKV projection: the variant a call launches with (asked once per
-  // context, key and token tiles), and every variant that may return for the key, which the
-  // engine compiles and loads together on the key's first use.
+  // context, key and token tiles), and every variant that may return for the key at the
+  // shape's hidden size and head counts (any token count; `shape.pairs` 0: any shape's
+  // variants that do not depend on it), which the engine compiles and loads together on the
+  // first use of a key and shape.
   virtual ProjVariant choose_proj(const QkvProjSpec& canonical, const ProjShape& shape,
                                   const DeviceInfo& device) = 0;
   virtual std::vector<ProjVariant> proj_variants(const QkvProjSpec& canonical,
+                                                 const ProjShape& shape,
                                                  const DeviceInfo& device) = 0;
   // The projection's path for calls of this shape (fused or unfused; asked once per context,
   // key, token bucket proj_path_bucket(tokens), hidden size and head counts). An unfused answer

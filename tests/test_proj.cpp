@@ -186,6 +186,17 @@ TEST_CASE("projection variants: names, legality, token tiles") {
     a100.cc = 80;
     a100.sm_count = 108;
     CHECK(autotune::proj_heuristic(QkvProjSpec{}.canonical(), shard, a100).cluster == 1);
+    // Every variant the heuristic can pick at the shard's columns is prepared together (none
+    // with clusters before sm_90 or without a shape).
+    std::vector<std::string> names;
+    for (const ProjVariant& pv :
+         autotune::proj_heuristic_variants(QkvProjSpec{}.canonical(), shard, h100))
+      names.push_back(pv.name());
+    CHECK(names == std::vector<std::string>{"m1s8u2", "m1s8u2c4", "m2s8u1", "m2s8u1c4", "m4s8u1",
+                                            "m4s8u1c4", "m8s4u1", "m8s4u1c4"});
+    CHECK(autotune::proj_heuristic_variants(QkvProjSpec{}.canonical(), shard, a100).size() == 4);
+    CHECK(autotune::proj_heuristic_variants(QkvProjSpec{}.canonical(), detail::ProjShape{}, h100)
+              .size() == 4);
     detail::ProjShape llama = shard;  // 384 blocks
     llama.pairs = 3072;
     CHECK(autotune::proj_heuristic(QkvProjSpec{}.canonical(), llama, h100).name() == "m2s8u1");
