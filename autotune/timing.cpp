@@ -78,7 +78,10 @@ Timer::Timer(CUstream stream, size_t flush_bytes, Flush flush)
   detail::check(d.EventCreate(&stop_, CU_EVENT_DEFAULT), "cuEventCreate");
   if (flush_bytes_) {
     detail::check(d.MemAlloc(&flush_, flush_bytes_), "cuMemAlloc (L2 flush buffer)");
-    detail::check(d.MemsetD8(flush_, 0, flush_bytes_), "cuMemsetD8 (L2 flush buffer)");
+    // The read flush reads the buffer as it is: give it defined contents once (the write flush
+    // writes it before every repetition).
+    if (mode_ == Flush::read)
+      detail::check(d.MemsetD8(flush_, 0, flush_bytes_), "cuMemsetD8 (L2 flush buffer)");
   }
 }
 

@@ -99,7 +99,10 @@ TEST_SUITE("gpu") {
   }
 
   TEST_CASE("FFN gate/up: every kernel variant (a Llama-3-8B row count, hidden 4096)") {
-    testing::use_primary_context();
+    const detail::DeviceInfo& device = api::engine().device_info(testing::use_primary_context());
+    // Thread-block clusters (sm_90+) split the hidden dimension: a cluster of 4 with each
+    // block's split count of 4, every tile count and unroll.
+    const int32_t max_cluster = device.cc >= 90 ? 4 : 1;
     const FfnSpec s;
     for (const int64_t tokens : {1, 16}) {
       autotune::FfnSizes z;
@@ -113,13 +116,16 @@ TEST_SUITE("gpu") {
       const detail::FfnShape shape = detail::check_ffn_call(c, p.args());
       for (const int32_t tiles : {1, 2, 4, 8})
         for (const int32_t splits : {1, 2, 4, 8})
-          for (const int32_t unroll : {1, 2, 4}) {
-            const detail::ProjVariant v{tiles, splits, unroll};
-            if (!detail::proj_variant_problem(v).empty()) continue;
-            p.upload();
-            api::engine().launch_ffn(c, p.args(), shape, &v);
-            expect_ok(p, s.key() + " " + v.name() + " tokens " + std::to_string(tokens));
-          }
+          for (const int32_t unroll : {1, 2, 4})
+            for (int32_t cluster = 1; cluster <= max_cluster; cluster *= 4) {
+              if (cluster > 1 && splits != 4) continue;
+              detail::ProjVariant v{tiles, splits, unroll};
+              v.cluster = cluster;
+              if (!detail::proj_variant_problem(v).empty()) continue;
+              p.upload();
+              api::engine().launch_ffn(c, p.args(), shape, &v);
+              expect_ok(p, s.key() + " " + v.name() + " tokens " + std::to_string(tokens));
+            }
     }
   }
 

@@ -423,7 +423,8 @@ TEST_SUITE("gpu") {
     // Each block of a cluster sums a slice of the hidden dimension; the finisher adds the
     // cluster's partial sums (and the norm's Σx²) from distributed shared memory. Every
     // cluster size over dtypes, norms, e4m3 weights, a KV cache, 1-64 tokens and hidden sizes
-    // that leave some slices empty (272) or uneven, against float64.
+    // that leave some slices empty (272) or uneven, against float64. (The FFN's clusters: in
+    // test_gpu_ffn.cpp's every-variant case.)
     const detail::DeviceInfo& device = api::engine().device_info(testing::use_primary_context());
     if (device.cc < 90) {
       MESSAGE("skipped: thread-block clusters need sm_90 (this GPU is sm_", device.cc, ")");
@@ -475,25 +476,6 @@ TEST_SUITE("gpu") {
         qkv_projection(s, p.args());
         expect_ok(p, s.key() + " default (" + v.name() + ") tokens " + std::to_string(t));
       }
-    }
-    // The FFN's gate/up through the same kernel.
-    const FfnSpec fs;
-    for (const int64_t t : {1, 16}) {
-      autotune::FfnSizes fz;
-      fz.tokens = t;
-      fz.hidden = 2048;
-      fz.intermediate = 512;
-      fz.seed = uint64_t(t);
-      autotune::FfnProblem fp(fs, fz);
-      fp.upload();
-      const FfnSpec fc = fs.canonical();
-      const detail::FfnShape fshape = detail::check_ffn_call(fc, fp.args());
-      detail::ProjVariant v{detail::proj_token_tiles(t), 4, 1};
-      v.cluster = 4;
-      api::engine().launch_ffn(fc, fp.args(), fshape, &v);
-      const autotune::CheckReport r = fp.check();
-      CHECK_MESSAGE(r.ok, fs.key(), " ", v.name(), ": ", r.first_failure);
-      CHECK(r.checked > 0);
     }
   }
 
