@@ -381,6 +381,8 @@ ropejit::QkvProjArgs to_proj_args(const ropejit_qkv_proj_args& a) {
   o.workspace = a.workspace;
   o.workspace_bytes = a.workspace_bytes;
   o.cache = to_cache(a.cache);
+  o.cu_seqlens = a.cu_seqlens;
+  o.batch = a.batch;
   return o;
 }
 

@@ -63,8 +63,7 @@ detail::ProjVariant proj_heuristic(const QkvProjSpec& canonical, const detail::P
 ProjPath proj_heuristic_path(const QkvProjSpec& canonical, const detail::ProjShape& shape,
                              const detail::DeviceInfo& device) {
   (void)device;
-  if (canonical.weights == Weights::e4m3 || canonical.cache != KvCache::none)
-    return ProjPath::fused;  // their only path
+  if (canonical.weights == Weights::e4m3) return ProjPath::fused;  // its only path
   return shape.tokens <= 16 ? ProjPath::fused : ProjPath::unfused;
 }
 

@@ -88,10 +88,10 @@ ProjTuneReport race(Problem& problem, bool checked, CUstream stream, const std::
 ProjTuneReport tune_proj(const QkvProjSpec& spec, int64_t bucket, int64_t hidden, int32_t q_heads,
                          int32_t kv_heads) {
   const QkvProjSpec c = spec.canonical();
-  if (c.weights == Weights::e4m3 || c.cache != KvCache::none)
-    detail::invalid(c.weights == Weights::e4m3 ? "spec.weights (e4m3)" : "spec.cache (slots)",
-                    ": the projection takes one path with it (fused); there is no crossover to "
-                    "tune");
+  if (c.weights == Weights::e4m3)
+    detail::invalid(
+        "spec.weights (e4m3): the projection takes one path with it (fused); there is "
+        "no crossover to tune");
   const detail::DeviceInfo& device = tuning_device("the projection's path");
   detail::Engine& engine = detail::Engine::instance();
   const int64_t columns = int64_t(q_heads + 2 * kv_heads) * c.head_dim;
@@ -110,6 +110,9 @@ ProjTuneReport tune_proj(const QkvProjSpec& spec, int64_t bucket, int64_t hidden
   QkvProjArgs unfused = fused;
   unfused.path = ProjPath::unfused;
   const detail::ProjShape shape = detail::check_proj_call(c, fused);
+  if (const std::string why = detail::proj_split_problem(c, unfused, shape, true); !why.empty())
+    detail::invalid(c.key(), " has no unfused path here (", why,
+                    "): there is no crossover to tune");
   const detail::ProjVariant variant = proj_heuristic(c, shape, device);
   ProjTuneReport report = race(
       problem, z.reference, stream.get(), c.key(), bucket, hidden, columns,

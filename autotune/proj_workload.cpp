@@ -165,14 +165,46 @@ ProjProblem::ProjProblem(const QkvProjSpec& spec, const ProjSizes& sizes)
     workspace_ = &add(std::vector<uint8_t>(workspace_bytes_, kPoison));
   }
   if (c.cache != KvCache::none) {
-    if (z.path != ProjPath::fused)
-      detail::invalid("ProjProblem: a KV cache has only the fused path");
     const int64_t ps = z.cache_page_size;
     const int64_t T = z.tokens;
+    const bool chunks = z.cache_sequences > 0;
+    if (chunks && c.cache == KvCache::slots)
+      detail::invalid("ProjProblem: cache_sequences is for paged and contiguous caches");
+    // The sequences: token t alone (a decode step), or cache_sequences random runs of tokens
+    // (some empty) covering them all.
+    const int64_t S = chunks ? z.cache_sequences : T;
+    cu_seqlens_.assign(size_t(S) + 1, 0);
+    if (chunks) {
+      std::uniform_int_distribution<int64_t> cut(0, T);
+      std::vector<int64_t> cuts(size_t(S - 1));
+      for (int64_t& v : cuts) v = cut(rng_);
+      std::sort(cuts.begin(), cuts.end());
+      for (int64_t b2 = 1; b2 < S; ++b2) cu_seqlens_[size_t(b2)] = int32_t(cuts[size_t(b2 - 1)]);
+      cu_seqlens_[size_t(S)] = int32_t(T);
+    } else {
+      for (int64_t m = 0; m <= T; ++m) cu_seqlens_[size_t(m)] = int32_t(m);
+    }
+    auto count_of = [&](int64_t b2) {
+      return cu_seqlens_[size_t(b2) + 1] - cu_seqlens_[size_t(b2)];
+    };
+    // Tokens held before the append: paged 0-2 pages' worth; contiguous up to what the row
+    // leaves room for.
+    std::vector<int64_t> held(size_t(S), 0);
+    int64_t pages_needed = 0;
+    for (int64_t b2 = 0; b2 < S; ++b2) {
+      const int64_t n = count_of(b2);
+      if (c.cache == KvCache::paged) {
+        held[size_t(b2)] = std::uniform_int_distribution<int64_t>(n > 0 ? 0 : 1, 2 * ps)(rng_);
+        pages_needed += (held[size_t(b2)] + n + ps - 1) / ps;
+      } else if (c.cache == KvCache::contiguous) {
+        held[size_t(b2)] =
+            std::uniform_int_distribution<int64_t>(0, std::max<int64_t>(ps - n, 0))(rng_);
+      }
+    }
     cache_pages_ = z.cache_pages > 0           ? z.cache_pages
                    : c.cache == KvCache::slots ? (T + ps - 1) / ps + 2
-                   : c.cache == KvCache::paged ? 3 * T + 2
-                                               : T + 1;
+                   : c.cache == KvCache::paged ? pages_needed + 2
+                                               : S + 1;
     slot_stride_ = int64_t(z.kv_heads) * D + z.cache_slot_gap;
     page_stride_ = ps * slot_stride_;
     const int64_t ce = is_fp8(c.cache_store) ? 1 : e;
@@ -181,14 +213,25 @@ ProjProblem::ProjProblem(const QkvProjSpec& spec, const ProjSizes& sizes)
     cache_v_ = &add(std::vector<uint8_t>(bytes, kPoison));
     dest_page_.assign(size_t(T), -1);
     dest_row_.assign(size_t(T), -1);
+    want_skipped_ = 0;
+    // `bad_slots` draws: tokens (slots) or sequences (paged, contiguous) given a place outside
+    // the cache.
     std::uniform_int_distribution<int64_t> token(0, std::max<int64_t>(T - 1, 0));
-    std::vector<bool> bad(size_t(T), false);
-    for (int32_t i = 0; i < z.bad_slots && T > 0; ++i) bad[size_t(token(rng_))] = true;
+    std::uniform_int_distribution<int64_t> sequence(0, std::max<int64_t>(S - 1, 0));
+    const int64_t units = c.cache == KvCache::slots ? T : S;
+    std::vector<bool> bad(size_t(units), false);
+    for (int32_t i = 0; i < z.bad_slots && units > 0; ++i)
+      bad[size_t(c.cache == KvCache::slots ? token(rng_) : sequence(rng_))] = true;
     // Distinct places in a random order: slots, or pages.
     const int64_t count = c.cache == KvCache::slots ? cache_pages_ * ps : cache_pages_;
     std::vector<int64_t> pool(static_cast<size_t>(count));
     for (int64_t i = 0; i < count; ++i) pool[size_t(i)] = i;
     std::shuffle(pool.begin(), pool.end(), rng_);
+    auto bytes_of = [](const std::vector<int32_t>& v) {
+      std::vector<uint8_t> out(v.size() * 4);
+      std::memcpy(out.data(), v.data(), out.size());
+      return out;
+    };
     if (c.cache == KvCache::slots) {
       std::vector<int64_t> slot(static_cast<size_t>(T));
       for (int64_t m = 0; m < T; ++m) slot[size_t(m)] = pool[size_t(m % count)];
@@ -199,59 +242,67 @@ ProjProblem::ProjProblem(const QkvProjSpec& spec, const ProjSizes& sizes)
           dest_page_[size_t(m)] = slot[size_t(m)] / ps;
           dest_row_[size_t(m)] = slot[size_t(m)] % ps;
         }
+        want_skipped_ += bad[size_t(m)];
       }
       std::vector<uint8_t> sb(size_t(std::max<int64_t>(T, 1)) * 8, 0);
       std::memcpy(sb.data(), slot.data(), slot.size() * 8);
       slots_ = &add(std::move(sb));
     } else if (c.cache == KvCache::paged) {
-      // Sequence m holds 1-3 pages of the pool; its newest token (this one) is at row
-      // last_page_len - 1 of the last. Bad sequences: last_page_len 0 or past the page, or a
-      // last page number outside the cache.
-      std::uniform_int_distribution<int64_t> npages(1, 3), last(1, ps);
-      std::vector<int32_t> indptr(size_t(T) + 1, 0), indices, lens(size_t(std::max<int64_t>(T, 1)));
+      // Sequence b holds its pages from the pool; after the append it has held + n tokens, the
+      // last last_page_len of them in its last page; its new tokens take the last n positions.
+      // Bad sequences: last_page_len 0 or past the page (every token skipped), or a last page
+      // number outside the cache (the tokens on that page skipped).
+      std::vector<int32_t> indptr(size_t(S) + 1, 0), indices, lens(size_t(std::max<int64_t>(S, 1)));
       int64_t next = 0;
-      for (int64_t m = 0; m < T; ++m) {
-        const int64_t n = npages(rng_);
-        for (int64_t i = 0; i < n; ++i) indices.push_back(int32_t(pool[size_t(next++)]));
-        indptr[size_t(m) + 1] = int32_t(indices.size());
-        lens[size_t(m)] = int32_t(last(rng_));
-        if (bad[size_t(m)]) {
-          const int kind = int(m % 3);
-          if (kind == 0) lens[size_t(m)] = 0;
-          if (kind == 1) lens[size_t(m)] = int32_t(ps + 1);
+      for (int64_t b2 = 0; b2 < S; ++b2) {
+        const int64_t n = count_of(b2), after = held[size_t(b2)] + n;
+        const int64_t npages = (after + ps - 1) / ps;
+        const size_t base = indices.size();
+        for (int64_t i = 0; i < npages; ++i) indices.push_back(int32_t(pool[size_t(next++)]));
+        indptr[size_t(b2) + 1] = int32_t(indices.size());
+        lens[size_t(b2)] = int32_t(after - (npages - 1) * ps);
+        int kind = -1;
+        if (bad[size_t(b2)]) {
+          kind = int(b2 % 3);
+          if (kind == 0) lens[size_t(b2)] = 0;
+          if (kind == 1) lens[size_t(b2)] = int32_t(ps + 1);
           if (kind == 2) indices.back() = int32_t(cache_pages_ + 7);
-        } else {
-          dest_page_[size_t(m)] = indices.back();
-          dest_row_[size_t(m)] = lens[size_t(m)] - 1;
+        }
+        for (int64_t i = 0; i < n; ++i) {
+          const int64_t m = cu_seqlens_[size_t(b2)] + i, pos = held[size_t(b2)] + i;
+          const bool skip = kind == 0 || kind == 1 || (kind == 2 && pos / ps == npages - 1);
+          if (skip) {
+            ++want_skipped_;
+            continue;
+          }
+          dest_page_[size_t(m)] = indices[base + size_t(pos / ps)];
+          dest_row_[size_t(m)] = pos % ps;
         }
       }
       num_indices_ = int64_t(indices.size());
       indices.resize(std::max<size_t>(indices.size(), 1));
-      auto bytes_of = [](const std::vector<int32_t>& v) {
-        std::vector<uint8_t> b(v.size() * 4);
-        std::memcpy(b.data(), v.data(), b.size());
-        return b;
-      };
       indptr_ = &add(bytes_of(indptr));
       indices_ = &add(bytes_of(indices));
       lens_ = &add(bytes_of(lens));
     } else {
-      // Sequence m (page m) held seq_lens[m] tokens; bad ones are full.
-      std::uniform_int_distribution<int32_t> held(0, int32_t(ps - 1));
-      std::vector<int32_t> lens(size_t(std::max<int64_t>(T, 1)), 0);
-      for (int64_t m = 0; m < T; ++m) {
-        lens[size_t(m)] = bad[size_t(m)] ? int32_t(ps) : held(rng_);
-        if (!bad[size_t(m)]) {
-          dest_page_[size_t(m)] = m;
-          dest_row_[size_t(m)] = lens[size_t(m)];
+      // Sequence b (page b) held seq_lens[b] tokens; its new ones follow. Bad sequences are
+      // full (seq_lens = page_size): every token skipped; so is any token past the page.
+      std::vector<int32_t> lens(size_t(std::max<int64_t>(S, 1)), 0);
+      for (int64_t b2 = 0; b2 < S; ++b2) {
+        lens[size_t(b2)] = int32_t(bad[size_t(b2)] ? ps : held[size_t(b2)]);
+        for (int64_t i = 0; i < count_of(b2); ++i) {
+          const int64_t m = cu_seqlens_[size_t(b2)] + i, row = lens[size_t(b2)] + i;
+          if (row >= ps) {
+            ++want_skipped_;
+            continue;
+          }
+          dest_page_[size_t(m)] = b2;
+          dest_row_[size_t(m)] = row;
         }
       }
-      std::vector<uint8_t> b(lens.size() * 4);
-      std::memcpy(b.data(), lens.data(), b.size());
-      lens_ = &add(std::move(b));
+      lens_ = &add(bytes_of(lens));
     }
-    want_skipped_ = 0;
-    for (int64_t m = 0; m < T; ++m) want_skipped_ += bad[size_t(m)];
+    if (chunks) cu_ = &add(bytes_of(cu_seqlens_));
     skipped_ = &add(std::vector<uint8_t>(4, 0));
   }
   if (!z.reference) return;
@@ -533,6 +584,10 @@ QkvProjArgs ProjProblem::args(void* stream) const {
     kc.k_quant_scale = is_fp8(spec_.cache_store) ? 4.0f : 1.0f;
     kc.v_quant_scale = is_fp8(spec_.cache_store) ? 16.0f : 1.0f;
     if (z.cache_only) a.k.data = a.v.data = nullptr;
+    if (cu_) {
+      a.cu_seqlens = static_cast<const int32_t*>(ptr(cu_));
+      a.batch = sizes_.cache_sequences;
+    }
   }
   return a;
 }
@@ -575,7 +630,7 @@ CheckReport ProjProblem::check() {
       matched_ = ProjPath::unfused;
     }
   }
-  if (cache_k_) compare_cache(r);
+  if (cache_k_) compare_cache(r, matched_ == ProjPath::unfused ? expected_unfused_ : expected_);
   // The workspace's guard: the unfused path writes nothing past workspace_bytes.
   if (workspace_) {
     std::vector<uint8_t> guard(kGuardBytes);
@@ -651,7 +706,7 @@ CheckReport ProjProblem::compare(const Expected& want_all,
   return r;
 }
 
-void ProjProblem::compare_cache(CheckReport& r) const {
+void ProjProblem::compare_cache(CheckReport& r, const Expected& expected) const {
   const QkvProjSpec& c = spec_;
   const ProjSizes& z = sizes_;
   const detail::Driver& d = detail::driver();
@@ -680,8 +735,8 @@ void ProjProblem::compare_cache(CheckReport& r) const {
           addressed[size_t(at)] = true;
           const int64_t column = (int64_t(z.q_heads) + which * z.kv_heads + h) * D + el;
           const size_t ref_at = size_t(m * columns_ + column);
-          const double want = expected_.value[ref_at] * scale;
-          const double tol = expected_.tol[ref_at] * scale;
+          const double want = expected.value[ref_at] * scale;
+          const double tol = expected.tol[ref_at] * scale;
           bool good;
           double have;
           if (fp8) {

@@ -31,12 +31,17 @@ struct ProjSizes {
   // spec.cache: a poisoned, guarded cache of `cache_pages` pages (0: enough for every token) of
   // `cache_page_size` rows, NHD, `cache_slot_gap` elements after each row's heads. slots: every
   // token a distinct random slot, `padded_slots` tokens at -1 (not written); paged: each token
-  // the newest of its own sequence of 1-3 random pages, at a random last_page_len; contiguous:
-  // sequence t at a random length. `bad_slots` tokens point outside the cache (slot past the
-  // end; last_page_len 0 or past the page, or a page number past the cache; a full sequence):
-  // not written, counted in args.cache.skipped. cache_only: args.k and args.v null.
+  // the newest of its own sequence, which held 0-2 pages' worth before, its pages random from
+  // the pool; contiguous: sequence t at a random length. `cache_sequences` > 0 (paged,
+  // contiguous): the tokens are that many sequences' new tokens instead (args.cu_seqlens,
+  // random lengths, some empty). `bad_slots` tokens (slots) or sequences point outside the
+  // cache (slot past the end; last_page_len 0 or past the page, or a last page number past the
+  // cache; a full sequence): those tokens are not written and are counted in
+  // args.cache.skipped (as is a contiguous sequence's token past its row). cache_only: args.k
+  // and args.v null.
   int64_t cache_page_size = 16;
   int64_t cache_pages = 0;
+  int32_t cache_sequences = 0;
   int64_t cache_slot_gap = 0;
   int32_t padded_slots = 0;
   int32_t bad_slots = 0;
@@ -105,8 +110,8 @@ class ProjProblem {
                  const std::vector<double>& e) const;
   CheckReport compare(const Expected& want, const std::vector<std::vector<uint8_t>>& got) const;
   // The KV cache against the fused reference (rows at each token's slot; every other byte
-  // untouched) and the skipped counter; adds to `r`.
-  void compare_cache(CheckReport& r) const;
+  // untouched) and the skipped counter, against `expected` (the path's reference); adds to `r`.
+  void compare_cache(CheckReport& r, const Expected& expected) const;
 
   QkvProjSpec spec_;
   ProjSizes sizes_;
@@ -130,6 +135,8 @@ class ProjProblem {
   Buffer* indices_ = nullptr;
   Buffer* lens_ = nullptr;  // paged: last_page_len; contiguous: seq_lens
   Buffer* skipped_ = nullptr;
+  Buffer* cu_ = nullptr;  // cache_sequences: args.cu_seqlens
+  std::vector<int32_t> cu_seqlens_;
   int64_t cache_pages_ = 0, slot_stride_ = 0, page_stride_ = 0, num_indices_ = 0;
   std::vector<int64_t> dest_page_, dest_row_;  // per token; -1: not written
   int32_t want_skipped_ = 0;

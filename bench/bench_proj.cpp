@@ -17,6 +17,9 @@
 //   slots (bf16, or e4m3 with a static scale);
 //   proj_variants/m<M>/<variant>: every legal kernel variant with the call's token tiles, to
 //   see what the heuristic leaves;
+//   proj_chunk/m<M>/<fused|unfused|auto>: a prefill chunk of M tokens in 4 sequences
+//   (cu_seqlens) into an e4m3 paged cache, each path (unfused: GEMM, then the fused RoPE key
+//   appending k and v);
 //   proj_path/m<M>/<fused|unfused|auto>: the fused kernel, the unfused path (RMSNorm key ->
 //   cuBLASLt GEMM -> RoPE key) and the automatic choice (tuning file, else the heuristic) from
 //   1 to 4096 tokens: the chooser should track the faster of the two everywhere. Results are
@@ -86,9 +89,13 @@ void run_proj(benchmark::State& state, int64_t tokens, const detail::ProjVariant
   state.SetLabel(c.key() + (variant ? " " + variant->name() : std::string(" default")));
 }
 
-void run_path(benchmark::State& state, int64_t tokens, ProjPath path) {
-  const QkvProjSpec s = llama_spec();
+void run_path(benchmark::State& state, int64_t tokens, ProjPath path, KvCache cache = KvCache::none,
+              Store cache_store = Store::same, int32_t sequences = 0) {
+  QkvProjSpec s = llama_spec();
+  s.cache = cache;
+  s.cache_store = cache_store;
   autotune::ProjSizes z = llama_sizes(tokens);
+  z.cache_sequences = sequences;
   z.path = path == ProjPath::fused ? ProjPath::fused : ProjPath::automatic;  // workspace
   z.reference = tokens <= 64;
   autotune::ProjProblem p(s, z);
@@ -190,6 +197,17 @@ void register_proj_benchmarks() {
         ->UseManualTime()
         ->Iterations(20)
         ->Unit(benchmark::kMicrosecond);
+  // A prefill chunk of 4 sequences into an e4m3 paged cache (16-token pages), both paths.
+  for (const int64_t m : {16, 64, 256, 1024, 4096})
+    for (const ProjPath path : {ProjPath::fused, ProjPath::unfused, ProjPath::automatic})
+      benchmark::RegisterBenchmark(
+          ("proj_chunk/m" + std::to_string(m) + "/" + to_string(path)).c_str(),
+          [m, path](benchmark::State& st) {
+            run_path(st, m, path, KvCache::paged, Store::e4m3, 4);
+          })
+          ->UseManualTime()
+          ->Iterations(20)
+          ->Unit(benchmark::kMicrosecond);
   for (const Store store : {Store::same, Store::e4m3})
     for (const int64_t m : {1, 8, 16, 64})
       benchmark::RegisterBenchmark(

@@ -611,7 +611,8 @@ const Engine::ProjPlan& Engine::proj_plan(CUcontext ctx, const QkvProjSpec& c,
   for (const ProjVariant& v : all) compiling.push_back(image_async(c, v, target));
   if (capture == CU_STREAM_CAPTURE_STATUS_NONE && gemm_unavailable().empty() &&
       proj_split_problem(c, args, shape, false).empty())
-    prepare_once(ctx, c.key(), [&] { prepare_unfused(ctx, c, args, shape, stream); });
+    prepare_once(ctx, proj_unfused_key(c, args),
+                 [&] { prepare_unfused(ctx, c, args, shape, stream); });
   for (std::future<void>& f : compiling) f.get();  // rethrows a compile error
   const LoadedFunction* fn = nullptr;
   for (const ProjVariant& v : all) {
@@ -668,8 +669,8 @@ void Engine::prepare_unfused(CUcontext ctx, const QkvProjSpec& c, const QkvProjA
     load_norm(ctx, proj_norm_spec(c), args.x, args.norm_weight, shape.hidden, stream);
   // The RoPE key's kernels the policy may pick at this alignment, loaded without choosing a
   // launch (so nothing is tuned or looked up in the tuning file here).
-  const Spec rs = proj_rope_spec(c).canonical();
-  const CallShape rope_shape = check_call(rs, proj_rope_args(args));
+  const Spec rs = proj_rope_spec(c, args).canonical();
+  const CallShape rope_shape = check_call(rs, proj_rope_args(c, args));
   for (const KernelVariant& v : policy().variants(rs, rope_shape, device_info(ctx)))
     function(ctx, rs, v, stream);
   gemm_prepare(ctx);  // cuBLASLt's handle for the context
@@ -725,7 +726,8 @@ void Engine::qkv_projection(const QkvProjSpec& spec, const QkvProjArgs& args) {
   const ProjPlan& p = proj_plan(ctx, c, args, shape, stream);
   if (args.path == ProjPath::automatic && p.path == ProjPath::unfused &&
       gemm_unavailable().empty() && proj_split_problem(c, args, shape, true).empty() &&
-      take_unfused(ctx, c.key(), stream, [&] { planned(proj_rope_spec(c), proj_rope_args(args)); }))
+      take_unfused(ctx, proj_unfused_key(c, args), stream,
+                   [&] { planned(proj_rope_spec(c, args), proj_rope_args(c, args)); }))
     return launch_proj_unfused(c, args, shape);
   launch_fused(*p.fn, p.variant, c, args, shape, stream);
 }
@@ -791,7 +793,7 @@ void Engine::launch_proj_unfused(const QkvProjSpec& c, const QkvProjArgs& args,
   const size_t norm_bytes = proj_norm_bytes(c, shape.tokens, shape.hidden);
   // The RoPE step's launch is decided first: a refusal (ROPEJIT_TUNING=frozen without its entry,
   // say) then comes before anything is written.
-  planned(proj_rope_spec(c), proj_rope_args(args));
+  planned(proj_rope_spec(c, args), proj_rope_args(c, args));
 
   // 1. RMSNorm into the workspace (rounded once to the dtype, as torch's module does).
   GemmCall g = normalized_operand(proj_norm_spec(c), c.norm != Norm::none, shape.tokens,
@@ -835,7 +837,7 @@ void Engine::launch_proj_unfused(const QkvProjSpec& c, const QkvProjArgs& args,
   }
 
   // 3. RoPE in place on q and k (one launch).
-  apply(proj_rope_spec(c), proj_rope_args(args));
+  apply(proj_rope_spec(c, args), proj_rope_args(c, args));
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -127,9 +127,22 @@ RmsNormSpec proj_norm_spec(const QkvProjSpec& c) {
   return n;
 }
 
-Spec proj_rope_spec(const QkvProjSpec& c) {
+// With a KV cache the RoPE step is a fused key that also appends k and v: in one sequence of
+// `tokens` for slots, one sequence per token for a decode step into a paged or contiguous cache
+// (bshd, batch = tokens, seq_len 1), and the call's sequences (thd, cu_seqlens) for a chunk.
+static Layout proj_rope_layout(const QkvProjSpec& c, const QkvProjArgs& a) {
+  if (c.cache == KvCache::paged || c.cache == KvCache::contiguous)
+    return a.cu_seqlens ? Layout::thd : Layout::bshd;
+  return Layout::bshd;
+}
+
+static bool proj_rope_per_token(const QkvProjSpec& c, const QkvProjArgs& a) {
+  return (c.cache == KvCache::paged || c.cache == KvCache::contiguous) && !a.cu_seqlens;
+}
+
+Spec proj_rope_spec(const QkvProjSpec& c, const QkvProjArgs& a) {
   Spec r;
-  r.layout = Layout::bshd;
+  r.layout = proj_rope_layout(c, a);
   r.dtype = c.dtype;
   r.head_dim = c.head_dim;
   r.rotary_dim = c.rotary_dim;
@@ -139,15 +152,26 @@ Spec proj_rope_spec(const QkvProjSpec& c) {
   r.freqs = c.freqs;
   r.table_dtype = c.table_dtype;
   r.table_width = c.table_width;
+  if (c.cache != KvCache::none) {
+    r.cache = c.cache;
+    r.cache_store = c.cache_store;
+  }
   return r;
 }
 
-Args proj_rope_args(const QkvProjArgs& a) {
+Args proj_rope_args(const QkvProjSpec& c, const QkvProjArgs& a) {
   Args r;
-  r.batch = 1;
-  r.seq_len = a.tokens;
-  r.q = Tensor{a.q.data, a.q_heads, 0, a.q.stride_seq, a.q.stride_head};
-  r.k = Tensor{a.k.data, a.kv_heads, 0, a.k.stride_seq, a.k.stride_head};
+  const bool thd = proj_rope_layout(c, a) == Layout::thd;
+  const bool per_token = proj_rope_per_token(c, a);
+  r.batch = thd ? a.batch : per_token ? a.tokens : 1;
+  r.seq_len = per_token ? 1 : a.tokens;
+  r.cu_seqlens = thd ? a.cu_seqlens : nullptr;
+  auto view = [&](const Tensor& t, int64_t heads) {
+    // Dense with one token per sequence: the batch stride steps over tokens.
+    return Tensor{t.data, heads, per_token ? t.stride_seq : 0, t.stride_seq, t.stride_head};
+  };
+  r.q = view(a.q, a.q_heads);
+  r.k = view(a.k, a.kv_heads);
   r.position_offset = a.position_offset;
   r.position_ids = a.position_ids;
   r.cos = a.cos;
@@ -156,7 +180,15 @@ Args proj_rope_args(const QkvProjArgs& a) {
   r.table_rows = a.table_rows;
   r.base = a.base;
   r.stream = a.stream;
+  if (c.cache != KvCache::none) {
+    r.v = view(a.v, a.kv_heads);
+    r.cache = a.cache;
+  }
   return r;
+}
+
+std::string proj_unfused_key(const QkvProjSpec& c, const QkvProjArgs& a) {
+  return concat(c.key(), '/', proj_rope_spec(c, a).canonical().key());
 }
 
 int64_t proj_path_bucket(int64_t tokens) {
@@ -169,9 +201,20 @@ std::string proj_split_problem(const QkvProjSpec& c, const QkvProjArgs& a, const
                                bool need_workspace) {
   if (c.weights == Weights::e4m3)
     return "spec.weights (e4m3) has no unfused path: cuBLASLt's FP8 GEMMs take FP8 activations";
-  if (c.cache != KvCache::none)
-    return concat("spec.cache (", to_string(c.cache),
-                  ") has no unfused path: the fused kernel appends to the KV cache");
+  if (c.cache != KvCache::none) {
+    if (!a.k.data || !a.v.data)
+      return concat("args.", a.k.data ? "v" : "k",
+                    ".data is null (the cache only): the unfused path's GEMM writes k and v "
+                    "before the RoPE step appends them to the cache");
+    if (proj_rope_per_token(c, a) && c.positions != Positions::ids)
+      return concat("spec.positions is ", to_string(c.positions), " with a ", to_string(c.cache),
+                    " cache and no args.cu_seqlens: the unfused path's RoPE step takes a decode "
+                    "step's tokens as sequences of one, at position ids");
+    if (c.cache != KvCache::slots && a.cu_seqlens && c.positions != Positions::ids)
+      return concat("spec.positions is ", to_string(c.positions),
+                    " with args.cu_seqlens: the unfused path's RoPE step places a chunk's "
+                    "tokens by position ids");
+  }
   const Tensor* ts[3] = {&a.q, &a.k, &a.v};
   const char* names[3] = {"args.q", "args.k", "args.v"};
   const int64_t heads[3] = {s.q_heads, s.kv_heads, s.kv_heads};
@@ -191,7 +234,7 @@ std::string proj_split_problem(const QkvProjSpec& c, const QkvProjArgs& a, const
   // past the table, say, which the fused kernel writes as NaN but the RoPE key refuses).
   if (s.tokens > 0) {
     try {
-      check_call(proj_rope_spec(c).canonical(), proj_rope_args(a));
+      check_call(proj_rope_spec(c, a).canonical(), proj_rope_args(c, a));
     } catch (const Error& e) {
       const std::string why = e.what();
       const std::string tag = "ropejit: ";
@@ -283,6 +326,16 @@ ProjShape check_proj_call(const QkvProjSpec& c, const QkvProjArgs& a) {
   // The KV cache: rows of head_dim at page · stride_page + row · stride_slot + head ·
   // stride_head, k and v alike (page and row from the addressing, read on the device).
   Operand caches[2];
+  // The sequences the paged / contiguous addressing arrays describe.
+  const int64_t sequences = a.cu_seqlens ? a.batch : a.tokens;
+  if (a.cu_seqlens) {
+    if (c.cache != KvCache::paged && c.cache != KvCache::contiguous)
+      invalid("args.cu_seqlens is given but spec.cache is ", to_string(c.cache),
+              ": it places tokens in a paged or contiguous cache");
+    check_aligned(a.cu_seqlens, 4, "args.cu_seqlens", "it is given");
+    if (a.batch < 1 || a.batch >= INT32_MAX)
+      invalid("args.batch (", a.batch, ") must be in [1, 2^31 - 1) with args.cu_seqlens");
+  }
   if (cached) {
     const KvCacheArgs& kc = a.cache;
     const int64_t celem = is_fp8(c.cache_store) ? 1 : elem;
@@ -315,9 +368,10 @@ ProjShape check_proj_call(const QkvProjSpec& c, const QkvProjArgs& a) {
         break;
       case KvCache::contiguous:
         check_aligned(kc.seq_lens, 4, "args.cache.seq_lens", "spec.cache is cont");
-        if (kc.pages < a.tokens)
-          invalid("args.cache.pages (", kc.pages, ") holds fewer sequences than args.tokens (",
-                  a.tokens, "): token t appends to sequence t");
+        if (kc.pages < sequences)
+          invalid("args.cache.pages (", kc.pages, ") holds fewer sequences than ",
+                  a.cu_seqlens ? "args.batch (" : "args.tokens (", sequences,
+                  a.cu_seqlens ? ")" : "): token t appends to sequence t");
         break;
       case KvCache::none:
         break;
@@ -363,13 +417,14 @@ ProjShape check_proj_call(const QkvProjSpec& c, const QkvProjArgs& a) {
         range_of("args.cache.slot_mapping",
                  c.cache == KvCache::slots ? a.cache.slot_mapping : nullptr, a.tokens, 1, 1, 8),
         range_of("args.cache.indptr", c.cache == KvCache::paged ? a.cache.indptr : nullptr,
-                 a.tokens + 1, 1, 1, 4),
+                 sequences + 1, 1, 1, 4),
         range_of("args.cache.indices", c.cache == KvCache::paged ? a.cache.indices : nullptr,
                  a.cache.num_indices, 1, 1, 4),
         range_of("args.cache.last_page_len",
-                 c.cache == KvCache::paged ? a.cache.last_page_len : nullptr, a.tokens, 1, 1, 4),
+                 c.cache == KvCache::paged ? a.cache.last_page_len : nullptr, sequences, 1, 1, 4),
         range_of("args.cache.seq_lens", c.cache == KvCache::contiguous ? a.cache.seq_lens : nullptr,
-                 a.tokens, 1, 1, 4)};
+                 sequences, 1, 1, 4),
+        range_of("args.cu_seqlens", a.cu_seqlens, a.batch + 1, 1, 1, 4)};
     // The workspace is written by the unfused path: it may overlap nothing.
     std::vector<Range> all(std::begin(inputs), std::end(inputs));
     for (const Operand& o : written) all.push_back(Range{o.name, o.first, o.end});
@@ -421,6 +476,8 @@ ropejit_dev::ProjParams make_proj_params(const QkvProjSpec& c, const QkvProjArgs
     p.cache.indices = kc.indices;
     p.cache.last_page_len = kc.last_page_len;
     p.cache.seq_lens = kc.seq_lens;
+    p.cache.cu_seqlens = a.cu_seqlens;
+    p.cache.batch = a.cu_seqlens ? a.batch : 0;
     p.cache.num_indices = kc.num_indices;
     p.cache.pages = kc.pages;
     p.cache.skipped = kc.skipped;

@@ -108,10 +108,16 @@ std::string proj_split_problem(const QkvProjSpec& canonical, const QkvProjArgs& 
                                const ProjShape& shape, bool need_workspace);
 
 // The unfused path's steps as calls of the other key families: the RMSNorm key, and the RoPE
-// key in place on q and k (bshd, one sequence of `tokens`).
+// key in place on q and k (bshd, one sequence of `tokens`); with a KV cache, the fused RoPE key
+// that also appends k and v (slots: that sequence; paged or contiguous: a sequence per token,
+// or thd over args.cu_seqlens).
 RmsNormSpec proj_norm_spec(const QkvProjSpec& canonical);
-Spec proj_rope_spec(const QkvProjSpec& canonical);
-Args proj_rope_args(const QkvProjArgs& args);
+Spec proj_rope_spec(const QkvProjSpec& canonical, const QkvProjArgs& args);
+Args proj_rope_args(const QkvProjSpec& canonical, const QkvProjArgs& args);
+
+// What the unfused path's preparation is remembered by (per context): the projection's key and
+// its RoPE step's (which depends on the cache addressing).
+std::string proj_unfused_key(const QkvProjSpec& canonical, const QkvProjArgs& args);
 
 // The token bucket a path choice is made for: tokens rounded up to a power of two.
 int64_t proj_path_bucket(int64_t tokens);

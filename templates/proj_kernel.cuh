@@ -268,7 +268,8 @@ struct ProjKernel {
 
   // k (rotated) or v of one token into its cache row (Cfg::kCache). A row outside the cache
   // (an index read here) is not written and is counted once per token (by the thread of k head
-  // 0's first pair); a negative slot is padding: not written, not counted.
+  // 0's first pair); a negative slot is padding, and a token outside every sequence of
+  // cu_seqlens is not a sequence's: neither is written or counted.
   static __device__ __forceinline__ void append(const ProjParams& p, const Pair& r, long long token,
                                                 float ya, float yb) {
     const ProjCache& c = p.cache;
@@ -280,19 +281,44 @@ struct ProjKernel {
       bad = flat >= c.slot_count;
       page = flat / c.page_size;
       slot = flat - page * c.page_size;
-    } else if (Cfg::kCache == 2) {  // paged: the sequence's last page, after the append
-      const long long first = __ldg(c.indptr + token), end = __ldg(c.indptr + token + 1);
-      const long long last = __ldg(c.last_page_len + token);
-      bad = end <= first || first < 0 || end > c.num_indices || last < 1 || last > c.page_size;
-      if (!bad) {
-        page = __ldg(c.indices + end - 1);
-        bad = page < 0 || page >= c.pages;
+    } else {
+      // The token's sequence b, and its place s among the sequence's n new tokens: itself
+      // alone, or from cu_seqlens (the last sequence starting at or before the token, searched
+      // in [0, batch); whatever the device data, the token must lie inside its range).
+      long long b = token, s = 0, n = 1;
+      if (c.cu_seqlens) {
+        long long lo = 0, hi = c.batch;
+        while (hi - lo > 1) {
+          const long long mid = (lo + hi) >> 1;
+          if (__ldg(c.cu_seqlens + mid) <= token)
+            lo = mid;
+          else
+            hi = mid;
+        }
+        const long long first = __ldg(c.cu_seqlens + lo), end = __ldg(c.cu_seqlens + lo + 1);
+        if (token < first || token >= end) return;
+        b = lo;
+        s = token - first;
+        n = end - first;
       }
-      slot = last - 1;
-    } else {  // contiguous: sequence `token`, after the tokens it held
-      page = token;
-      slot = __ldg(c.seq_lens + token);
-      bad = slot < 0 || slot >= c.page_size;
+      if (Cfg::kCache == 2) {  // paged: the sequence's last n positions, after the append
+        const long long first = __ldg(c.indptr + b), end = __ldg(c.indptr + b + 1);
+        const long long last = __ldg(c.last_page_len + b);
+        const long long pos = (end - first - 1) * c.page_size + last - n + s;
+        bad = end <= first || first < 0 || end > c.num_indices || last < 1 || last > c.page_size ||
+              pos < 0;
+        if (!bad) {
+          const long long nth = pos / c.page_size;
+          slot = pos - nth * c.page_size;
+          page = __ldg(c.indices + first + nth);
+          bad = page < 0 || page >= c.pages;
+        }
+      } else {  // contiguous: page b, after the tokens it held (the host checks b < pages)
+        const long long held = __ldg(c.seq_lens + b);
+        page = b;
+        slot = held + s;
+        bad = held < 0 || slot >= c.page_size;
+      }
     }
     if (bad) {
       if (c.skipped && r.part == 1 && r.head == 0 && r.a == 0) atomicAdd(c.skipped, 1);

@@ -14,9 +14,12 @@ struct ProjOutput {
 };
 
 // The KV cache k and v are appended to (Cfg::kCache); element offsets from k / v. slots: row
-// slots[token] (page slot / page_size, row slot % page_size); paged: the last page of sequence
-// `token` (indices[indptr[token + 1] - 1]), row last_page_len[token] - 1; contiguous: page
-// `token`, row seq_lens[token].
+// slots[token] (page slot / page_size, row slot % page_size). Without cu_seqlens token t is
+// sequence t's one new token: paged, the last page of sequence t (indices[indptr[t + 1] - 1]),
+// row last_page_len[t] - 1; contiguous, page t, row seq_lens[t]. With cu_seqlens, token t is
+// token s of the n new tokens of sequence b (cu_seqlens[b] <= t < cu_seqlens[b + 1]): paged,
+// position held - n + s of the sequence after the append (held = (pages - 1) * page_size +
+// last_page_len[b]); contiguous, page b, row seq_lens[b] + s.
 struct ProjCache {
   void* k;
   void* v;
@@ -25,7 +28,8 @@ struct ProjCache {
   const int* indices;
   const int* last_page_len;
   const int* seq_lens;
-  int* skipped;  // optional counter of tokens whose row falls outside the cache
+  const int* cu_seqlens;  // null: one token per sequence
+  int* skipped;           // optional counter of tokens whose row falls outside the cache
   long long num_indices;
   long long pages;
   long long stride_page;
@@ -33,6 +37,7 @@ struct ProjCache {
   long long stride_head;
   long long page_size;
   long long slot_count;  // pages * page_size
+  long long batch;       // with cu_seqlens: its entries minus one
   float k_scale;         // e4m3 cache: stored = value * scale
   float v_scale;
 };

@@ -290,11 +290,111 @@ TEST_SUITE("gpu") {
             z.bad_slots = z.tokens > 4 ? 1 + n % 3 : 0;
             z.seed = uint64_t(7000 + n);
             autotune::ProjProblem p(s, z);
-            check_call_and_variant(p, s, 1 + n % 4, 1 + n % 2, true,
+            // Up to 16 tokens the automatic path is the fused one (beyond, it would be the
+            // unfused one given a workspace; without one it runs fused).
+            check_call_and_variant(p, s, 1 + n % 4, 1 + n % 2, z.tokens <= 16,
                                    s.key() + " tokens " + std::to_string(z.tokens) + " page " +
                                        std::to_string(z.cache_page_size) +
                                        (z.cache_only ? " cache only" : ""));
           }
+  }
+
+  TEST_CASE("projection with a KV cache: a chunk's sequences (cu_seqlens), and the unfused path") {
+    // Several new tokens per sequence (cu_seqlens, some sequences empty) into a paged cache
+    // (the sequence's last positions after the append, across page boundaries) or a contiguous
+    // one (rows from seq_lens on; tokens past the row skipped and counted), fused; then the
+    // unfused path (GEMM, then the fused RoPE key appending k and v) with every addressing, a
+    // decode step's and a chunk's, in the dtype and e4m3, forced and automatic; every other
+    // cache byte untouched.
+    testing::use_primary_context();
+    testing::ScopedEnv off("ROPEJIT_TUNING", "off");  // the heuristic: unfused from 17 tokens
+    const int32_t dims[][2] = {{128, 128}, {64, 32}, {80, 80}};
+    const int64_t tokens[] = {3, 16, 40, 64, 130};
+    int n = 0;
+    for (const auto& d : dims)
+      for (const DType dt : {DType::bf16, DType::f16})
+        for (const Store store : {Store::same, Store::e4m3})
+          for (const KvCache mode : {KvCache::paged, KvCache::contiguous}) {
+            ++n;
+            const Norm norm = n % 3 == 0 ? Norm::none : n % 3 == 1 ? Norm::rms : Norm::rms_one_plus;
+            auto [s, z] = matrix_case(n, d, dt, norm, tokens);
+            s.cache = mode;
+            s.cache_store = store;
+            s.weights = n % 4 == 3 ? Weights::e4m3 : Weights::same;
+            z.hidden = n % 2 ? 272 : 512;
+            z.cache_sequences = 1 + n % 5;
+            z.cache_page_size = mode == KvCache::contiguous ? (n % 3 == 0 ? 16 : 160)
+                                                            : (n % 3 == 0   ? 1
+                                                               : n % 3 == 1 ? 16
+                                                                            : 5);
+            z.cache_slot_gap = n % 4 == 1 ? 16 : 0;
+            z.bad_slots = n % 3;
+            z.seed = uint64_t(9000 + n);
+            autotune::ProjProblem p(s, z);
+            check_call_and_variant(p, s, 1 + n % 4, 1 + n % 2, z.tokens <= 16,
+                                   s.key() + " chunk of " + std::to_string(z.tokens) + " in " +
+                                       std::to_string(z.cache_sequences) + " sequences, page " +
+                                       std::to_string(z.cache_page_size));
+          }
+    n = 0;
+    for (const auto& d : dims)
+      for (const DType dt : {DType::bf16, DType::f16})
+        for (const KvCache mode : {KvCache::slots, KvCache::paged, KvCache::contiguous})
+          for (const bool chunk : {false, true}) {
+            if (chunk && mode == KvCache::slots) continue;
+            ++n;
+            const Norm norm = n % 3 == 0 ? Norm::none : n % 3 == 1 ? Norm::rms : Norm::rms_one_plus;
+            auto [s, z] = matrix_case(n, d, dt, norm, tokens);
+            s.positions = Positions::ids;  // offsets: the fused path only, with these caches
+            z.position_offset = 0;
+            s.cache = mode;
+            s.cache_store = n % 2 ? Store::e4m3 : Store::same;
+            z.tokens = n % 3 == 0 ? 17 : n % 3 == 1 ? 64 : 130;
+            z.hidden = n % 2 ? 264 : 512;
+            z.packed_out = n % 4 != 1;
+            z.cache_sequences = chunk ? 2 + n % 4 : 0;
+            z.cache_page_size = mode == KvCache::contiguous ? (chunk ? 160 : 8) : 16;
+            z.padded_slots = mode == KvCache::slots ? 2 : 0;
+            z.bad_slots = 1 + n % 2;
+            z.path = n % 2 ? ProjPath::unfused : ProjPath::automatic;
+            z.seed = uint64_t(9500 + n);
+            autotune::ProjProblem p(s, z);
+            p.upload();
+            const std::string what = s.key() + " unfused, tokens " + std::to_string(z.tokens) +
+                                     (chunk ? " in sequences" : "");
+            CHECK_MESSAGE(qkv_projection_path(s, p.args()) == ProjPath::unfused, what);
+            qkv_projection(s, p.args());
+            expect_ok(p, what);
+            CHECK_MESSAGE(p.matched() == ProjPath::unfused, what);
+          }
+    // A chunk into a paged cache inside a CUDA graph: the key warmed at the chunk's shape
+    // (which prepares the unfused path's RoPE step for thd), then captured and replayed.
+    QkvProjSpec s =
+        spec_of(DType::bf16, 128, 128, Style::neox, Positions::ids, Freqs::table, Norm::rms);
+    s.cache = KvCache::paged;
+    s.cache_store = Store::e4m3;
+    autotune::ProjSizes z;
+    z.tokens = 96;
+    z.hidden = 1024;
+    z.q_heads = 8;
+    z.kv_heads = 2;
+    z.cache_sequences = 3;
+    z.path = ProjPath::automatic;
+    autotune::ProjProblem warm(s, z);
+    warm.upload();
+    qkv_projection(s, warm.args());
+    expect_ok(warm, "paged chunk, warm-up");
+    z.seed = 77;
+    autotune::ProjProblem p(s, z);
+    p.upload();
+    const detail::Driver& drv = detail::driver();
+    CUstream stream = nullptr;
+    detail::check(drv.StreamCreate(&stream, 0), "cuStreamCreate");
+    testing::capture_and_replay(
+        stream, [&] { qkv_projection(s, p.args(stream)); }, 2);
+    expect_ok(p, "paged chunk, graph replay");
+    CHECK(p.matched() == ProjPath::unfused);
+    drv.StreamDestroy(stream);
   }
 
   TEST_CASE("projection, e4m3 weights: every code decodes exactly, in every variant (bits)") {

@@ -342,13 +342,40 @@ TEST_CASE("projection calls: every bad argument is named, a good one passes") {
        [](Fake& f) { f.args.cache.v = static_cast<char*>(f.args.cache.k) + 64; }},
       {"args.q and args.cache.slot_mapping overlap",  // an input under an output
        [](Fake& f) { f.args.cache.slot_mapping = static_cast<const int64_t*>(f.args.q.data); }},
-      {"spec.cache (slots) has no unfused path",
+      {"args.k.data is null (the cache only): the unfused path's GEMM writes k and v",
        [](Fake& f) {
+         f.args.k.data = f.args.v.data = nullptr;
          f.args.path = ProjPath::unfused;
          f.args.workspace = reinterpret_cast<void*>(0x80000000);
          f.args.workspace_bytes = size_t(64) << 20;
        }},
+      {"args.cu_seqlens is given but spec.cache is slots",
+       [](Fake& f) {
+         f.args.cu_seqlens = reinterpret_cast<const int32_t*>(0xb5000000);
+         f.args.batch = 2;
+       }},
   };
+  {
+    // With k and v written too, a slots cache takes the unfused path (the fused RoPE key
+    // appends after the GEMM).
+    Fake f;
+    cached(f);
+    f.args.path = ProjPath::unfused;
+    f.args.workspace = reinterpret_cast<void*>(0x80000000);
+    f.args.workspace_bytes = size_t(64) << 20;
+    CHECK(f.check().empty());
+    const QkvProjSpec c = f.spec.canonical();
+    const Spec rs = detail::proj_rope_spec(c, f.args);
+    CHECK(rs.cache == KvCache::slots);
+    CHECK(rs.layout == Layout::bshd);
+    CHECK(detail::proj_rope_args(c, f.args).seq_len == 4);
+  }
+  {
+    Fake f;
+    f.args.cu_seqlens = reinterpret_cast<const int32_t*>(0xb5000000);
+    f.args.batch = 2;
+    CHECK(contains(f.check(), "args.cu_seqlens is given but spec.cache is none"));
+  }
   {
     Fake f;
     cached(f);
@@ -420,7 +447,70 @@ TEST_CASE("projection calls: every bad argument is named, a good one passes") {
          contiguous(f);
          f.args.cache.pages = 2;
        }},
+      {"args.cache.pages (8) holds fewer sequences than args.batch (9)",
+       [&](Fake& f) {
+         contiguous(f);
+         f.args.cu_seqlens = reinterpret_cast<const int32_t*>(0xb5000000);
+         f.args.batch = 9;
+       }},
+      {"args.cu_seqlens (0xb5000002) is not aligned",
+       [&](Fake& f) {
+         paged(f);
+         f.args.cu_seqlens = reinterpret_cast<const int32_t*>(0xb5000002);
+         f.args.batch = 2;
+       }},
+      {"args.batch (0) must be in [1, 2^31 - 1) with args.cu_seqlens",
+       [&](Fake& f) {
+         paged(f);
+         f.args.cu_seqlens = reinterpret_cast<const int32_t*>(0xb5000000);
+       }},
+      {"args.q and args.cu_seqlens overlap",
+       [&](Fake& f) {
+         paged(f);
+         f.args.cu_seqlens = static_cast<const int32_t*>(f.args.q.data);
+         f.args.batch = 2;
+       }},
+      {"with a paged cache and no args.cu_seqlens: the unfused path's RoPE step takes a decode",
+       [&](Fake& f) {
+         paged(f);
+         f.spec.positions = Positions::offset;
+         f.args.path = ProjPath::unfused;
+         f.args.workspace = reinterpret_cast<void*>(0x80000000);
+         f.args.workspace_bytes = size_t(64) << 20;
+       }},
+      {"with args.cu_seqlens: the unfused path's RoPE step places a chunk's tokens by position",
+       [&](Fake& f) {
+         contiguous(f);
+         f.spec.positions = Positions::offset;
+         f.args.cu_seqlens = reinterpret_cast<const int32_t*>(0xb5000000);
+         f.args.batch = 2;
+         f.args.path = ProjPath::unfused;
+         f.args.workspace = reinterpret_cast<void*>(0x80000000);
+         f.args.workspace_bytes = size_t(64) << 20;
+       }},
   };
+  {
+    // The unfused path's RoPE step: the fused key with the cache, a sequence per token for a
+    // decode step, thd over cu_seqlens for a chunk.
+    Fake f;
+    paged(f);
+    f.args.path = ProjPath::unfused;
+    f.args.workspace = reinterpret_cast<void*>(0x80000000);
+    f.args.workspace_bytes = size_t(64) << 20;
+    CHECK(f.check().empty());
+    const QkvProjSpec c = f.spec.canonical();
+    CHECK(detail::proj_rope_spec(c, f.args).layout == Layout::bshd);
+    CHECK(detail::proj_rope_args(c, f.args).batch == 4);
+    CHECK(detail::proj_rope_args(c, f.args).seq_len == 1);
+    CHECK(detail::proj_rope_args(c, f.args).q.stride_batch == 8 * 128);
+    f.args.cu_seqlens = reinterpret_cast<const int32_t*>(0xb5000000);
+    f.args.batch = 3;
+    CHECK(f.check().empty());
+    CHECK(detail::proj_rope_spec(c, f.args).layout == Layout::thd);
+    CHECK(detail::proj_rope_args(c, f.args).batch == 3);
+    CHECK(detail::proj_rope_args(c, f.args).seq_len == 4);
+    CHECK(detail::proj_unfused_key(c, f.args) != detail::proj_unfused_key(c, Fake{}.args));
+  }
   for (const auto& [expect, edit] : addressing) {
     Fake f;
     edit(f);

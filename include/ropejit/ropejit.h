@@ -252,8 +252,12 @@ typedef struct {
   void* workspace;           /* the unfused path's scratch (256-byte aligned device memory) */
   size_t workspace_bytes;    /* ropejit_qkv_projection_workspace_bytes() */
   const float* weight_scale; /* e4m3 weights: a float32 scale per weight row */
-  ropejit_kv_cache cache;    /* spec.cache slots: k, v, pages, page_size, strides,
-                                slot_mapping, k/v_quant_scale, skipped */
+  ropejit_kv_cache cache;    /* spec.cache: k, v, pages, page_size, strides, the addressing
+                                (slot_mapping; indptr/indices/last_page_len; seq_lens),
+                                k/v_quant_scale, skipped */
+  const int32_t* cu_seqlens; /* paged/contiguous cache: [batch + 1] sequences of the tokens
+                                (null: one token per sequence) */
+  int64_t batch;
 } ropejit_qkv_proj_args;
 
 /* Fill with the C++ defaults (bf16, d128, neox, int64 ids, f32 half table, RMSNorm; eps 1e-6,

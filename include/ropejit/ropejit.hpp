@@ -378,11 +378,20 @@ struct QkvProjArgs {
   Tensor v;
   // spec.cache: k (rotated) and v of token t go to the cache row its addressing gives
   // (KvCacheArgs: k, v, pages, page_size, the three strides, k/v_quant_scale for e4m3, skipped;
-  // slots: slot_mapping [tokens]; paged: indptr [tokens + 1], indices [num_indices],
-  // last_page_len [tokens]; contiguous: seq_lens [tokens], pages >= tokens; the dynamic scale
-  // fields are not used). A row outside the cache (read on the device) is not written and is
-  // counted in `skipped`; a negative slot is not written and not counted (padding).
+  // slots: slot_mapping [tokens]; paged: indptr [sequences + 1], indices [num_indices],
+  // last_page_len [sequences]; contiguous: seq_lens [sequences], pages >= sequences; the dynamic
+  // scale fields are not used). A row outside the cache (read on the device) is not written and
+  // is counted in `skipped`; a negative slot is not written and not counted (padding).
   KvCacheArgs cache;
+  // A paged or contiguous cache's sequences (a prefill chunk, or several tokens per sequence):
+  // tokens cu_seqlens[b] .. cu_seqlens[b + 1] - 1 are sequence b's newest, in order ([batch + 1]
+  // int32, device; cu_seqlens[0] = 0 and cu_seqlens[batch] = tokens expected). Paged: they take
+  // the last positions of the sequence after the append (last_page_len counts them); contiguous:
+  // rows seq_lens[b] onwards. A token outside every sequence is not appended and its q and k
+  // are unspecified. Null (the default): token t is sequence t's one new token (a decode step),
+  // and batch is ignored.
+  const int32_t* cu_seqlens = nullptr;
+  int64_t batch = 0;
   int64_t position_offset = 0;         // Positions::offset: position = offset + token index
   const void* position_ids = nullptr;  // Positions::ids: [tokens]
   const void* cos = nullptr;           // Freqs::table

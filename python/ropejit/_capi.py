@@ -95,7 +95,8 @@ class ropejit_qkv_proj_args(ctypes.Structure):
         ("position_offset", _i64), ("position_ids", _ptr), ("cos", _ptr), ("sin", _ptr),
         ("table_stride", _i64), ("table_rows", _i64), ("base", _f64), ("stream", _ptr),
         ("path", _i32), ("workspace", _ptr), ("workspace_bytes", ctypes.c_size_t),
-        ("weight_scale", _ptr), ("cache", ropejit_kv_cache),
+        ("weight_scale", _ptr), ("cache", ropejit_kv_cache), ("cu_seqlens", _ptr),
+        ("batch", _i64),
     ]
 
 

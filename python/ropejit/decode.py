@@ -133,10 +133,12 @@ def qkv_projection(x, weight, *, q_heads, kv_heads, head_dim=128, rotary_dim=Non
                    cos=None, sin=None, base=10000.0, style="neox", path="auto",
                    weight_scale=None, k_cache=None, v_cache=None, slot_mapping=None,
                    kv_indptr=None, kv_indices=None, kv_last_page_len=None, cache_seqlens=None,
-                   k_scale=1.0, v_scale=1.0, skipped=None, write_kv=True):
+                   k_scale=1.0, v_scale=1.0, skipped=None, write_kv=True, cu_seqlens=None):
     """Returns (q, k, v), new tensors ``[tokens, heads, head_dim]``; see the module docstring.
     ``norm="none"`` skips RMSNorm; ``"rms_one_plus"`` is Gemma's ``(1 + w)``; float8_e4m3fn
-    weights take ``weight_scale``, a float32 scale per weight row."""
+    weights take ``weight_scale``, a float32 scale per weight row. ``cu_seqlens`` (int32,
+    ``[sequences + 1]``) groups the tokens into sequences for a paged or contiguous cache (a
+    prefill chunk); without it token t is sequence t's one new token."""
     import torch
     if path not in _capi.PROJ_PATHS:
         _fail(f"path ({path!r}) must be one of: {', '.join(_capi.PROJ_PATHS)}")
@@ -190,8 +192,19 @@ def qkv_projection(x, weight, *, q_heads, kv_heads, head_dim=128, rotary_dim=Non
     spec.weights = _capi.WEIGHTS[weights]
     addressing = {"slots": (slot_mapping,), "paged": (kv_indptr, kv_indices, kv_last_page_len),
                   "contiguous": (cache_seqlens,)}
+    sequences = x.shape[0]
+    if cu_seqlens is not None:
+        if (not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dtype != torch.int32
+                or cu_seqlens.device != x.device or not cu_seqlens.is_contiguous()
+                or cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2):
+            _fail("cu_seqlens must be a contiguous 1-d torch.int32 tensor of sequences + 1 >= 2 "
+                  "entries on x's device")
+        if kv_indptr is None and cache_seqlens is None:
+            _fail("cu_seqlens places a chunk's tokens in a paged (kv_indptr, ...) or contiguous "
+                  "(cache_seqlens) cache; it is not used otherwise")
+        sequences = cu_seqlens.numel() - 1
     cache = _cache(x, kv_heads, head_dim, k_cache, v_cache, addressing, k_scale, v_scale,
-                   skipped, write_kv)
+                   skipped, write_kv, sequences)
     if cache is not None:
         spec.cache, spec.cache_store = _capi.KV_CACHES[cache[2]], cache[1]
     tokens = x.shape[0]
@@ -218,6 +231,8 @@ def qkv_projection(x, weight, *, q_heads, kv_heads, head_dim=128, rotary_dim=Non
                     _capi.ropejit_tensor(t.data_ptr(), heads, 0, t.stride(0), t.stride(1)))
     if cache is not None:
         a.cache = cache[0]
+    if cu_seqlens is not None:
+        a.cu_seqlens, a.batch = cu_seqlens.data_ptr(), sequences
     a.position_offset = position_offset
     if position_ids is not None:
         a.position_ids = position_ids.data_ptr()
@@ -234,7 +249,7 @@ def qkv_projection(x, weight, *, q_heads, kv_heads, head_dim=128, rotary_dim=Non
         taken = path
         if path == "auto":
             slot = (bytes(spec), 1 << (tokens - 1).bit_length(), a.hidden, q_heads, kv_heads,
-                    x.device.index)
+                    x.device.index, cu_seqlens is None)
             taken = _paths.get(slot)
             if taken is None:
                 code = ctypes.c_int32()
@@ -252,10 +267,10 @@ def qkv_projection(x, weight, *, q_heads, kv_heads, head_dim=128, rotary_dim=Non
 
 
 def _cache(x, kv_heads, head_dim, k_cache, v_cache, addressing, k_scale, v_scale, skipped,
-           write_kv):
+           write_kv, sequences):
     """(ropejit_kv_cache, cache_store code, mode) for the projection's KV cache, or None.
     `addressing` maps each mode to its tensors (slot_mapping; kv_indptr, kv_indices,
-    kv_last_page_len; cache_seqlens)."""
+    kv_last_page_len; cache_seqlens); `sequences`: the paged / contiguous arrays' sequences."""
     import torch
     given = [mode for mode, ts in addressing.items() if any(t is not None for t in ts)]
     if k_cache is None:
@@ -285,9 +300,10 @@ def _cache(x, kv_heads, head_dim, k_cache, v_cache, addressing, k_scale, v_scale
         _fail("k_cache and v_cache must have one dtype, shape and strides")
     tokens = x.shape[0]
     names = {"slots": (("slot_mapping", torch.int64, tokens),),
-             "paged": (("kv_indptr", torch.int32, tokens + 1), ("kv_indices", torch.int32, None),
-                       ("kv_last_page_len", torch.int32, tokens)),
-             "contiguous": (("cache_seqlens", torch.int32, tokens),)}[mode]
+             "paged": (("kv_indptr", torch.int32, sequences + 1),
+                       ("kv_indices", torch.int32, None),
+                       ("kv_last_page_len", torch.int32, sequences)),
+             "contiguous": (("cache_seqlens", torch.int32, sequences),)}[mode]
     for (name, dtype, count), t in zip(names, addressing[mode]):
         if (not isinstance(t, torch.Tensor) or t.dtype != dtype or t.device != x.device
                 or not t.is_contiguous() or t.dim() != 1

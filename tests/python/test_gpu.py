@@ -416,8 +416,11 @@ def test_qkv_projection_appends_to_a_kv_cache(tokens, fp8, write_kv, mode):
     v_cache = k_cache.clone()
     skipped = torch.zeros(1, dtype=torch.int32, device="cuda")
     k_scale, v_scale = (4.0, 8.0) if fp8 else (1.0, 1.0)
+    # The fused path both times (from 17 tokens the automatic choice with k and v written is the
+    # unfused one, whose roundings differ; test_qkv_projection_chunk_into_a_cache covers it).
     kw = dict(q_heads=qh, kv_heads=kvh, head_dim=d, norm_weight=nw, position_ids=ids,
-              k_cache=k_cache, v_cache=v_cache, k_scale=k_scale, v_scale=v_scale, **addressing)
+              k_cache=k_cache, v_cache=v_cache, k_scale=k_scale, v_scale=v_scale, path="fused",
+              **addressing)
     q, k, v = decode.qkv_projection(x, w, skipped=skipped, write_kv=True, **kw)
     q2, k2, v2 = decode.qkv_projection(x, w, write_kv=write_kv, **kw)
     torch.cuda.synchronize()
@@ -440,6 +443,80 @@ def test_qkv_projection_appends_to_a_kv_cache(tokens, fp8, write_kv, mode):
                 assert torch.equal(got, want)
     assert torch.all(k_cache[~written].float() == -3.0)
     assert torch.all(v_cache[~written].float() == -3.0)
+
+
+@pytest.mark.parametrize("mode", ["paged", "contiguous"])
+@pytest.mark.parametrize("path", ["fused", "unfused", "auto"])
+def test_qkv_projection_chunk_into_a_cache(mode, path):
+    """A prefill chunk: cu_seqlens groups 70 tokens into sequences (one empty); each sequence's
+    tokens take its last positions after the append (paged: across its pages, last_page_len
+    counting them) or the rows after seq_lens (contiguous). The cache rows hold the call's own
+    k and v (bf16: the same bits), every other row untouched, on each path."""
+    from ropejit import decode
+    torch.manual_seed(400)
+    hidden, qh, kvh, d, page_size = 512, 4, 2, 64, 16
+    counts = [30, 0, 25, 15]
+    tokens = sum(counts)
+    cu = [0]
+    for n in counts:
+        cu.append(cu[-1] + n)
+    x = (torch.rand(tokens, hidden, device="cuda") * 4 - 2).bfloat16()
+    w = ((torch.rand((qh + 2 * kvh) * d, hidden, device="cuda") * 2 - 1) * (3 / hidden) ** 0.5)
+    w = w.bfloat16()
+    nw = (torch.rand(hidden, device="cuda") + 0.5).bfloat16()
+    ids = torch.randint(0, 4096, (tokens,), device="cuda")
+    dest = []
+    if mode == "paged":
+        pages = 40
+        perm = torch.randperm(pages).tolist()
+        indptr, indices, last = [0], [], []
+        for b, n in enumerate(counts):
+            held = 7 + 9 * b                 # before the append
+            after = held + n
+            npages = -(-after // page_size)
+            mine = perm[:npages]
+            perm = perm[npages:]
+            indices += mine
+            indptr.append(len(indices))
+            last.append(after - (npages - 1) * page_size)
+            dest += [(mine[p // page_size], p % page_size) for p in range(held, after)]
+        addressing = dict(kv_indptr=torch.tensor(indptr, dtype=torch.int32, device="cuda"),
+                          kv_indices=torch.tensor(indices, dtype=torch.int32, device="cuda"),
+                          kv_last_page_len=torch.tensor(last, dtype=torch.int32, device="cuda"))
+    else:
+        pages, page_size = len(counts), 64
+        held = [3, 60, 11, 0]
+        for b, n in enumerate(counts):
+            dest += [(b, held[b] + i) for i in range(n)]
+        addressing = dict(cache_seqlens=torch.tensor(held, dtype=torch.int32, device="cuda"))
+    k_cache = torch.full((pages, page_size, kvh, d), -3.0, device="cuda").bfloat16()
+    v_cache = k_cache.clone()
+    skipped = torch.zeros(1, dtype=torch.int32, device="cuda")
+    q, k, v = decode.qkv_projection(
+        x, w, q_heads=qh, kv_heads=kvh, head_dim=d, norm_weight=nw, position_ids=ids,
+        k_cache=k_cache, v_cache=v_cache, skipped=skipped, path=path,
+        cu_seqlens=torch.tensor(cu, dtype=torch.int32, device="cuda"), **addressing)
+    torch.cuda.synchronize()
+    assert int(skipped.item()) == 0
+    written = torch.zeros(pages, page_size, dtype=torch.bool, device="cuda")
+    for t, (page, row) in enumerate(dest):
+        written[page, row] = True
+        assert torch.equal(k_cache[page, row], k[t]), (t, page, row)
+        assert torch.equal(v_cache[page, row], v[t]), (t, page, row)
+    assert torch.all(k_cache[~written].float() == -3.0)
+    assert torch.all(v_cache[~written].float() == -3.0)
+    if mode == "paged" and path == "fused":
+        with pytest.raises(ropejit.InvalidArgument, match="cu_seqlens places a chunk's tokens"):
+            decode.qkv_projection(
+                x, w, q_heads=qh, kv_heads=kvh, head_dim=d, norm_weight=nw, position_ids=ids,
+                k_cache=k_cache, v_cache=v_cache, slot_mapping=ids,
+                cu_seqlens=torch.tensor(cu, dtype=torch.int32, device="cuda"))
+        with pytest.raises(ropejit.InvalidArgument, match="kv_indptr must be a contiguous 1-d "
+                                                          "torch.int32 tensor of 6 entries"):
+            decode.qkv_projection(
+                x, w, q_heads=qh, kv_heads=kvh, head_dim=d, norm_weight=nw, position_ids=ids,
+                k_cache=k_cache, v_cache=v_cache, **addressing,
+                cu_seqlens=torch.tensor(cu + [tokens], dtype=torch.int32, device="cuda"))
 
 
 @pytest.mark.parametrize("tokens,act,merged", [(1, "silu", True), (12, "gelu_tanh", False),
