@@ -38,9 +38,13 @@ by vLLM's ``slot_mapping`` (int64 ``[tokens]``: page ``slot // page_size``, row
 ``slot % page_size``; a negative slot is not written), by FlashInfer's ``kv_indptr``,
 ``kv_indices`` and ``kv_last_page_len`` (int32; token t is the newest of sequence t: the
 sequence's last page, row ``kv_last_page_len[t] - 1``), or by ``cache_seqlens`` (int32, the
-tokens sequence t held before; page t of a contiguous cache). A row outside the cache is not
-written and is counted in ``skipped`` (an int32 tensor of one element). ``write_kv=False``
-returns ``(q, None, None)`` and writes k and v only to the cache.
+tokens sequence t held before; page t of a contiguous cache). For a prefill chunk,
+``cu_seqlens`` (int32 ``[sequences + 1]``) groups the tokens into sequences: the paged and
+contiguous arrays then have an entry per sequence, and sequence b's tokens take its last
+positions after the append (paged) or the rows from ``cache_seqlens[b]`` on. A row outside the
+cache is not written and is counted in ``skipped`` (an int32 tensor of one element). Both paths
+append (the unfused one after its GEMM, with the fused RoPE key). ``write_kv=False`` returns
+``(q, None, None)`` and writes k and v only to the cache (fused path).
 
 FP8 weights: both calls take ``torch.float8_e4m3fn`` weights with a float32 scale per weight
 row (``weight_scale`` ``[rows]``; for the FFN's separate weights ``gate_scale`` and
