@@ -11,6 +11,7 @@
 #include "autotune/tuner.hpp"
 #include "autotune/tuning_cache.hpp"
 #include "jit/errors.hpp"
+#include "jit/proj.hpp"
 
 namespace ropejit::autotune {
 namespace {
@@ -56,12 +57,24 @@ class TuningStore {
     }
   }
 
-  std::optional<ProjPath> find_proj(const detail::DeviceInfo& dev, const std::string& key,
-                                    int64_t bucket, int64_t hidden, int64_t columns) {
+  std::optional<ProjTuningEntry> find_proj(const detail::DeviceInfo& dev, const std::string& key,
+                                           int64_t bucket, int64_t hidden, int64_t columns) {
     std::lock_guard<std::mutex> lock(mutex_);
     const ProjTuningEntry* e = cache_for(dev).find_proj(key, bucket, hidden, columns);
     if (!e) return std::nullopt;
-    return e->path;
+    return *e;
+  }
+
+  // The key's projection entries; with columns > 0, those of that weight shape only.
+  std::vector<ProjTuningEntry> proj_entries_for(const detail::DeviceInfo& dev,
+                                                const std::string& key, int64_t hidden,
+                                                int64_t columns) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<ProjTuningEntry> out;
+    for (const ProjTuningEntry& e : cache_for(dev).proj_entries())
+      if (e.key == key && (columns <= 0 || (e.hidden == hidden && e.columns == columns)))
+        out.push_back(e);
+    return out;
   }
 
   const std::string& path() const { return path_; }
@@ -156,24 +169,77 @@ std::vector<detail::KernelVariant> policy_variants(const Spec& c, const detail::
   return out;
 }
 
+namespace {
+
+// The tuning file's entry for a projection or FFN call's bucket and weight shape.
+std::optional<ProjTuningEntry> proj_entry(const std::string& key, const detail::ProjShape& shape,
+                                          const detail::DeviceInfo& device) {
+  if (tuning_mode() == TuningMode::off) return std::nullopt;
+  return TuningStore::instance().find_proj(device, key, detail::proj_path_bucket(shape.tokens),
+                                           shape.hidden, 2 * shape.pairs);
+}
+
+// An entry's variant where this device can run it (clusters need sm_90; the file was tuned on
+// this kind of GPU, so only a hand-edited one could ask otherwise).
+std::optional<detail::ProjVariant> usable_variant(const ProjTuningEntry& e,
+                                                  const detail::DeviceInfo& device) {
+  detail::ProjVariant v;
+  if (e.variant.empty() || !detail::parse_proj_variant(e.variant, &v)) return std::nullopt;
+  if (v.cluster > 1 && device.cc < 90) return std::nullopt;
+  return v;
+}
+
+// `base` and the variants of the key's entries (of `shape`'s weight shape, when given) that are
+// not in it yet.
+std::vector<detail::ProjVariant> with_tuned(std::vector<detail::ProjVariant> base,
+                                            const std::string& key, int64_t hidden, int64_t columns,
+                                            const detail::DeviceInfo& device) {
+  if (tuning_mode() == TuningMode::off) return base;
+  for (const ProjTuningEntry& e :
+       TuningStore::instance().proj_entries_for(device, key, hidden, columns))
+    if (const auto v = usable_variant(e, device))
+      if (std::find(base.begin(), base.end(), *v) == base.end()) base.push_back(*v);
+  return base;
+}
+
+}  // namespace
+
 ProjPath select_proj_path(const QkvProjSpec& c, const detail::ProjShape& shape,
                           const detail::DeviceInfo& device) {
-  const ProjPath fallback = proj_heuristic_path(c, shape, device);
-  if (tuning_mode() == TuningMode::off) return fallback;
-  return TuningStore::instance()
-      .find_proj(device, c.key(), detail::proj_path_bucket(shape.tokens), shape.hidden,
-                 2 * shape.pairs)
-      .value_or(fallback);
+  const auto e = proj_entry(c.key(), shape, device);
+  return e ? e->path : proj_heuristic_path(c, shape, device);
 }
 
 ProjPath select_ffn_path(const FfnSpec& c, const detail::ProjShape& shape,
                          const detail::DeviceInfo& device) {
-  const ProjPath fallback = ffn_heuristic_path(c, shape, device);
-  if (tuning_mode() == TuningMode::off) return fallback;
-  return TuningStore::instance()
-      .find_proj(device, c.key(), detail::proj_path_bucket(shape.tokens), shape.hidden,
-                 2 * shape.pairs)
-      .value_or(fallback);
+  const auto e = proj_entry(c.key(), shape, device);
+  return e ? e->path : ffn_heuristic_path(c, shape, device);
+}
+
+detail::ProjVariant select_proj_variant(const QkvProjSpec& c, const detail::ProjShape& shape,
+                                        const detail::DeviceInfo& device) {
+  if (const auto e = proj_entry(c.key(), shape, device))
+    if (const auto v = usable_variant(*e, device)) return *v;
+  return proj_heuristic(c, shape, device);
+}
+
+detail::ProjVariant select_ffn_variant(const FfnSpec& c, const detail::ProjShape& shape,
+                                       const detail::DeviceInfo& device) {
+  if (const auto e = proj_entry(c.key(), shape, device))
+    if (const auto v = usable_variant(*e, device)) return *v;
+  return ffn_heuristic(c, shape, device);
+}
+
+std::vector<detail::ProjVariant> select_proj_variants(const QkvProjSpec& c,
+                                                      const detail::ProjShape& shape,
+                                                      const detail::DeviceInfo& device) {
+  return with_tuned(proj_heuristic_variants(c, shape, device), c.key(), shape.hidden,
+                    2 * shape.pairs, device);
+}
+
+std::vector<detail::ProjVariant> select_ffn_variants(const FfnSpec& c,
+                                                     const detail::DeviceInfo& device) {
+  return with_tuned(ffn_heuristic_variants(c, device), c.key(), 0, 0, device);
 }
 
 namespace {
@@ -190,12 +256,12 @@ class TuningPolicy final : public detail::LaunchPolicy {
   }
   detail::ProjVariant choose_proj(const QkvProjSpec& c, const detail::ProjShape& shape,
                                   const detail::DeviceInfo& device) override {
-    return proj_heuristic(c, shape, device);
+    return select_proj_variant(c, shape, device);
   }
   std::vector<detail::ProjVariant> proj_variants(const QkvProjSpec& c,
                                                  const detail::ProjShape& shape,
                                                  const detail::DeviceInfo& device) override {
-    return proj_heuristic_variants(c, shape, device);
+    return select_proj_variants(c, shape, device);
   }
   ProjPath choose_proj_path(const QkvProjSpec& c, const detail::ProjShape& shape,
                             const detail::DeviceInfo& device) override {
@@ -203,11 +269,11 @@ class TuningPolicy final : public detail::LaunchPolicy {
   }
   detail::ProjVariant choose_ffn(const FfnSpec& c, const detail::ProjShape& shape,
                                  const detail::DeviceInfo& device) override {
-    return ffn_heuristic(c, shape, device);
+    return select_ffn_variant(c, shape, device);
   }
   std::vector<detail::ProjVariant> ffn_variants(const FfnSpec& c,
                                                 const detail::DeviceInfo& device) override {
-    return ffn_heuristic_variants(c, device);
+    return select_ffn_variants(c, device);
   }
   ProjPath choose_ffn_path(const FfnSpec& c, const detail::ProjShape& shape,
                            const detail::DeviceInfo& device) override {

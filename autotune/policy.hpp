@@ -58,6 +58,17 @@ ProjPath proj_heuristic_path(const QkvProjSpec& canonical, const detail::ProjSha
 ProjPath select_proj_path(const QkvProjSpec& canonical, const detail::ProjShape& shape,
                           const detail::DeviceInfo& device);
 
+// The fused kernel's variant for a call: the tuning file's entry for the key, bucket and weight
+// shape where it names one this GPU can run (`ropejit tune` times the candidates), else the
+// heuristic's; and every variant a key may launch at `shape`'s weight shape (the heuristic's and
+// the tuned ones), compiled together on the key's first use.
+detail::ProjVariant select_proj_variant(const QkvProjSpec& canonical,
+                                        const detail::ProjShape& shape,
+                                        const detail::DeviceInfo& device);
+std::vector<detail::ProjVariant> select_proj_variants(const QkvProjSpec& canonical,
+                                                      const detail::ProjShape& shape,
+                                                      const detail::DeviceInfo& device);
+
 // The FFN's gate/up: the same variants as the projection's (by token tiles), the same path rule
 // (fused up to 16 tokens) and the tuning file's entry for the key, bucket and weight shape.
 detail::ProjVariant ffn_heuristic(const FfnSpec& canonical, const detail::ProjShape& shape,
@@ -68,6 +79,10 @@ ProjPath ffn_heuristic_path(const FfnSpec& canonical, const detail::ProjShape& s
                             const detail::DeviceInfo& device);
 ProjPath select_ffn_path(const FfnSpec& canonical, const detail::ProjShape& shape,
                          const detail::DeviceInfo& device);
+detail::ProjVariant select_ffn_variant(const FfnSpec& canonical, const detail::ProjShape& shape,
+                                       const detail::DeviceInfo& device);
+std::vector<detail::ProjVariant> select_ffn_variants(const FfnSpec& canonical,
+                                                     const detail::DeviceInfo& device);
 
 // The policy api/ installs in the engine: select_config() and policy_variants() behind
 // detail::LaunchPolicy. One per process.

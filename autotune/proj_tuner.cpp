@@ -1,8 +1,11 @@
 // The projection's path tuner: times the fused kernel and the unfused path (RMSNorm key ->
-// cuBLASLt GEMM -> RoPE key) on buffers it owns and records the faster per token bucket.
+// cuBLASLt GEMM -> RoPE key) on buffers it owns and records the faster per token bucket; where
+// the fused kernel is in the race, also its fastest launch variant.
 #include <algorithm>
 #include <functional>
+#include <future>
 #include <string>
+#include <vector>
 
 #include "autotune/ffn_workload.hpp"
 #include "autotune/policy.hpp"
@@ -13,6 +16,7 @@
 #include "jit/engine.hpp"
 #include "jit/errors.hpp"
 #include "jit/gemm.hpp"
+#include "jit/nvrtc.hpp"
 
 namespace ropejit::autotune {
 namespace {
@@ -59,6 +63,7 @@ ProjTuneReport race(Problem& problem, bool checked, CUstream stream, const std::
   ProjTuneReport report;
   report.checked = checked;
   for (const ProjPath path : {ProjPath::fused, ProjPath::unfused}) {
+    if (path == ProjPath::unfused && !unfused) continue;  // the fused path only
     problem.upload();
     (path == ProjPath::fused ? fused : unfused)();
     if (!checked) continue;
@@ -71,16 +76,88 @@ ProjTuneReport race(Problem& problem, bool checked, CUstream stream, const std::
   // weights were read: after a memset both paths would also pay for writing dirty lines back.
   Timer timer(stream, size_t(256) << 20, Flush::read);
   report.fused_us = timer.time(fused, kWarmup, kReps).median_us;
-  report.unfused_us = timer.time(unfused, kWarmup, kReps).median_us;
+  if (unfused) report.unfused_us = timer.time(unfused, kWarmup, kReps).median_us;
   ProjTuningEntry& e = report.best;
   e.key = key;
   e.bucket = bucket;
   e.hidden = hidden;
   e.columns = columns;
-  e.path = report.unfused_us < report.fused_us ? ProjPath::unfused : ProjPath::fused;
+  e.path = unfused && report.unfused_us < report.fused_us ? ProjPath::unfused : ProjPath::fused;
   e.fused_us = report.fused_us;
   e.unfused_us = report.unfused_us;
   return report;
+}
+
+// The fused kernel's variants are searched where it is in the race: its heuristic variant
+// within this factor of the unfused path (beyond, no variant makes it win).
+constexpr double kSearchWithin = 1.25;
+
+// The fused kernel's candidates at a bucket: the heuristic's variant first, then the same token
+// tiles with 2, 4 or 8 warps splitting the hidden dimension, 1 or 2 chunks per iteration (4 too at
+// one tile), and on sm_90+ clusters of 2 and 4 blocks splitting it further; legal ones only.
+std::vector<detail::ProjVariant> fused_candidates(const detail::ProjVariant& heuristic,
+                                                  bool fp8_weights,
+                                                  const detail::DeviceInfo& device) {
+  std::vector<detail::ProjVariant> out{heuristic};
+  const int32_t tiles = heuristic.token_tiles;
+  for (const int32_t splits : {2, 4, 8})
+    for (const int32_t unroll : {1, 2, 4})
+      for (const int32_t cluster : {1, 2, 4}) {
+        if ((unroll == 4 && tiles > 1) || (cluster > 1 && device.cc < 90)) continue;
+        detail::ProjVariant v{tiles, splits, unroll};
+        v.cluster = cluster;
+        if (!detail::proj_variant_problem(v, fp8_weights).empty()) continue;
+        if (std::find(out.begin(), out.end(), v) == out.end()) out.push_back(v);
+      }
+  return out;
+}
+
+// Every candidate compiled (concurrently), run once and checked against the float64 reference
+// where `checked` (a wrong result from a legal variant is a library bug: an error), then timed
+// with a clean L2; the fastest goes into `report` (the heuristic's on a tie) with the path
+// decided again against the unfused time.
+template <class Problem>
+void search_variants(Problem& problem, bool checked, CUstream stream, const std::string& key,
+                     int64_t bucket, const std::vector<detail::ProjVariant>& candidates,
+                     const std::function<std::future<void>(const detail::ProjVariant&)>& compile,
+                     const std::function<void(const detail::ProjVariant&)>& launch,
+                     ProjTuneReport* report) {
+  std::vector<std::future<void>> compiling;
+  for (const detail::ProjVariant& v : candidates) compiling.push_back(compile(v));
+  for (std::future<void>& f : compiling) f.get();  // rethrows a compile error
+  for (const detail::ProjVariant& v : candidates) {
+    problem.upload();
+    launch(v);
+    if (!checked) continue;
+    const CheckReport r = problem.check_as(ProjPath::fused);
+    if (!r.ok)
+      detail::fail(ErrorCode::internal, "tuning ", key, ": fused variant ", v.name(),
+                   " fails the float64 check at ", bucket, " tokens: ", r.first_failure);
+  }
+  Timer timer(stream, size_t(256) << 20, Flush::read);
+  double best_us = 0;
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    const detail::ProjVariant& v = candidates[i];
+    const double us = timer.time([&] { launch(v); }, kWarmup, kReps).median_us;
+    if (i == 0) report->heuristic_us = us;
+    if (i == 0 || us < best_us) {
+      best_us = us;
+      report->variant = v;
+    }
+  }
+  report->candidates = candidates.size();
+  report->fused_us = best_us;
+  ProjTuningEntry& e = report->best;
+  e.fused_us = best_us;
+  e.variant = report->variant.name();
+  e.path =
+      report->unfused_us > 0 && report->unfused_us < best_us ? ProjPath::unfused : ProjPath::fused;
+}
+
+// Whether the fused kernel's variants are worth searching: it is the only path, or within
+// kSearchWithin of the unfused one.
+bool worth_searching(const ProjTuneReport& r) {
+  return r.unfused_us == 0 || r.fused_us <= kSearchWithin * r.unfused_us;
 }
 
 }  // namespace
@@ -88,10 +165,7 @@ ProjTuneReport race(Problem& problem, bool checked, CUstream stream, const std::
 ProjTuneReport tune_proj(const QkvProjSpec& spec, int64_t bucket, int64_t hidden, int32_t q_heads,
                          int32_t kv_heads) {
   const QkvProjSpec c = spec.canonical();
-  if (c.weights == Weights::e4m3)
-    detail::invalid(
-        "spec.weights (e4m3): the projection takes one path with it (fused); there is "
-        "no crossover to tune");
+  const bool fp8 = c.weights == Weights::e4m3;  // the fused path only: its variants are tuned
   const detail::DeviceInfo& device = tuning_device("the projection's path");
   detail::Engine& engine = detail::Engine::instance();
   const int64_t columns = int64_t(q_heads + 2 * kv_heads) * c.head_dim;
@@ -100,7 +174,7 @@ ProjTuneReport tune_proj(const QkvProjSpec& spec, int64_t bucket, int64_t hidden
   z.hidden = hidden;
   z.q_heads = q_heads;
   z.kv_heads = kv_heads;
-  z.path = ProjPath::automatic;  // the workspace, and both paths' references
+  z.path = fp8 ? ProjPath::fused : ProjPath::automatic;  // the workspace, both references
   z.reference = double(bucket) * double(columns) * double(hidden) <= kMaxReferenceWork;
   ProjProblem problem(c, z);
   problem.upload();
@@ -110,31 +184,36 @@ ProjTuneReport tune_proj(const QkvProjSpec& spec, int64_t bucket, int64_t hidden
   QkvProjArgs unfused = fused;
   unfused.path = ProjPath::unfused;
   const detail::ProjShape shape = detail::check_proj_call(c, fused);
-  if (const std::string why = detail::proj_split_problem(c, unfused, shape, true); !why.empty())
-    detail::invalid(c.key(), " has no unfused path here (", why,
-                    "): there is no crossover to tune");
+  // Keys without an unfused path (e4m3 weights; offset positions with a paged cache) race the
+  // fused kernel's variants alone.
+  const bool two_paths = !fp8 && detail::proj_split_problem(c, unfused, shape, true).empty();
   const detail::ProjVariant variant = proj_heuristic(c, shape, device);
   ProjTuneReport report = race(
       problem, z.reference, stream.get(), c.key(), bucket, hidden, columns,
       [&] { engine.launch_proj(c, fused, shape, &variant); },
-      [&] { engine.launch_proj_unfused(c, unfused, shape); });
+      two_paths ? std::function<void()>([&] { engine.launch_proj_unfused(c, unfused, shape); })
+                : std::function<void()>());
   report.variant = variant;
+  if (worth_searching(report)) {
+    const std::string target = detail::target_for(device.cc);
+    search_variants(
+        problem, z.reference, stream.get(), c.key(), bucket, fused_candidates(variant, fp8, device),
+        [&](const detail::ProjVariant& v) { return engine.image_async(c, v, target); },
+        [&](const detail::ProjVariant& v) { engine.launch_proj(c, fused, shape, &v); }, &report);
+  }
   return report;
 }
 
 ProjTuneReport tune_ffn(const FfnSpec& spec, int64_t bucket, int64_t hidden, int64_t intermediate) {
   const FfnSpec c = spec.canonical();
-  if (c.weights == Weights::e4m3)
-    detail::invalid(
-        "spec.weights (e4m3): the FFN's gate/up takes one path with e4m3 weights (fused); "
-        "there is no crossover to tune");
+  const bool fp8 = c.weights == Weights::e4m3;  // the fused path only: its variants are tuned
   const detail::DeviceInfo& device = tuning_device("the FFN's path");
   detail::Engine& engine = detail::Engine::instance();
   FfnSizes z;
   z.tokens = bucket;
   z.hidden = hidden;
   z.intermediate = intermediate;
-  z.path = ProjPath::automatic;
+  z.path = fp8 ? ProjPath::fused : ProjPath::automatic;
   z.reference = double(bucket) * double(2 * intermediate) * double(hidden) <= kMaxReferenceWork;
   FfnProblem problem(c, z);
   problem.upload();
@@ -148,8 +227,16 @@ ProjTuneReport tune_ffn(const FfnSpec& spec, int64_t bucket, int64_t hidden, int
   ProjTuneReport report = race(
       problem, z.reference, stream.get(), c.key(), bucket, hidden, 2 * intermediate,
       [&] { engine.launch_ffn(c, fused, shape, &variant); },
-      [&] { engine.launch_ffn_unfused(c, unfused, shape); });
+      fp8 ? std::function<void()>()
+          : std::function<void()>([&] { engine.launch_ffn_unfused(c, unfused, shape); }));
   report.variant = variant;
+  if (worth_searching(report)) {
+    const std::string target = detail::target_for(device.cc);
+    search_variants(
+        problem, z.reference, stream.get(), c.key(), bucket, fused_candidates(variant, fp8, device),
+        [&](const detail::ProjVariant& v) { return engine.image_async(c, v, target); },
+        [&](const detail::ProjVariant& v) { engine.launch_ffn(c, fused, shape, &v); }, &report);
+  }
   return report;
 }
 

@@ -36,12 +36,20 @@ TuneReport tune(const Spec& canonical, int64_t bucket, int32_t q_heads, int32_t 
 // The decode block's projection: the fused kernel (the heuristic's variant) and the unfused
 // path (RMSNorm key -> cuBLASLt GEMM -> RoPE key), both checked against float64 where the host
 // reference is affordable (tokens x columns x hidden <= 2^32), then timed (L2 flushed, medians);
-// the faster is the entry's path (a tie goes to fused).
+// the faster is the entry's path (a tie goes to fused). Where the fused kernel is within 1.25x
+// of the unfused path, or is the key's only path (e4m3 weights; unfused_us 0), its launch
+// variants (warps, chunks per iteration, clusters on sm_90) are checked and timed too and the
+// fastest is recorded.
 struct ProjTuneReport {
   ProjTuningEntry best;
-  detail::ProjVariant variant;  // the fused kernel's
+  detail::ProjVariant variant;  // the fused kernel's (the search's winner, else the heuristic's)
   double fused_us = 0, unfused_us = 0;
   bool checked = false;  // both paths passed the float64 check
+  // Where the fused kernel came within 1.25x of the unfused path, its launch variants were
+  // searched (fused_us is then the winner's; best.variant names it): how many, and the
+  // heuristic variant's time in the same search.
+  size_t candidates = 0;
+  double heuristic_us = 0;
 };
 
 // Tunes `canonical`'s path at `bucket` tokens for one projection shape, on buffers it owns.

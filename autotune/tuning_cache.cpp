@@ -19,6 +19,7 @@
 #include "jit/disk_cache.hpp"
 #include "jit/errors.hpp"
 #include "jit/files.hpp"
+#include "jit/proj.hpp"
 
 namespace ropejit::autotune {
 namespace {
@@ -36,6 +37,7 @@ const char* const kTopFields[] = {"schema", "fingerprint", "entries"};
 const char* const kOptionalTopFields[] = {"projections"};
 const char* const kProjEntryFields[] = {"key",  "bucket",   "hidden",    "columns",
                                         "path", "fused_us", "unfused_us"};
+const char* const kOptionalProjEntryFields[] = {"variant"};  // written when not empty
 const char* const kFingerprintFields[] = {"gpu", "cc", "sm_count", "driver", "nvrtc", "library"};
 const char* const kEntryFields[] = {"key",    "bucket",    "q_heads", "k_heads",
                                     "config", "median_us", "gbps",    "default_us"};
@@ -182,7 +184,7 @@ bool read_entry(const json& j, TuningEntry* e, std::string* why) {
 }
 
 bool read_proj_entry(const json& j, ProjTuningEntry* e, std::string* why) {
-  Fields entry(j, "", kProjEntryFields, why);
+  Fields entry(j, "", kProjEntryFields, kOptionalProjEntryFields, why);
   entry.string("key", &e->key);
   entry.integer("bucket", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(),
                 &e->bucket);
@@ -194,6 +196,7 @@ bool read_proj_entry(const json& j, ProjTuningEntry* e, std::string* why) {
   entry.string("path", &path);
   entry.number("fused_us", &e->fused_us);
   entry.number("unfused_us", &e->unfused_us);
+  if (entry.ok() && j.contains("variant")) entry.string("variant", &e->variant);
   if (!entry.ok()) return false;
   if (path != "fused" && path != "unfused") {
     *why = concat("field 'path' (", detail::clipped(path), ") must be \"fused\" or \"unfused\"");
@@ -369,15 +372,16 @@ std::string invalid_entry_reason(const TuningEntry& e) {
 
 bool operator==(const ProjTuningEntry& a, const ProjTuningEntry& b) {
   return slot_of(a) == slot_of(b) && a.path == b.path && a.fused_us == b.fused_us &&
-         a.unfused_us == b.unfused_us;
+         a.unfused_us == b.unfused_us && a.variant == b.variant;
 }
 
 std::string invalid_entry_reason(const ProjTuningEntry& e) {
+  bool fp8_weights = false;
   try {
     if (e.key.rfind("ffnglu_", 0) == 0)
-      parse_ffn_key(e.key);
+      fp8_weights = parse_ffn_key(e.key).weights == Weights::e4m3;
     else
-      parse_qkv_proj_key(e.key);
+      fp8_weights = parse_qkv_proj_key(e.key).weights == Weights::e4m3;
   } catch (const Error& err) {
     const std::string what = err.what();
     const std::string tag = "ropejit: ";
@@ -391,6 +395,14 @@ std::string invalid_entry_reason(const ProjTuningEntry& e) {
     return concat("columns (", e.columns, ") must be in 1..2^31");
   if (e.path != ProjPath::fused && e.path != ProjPath::unfused)
     return concat("path (", int(e.path), ") must be fused or unfused");
+  if (!e.variant.empty()) {
+    detail::ProjVariant v;
+    if (!detail::parse_proj_variant(e.variant, &v))
+      return concat("variant (", detail::clipped(e.variant),
+                    ") is not a projection variant name such as m1s8u2 or m2s4u1c4");
+    if (const std::string why = detail::proj_variant_problem(v, fp8_weights); !why.empty())
+      return concat("variant (", e.variant, "): ", why);
+  }
   const std::pair<const char*, double> times[] = {{"fused_us", e.fused_us},
                                                   {"unfused_us", e.unfused_us}};
   for (const auto& [name, v] : times)
@@ -551,6 +563,7 @@ json TuningCache::to_json() const {
       j["path"] = e.path == ProjPath::fused ? "fused" : "unfused";
       j["fused_us"] = e.fused_us;
       j["unfused_us"] = e.unfused_us;
+      if (!e.variant.empty()) j["variant"] = e.variant;
       projections.push_back(std::move(j));
     }
     doc["projections"] = std::move(projections);

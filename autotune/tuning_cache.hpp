@@ -50,6 +50,9 @@ struct ProjTuningEntry {
   int64_t columns = 0;  // weight rows: (q + 2 kv heads) x head_dim, or 2 x intermediate; 1..2^31
   ProjPath path = ProjPath::fused;      // fused or unfused
   double fused_us = 0, unfused_us = 0;  // finite, >= 0 (0: not measured)
+  // The fused kernel's fastest variant at this bucket (detail::ProjVariant::name(), "m1s8u2c4"),
+  // which the fused path then launches; empty: the heuristic's (files before this field).
+  std::string variant;
 
   friend bool operator==(const ProjTuningEntry& a, const ProjTuningEntry& b);
 };

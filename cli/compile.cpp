@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <future>
 #include <mutex>
 #include <set>
 #include <system_error>
 #include <thread>
+#include <utility>
 
 #include "api/engine.hpp"
 #include "autotune/tuning_cache.hpp"
@@ -15,6 +17,7 @@
 #include "jit/coverage.hpp"
 #include "jit/names.hpp"
 #include "jit/nvrtc.hpp"
+#include "jit/proj.hpp"
 
 namespace ropejit::cli {
 namespace {
@@ -125,8 +128,32 @@ int run_compile(const CompileOptions& o) {
   std::vector<QkvProjSpec> proj_specs;
   std::vector<FfnSpec> ffn_specs;
   std::string about;
+  // The decode block's tuned fused variants (from a tuning file's projection entries).
+  std::vector<std::pair<QkvProjSpec, detail::ProjVariant>> proj_tuned;
+  std::vector<std::pair<FfnSpec, detail::ProjVariant>> ffn_tuned;
+  std::vector<std::string> proj_archs = o.archs;
   if (from_tuning) {
     kernels = tuning_file_kernels(o.from_tuning, targets, &about);
+    // Projection and FFN entries: their keys' defaults and the variants they name.
+    const autotune::TuningCache cache = autotune::TuningCache::load_as_tuned(o.from_tuning);
+    if (proj_archs.empty()) proj_archs.push_back(detail::concat("sm_", cache.fingerprint().cc));
+    std::set<std::string> keys;
+    for (const autotune::ProjTuningEntry& e : cache.proj_entries()) {
+      const bool ffn = e.key.rfind("ffnglu_", 0) == 0;
+      detail::ProjVariant v;
+      const bool tuned = !e.variant.empty() && detail::parse_proj_variant(e.variant, &v);
+      if (ffn) {
+        const FfnSpec f = parse_ffn_key(e.key);
+        if (keys.insert(e.key).second) ffn_specs.push_back(f);
+        if (tuned) ffn_tuned.emplace_back(f, v);
+      } else {
+        const QkvProjSpec q = parse_qkv_proj_key(e.key);
+        if (keys.insert(e.key).second) proj_specs.push_back(q);
+        if (tuned) proj_tuned.emplace_back(q, v);
+      }
+    }
+    if (!cache.proj_entries().empty())
+      about += detail::concat(" and ", cache.proj_entries().size(), " projection entries");
   } else {
     const DType dtype = detail::parse_name<DType>(o.dtype, "--dtype");
     std::vector<ModelRope> models;
@@ -170,8 +197,9 @@ int run_compile(const CompileOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
   const unsigned threads = o.jobs ? o.jobs : std::max(1u, std::thread::hardware_concurrency());
   size_t failures = compile_all(kernels, threads);
+  if (proj_archs.empty()) proj_archs.push_back("sm_90");
   for (const QkvProjSpec& s : proj_specs)
-    for (const std::string& arch : o.archs.empty() ? std::vector<std::string>{"sm_90"} : o.archs) {
+    for (const std::string& arch : proj_archs) {
       try {
         const size_t n = precompile(s, arch).size();
         std::printf("%s: %zu kernels for %s\n", s.key().c_str(), n, arch.c_str());
@@ -181,7 +209,7 @@ int run_compile(const CompileOptions& o) {
       }
     }
   for (const FfnSpec& s : ffn_specs)
-    for (const std::string& arch : o.archs.empty() ? std::vector<std::string>{"sm_90"} : o.archs) {
+    for (const std::string& arch : proj_archs) {
       try {
         const size_t n = precompile(s, arch).size();
         std::printf("%s: %zu kernels for %s\n", s.key().c_str(), n, arch.c_str());
@@ -190,6 +218,37 @@ int run_compile(const CompileOptions& o) {
         ++failures;
       }
     }
+  // The tuned fused variants, in parallel (the engine compiles each once).
+  {
+    std::vector<std::pair<std::string, std::future<void>>> builds;
+    for (const std::string& arch : proj_archs) {
+      const int cc = detail::parse_arch(arch, "--arch");
+      const std::string target = detail::target_for(cc);
+      auto add = [&](const std::string& key, const detail::ProjVariant& v, auto build) {
+        const std::string what = key + " " + v.name() + " (" + arch + ")";
+        if (v.cluster > 1 && cc < 90)  // tuned on sm_90+; this target has no clusters
+          std::printf("%s: tuned variant SKIPPED: thread-block clusters need sm_90\n",
+                      what.c_str());
+        else
+          builds.emplace_back(what, build());
+      };
+      for (const auto& t : proj_tuned)
+        add(t.first.key(), t.second,
+            [&] { return engine.image_async(t.first.canonical(), t.second, target); });
+      for (const auto& t : ffn_tuned)
+        add(t.first.key(), t.second,
+            [&] { return engine.image_async(t.first.canonical(), t.second, target); });
+    }
+    for (auto& [what, f] : builds) {
+      try {
+        f.get();
+        std::printf("%s: tuned variant\n", what.c_str());
+      } catch (const Error& e) {
+        std::fprintf(stderr, "%s: %s\n", what.c_str(), e.what());
+        ++failures;
+      }
+    }
+  }
   const detail::EngineStats after = engine.stats();
   std::printf("%s: %zu kernels in %.2f s: %zu compiled, %zu from the disk cache, %zu failed\n",
               about.c_str(), kernels.size(), ms_since(t0) / 1000,

@@ -114,7 +114,8 @@ int main(int argc, char** argv) {
                    "Intermediate size for FFN keys (--key ffnglu_... --hidden N)");
   tune->add_option("--hidden", to.hidden,
                    "Hidden size for projection keys (--key qkvproj_... --heads Q,KV): times the "
-                   "fused kernel against RMSNorm -> cuBLASLt GEMM -> RoPE per token bucket");
+                   "fused kernel against RMSNorm -> cuBLASLt GEMM -> RoPE per token bucket, and "
+                   "the fused kernel's launch variants where it competes");
   tune->add_option("--tokens", to.tokens, "Token counts to tune (bucketed to powers of two)")
       ->delimiter(',');
   tune->add_option("--out", to.out, "Tuning file (default: $ROPEJIT_TUNING_FILE or the cache dir)");

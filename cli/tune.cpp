@@ -143,20 +143,29 @@ int tune_paths(const TuneOptions& o, const char* what, const std::vector<std::st
       const autotune::ProjTuneReport r = tune_one(i, b);
       cache.put(r.best);
       rows.push_back(r);
-      std::printf("[%zu/%zu] %s  bucket %lld: fused %.2f us, unfused %.2f us -> %s%s\n",
-                  rows.size(), total, keys[i].c_str(), static_cast<long long>(b), r.fused_us,
-                  r.unfused_us, to_string(r.best.path),
-                  r.checked ? "" : " (too large for the float64 check)");
+      const std::string unfused =
+          r.unfused_us > 0 ? detail::concat(r.unfused_us, " us") : std::string("none");
+      const std::string searched =
+          r.candidates > 0 ? detail::concat(" (best of ", r.candidates,
+                                            " variants; the heuristic's ", r.heuristic_us, " us)")
+                           : std::string();
+      std::printf("[%zu/%zu] %s  bucket %lld: fused %s %.2f us%s, unfused %s -> %s%s\n",
+                  rows.size(), total, keys[i].c_str(), static_cast<long long>(b),
+                  r.variant.name().c_str(), r.fused_us, searched.c_str(), unfused.c_str(),
+                  to_string(r.best.path), r.checked ? "" : " (too large for the float64 check)");
       std::fflush(stdout);
     }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("\n| key | tokens | hidden | columns | fused us | unfused us | path |\n");
-  std::printf("|---|---|---|---|---|---|---|\n");
+  std::printf(
+      "\n| key | tokens | hidden | columns | fused variant | fused us | unfused us | path |\n");
+  std::printf("|---|---|---|---|---|---|---|---|\n");
   for (const autotune::ProjTuneReport& r : rows)
-    std::printf("| %s | %lld | %lld | %lld | %.2f | %.2f | %s |\n", r.best.key.c_str(),
+    std::printf("| %s | %lld | %lld | %lld | %s%s | %.2f | %s | %s |\n", r.best.key.c_str(),
                 static_cast<long long>(r.best.bucket), static_cast<long long>(r.best.hidden),
-                static_cast<long long>(r.best.columns), r.fused_us, r.unfused_us,
+                static_cast<long long>(r.best.columns), r.variant.name().c_str(),
+                r.candidates > 0 ? " (tuned)" : "", r.fused_us,
+                r.unfused_us > 0 ? detail::concat(r.unfused_us).c_str() : "-",
                 to_string(r.best.path));
   const std::string path = o.out.empty() ? autotune::default_tuning_path() : o.out;
   if (path.empty()) detail::invalid("no tuning file: set --out FILE or ROPEJIT_TUNING_FILE");

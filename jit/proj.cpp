@@ -82,6 +82,28 @@ std::string ProjVariant::name() const {
          (cluster > 1 ? concat('c', cluster) : std::string());
 }
 
+bool parse_proj_variant(const std::string& name, ProjVariant* out) {
+  size_t at = 0;
+  // The number after `tag` at `at`: 1..99, no sign, no leading zero.
+  auto field = [&](char tag, int32_t* value) {
+    if (at >= name.size() || name[at] != tag) return false;
+    ++at;
+    const size_t first = at;
+    while (at < name.size() && at - first < 3 && name[at] >= '0' && name[at] <= '9') ++at;
+    const size_t digits = at - first;
+    if (digits == 0 || digits > 2 || name[first] == '0') return false;
+    *value = int32_t(std::stoi(name.substr(first, digits)));
+    return true;
+  };
+  ProjVariant v;
+  if (!field('m', &v.token_tiles) || !field('s', &v.splits) || !field('u', &v.unroll)) return false;
+  const bool clustered = at < name.size();
+  if (clustered && !field('c', &v.cluster)) return false;
+  if (at != name.size() || (clustered && v.cluster == 1)) return false;  // name() never writes c1
+  *out = v;
+  return true;
+}
+
 std::string proj_variant_problem(const ProjVariant& v, bool fp8_weights) {
   if (!power_of_two(v.token_tiles) || v.token_tiles > 8)
     return concat("token_tiles (", v.token_tiles, ") must be 1, 2, 4 or 8");

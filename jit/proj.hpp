@@ -50,6 +50,10 @@ struct ProjVariant {
   }
 };
 
+// The variant a name() spells ("m<tiles>s<splits>u<unroll>[c<cluster>]", decimal numbers without
+// leading zeros); false for anything else (legality is proj_variant_problem's).
+bool parse_proj_variant(const std::string& name, ProjVariant* out);
+
 // "" when `v` may be compiled (for e4m3 weights when `fp8_weights`), else the reason, starting
 // with the field's name.
 std::string proj_variant_problem(const ProjVariant& v, bool fp8_weights = false);

@@ -147,6 +147,32 @@ TEST_CASE(
   CHECK(has(r, (c.key() + "  v8h4t256  ").c_str()));
   CHECK(has(r, (c.key() + "  v8h2t512  ").c_str()));
   CHECK(has(r, (c.key() + "  v8h1t512  ").c_str()));
+
+  // Projection entries: their keys' default kernels and the fused variants they name (a
+  // cluster variant only for targets that have clusters).
+  const std::string proj_key = "qkvproj_f16_d64_r64_neox_pos-ids-i64_tab-f32-half_nrms";
+  ropejit::autotune::ProjTuningEntry p;
+  p.key = proj_key;
+  p.bucket = 8;
+  p.hidden = 1024;
+  p.columns = 512;
+  p.fused_us = 3;
+  p.unfused_us = 9;
+  p.variant = "m1s2u1c2";
+  fp.cc = 90;
+  cache.set_fingerprint(fp);
+  cache.put(p);
+  cache.save(file);
+  const Run rp = run("compile --from-tuning " + file);
+  INFO(rp.output);
+  CHECK(rp.status == 0);
+  CHECK(has(rp, "and 1 projection entries"));
+  CHECK(has(rp, (proj_key + ": 4 kernels for sm_90").c_str()));
+  CHECK(has(rp, (proj_key + " m1s2u1c2 (sm_90): tuned variant").c_str()));
+  const Run r80 = run("compile --arch sm_80 --from-tuning " + file);
+  INFO(r80.output);
+  CHECK(r80.status == 0);
+  CHECK(has(r80, (proj_key + " m1s2u1c2 (sm_80): tuned variant SKIPPED").c_str()));
 }
 
 TEST_CASE("ROPEJIT_NVRTC_FLAGS: appended to the compile, part of the cache key") {

@@ -191,5 +191,8 @@ TEST_SUITE("gpu") {
     CHECK(r.output.find("[2/2] " + key + "  bucket 64: fused ") != std::string::npos);
     CHECK(r.output.find("| " + key + " | 4 | 512 | 512 |") != std::string::npos);
     CHECK(testing::read_file(file).find("\"ffnglu_bf16_nrms_silu\"") != std::string::npos);
+    CHECK(r.output.find("bucket 4: fused m1") != std::string::npos);
+    CHECK(r.output.find("variants; the heuristic's") != std::string::npos);
+    CHECK(testing::read_file(file).find("\"variant\"") != std::string::npos);
   }
 }

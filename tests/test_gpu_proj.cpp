@@ -15,6 +15,8 @@
 #include "autotune/numbers.hpp"
 #include "autotune/policy.hpp"
 #include "autotune/proj_workload.hpp"
+#include "autotune/tuner.hpp"
+#include "autotune/tuning_cache.hpp"
 #include "gpu_helpers.hpp"
 #include "jit/errors.hpp"
 #include "test_util.hpp"
@@ -209,6 +211,30 @@ TEST_SUITE("gpu") {
     const std::string text = testing::read_file(file);
     CHECK(text.find("\"projections\"") != std::string::npos);
     CHECK(text.find("\"unfused_us\"") != std::string::npos);
+    // Where the fused kernel competes (8 tokens of this small shape), its variants were searched
+    // and the winner recorded; a call then launches it.
+    CHECK(r.output.find("bucket 8: fused m1") != std::string::npos);
+    CHECK(r.output.find("variants; the heuristic's") != std::string::npos);
+    const detail::DeviceInfo& device = api::engine().device_info(testing::use_primary_context());
+    const autotune::TuningCache tuned =
+        autotune::TuningCache::load(file, autotune::current_fingerprint());
+    const autotune::ProjTuningEntry* e = tuned.find_proj(key, 8, 512, 1024);
+    REQUIRE(e != nullptr);
+    REQUIRE_FALSE(e->variant.empty());
+    detail::ProjVariant v;
+    REQUIRE(detail::parse_proj_variant(e->variant, &v));
+    testing::ScopedEnv path("ROPEJIT_TUNING_FILE", file);
+    const QkvProjSpec c = QkvProjSpec{}.canonical();
+    CHECK(autotune::select_proj_variant(c, detail::ProjShape{5, 512, 4, 2, 512}, device) == v);
+    // e4m3 weights: the fused path only; its variants are tuned (no unfused time).
+    const std::string fp8_file = testing::temp_dir() + "/proj_tuning_fp8.json";
+    const testing::CommandResult r8 =
+        testing::run_command(std::string(ROPEJIT_CLI_PATH) + " tune --key " + key +
+                             "_we4m3 --heads 4,2 --hidden 512 " + "--tokens 1 --out " + fp8_file);
+    INFO(r8.output);
+    REQUIRE(r8.status == 0);
+    CHECK(r8.output.find("unfused none -> fused") != std::string::npos);
+    CHECK(testing::read_file(fp8_file).find("\"variant\"") != std::string::npos);
   }
 
   TEST_CASE("projection: every axis against float64 (norms, styles, partial rotary, tables)") {

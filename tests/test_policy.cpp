@@ -300,6 +300,25 @@ TEST_CASE("policy: tuned entry, fallback, frozen and off") {
   e.median_us = 2;
   e.default_us = 3;
   cache.put(e);
+  // The decode block's projection and FFN: a tuned fused variant for one bucket of one weight
+  // shape each.
+  const QkvProjSpec pc = QkvProjSpec{}.canonical();
+  const FfnSpec fc = FfnSpec{}.canonical();
+  autotune::ProjTuningEntry pe;
+  pe.key = pc.key();
+  pe.bucket = 8;
+  pe.hidden = 4096;
+  pe.columns = 6144;
+  pe.fused_us = 20;
+  pe.unfused_us = 30;
+  pe.variant = "m1s4u1c2";
+  cache.put(pe);
+  autotune::ProjTuningEntry fe = pe;
+  fe.key = fc.key();
+  fe.bucket = 1;
+  fe.columns = 2 * 512;
+  fe.variant = "m1s2u1";
+  cache.put(fe);
   cache.save(file);
 
   {
@@ -336,6 +355,36 @@ TEST_CASE("policy: tuned entry, fallback, frozen and off") {
     CHECK(autotune::policy_variants(c, unaligned, dev) == detail::default_variants(c, 4));
     ScopedEnv off("ROPEJIT_TUNING", "off");
     CHECK(autotune::policy_variants(c, shape_of(5000, 32, 8), dev) == own);
+  }
+  {
+    // The fused kernel's variant: the entry's for its bucket and weight shape, else the
+    // heuristic's; every variant prepared on a key's first use includes the tuned ones of the
+    // call's weight shape; none with tuning off.
+    ScopedEnv mode("ROPEJIT_TUNING", std::nullopt);
+    const detail::ProjShape llama{5, 4096, 32, 8, 3072};
+    detail::ProjVariant want;
+    REQUIRE(detail::parse_proj_variant("m1s4u1c2", &want));
+    CHECK(autotune::select_proj_variant(pc, llama, dev) == want);
+    const detail::ProjShape other_bucket{16, 4096, 32, 8, 3072};
+    CHECK(autotune::select_proj_variant(pc, other_bucket, dev) ==
+          autotune::proj_heuristic(pc, other_bucket, dev));
+    const detail::ProjShape other_weight{5, 2048, 32, 8, 3072};
+    CHECK(autotune::select_proj_variant(pc, other_weight, dev) ==
+          autotune::proj_heuristic(pc, other_weight, dev));
+    const std::vector<detail::ProjVariant> prepared =
+        autotune::select_proj_variants(pc, other_bucket, dev);
+    CHECK(std::find(prepared.begin(), prepared.end(), want) != prepared.end());
+    CHECK(autotune::select_proj_variants(pc, other_weight, dev) ==
+          autotune::proj_heuristic_variants(pc, other_weight, dev));
+    const detail::ProjShape ffn{1, 4096, 0, 0, 512};
+    REQUIRE(detail::parse_proj_variant("m1s2u1", &want));
+    CHECK(autotune::select_ffn_variant(fc, ffn, dev) == want);
+    const std::vector<detail::ProjVariant> ffn_prepared = autotune::select_ffn_variants(fc, dev);
+    CHECK(std::find(ffn_prepared.begin(), ffn_prepared.end(), want) != ffn_prepared.end());
+    ScopedEnv off("ROPEJIT_TUNING", "off");
+    CHECK(autotune::select_proj_variant(pc, llama, dev) ==
+          autotune::proj_heuristic(pc, llama, dev));
+    CHECK(autotune::select_ffn_variants(fc, dev) == autotune::ffn_heuristic_variants(fc, dev));
   }
   {
     ScopedEnv mode("ROPEJIT_TUNING", "frozen");

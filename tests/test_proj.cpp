@@ -61,6 +61,29 @@ struct Fake {
 
 }  // namespace
 
+TEST_CASE("projection variants: names parse back, and nothing else does") {
+  int n = 0;
+  for (const int32_t tiles : {1, 2, 4, 8})
+    for (int32_t splits = 1; splits <= 8; ++splits)
+      for (const int32_t unroll : {1, 2, 4})
+        for (const int32_t cluster : {1, 2, 4, 8}) {
+          detail::ProjVariant v{tiles, splits, unroll};
+          v.cluster = cluster;
+          detail::ProjVariant back;
+          REQUIRE_MESSAGE(detail::parse_proj_variant(v.name(), &back), v.name());
+          CHECK(back == v);
+          ++n;
+        }
+  CHECK(n == 384);
+  detail::ProjVariant v;
+  for (const char* bad : {"", "m", "m1", "m1s4", "m1s4u", "m1s4u2c", "m1s4u2c1", "m01s4u2",
+                          "m1s4u2x", "s4m1u2", "m1s4u2c4c4", "m-1s4u2", "m1s4u200", "M1S4U2"})
+    CHECK_FALSE_MESSAGE(detail::parse_proj_variant(bad, &v), bad);
+  // Parsed but illegal: proj_variant_problem's to say.
+  REQUIRE(detail::parse_proj_variant("m3s9u3c3", &v));
+  CHECK_FALSE(detail::proj_variant_problem(v).empty());
+}
+
 TEST_CASE("projection spec: validation names the field and value") {
   QkvProjSpec s;
   CHECK(error_of([&] { s.validate(); }).empty());

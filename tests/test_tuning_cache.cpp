@@ -260,6 +260,7 @@ TEST_CASE("tuning cache: projection paths round trip, are validated, and are opt
   ProjTuningEntry q = p;
   q.bucket = 8;
   q.path = ProjPath::fused;
+  q.variant = "m1s8u2c4";  // the fused kernel's tuned variant
   c.put(q);
   q.fused_us = 25.0;
   c.put(q);  // same slot: replaced
@@ -274,7 +275,10 @@ TEST_CASE("tuning cache: projection paths round trip, are validated, and are opt
   const ProjTuningEntry* found = back.find_proj(key, 64, 4096, 6144);
   REQUIRE(found != nullptr);
   CHECK(found->path == ProjPath::unfused);
+  CHECK(found->variant.empty());
+  CHECK(back.find_proj(key, 8, 4096, 6144)->variant == "m1s8u2c4");
   CHECK(back.find_proj(key, 64, 4096, 5120) == nullptr);
+  CHECK_FALSE(c.to_json().at("projections")[1].contains("variant"));  // written only when set
   // Saving a cache without projections keeps the file's.
   golden_cache().save(path);
   CHECK(TuningCache::load(path, h200()).proj_entries().size() == 2);
@@ -291,6 +295,11 @@ TEST_CASE("tuning cache: projection paths round trip, are validated, and are opt
       {[](json& j) { j["fused_us"] = -1.0; }, "fused_us (-1) must be finite"},
       {[](json& j) { j["extra"] = 1; }, "unknown field 'extra'"},
       {[](json& j) { j.erase("unfused_us"); }, "missing field 'unfused_us'"},
+      {[](json& j) { j["variant"] = "fast"; }, "variant (fast) is not a projection variant name"},
+      {[](json& j) { j["variant"] = "m1s8u2c1"; }, "variant (m1s8u2c1) is not a projection"},
+      {[](json& j) { j["variant"] = "m3s4u2"; }, "variant (m3s4u2): token_tiles (3) must be"},
+      {[](json& j) { j["variant"] = "m8s4u4"; }, "variant (m8s4u4): token_tiles (8) x unroll (4)"},
+      {[](json& j) { j["variant"] = 7; }, "field 'variant'"},
   };
   for (const auto& [edit, expect] : cases) {
     json d = doc;
