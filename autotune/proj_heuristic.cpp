@@ -9,7 +9,11 @@
 // chunk is best (the activations take the registers: 25.6 against 50.5 µs at 16 tokens); at
 // 64 tokens four warps beat eight (58.9 against 70.4 µs): the activations of eight token tiles
 // then need the registers. e4m3 weights at one tile already read 64-element chunks (two of them
-// spill), and the FFN keeps one chunk (not measured with two).
+// spill). The FFN with 16-bit weights (a 1792-block grid of several waves at Llama-3-8B's
+// 14336 columns) runs four warps at one and two token tiles, two chunks per iteration at one:
+// `ropejit tune` measured 82.6 against 85.3 µs at one token (eight warps, one chunk) and 90.7
+// against 92.9 at 16 (bench/RESULTS.md, "Tuning the fused variants"); with e4m3 weights it keeps
+// the projection's choice (52.4 against 52.6 µs: level).
 //
 // Grids with fewer blocks than the GPU has SMs (a tensor-parallel shard: Llama-3-70B at TP 8 has
 // 80 column blocks) split the hidden dimension over a thread-block cluster on sm_90+: the
@@ -90,19 +94,30 @@ std::vector<detail::ProjVariant> proj_heuristic_variants(const QkvProjSpec& cano
 
 // The FFN's gate/up runs the same kernel with another epilogue: the same variants by token
 // tiles, and the same crossover until `ropejit tune --key ffnglu_...` measures its own.
+namespace {
+
+detail::ProjVariant ffn_variant_for_tiles(const FfnSpec& canonical, int32_t tiles) {
+  detail::ProjVariant v = variant_for_tiles(tiles);
+  if (canonical.weights == Weights::same && tiles <= 2) {
+    v.splits = 4;
+    v.unroll = tiles == 1 ? 2 : 1;
+  }
+  return v;
+}
+
+}  // namespace
+
 detail::ProjVariant ffn_heuristic(const FfnSpec& canonical, const detail::ProjShape& shape,
                                   const detail::DeviceInfo& device) {
-  (void)canonical;
   (void)device;
-  return variant_for_tiles(detail::proj_token_tiles(shape.tokens));
+  return ffn_variant_for_tiles(canonical, detail::proj_token_tiles(shape.tokens));
 }
 
 std::vector<detail::ProjVariant> ffn_heuristic_variants(const FfnSpec& canonical,
                                                         const detail::DeviceInfo& device) {
-  (void)canonical;
   (void)device;
   std::vector<detail::ProjVariant> out;
-  for (const int32_t tiles : {1, 2, 4, 8}) out.push_back(variant_for_tiles(tiles));
+  for (const int32_t tiles : {1, 2, 4, 8}) out.push_back(ffn_variant_for_tiles(canonical, tiles));
   return out;
 }
 

@@ -92,23 +92,27 @@ ProjTuneReport race(Problem& problem, bool checked, CUstream stream, const std::
 // within this factor of the unfused path (beyond, no variant makes it win).
 constexpr double kSearchWithin = 1.25;
 
-// The fused kernel's candidates at a bucket: the heuristic's variant first, then the same token
-// tiles with 2, 4 or 8 warps splitting the hidden dimension, 1 or 2 chunks per iteration (4 too at
-// one tile), and on sm_90+ clusters of 2 and 4 blocks splitting it further; legal ones only.
+// The fused kernel's candidates at a bucket: the heuristic's variant first, then its token tiles
+// and half as many (two rows of blocks, each reading the weight: the second read may come from
+// L2), each with 2, 4 or 8 warps splitting the hidden dimension, 1 or 2 chunks per iteration (4
+// too at one tile), and on sm_90+ clusters of 2 and 4 blocks splitting it further; legal ones.
 std::vector<detail::ProjVariant> fused_candidates(const detail::ProjVariant& heuristic,
                                                   bool fp8_weights,
                                                   const detail::DeviceInfo& device) {
   std::vector<detail::ProjVariant> out{heuristic};
-  const int32_t tiles = heuristic.token_tiles;
-  for (const int32_t splits : {2, 4, 8})
-    for (const int32_t unroll : {1, 2, 4})
-      for (const int32_t cluster : {1, 2, 4}) {
-        if ((unroll == 4 && tiles > 1) || (cluster > 1 && device.cc < 90)) continue;
-        detail::ProjVariant v{tiles, splits, unroll};
-        v.cluster = cluster;
-        if (!detail::proj_variant_problem(v, fp8_weights).empty()) continue;
-        if (std::find(out.begin(), out.end(), v) == out.end()) out.push_back(v);
-      }
+  const int32_t most = heuristic.token_tiles;
+  for (const int32_t tiles : {most, most / 2}) {
+    if (tiles < 1) continue;
+    for (const int32_t splits : {2, 4, 8})
+      for (const int32_t unroll : {1, 2, 4})
+        for (const int32_t cluster : {1, 2, 4}) {
+          if ((unroll == 4 && tiles > 1) || (cluster > 1 && device.cc < 90)) continue;
+          detail::ProjVariant v{tiles, splits, unroll};
+          v.cluster = cluster;
+          if (!detail::proj_variant_problem(v, fp8_weights).empty()) continue;
+          if (std::find(out.begin(), out.end(), v) == out.end()) out.push_back(v);
+        }
+  }
   return out;
 }
 

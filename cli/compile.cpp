@@ -137,11 +137,12 @@ int run_compile(const CompileOptions& o) {
     // Projection and FFN entries: their keys' defaults and the variants they name.
     const autotune::TuningCache cache = autotune::TuningCache::load_as_tuned(o.from_tuning);
     if (proj_archs.empty()) proj_archs.push_back(detail::concat("sm_", cache.fingerprint().cc));
-    std::set<std::string> keys;
+    std::set<std::string> keys, variants;
     for (const autotune::ProjTuningEntry& e : cache.proj_entries()) {
       const bool ffn = e.key.rfind("ffnglu_", 0) == 0;
       detail::ProjVariant v;
-      const bool tuned = !e.variant.empty() && detail::parse_proj_variant(e.variant, &v);
+      const bool tuned = !e.variant.empty() && detail::parse_proj_variant(e.variant, &v) &&
+                         variants.insert(e.key + " " + e.variant).second;  // each once
       if (ffn) {
         const FfnSpec f = parse_ffn_key(e.key);
         if (keys.insert(e.key).second) ffn_specs.push_back(f);
@@ -197,11 +198,13 @@ int run_compile(const CompileOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
   const unsigned threads = o.jobs ? o.jobs : std::max(1u, std::thread::hardware_concurrency());
   size_t failures = compile_all(kernels, threads);
+  size_t family_kernels = 0;  // the projection's and FFN's
   if (proj_archs.empty()) proj_archs.push_back("sm_90");
   for (const QkvProjSpec& s : proj_specs)
     for (const std::string& arch : proj_archs) {
       try {
         const size_t n = precompile(s, arch).size();
+        family_kernels += n;
         std::printf("%s: %zu kernels for %s\n", s.key().c_str(), n, arch.c_str());
       } catch (const Error& e) {
         std::fprintf(stderr, "%s (%s): %s\n", s.key().c_str(), arch.c_str(), e.what());
@@ -212,6 +215,7 @@ int run_compile(const CompileOptions& o) {
     for (const std::string& arch : proj_archs) {
       try {
         const size_t n = precompile(s, arch).size();
+        family_kernels += n;
         std::printf("%s: %zu kernels for %s\n", s.key().c_str(), n, arch.c_str());
       } catch (const Error& e) {
         std::fprintf(stderr, "%s (%s): %s\n", s.key().c_str(), arch.c_str(), e.what());
@@ -242,6 +246,7 @@ int run_compile(const CompileOptions& o) {
     for (auto& [what, f] : builds) {
       try {
         f.get();
+        ++family_kernels;
         std::printf("%s: tuned variant\n", what.c_str());
       } catch (const Error& e) {
         std::fprintf(stderr, "%s: %s\n", what.c_str(), e.what());
@@ -251,7 +256,7 @@ int run_compile(const CompileOptions& o) {
   }
   const detail::EngineStats after = engine.stats();
   std::printf("%s: %zu kernels in %.2f s: %zu compiled, %zu from the disk cache, %zu failed\n",
-              about.c_str(), kernels.size(), ms_since(t0) / 1000,
+              about.c_str(), kernels.size() + family_kernels, ms_since(t0) / 1000,
               after.nvrtc_compiles - before.nvrtc_compiles, after.disk_hits - before.disk_hits,
               failures);
   if (!engine.disk().enabled()) {

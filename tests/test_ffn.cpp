@@ -11,6 +11,7 @@
 
 #include "api/engine.hpp"
 #include "autotune/ffn_workload.hpp"
+#include "autotune/policy.hpp"
 #include "jit/ffn.hpp"
 #include "jit/nvrtc.hpp"
 
@@ -184,6 +185,32 @@ TEST_CASE("FFN calls: every bad argument is named, a good one passes") {
   // Checked before the driver is touched.
   f.args.hidden = 12;
   CHECK(contains(error_of([&] { ffn_gate_up(f.spec, f.args); }), "args.hidden (12)"));
+}
+
+TEST_CASE("FFN heuristic: four warps at one and two token tiles with 16-bit weights") {
+  detail::DeviceInfo h100;
+  h100.cc = 90;
+  h100.sm_count = 132;
+  const FfnSpec bf16 = FfnSpec{}.canonical();
+  FfnSpec fp8 = bf16;
+  fp8.weights = Weights::e4m3;
+  auto pick = [&](const FfnSpec& s, int64_t tokens) {
+    return autotune::ffn_heuristic(s, detail::ProjShape{tokens, 4096, 0, 0, 14336}, h100).name();
+  };
+  CHECK(pick(bf16, 1) == "m1s4u2");
+  CHECK(pick(bf16, 16) == "m2s4u1");
+  CHECK(pick(bf16, 32) == "m4s8u1");
+  CHECK(pick(bf16, 64) == "m8s4u1");
+  CHECK(pick(fp8, 1) == "m1s8u1");
+  CHECK(pick(fp8, 16) == "m2s8u1");
+  // The prepared set holds each tile count's choice, all legal.
+  for (const FfnSpec& s : {bf16, fp8}) {
+    const std::vector<detail::ProjVariant> all = autotune::ffn_heuristic_variants(s, h100);
+    REQUIRE(all.size() == 4);
+    for (const detail::ProjVariant& v : all)
+      CHECK_MESSAGE(detail::proj_variant_problem(v, s.weights == Weights::e4m3).empty(), v.name());
+    CHECK(all[0].name() == pick(s, 1));
+  }
 }
 
 TEST_CASE("FFN: the unfused path's workspace size") {
