@@ -95,7 +95,8 @@ constexpr double kSearchWithin = 1.25;
 // The fused kernel's candidates at a bucket: the heuristic's variant first, then its token tiles
 // and half as many (two rows of blocks, each reading the weight: the second read may come from
 // L2), each with 2, 4 or 8 warps splitting the hidden dimension, 1 or 2 chunks per iteration (4
-// too at one tile), and on sm_90+ clusters of 2 and 4 blocks splitting it further; legal ones.
+// too at one tile), on sm_90+ clusters of 2 and 4 blocks splitting it further, and for e4m3
+// weights at 2 and 4 tiles 64-element chunks (`wide`); legal ones.
 std::vector<detail::ProjVariant> fused_candidates(const detail::ProjVariant& heuristic,
                                                   bool fp8_weights,
                                                   const detail::DeviceInfo& device) {
@@ -103,15 +104,17 @@ std::vector<detail::ProjVariant> fused_candidates(const detail::ProjVariant& heu
   const int32_t most = heuristic.token_tiles;
   for (const int32_t tiles : {most, most / 2}) {
     if (tiles < 1) continue;
-    for (const int32_t splits : {2, 4, 8})
-      for (const int32_t unroll : {1, 2, 4})
-        for (const int32_t cluster : {1, 2, 4}) {
-          if ((unroll == 4 && tiles > 1) || (cluster > 1 && device.cc < 90)) continue;
-          detail::ProjVariant v{tiles, splits, unroll};
-          v.cluster = cluster;
-          if (!detail::proj_variant_problem(v, fp8_weights).empty()) continue;
-          if (std::find(out.begin(), out.end(), v) == out.end()) out.push_back(v);
-        }
+    for (const bool wide : {false, true})  // e4m3 codes in 64-element chunks at 2 and 4 tiles
+      for (const int32_t splits : {2, 4, 8})
+        for (const int32_t unroll : {1, 2, 4})
+          for (const int32_t cluster : {1, 2, 4}) {
+            if ((unroll == 4 && tiles > 1) || (cluster > 1 && device.cc < 90)) continue;
+            detail::ProjVariant v{tiles, splits, unroll};
+            v.cluster = cluster;
+            v.wide = wide;
+            if (!detail::proj_variant_problem(v, fp8_weights).empty()) continue;
+            if (std::find(out.begin(), out.end(), v) == out.end()) out.push_back(v);
+          }
   }
   return out;
 }

@@ -78,7 +78,7 @@ void check_workspace(const void* workspace, size_t bytes, const Range* others, s
 }
 
 std::string ProjVariant::name() const {
-  return concat('m', token_tiles, 's', splits, 'u', unroll) +
+  return concat('m', token_tiles, 's', splits, 'u', unroll) + (wide ? "w" : "") +
          (cluster > 1 ? concat('c', cluster) : std::string());
 }
 
@@ -97,6 +97,10 @@ bool parse_proj_variant(const std::string& name, ProjVariant* out) {
   };
   ProjVariant v;
   if (!field('m', &v.token_tiles) || !field('s', &v.splits) || !field('u', &v.unroll)) return false;
+  if (at < name.size() && name[at] == 'w') {
+    v.wide = true;
+    ++at;
+  }
   const bool clustered = at < name.size();
   if (clustered && !field('c', &v.cluster)) return false;
   if (at != name.size() || (clustered && v.cluster == 1)) return false;  // name() never writes c1
@@ -112,9 +116,14 @@ std::string proj_variant_problem(const ProjVariant& v, bool fp8_weights) {
     return concat("unroll (", v.unroll, ") must be 1, 2 or 4");
   if (!power_of_two(v.cluster) || v.cluster > 8)
     return concat("cluster (", v.cluster, ") must be 1, 2, 4 or 8");
+  if (v.wide && !fp8_weights) return "wide (64-element chunks of e4m3 codes) needs e4m3 weights";
+  if (v.wide && v.token_tiles != 2 && v.token_tiles != 4)
+    return concat("wide needs 2 or 4 token tiles (", v.token_tiles,
+                  "): one tile always reads 64-element chunks of e4m3 codes");
   // A stage's activations: token_tiles * unroll vectors of 16 bytes per lane, at most 16
-  // (e4m3 weights with one token tile: twice as many, each chunk 64 elements; 8 at most).
-  const int32_t vectors = v.token_tiles * v.unroll * (fp8_weights && v.token_tiles == 1 ? 2 : 1);
+  // (e4m3 weights with one token tile, or wide: twice as many, each chunk 64 elements).
+  const bool chunk64 = fp8_weights && (v.token_tiles == 1 || v.wide);
+  const int32_t vectors = v.token_tiles * v.unroll * (chunk64 ? 2 : 1);
   if (vectors > 16)
     return concat("token_tiles (", v.token_tiles, ") x unroll (", v.unroll, ") must be <= 16",
                   " (registers)");
@@ -542,6 +551,7 @@ RenderedKernel render(const QkvProjSpec& c, const ProjVariant& v) {
       {"splits", std::to_string(v.splits)},
       {"unroll", std::to_string(v.unroll)},
       {"cluster", std::to_string(v.cluster)},
+      {"wide", flag(v.wide)},
       {"neox", flag(c.style == Style::neox)},
       {"pos_ids", flag(c.positions == Positions::ids)},
       {"idx64", flag(c.index_type == IndexType::i64)},

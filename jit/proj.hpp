@@ -23,6 +23,9 @@ struct ProjVariant {
   // memory, added in rank order (deterministic), before the epilogue. For grids too small to
   // fill the GPU.
   int32_t cluster = 1;
+  // e4m3 weights at two or four token tiles: 64-element chunks (16 codes, 16 bytes per lane and
+  // row), as one tile always reads, instead of 32-element ones (8 bytes). Name suffix `w`.
+  bool wide = false;
 
   int32_t threads() const { return 32 * splits; }
   // Blocks the kernel is compiled to keep resident per SM (__launch_bounds__), in threads'
@@ -34,24 +37,26 @@ struct ProjVariant {
   // are what the H100 measured faster (bench/RESULTS.md, "A clean L2"): 25.6 against 26.1 µs at
   // 16 tokens, 51.0 against 57.3 µs at 64; the FFN (`glu`), whose 1792-block grid runs several
   // waves, was slower with fewer resident blocks (95.1 against 93.1 µs at 16 tokens).
+  // The `wide` variants at two and four tiles hold twice a stage's activations: 512 and 384.
   int32_t min_blocks(bool fp8_weights = false, bool glu = false) const {
-    const bool wide = fp8_weights && token_tiles == 1;
+    const bool one_wide = fp8_weights && token_tiles == 1;
     const bool proj16 = !fp8_weights && !glu;
-    int32_t worth = token_tiles == 1             ? (wide ? 768 : 1024)
+    int32_t worth = wide                         ? (token_tiles == 2 ? 512 : 384)
+                    : token_tiles == 1           ? (one_wide ? 768 : 1024)
                     : token_tiles == 2           ? (proj16 ? 768 : 1024)
                     : token_tiles == 8 && proj16 ? 384
                                                  : 512;
     return std::max(1, worth / threads());
   }
-  std::string name() const;  // "m2s4u2", "m1s8u2c4"
+  std::string name() const;  // "m2s4u2", "m1s8u2c4", "m2s8u1w"
   friend bool operator==(const ProjVariant& a, const ProjVariant& b) {
     return a.token_tiles == b.token_tiles && a.splits == b.splits && a.unroll == b.unroll &&
-           a.cluster == b.cluster;
+           a.cluster == b.cluster && a.wide == b.wide;
   }
 };
 
-// The variant a name() spells ("m<tiles>s<splits>u<unroll>[c<cluster>]", decimal numbers without
-// leading zeros); false for anything else (legality is proj_variant_problem's).
+// The variant a name() spells ("m<tiles>s<splits>u<unroll>[w][c<cluster>]", decimal numbers
+// without leading zeros); false for anything else (legality is proj_variant_problem's).
 bool parse_proj_variant(const std::string& name, ProjVariant* out);
 
 // "" when `v` may be compiled (for e4m3 weights when `fp8_weights`), else the reason, starting

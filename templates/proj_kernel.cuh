@@ -20,12 +20,13 @@
 // (of w) and up row n (of w2), and the store is act(gate) · up of the fp32 sums, column n.
 //
 // FP8 weights (Cfg::kW8): e4m3 codes with a float scale per output column (weight row). With
-// one token tile a lane loads 16 codes (16 bytes) of each of its rows per 64-element chunk and
-// the matching 16 activations and feeds four k16 steps; with more tiles it loads 8 codes per
-// 32-element chunk (8 bytes), so that a stage holds no more activations than with 16-bit
-// weights (16 per lane and tile spilled from two tiles on). The codes are widened to the
-// operand dtype exactly (every e4m3 value is a bf16 and an f16 value); the column's scale
-// multiplies its fp32 sum.
+// one token tile (or the `wide` variants at two and four) a lane loads 16 codes (16 bytes) of
+// each of its rows per 64-element chunk and the matching 16 activations and feeds four k16
+// steps; otherwise it loads 8 codes per 32-element chunk (8 bytes), so that a stage holds no
+// more activations than with 16-bit weights (16 per lane and tile spill from two tiles on at
+// four resident 8-warp blocks per SM; the wide variants are compiled for two). The codes are
+// widened to the operand dtype exactly (every e4m3 value is a bf16 and an f16 value); the column's
+// scale multiplies its fp32 sum.
 //
 // KV cache (Cfg::kCache: slots, paged or contiguous): k after RoPE and v are also stored, rounded
 // once from the same fp32 values (FP8: value · scale, saturating), in the cache row of the token's
@@ -159,13 +160,13 @@ struct ProjKernel {
   enum : int {
     kPairsPerHead = Cfg::kHeadDim / 2,
     kRotPairs = Cfg::kRotaryDim / 2,
-    kTiles = Cfg::kTokenTiles,          // 8 tokens each
-    kSplits = Cfg::kSplits,             // warps per block, each a slice of the hidden dimension
-    kUnroll = Cfg::kUnroll,             // chunks per warp per iteration
-    kW8Wide = Cfg::kW8 && kTiles == 1,  // 16 codes per lane and chunk (else 8)
-    kChunk = kW8Wide ? 64 : 32,         // elements of a chunk
-    kLaneK = kChunk / 4,                // a lane's consecutive elements in a chunk
-    kXv = kLaneK / 8,                   // 16-byte activation vectors per lane per chunk
+    kTiles = Cfg::kTokenTiles,  // 8 tokens each
+    kSplits = Cfg::kSplits,     // warps per block, each a slice of the hidden dimension
+    kUnroll = Cfg::kUnroll,     // chunks per warp per iteration
+    kW8Wide = Cfg::kW8 && (kTiles == 1 || Cfg::kWide),  // 16 codes per lane and chunk (else 8)
+    kChunk = kW8Wide ? 64 : 32,                         // elements of a chunk
+    kLaneK = kChunk / 4,                                // a lane's consecutive elements in a chunk
+    kXv = kLaneK / 8,  // 16-byte activation vectors per lane per chunk
     kWBytes = Cfg::kW8 ? 1 : int(sizeof(Raw)),
     kWLoad = kLaneK * kWBytes,     // bytes of a weight row a lane loads per chunk: 16 or 8
     kCluster = Cfg::kCluster,      // blocks of a cluster, each a slice of the hidden dimension

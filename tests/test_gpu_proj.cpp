@@ -507,11 +507,13 @@ TEST_SUITE("gpu") {
       run_and_compare(nullptr, s.key() + " default");
       for (const int32_t tiles : {1, 2, 4, 8})
         for (const int32_t splits : {1, 2, 4, 8})
-          for (const int32_t unroll : {1, 2, 4}) {
-            const detail::ProjVariant v{tiles, splits, unroll};
-            if (!detail::proj_variant_problem(v, true).empty()) continue;
-            run_and_compare(&v, s.key() + " " + v.name());
-          }
+          for (const int32_t unroll : {1, 2, 4})
+            for (const bool wide : {false, true}) {  // 64-element chunks at 2 and 4 tiles
+              detail::ProjVariant v{tiles, splits, unroll};
+              v.wide = wide;
+              if (!detail::proj_variant_problem(v, true).empty()) continue;
+              run_and_compare(&v, s.key() + " " + v.name());
+            }
     }
   }
 

@@ -66,22 +66,41 @@ TEST_CASE("projection variants: names parse back, and nothing else does") {
   for (const int32_t tiles : {1, 2, 4, 8})
     for (int32_t splits = 1; splits <= 8; ++splits)
       for (const int32_t unroll : {1, 2, 4})
-        for (const int32_t cluster : {1, 2, 4, 8}) {
-          detail::ProjVariant v{tiles, splits, unroll};
-          v.cluster = cluster;
-          detail::ProjVariant back;
-          REQUIRE_MESSAGE(detail::parse_proj_variant(v.name(), &back), v.name());
-          CHECK(back == v);
-          ++n;
-        }
-  CHECK(n == 384);
+        for (const int32_t cluster : {1, 2, 4, 8})
+          for (const bool wide : {false, true}) {
+            detail::ProjVariant v{tiles, splits, unroll};
+            v.cluster = cluster;
+            v.wide = wide;
+            detail::ProjVariant back;
+            REQUIRE_MESSAGE(detail::parse_proj_variant(v.name(), &back), v.name());
+            CHECK(back == v);
+            ++n;
+          }
+  CHECK(n == 768);
   detail::ProjVariant v;
-  for (const char* bad : {"", "m", "m1", "m1s4", "m1s4u", "m1s4u2c", "m1s4u2c1", "m01s4u2",
-                          "m1s4u2x", "s4m1u2", "m1s4u2c4c4", "m-1s4u2", "m1s4u200", "M1S4U2"})
+  for (const char* bad :
+       {"", "m", "m1", "m1s4", "m1s4u", "m1s4u2c", "m1s4u2c1", "m01s4u2", "m1s4u2x", "s4m1u2",
+        "m1s4u2c4c4", "m-1s4u2", "m1s4u200", "M1S4U2", "m2s4u1ww", "m2s4u1c4w", "m2s4uw1"})
     CHECK_FALSE_MESSAGE(detail::parse_proj_variant(bad, &v), bad);
   // Parsed but illegal: proj_variant_problem's to say.
   REQUIRE(detail::parse_proj_variant("m3s9u3c3", &v));
   CHECK_FALSE(detail::proj_variant_problem(v).empty());
+  // wide: e4m3 weights at two or four token tiles, within the register rule; compiled for
+  // fewer resident blocks.
+  REQUIRE(detail::parse_proj_variant("m2s8u1w", &v));
+  CHECK(v.wide);
+  CHECK(detail::proj_variant_problem(v, true).empty());
+  CHECK(contains(detail::proj_variant_problem(v, false), "wide (64-element chunks of e4m3"));
+  CHECK(v.min_blocks(true) == 2);
+  REQUIRE(detail::parse_proj_variant("m4s4u1w", &v));
+  CHECK(detail::proj_variant_problem(v, true).empty());
+  CHECK(v.min_blocks(true) == 3);
+  REQUIRE(detail::parse_proj_variant("m4s4u4w", &v));
+  CHECK(contains(detail::proj_variant_problem(v, true), "must be <= 16"));
+  for (const char* other : {"m1s8u1w", "m8s4u1w"}) {
+    REQUIRE(detail::parse_proj_variant(other, &v));
+    CHECK(contains(detail::proj_variant_problem(v, true), "wide needs 2 or 4 token tiles"));
+  }
 }
 
 TEST_CASE("projection spec: validation names the field and value") {
@@ -668,6 +687,12 @@ TEST_CASE("projection keys compile for sm_80 and sm_90 (every default variant)")
       // A variant the heuristic does not pick: unrolled, two warps.
       CHECK_NOTHROW(api::engine().image(s.canonical(), ProjVariant{4, 2, 2},
                                         detail::target_for(detail::parse_arch(arch, "arch"))));
+      if (s.weights == Weights::e4m3) {  // 64-element chunks at two tiles
+        ProjVariant wide{2, 8, 1};
+        wide.wide = true;
+        CHECK_NOTHROW(api::engine().image(s.canonical(), wide,
+                                          detail::target_for(detail::parse_arch(arch, "arch"))));
+      }
     }
   }
   QkvProjSpec s;
