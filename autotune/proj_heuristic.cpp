@@ -15,6 +15,11 @@
 // against 92.9 at 16 (bench/RESULTS.md, "Tuning the fused variants"); with e4m3 weights it keeps
 // the projection's choice (52.4 against 52.6 µs: level).
 //
+// e4m3 weights at two and four token tiles read 64-element chunks (`wide`, four warps, compiled
+// for two resident 8-warp blocks' worth): 21.3 against 22.5 µs at 16 tokens and 29.7 against
+// 35.2 at 32 on the H100 (`ropejit tune`, bench/RESULTS.md "Tuning the fused variants"); the
+// FFN's e4m3 key likewise (72.7 against 74.4 µs at 16).
+//
 // Grids with fewer blocks than the GPU has SMs (a tensor-parallel shard: Llama-3-70B at TP 8 has
 // 80 column blocks) split the hidden dimension over a thread-block cluster on sm_90+: the
 // largest of 2, 4, 8 that keeps the grid within three blocks per SM. The H100 at that shard
@@ -27,11 +32,16 @@
 namespace ropejit::autotune {
 namespace {
 
-detail::ProjVariant variant_for_tiles(int32_t tiles, int32_t unroll_at_one_tile = 1) {
+detail::ProjVariant variant_for_tiles(int32_t tiles, int32_t unroll_at_one_tile = 1,
+                                      bool fp8_weights = false) {
   detail::ProjVariant v;
   v.token_tiles = tiles;
   v.splits = tiles <= 4 ? 8 : 4;
   v.unroll = tiles == 1 ? unroll_at_one_tile : 1;
+  if (fp8_weights && (tiles == 2 || tiles == 4)) {
+    v.splits = 4;
+    v.wide = true;
+  }
   return v;
 }
 
@@ -53,7 +63,8 @@ int32_t cluster_for(int64_t blocks, const detail::DeviceInfo& device) {
 detail::ProjVariant proj_heuristic(const QkvProjSpec& canonical, const detail::ProjShape& shape,
                                    const detail::DeviceInfo& device) {
   detail::ProjVariant v =
-      variant_for_tiles(detail::proj_token_tiles(shape.tokens), proj_unroll(canonical));
+      variant_for_tiles(detail::proj_token_tiles(shape.tokens), proj_unroll(canonical),
+                        canonical.weights == Weights::e4m3);
   v.cluster =
       cluster_for(int64_t(detail::proj_grid_x(shape)) * detail::proj_grid_y(shape, v), device);
   return v;
@@ -76,7 +87,8 @@ std::vector<detail::ProjVariant> proj_heuristic_variants(const QkvProjSpec& cano
                                                          const detail::DeviceInfo& device) {
   std::vector<detail::ProjVariant> out;
   for (const int32_t tiles : {1, 2, 4, 8}) {
-    const detail::ProjVariant v = variant_for_tiles(tiles, proj_unroll(canonical));
+    const detail::ProjVariant v =
+        variant_for_tiles(tiles, proj_unroll(canonical), canonical.weights == Weights::e4m3);
     out.push_back(v);
     if (shape.pairs <= 0) continue;
     // Token counts of this tile count: one row of blocks, or (eight tiles) any number of rows;
@@ -97,7 +109,7 @@ std::vector<detail::ProjVariant> proj_heuristic_variants(const QkvProjSpec& cano
 namespace {
 
 detail::ProjVariant ffn_variant_for_tiles(const FfnSpec& canonical, int32_t tiles) {
-  detail::ProjVariant v = variant_for_tiles(tiles);
+  detail::ProjVariant v = variant_for_tiles(tiles, 1, canonical.weights == Weights::e4m3);
   if (canonical.weights == Weights::same && tiles <= 2) {
     v.splits = 4;
     v.unroll = tiles == 1 ? 2 : 1;
