@@ -240,6 +240,7 @@ def plot_proj(rows, torch_rows, gpu, path, path_rows=None,
                 label="weight-read floor (copy bandwidth)")
     if torch_rows:
         t2 = [r["tokens"] for r in torch_rows]
+        tokens = sorted(set(tokens) | set(t2))  # the axis' ticks cover both
         ax.plot(t2, [r["unfused_graph_us"] for r in torch_rows], "s-", color="tab:orange",
                 label="torch unfused, graph replay")
         ax.plot(t2, [r["unfused_us"] for r in torch_rows], "s:", color="tab:orange", alpha=0.6,
