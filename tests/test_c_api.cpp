@@ -154,6 +154,27 @@ TEST_CASE("C API: the projection's defaults, key, errors and precompile") {
   CHECK(ropejit_qkv_projection(&s, &a) == ROPEJIT_ERROR_INVALID_ARGUMENT);
   CHECK(std::string(ropejit_last_error()).find("args.cache.slot_mapping is null") !=
         std::string::npos);
+  // A chunk's sequences (the args' last two fields) go with a paged or contiguous cache only.
+  CHECK(a.cu_seqlens == nullptr);
+  CHECK(a.batch == 0);
+  a.cache.slot_mapping = reinterpret_cast<const int64_t*>(0xa0000000);
+  const int32_t* cu = reinterpret_cast<const int32_t*>(0xb0000000);
+  a.cu_seqlens = cu;
+  a.batch = 2;
+  CHECK(ropejit_qkv_projection(&s, &a) == ROPEJIT_ERROR_INVALID_ARGUMENT);
+  CHECK(
+      std::string(ropejit_last_error()).find("args.cu_seqlens is given but spec.cache is slots") !=
+      std::string::npos);
+  s.cache = 2;  // paged
+  a.cache.slot_mapping = nullptr;
+  a.cache.indptr = reinterpret_cast<const int32_t*>(0xb1000000);
+  a.cache.indices = reinterpret_cast<const int32_t*>(0xb2000000);
+  a.cache.last_page_len = reinterpret_cast<const int32_t*>(0xb3000000);
+  a.cache.num_indices = 4;
+  a.batch = 0;
+  CHECK(ropejit_qkv_projection(&s, &a) == ROPEJIT_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(ropejit_last_error()).find("args.batch (0) must be in [1, 2^31 - 1)") !=
+        std::string::npos);
 }
 
 TEST_CASE("C API: the FFN's defaults, key, errors, workspace and precompile") {
