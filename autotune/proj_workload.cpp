@@ -205,6 +205,9 @@ ProjProblem::ProjProblem(const QkvProjSpec& spec, const ProjSizes& sizes)
                    : c.cache == KvCache::slots ? (T + ps - 1) / ps + 2
                    : c.cache == KvCache::paged ? pages_needed + 2
                                                : S + 1;
+    if (c.cache == KvCache::paged && cache_pages_ < pages_needed)
+      detail::invalid("ProjProblem: cache_pages (", cache_pages_, ") is fewer than the ",
+                      pages_needed, " pages the sequences hold");
     slot_stride_ = int64_t(z.kv_heads) * D + z.cache_slot_gap;
     page_stride_ = ps * slot_stride_;
     const int64_t ce = is_fp8(c.cache_store) ? 1 : e;
