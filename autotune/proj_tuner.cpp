@@ -92,33 +92,6 @@ ProjTuneReport race(Problem& problem, bool checked, CUstream stream, const std::
 // within this factor of the unfused path (beyond, no variant makes it win).
 constexpr double kSearchWithin = 1.25;
 
-// The fused kernel's candidates at a bucket: the heuristic's variant first, then its token tiles
-// and half as many (two rows of blocks, each reading the weight: the second read may come from
-// L2), each with 2, 4 or 8 warps splitting the hidden dimension, 1 or 2 chunks per iteration (4
-// too at one tile), on sm_90+ clusters of 2 and 4 blocks splitting it further, and for e4m3
-// weights at 2 and 4 tiles 64-element chunks (`wide`); legal ones.
-std::vector<detail::ProjVariant> fused_candidates(const detail::ProjVariant& heuristic,
-                                                  bool fp8_weights,
-                                                  const detail::DeviceInfo& device) {
-  std::vector<detail::ProjVariant> out{heuristic};
-  const int32_t most = heuristic.token_tiles;
-  for (const int32_t tiles : {most, most / 2}) {
-    if (tiles < 1) continue;
-    for (const bool wide : {false, true})  // e4m3 codes in 64-element chunks at 2 and 4 tiles
-      for (const int32_t splits : {2, 4, 8})
-        for (const int32_t unroll : {1, 2, 4})
-          for (const int32_t cluster : {1, 2, 4}) {
-            if ((unroll == 4 && tiles > 1) || (cluster > 1 && device.cc < 90)) continue;
-            detail::ProjVariant v{tiles, splits, unroll};
-            v.cluster = cluster;
-            v.wide = wide;
-            if (!detail::proj_variant_problem(v, fp8_weights).empty()) continue;
-            if (std::find(out.begin(), out.end(), v) == out.end()) out.push_back(v);
-          }
-  }
-  return out;
-}
-
 // Every candidate compiled (concurrently), run once and checked against the float64 reference
 // where `checked` (a wrong result from a legal variant is a library bug: an error), then timed
 // with a clean L2; the fastest goes into `report` (the heuristic's on a tie) with the path
@@ -169,6 +142,33 @@ bool worth_searching(const ProjTuneReport& r) {
 
 }  // namespace
 
+// The fused kernel's candidates at a bucket: the heuristic's variant first, then its token tiles
+// and half as many (two rows of blocks, each reading the weight: the second read may come from
+// L2), each with 2, 4 or 8 warps splitting the hidden dimension, 1 or 2 chunks per iteration (4
+// too at one tile), on sm_90+ clusters of 2 and 4 blocks splitting it further, and for e4m3
+// weights at 2 and 4 tiles 64-element chunks (`wide`); legal ones.
+std::vector<detail::ProjVariant> proj_fused_candidates(const detail::ProjVariant& heuristic,
+                                                       bool fp8_weights,
+                                                       const detail::DeviceInfo& device) {
+  std::vector<detail::ProjVariant> out{heuristic};
+  const int32_t most = heuristic.token_tiles;
+  for (const int32_t tiles : {most, most / 2}) {
+    if (tiles < 1) continue;
+    for (const bool wide : {false, true})  // e4m3 codes in 64-element chunks at 2 and 4 tiles
+      for (const int32_t splits : {2, 4, 8})
+        for (const int32_t unroll : {1, 2, 4})
+          for (const int32_t cluster : {1, 2, 4}) {
+            if ((unroll == 4 && tiles > 1) || (cluster > 1 && device.cc < 90)) continue;
+            detail::ProjVariant v{tiles, splits, unroll};
+            v.cluster = cluster;
+            v.wide = wide;
+            if (!detail::proj_variant_problem(v, fp8_weights).empty()) continue;
+            if (std::find(out.begin(), out.end(), v) == out.end()) out.push_back(v);
+          }
+  }
+  return out;
+}
+
 ProjTuneReport tune_proj(const QkvProjSpec& spec, int64_t bucket, int64_t hidden, int32_t q_heads,
                          int32_t kv_heads) {
   const QkvProjSpec c = spec.canonical();
@@ -204,7 +204,8 @@ ProjTuneReport tune_proj(const QkvProjSpec& spec, int64_t bucket, int64_t hidden
   if (worth_searching(report)) {
     const std::string target = detail::target_for(device.cc);
     search_variants(
-        problem, z.reference, stream.get(), c.key(), bucket, fused_candidates(variant, fp8, device),
+        problem, z.reference, stream.get(), c.key(), bucket,
+        proj_fused_candidates(variant, fp8, device),
         [&](const detail::ProjVariant& v) { return engine.image_async(c, v, target); },
         [&](const detail::ProjVariant& v) { engine.launch_proj(c, fused, shape, &v); }, &report);
   }
@@ -240,7 +241,8 @@ ProjTuneReport tune_ffn(const FfnSpec& spec, int64_t bucket, int64_t hidden, int
   if (worth_searching(report)) {
     const std::string target = detail::target_for(device.cc);
     search_variants(
-        problem, z.reference, stream.get(), c.key(), bucket, fused_candidates(variant, fp8, device),
+        problem, z.reference, stream.get(), c.key(), bucket,
+        proj_fused_candidates(variant, fp8, device),
         [&](const detail::ProjVariant& v) { return engine.image_async(c, v, target); },
         [&](const detail::ProjVariant& v) { engine.launch_ffn(c, fused, shape, &v); }, &report);
   }

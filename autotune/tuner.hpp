@@ -52,6 +52,14 @@ struct ProjTuneReport {
   double heuristic_us = 0;
 };
 
+// The fused kernel's variants tune_proj() and tune_ffn() race at a bucket whose heuristic variant
+// is `heuristic`: that one first, then its token tiles and half as many with 2/4/8 warps, 1/2/4
+// chunks per iteration, clusters of 2 and 4 on sm_90+, and e4m3 codes in 64-element chunks
+// (`wide`) at 2 and 4 tiles; legal ones only. Needs no GPU.
+std::vector<detail::ProjVariant> proj_fused_candidates(const detail::ProjVariant& heuristic,
+                                                       bool fp8_weights,
+                                                       const detail::DeviceInfo& device);
+
 // Tunes `canonical`'s path at `bucket` tokens for one projection shape, on buffers it owns.
 // Needs a current CUDA context and cuBLASLt.
 ProjTuneReport tune_proj(const QkvProjSpec& canonical, int64_t bucket, int64_t hidden,

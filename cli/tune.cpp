@@ -187,8 +187,27 @@ auto parse_family_key(const std::string& key, Parse parse, const char* alone) {
   }
 }
 
+// A --dry-run line of the projection's or FFN's tuning at one bucket: the heuristic's variant,
+// what it races, and the fused variants the tuner tries where the fused path competes, for a
+// typical sm_90 part (clusters need one).
+std::string fused_dry_line(const std::string& head, const detail::ProjVariant& heuristic,
+                           bool fp8_weights) {
+  detail::DeviceInfo h100;
+  h100.cc = 90;
+  h100.sm_count = 132;
+  const std::vector<detail::ProjVariant> all =
+      autotune::proj_fused_candidates(heuristic, fp8_weights, h100);
+  std::string line =
+      detail::concat(head, ": fused (", heuristic.name(), ")",
+                     fp8_weights ? " alone (e4m3 weights)" : " vs unfused", "; ", all.size(),
+                     " fused variants where the fused path competes (sm_90):\n   ");
+  for (const detail::ProjVariant& v : all) line += " " + v.name();
+  return line;
+}
+
 // `ropejit tune --key qkvproj_... --heads Q,KV --hidden N`: the projection's path per token
-// bucket (fused kernel or RMSNorm -> cuBLASLt GEMM -> RoPE), written to the tuning file.
+// bucket (fused kernel or RMSNorm -> cuBLASLt GEMM -> RoPE) and the fused kernel's variant,
+// written to the tuning file.
 int run_tune_proj(const TuneOptions& o) {
   std::vector<QkvProjSpec> specs;
   std::vector<std::string> keys;
@@ -207,10 +226,12 @@ int run_tune_proj(const TuneOptions& o) {
   return tune_paths(
       o, "projection", keys,
       [&](size_t i, int64_t b) {
-        const detail::ProjShape shape{b, o.hidden, o.heads[0], o.heads[1], 0};
-        return detail::concat(keys[i], "  bucket ", b, "  hidden ", o.hidden, "  heads ",
-                              o.heads[0], "/", o.heads[1], ": fused (",
-                              autotune::proj_heuristic(specs[i], shape, {}).name(), ") vs unfused");
+        const int64_t pairs = int64_t(o.heads[0] + 2 * o.heads[1]) * specs[i].head_dim / 2;
+        const detail::ProjShape shape{b, o.hidden, o.heads[0], o.heads[1], pairs};
+        return fused_dry_line(detail::concat(keys[i], "  bucket ", b, "  hidden ", o.hidden,
+                                             "  heads ", o.heads[0], "/", o.heads[1]),
+                              autotune::proj_heuristic(specs[i], shape, {}),
+                              specs[i].weights == Weights::e4m3);
       },
       [&](size_t i, int64_t b) {
         return autotune::tune_proj(specs[i], b, o.hidden, o.heads[0], o.heads[1]);
@@ -236,9 +257,10 @@ int run_tune_ffn(const TuneOptions& o) {
       o, "FFN", keys,
       [&](size_t i, int64_t b) {
         const detail::ProjShape shape{b, o.hidden, 0, 0, o.intermediate};
-        return detail::concat(keys[i], "  bucket ", b, "  hidden ", o.hidden, "  intermediate ",
-                              o.intermediate, ": fused (",
-                              autotune::ffn_heuristic(specs[i], shape, {}).name(), ") vs unfused");
+        return fused_dry_line(detail::concat(keys[i], "  bucket ", b, "  hidden ", o.hidden,
+                                             "  intermediate ", o.intermediate),
+                              autotune::ffn_heuristic(specs[i], shape, {}),
+                              specs[i].weights == Weights::e4m3);
       },
       [&](size_t i, int64_t b) {
         return autotune::tune_ffn(specs[i], b, o.hidden, o.intermediate);
