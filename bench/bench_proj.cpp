@@ -20,6 +20,7 @@
 //   proj_chunk/m<M>/<fused|unfused|auto>: a prefill chunk of M tokens in 4 sequences
 //   (cu_seqlens) into an e4m3 paged cache, each path (unfused: GEMM, then the fused RoPE key
 //   appending k and v);
+//   proj_steps/m<M>/<norm|gemm|rope|gemm_rope|all>: the unfused path's steps timed apart;
 //   proj_path/m<M>/<fused|unfused|auto>: the fused kernel, the unfused path (RMSNorm key ->
 //   cuBLASLt GEMM -> RoPE key) and the automatic choice (tuning file, else the heuristic) from
 //   1 to 4096 tokens: the chooser should track the faster of the two everywhere. Results are
@@ -33,6 +34,8 @@
 #include "autotune/norm_workload.hpp"
 #include "autotune/proj_workload.hpp"
 #include "bench_common.hpp"
+#include "jit/gemm.hpp"
+#include "jit/proj.hpp"
 
 namespace ropejit::bench {
 namespace {
@@ -122,6 +125,79 @@ void run_path(benchmark::State& state, int64_t tokens, ProjPath path, KvCache ca
                  (z.reference ? "" : " (unchecked)"));
 }
 
+// The unfused path's steps timed apart at Llama-3-8B's shape: the RMSNorm key into the
+// workspace, the cuBLASLt GEMM, the RoPE key on q and k, GEMM then RoPE, and the whole path
+// (each after a read flush, as the path's first step sees it).
+enum class Step { norm, gemm, rope, gemm_rope, all };
+
+const char* step_name(Step s) {
+  switch (s) {
+    case Step::norm:
+      return "norm";
+    case Step::gemm:
+      return "gemm";
+    case Step::rope:
+      return "rope";
+    case Step::gemm_rope:
+      return "gemm_rope";
+    case Step::all:
+      return "all";
+  }
+  return "?";
+}
+
+void run_step(benchmark::State& state, int64_t tokens, Step step) {
+  const QkvProjSpec s = llama_spec();
+  const QkvProjSpec c = s.canonical();
+  autotune::ProjSizes z = llama_sizes(tokens);
+  z.path = ProjPath::automatic;  // a workspace
+  z.reference = false;
+  autotune::ProjProblem p(s, z);
+  p.upload();
+  QkvProjArgs args = p.args(g_stream);
+  args.path = ProjPath::unfused;
+  const detail::ProjShape shape = detail::check_proj_call(c, args);
+  CUcontext ctx = nullptr;
+  detail::check(detail::driver().CtxGetCurrent(&ctx), "cuCtxGetCurrent");
+  const size_t norm_bytes = detail::proj_norm_bytes(c, shape.tokens, shape.hidden);
+  RmsNormArgs n;
+  n.rows = tokens;
+  n.hidden = shape.hidden;
+  n.x = args.x;
+  n.x_stride = shape.hidden;
+  n.weight = args.norm_weight;
+  n.eps = args.norm_eps;
+  n.out = args.workspace;
+  n.out_stride = shape.hidden;
+  n.stream = g_stream;
+  detail::GemmCall g;
+  g.dtype = c.dtype;
+  g.m = tokens;
+  g.k = shape.hidden;
+  g.a = args.workspace;
+  g.lda = shape.hidden;
+  g.n = (shape.q_heads + 2 * shape.kv_heads) * c.head_dim;
+  g.b = args.weight;
+  g.ldb = shape.hidden;
+  g.d = args.q.data;
+  g.ldd = args.q.stride_seq;
+  g.workspace = static_cast<char*>(args.workspace) + norm_bytes;
+  g.workspace_bytes = args.workspace_bytes - norm_bytes;
+  g.stream = g_stream;
+  const Spec rs = detail::proj_rope_spec(c, args);
+  const Args ra = detail::proj_rope_args(c, args);
+  auto call = [&] {
+    if (step == Step::norm) rms_norm(detail::proj_norm_spec(c), n);
+    if (step == Step::gemm || step == Step::gemm_rope) detail::gemm(ctx, g);
+    if (step == Step::rope || step == Step::gemm_rope) apply(rs, ra);
+    if (step == Step::all) qkv_projection(s, args);
+  };
+  call();
+  time_against_copy(state, 2 * p.weight_bytes(), call, autotune::Flush::read);
+  report_weight_floor(state, p.weight_bytes());
+  state.SetLabel(s.key() + " " + step_name(step));
+}
+
 // The FFN's gate/up at Llama-3-8B's shape (hidden 4096, intermediate 14336: two 14336 x 4096
 // bf16 weights, 235 MB), every path, against the weight-read floor. Checked against float64 up
 // to 8 tokens (M x 28672 x 4096 host multiply-adds).
@@ -174,6 +250,14 @@ void register_proj_benchmarks() {
       benchmark::RegisterBenchmark(
           ("proj_path/m" + std::to_string(m) + "/" + to_string(path)).c_str(),
           [m, path](benchmark::State& st) { run_path(st, m, path); })
+          ->UseManualTime()
+          ->Iterations(30)
+          ->Unit(benchmark::kMicrosecond);
+  for (const int64_t m : {16, 32, 64, 256, 1024})
+    for (const Step step : {Step::norm, Step::gemm, Step::rope, Step::gemm_rope, Step::all})
+      benchmark::RegisterBenchmark(
+          ("proj_steps/m" + std::to_string(m) + "/" + step_name(step)).c_str(),
+          [m, step](benchmark::State& st) { run_step(st, m, step); })
           ->UseManualTime()
           ->Iterations(30)
           ->Unit(benchmark::kMicrosecond);

@@ -9,6 +9,10 @@ projection -> SiLU(g) * u.
     gemm:    F.linear alone (the cuBLAS GEMV/GEMM the fused kernel competes with);
     floor:   a device copy of 2 x the weight's bytes, halved (the weight read at copy bandwidth).
 
+ropejit's `qkv_projection` and `ffn_gate_up` (automatic path, and each path forced) are timed in
+the same harness under graph replay (`--no-ropejit` leaves them out): the same clock and flush as
+torch's rows, so the ratios need no second process.
+
 Each timed call starts with a cold L2 (the 50 MB weight is as large as the H100's L2). Plain
 launches and CUDA-graph replays (one call per graph) are both timed; medians in µs. `--flush
 read` (the default, as ropejit_bench's projection and FFN rows) empties the L2 by summing a
@@ -20,6 +24,7 @@ it evicts them (run ropejit_bench with ROPEJIT_FLUSH=write to match).
 """
 
 import argparse
+import importlib
 import json
 import statistics
 
@@ -86,6 +91,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=None)
     ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--no-ropejit", action="store_true",
+                    help="time torch alone (no ropejit rows)")
     ap.add_argument("--flush", choices=("write", "read"), default="read",
                     help="empty the L2 by zeroing a buffer (dirty lines left) or reading it (clean)")
     args = ap.parse_args()
@@ -103,10 +110,13 @@ def main():
     src = torch.empty(2 * weight.numel() * 2 // 2, dtype=torch.uint8, device=dev)
     dst = torch.empty_like(src)
     copy_us = time_us(lambda: dst.copy_(src), flush, args.reps, graph=False)
+    rj = None if args.no_ropejit else importlib.import_module("ropejit.decode")
+    paths = ("auto", "fused", "unfused")
     rows = []
     print(f"GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; L2 flushed ({args.flush}) before each")
-    print("| M | unfused µs | unfused graph µs | F.linear µs | F.linear graph µs | floor µs |")
-    print("|---|---|---|---|---|---|")
+    extra = "".join(f" ropejit {p} graph µs |" for p in paths) if rj else ""
+    print("| M | unfused µs | unfused graph µs | F.linear µs | F.linear graph µs | floor µs |" + extra)
+    print("|---|---|---|---|---|---|" + "---|" * (len(paths) if rj else 0))
     for m in (1, 2, 4, 8, 16, 24, 32, 48, 64, 128, 256, 512, 1024, 2048, 4096):
         x = torch.randn(m, HIDDEN, device=dev).to(torch.bfloat16)
         ids = torch.randint(0, 8192, (m,), device=dev)
@@ -117,9 +127,17 @@ def main():
         row["unfused_graph_us"] = time_us(full, flush, args.reps, graph=True)
         row["linear_us"] = time_us(gemm, flush, args.reps, graph=False)
         row["linear_graph_us"] = time_us(gemm, flush, args.reps, graph=True)
+        cells = ""
+        for p in paths if rj else ():
+            call = lambda p=p: rj.qkv_projection(  # noqa: E731
+                x, weight, q_heads=Q_HEADS, kv_heads=KV_HEADS, head_dim=HEAD_DIM,
+                norm_weight=norm_w, eps=EPS, position_ids=ids, cos=cos, sin=sin, path=p)
+            row[f"ropejit_{p}_graph_us"] = time_us(call, flush, args.reps, graph=True)
+            cells += f" {row[f'ropejit_{p}_graph_us']:.1f} |"
         rows.append(row)
         print(f"| {m} | {row['unfused_us']:.1f} | {row['unfused_graph_us']:.1f} | "
-              f"{row['linear_us']:.1f} | {row['linear_graph_us']:.1f} | {row['floor_us']:.1f} |")
+              f"{row['linear_us']:.1f} | {row['linear_graph_us']:.1f} | {row['floor_us']:.1f} |"
+              + cells)
     # The FFN's gate/up at Llama-3-8B's shape: RMSNorm -> F.linear with the merged [2 x 14336,
     # 4096] gate_up weight -> SiLU(g) * u, against F.linear alone and the weight-read floor.
     inter = 14336
@@ -130,8 +148,8 @@ def main():
     ffn_copy_us = time_us(lambda: dst.copy_(src), flush, args.reps, graph=False)
     ffn_rows = []
     print("\nFFN gate/up (4096 -> 2 x 14336, bf16)")
-    print("| M | unfused µs | unfused graph µs | F.linear µs | F.linear graph µs | floor µs |")
-    print("|---|---|---|---|---|---|")
+    print("| M | unfused µs | unfused graph µs | F.linear µs | F.linear graph µs | floor µs |" + extra)
+    print("|---|---|---|---|---|---|" + "---|" * (len(paths) if rj else 0))
     for m in (1, 4, 8, 16, 32, 64, 256, 1024, 4096):
         x = torch.randn(m, HIDDEN, device=dev).to(torch.bfloat16)
         row = {"tokens": m, "floor_us": ffn_copy_us / 2}
@@ -141,9 +159,16 @@ def main():
         row["unfused_graph_us"] = time_us(full, flush, args.reps, graph=True)
         row["linear_us"] = time_us(gemm, flush, args.reps, graph=False)
         row["linear_graph_us"] = time_us(gemm, flush, args.reps, graph=True)
+        cells = ""
+        for p in paths if rj else ():
+            call = lambda p=p: rj.ffn_gate_up(  # noqa: E731
+                x, gate_up, intermediate=inter, norm_weight=norm_w, eps=EPS, path=p)
+            row[f"ropejit_{p}_graph_us"] = time_us(call, flush, args.reps, graph=True)
+            cells += f" {row[f'ropejit_{p}_graph_us']:.1f} |"
         ffn_rows.append(row)
         print(f"| {m} | {row['unfused_us']:.1f} | {row['unfused_graph_us']:.1f} | "
-              f"{row['linear_us']:.1f} | {row['linear_graph_us']:.1f} | {row['floor_us']:.1f} |")
+              f"{row['linear_us']:.1f} | {row['linear_graph_us']:.1f} | {row['floor_us']:.1f} |"
+              + cells)
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,

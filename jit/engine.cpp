@@ -23,6 +23,52 @@ constexpr int kMaxPairs = 256;  // head_dim <= 512
 static_assert(offsetof(ropejit_dev::PairTable<kMaxPairs>, turns) == 8, "PairTable layout");
 static_assert(sizeof(ropejit_dev::RopeParams) % 8 == 0 && sizeof(ropejit_dev::FusedParams) % 8 == 0,
               "a PairTable starts right after the block");
+
+// One kernel launch: function, grid, block, dynamic shared memory, stream.
+struct KernelLaunch {
+  CUfunction fn;
+  unsigned grid[3];
+  unsigned block[3];
+  unsigned shared_bytes;
+  CUstream stream;
+};
+
+// Programmatic dependent launches need sm_90 (the kernel's griddepcontrol.wait is compiled in
+// for those targets only); ROPEJIT_PDL=0 turns them off, to compare or to rule them out.
+bool programmatic_launch(int cc) {
+  static const bool allowed = [] {
+    const char* env = std::getenv("ROPEJIT_PDL");
+    return !(env && std::string(env) == "0");
+  }();
+  return allowed && cc >= 90;
+}
+
+// Launches `k`; `programmatic` lets it start while the stream's previous kernel finishes (the
+// kernel waits for that grid's writes at entry: wait_for_producer in templates/rope_types.cuh).
+void launch_kernel(const KernelLaunch& k, void** kernel_args, bool programmatic) {
+  const Driver& d = driver();
+  if (!programmatic) {
+    check(d.LaunchKernel(k.fn, k.grid[0], k.grid[1], k.grid[2], k.block[0], k.block[1], k.block[2],
+                         k.shared_bytes, k.stream, kernel_args, nullptr),
+          "cuLaunchKernel");
+    return;
+  }
+  CUlaunchAttribute attr{};
+  attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+  attr.value.programmaticStreamSerializationAllowed = 1;
+  CUlaunchConfig config{};
+  config.gridDimX = k.grid[0];
+  config.gridDimY = k.grid[1];
+  config.gridDimZ = k.grid[2];
+  config.blockDimX = k.block[0];
+  config.blockDimY = k.block[1];
+  config.blockDimZ = k.block[2];
+  config.sharedMemBytes = k.shared_bytes;
+  config.hStream = k.stream;
+  config.attrs = &attr;
+  config.numAttrs = 1;
+  check(d.LaunchKernelEx(&config, k.fn, kernel_args, nullptr), "cuLaunchKernelEx (programmatic)");
+}
 }  // namespace
 
 struct Engine::ImageSlot {
@@ -433,15 +479,15 @@ const Engine::Plan& Engine::plan(CUcontext ctx, const Spec& c, const CallShape& 
   return plans_.emplace(key, p).first->second;  // a racing thread's equal plan may win
 }
 
-void Engine::apply(const Spec& spec, const Args& args) {
+void Engine::apply(const Spec& spec, const Args& args, bool after_producer) {
   const Spec c = spec.canonical();
   const CallShape shape = check_call(c, args);
   if (shape.tokens == 0) return;
-  launch(c, args, shape, nullptr);
+  launch(c, args, shape, nullptr, after_producer);
 }
 
 void Engine::launch(const Spec& c, const Args& args, const CallShape& shape,
-                    const LaunchConfig* requested) {
+                    const LaunchConfig* requested, bool after_producer) {
   const Driver& d = driver();
   CUcontext ctx = nullptr;
   const ContextScope scope(d, &ctx, args.q.data);
@@ -478,11 +524,13 @@ void Engine::launch(const Spec& c, const Args& args, const CallShape& shape,
     block = with_pairs;
   }
   void* kernel_args[] = {block};
-  check(
-      d.LaunchKernel(p->fn->fn, unsigned(grid_blocks(shape, cfg, *p->device)),
-                     unsigned(cfg.head_groups), 1, p->block_x, unsigned(cfg.rows),
-                     unsigned(cfg.tokens_per_block), p->shared_bytes, stream, kernel_args, nullptr),
-      "cuLaunchKernel");
+  const KernelLaunch k{
+      p->fn->fn,
+      {unsigned(grid_blocks(shape, cfg, *p->device)), unsigned(cfg.head_groups), 1},
+      {p->block_x, unsigned(cfg.rows), unsigned(cfg.tokens_per_block)},
+      p->shared_bytes,
+      stream};
+  launch_kernel(k, kernel_args, after_producer && programmatic_launch(p->device->cc));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -836,8 +884,8 @@ void Engine::launch_proj_unfused(const QkvProjSpec& c, const QkvProjArgs& args,
     }
   }
 
-  // 3. RoPE in place on q and k (one launch).
-  apply(proj_rope_spec(c, args), proj_rope_args(c, args));
+  // 3. RoPE in place on q and k (one launch, overlapping the GEMM's end where it can).
+  apply(proj_rope_spec(c, args), proj_rope_args(c, args), true);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1049,10 +1097,13 @@ void Engine::launch_ffn_unfused(const FfnSpec& c, const FfnArgs& args, const Ffn
   const LoadedFunction& fn = glu_function(ctx, c, variant, stream);
   void* kernel_args[] = {&p};
   const int64_t per_block = int64_t(kGluThreads) * variant.vec;
-  check(d.LaunchKernel(fn.fn, unsigned((I + per_block - 1) / per_block),
-                       unsigned(std::min<int64_t>(shape.tokens, 65535)), 1, unsigned(kGluThreads),
-                       1, 1, 0, stream, kernel_args, nullptr),
-        "cuLaunchKernel");
+  const KernelLaunch k{fn.fn,
+                       {unsigned((I + per_block - 1) / per_block),
+                        unsigned(std::min<int64_t>(shape.tokens, 65535)), 1},
+                       {unsigned(kGluThreads), 1, 1},
+                       0,
+                       stream};
+  launch_kernel(k, kernel_args, programmatic_launch(device_info(ctx).cc));  // right behind the GEMM
 }
 
 // ---------------------------------------------------------------------------------------------

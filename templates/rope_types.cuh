@@ -11,6 +11,16 @@ typedef unsigned int u32;
 typedef long long i64;
 typedef unsigned long long u64;
 
+// Programmatic dependent launch (sm_90+): a kernel the host launched right behind a producer
+// (the unfused projection's GEMM, say) with the programmatic-serialization attribute may start
+// while that grid finishes; this waits until the producer's writes are visible. Launched
+// without the attribute, or compiled for an older target, it returns at once.
+__device__ __forceinline__ void wait_for_producer() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 // Activation dtypes (their values are ropejit::DType's), then the FP8 storage format.
 enum : int { kF32 = 0, kF16 = 1, kBF16 = 2, kE4M3 = 3 };
 
