@@ -15,8 +15,8 @@
 //   Llama-3-70B whose 80 column blocks cannot fill the GPU alone;
 //   proj_cache[_fp8]/llama3_8b_m<M>: bf16 weights, k and v also appended to a KV cache through
 //   slots (bf16, or e4m3 with a static scale);
-//   proj_variants/m<M>/<variant>: every legal kernel variant with the call's token tiles, to
-//   see what the heuristic leaves;
+//   proj_variants[_fp8]/m<M>/<variant>: every legal kernel variant with the call's token tiles
+//   (bf16 or e4m3 weights), to see what the heuristic leaves;
 //   proj_chunk/m<M>/<fused|unfused|auto>: a prefill chunk of M tokens in 4 sequences
 //   (cu_seqlens) into an e4m3 paged cache, each path (unfused: GEMM, then the fused RoPE key
 //   appending k and v);
@@ -345,23 +345,30 @@ void register_proj_benchmarks() {
             ->Iterations(30)
             ->Unit(benchmark::kMicrosecond);
       }
-  static std::vector<detail::ProjVariant> variants;
+  static std::vector<detail::ProjVariant> variants, fp8_variants;
   for (const int32_t tiles : {1, 2, 4, 8})
     for (const int32_t splits : {1, 2, 4, 8})
-      for (const int32_t unroll : {1, 2, 4}) {
-        const detail::ProjVariant v{tiles, splits, unroll};
-        if (detail::proj_variant_problem(v).empty()) variants.push_back(v);
+      for (const int32_t unroll : {1, 2, 4})
+        for (const bool wide : {false, true}) {
+          detail::ProjVariant v{tiles, splits, unroll};
+          v.wide = wide;
+          if (detail::proj_variant_problem(v).empty()) variants.push_back(v);
+          if (detail::proj_variant_problem(v, true).empty()) fp8_variants.push_back(v);
+        }
+  for (const Weights w : {Weights::same, Weights::e4m3})
+    for (const int64_t m : {1, 16, 32, 64})
+      for (const detail::ProjVariant& v : w == Weights::e4m3 ? fp8_variants : variants) {
+        if (v.token_tiles != detail::proj_token_tiles(m)) continue;
+        const detail::ProjVariant* pv = &v;
+        benchmark::RegisterBenchmark(
+            (std::string(w == Weights::e4m3 ? "proj_variants_fp8" : "proj_variants") + "/m" +
+             std::to_string(m) + "/" + v.name())
+                .c_str(),
+            [m, pv, w](benchmark::State& st) { run_proj(st, m, pv, w); })
+            ->UseManualTime()
+            ->Iterations(30)
+            ->Unit(benchmark::kMicrosecond);
       }
-  for (const int64_t m : {1, 16, 64})
-    for (const detail::ProjVariant& v : variants) {
-      if (v.token_tiles != detail::proj_token_tiles(m)) continue;
-      const detail::ProjVariant* pv = &v;
-      benchmark::RegisterBenchmark(("proj_variants/m" + std::to_string(m) + "/" + v.name()).c_str(),
-                                   [m, pv](benchmark::State& st) { run_proj(st, m, pv); })
-          ->UseManualTime()
-          ->Iterations(30)
-          ->Unit(benchmark::kMicrosecond);
-    }
 }
 
 }  // namespace ropejit::bench
