@@ -86,6 +86,18 @@ struct Elem<kE4M3> {
   }
 };
 
+// Two floats -> their two e4m3 codes in one 16-bit word, `lo`'s in the low byte: one
+// conversion for the pair where the GPU has it (sm_89+), element by element elsewhere.
+__device__ __forceinline__ u32 e4m3x2(float lo, float hi) {
+#if __CUDA_ARCH__ >= 890
+  unsigned short r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+  return r;
+#else
+  return u32(e4m3_from_float_soft(lo)) | (u32(e4m3_from_float_soft(hi)) << 8);
+#endif
+}
+
 // The machine word that moves kBytes at once; kBytes is 1, 2, 4, 8 or 16.
 template <int kBytes>
 struct Word;
