@@ -69,8 +69,9 @@ detail::LaunchConfig decode_config(const Spec& c, const detail::CallShape& shape
 // tokens where two rows took 77%, before the load steps) and as many tokens as fill 128
 // threads, of the 256-thread kernel (v8h2t256_r2_z8: the best candidate at 4096 and 32768
 // tokens on the H100 and at 32768 on the H200, 0.3-3% ahead of r2_z32 with 512 threads). The
-// kernel is prefill_variant's: four heads per thread with q stored as static FP8 (r2_z8 then
-// 92-96% of a copy on the H100 against 87-89% with two), one with dynamic FP8 scales.
+// kernel is prefill_variant's: two heads per thread, whose next pass's heads load while the
+// current ones are finished (93-99% of a copy at 4096 tokens on the H100 in bf16 and static
+// FP8), one with dynamic FP8 scales (84%).
 detail::LaunchConfig fused_config(const Spec& c, const detail::CallShape& shape,
                                   detail::LaunchConfig cfg, bool decode) {
   const int32_t x = detail::chunks(c, cfg.kernel.vec);

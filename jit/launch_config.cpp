@@ -175,14 +175,15 @@ KernelVariant variant_with(const Spec& c, int32_t align_bytes, int32_t table_ali
 // registers for the norm, FP8 and cache placement; bench/RESULTS.md, "Fused decode"), except a
 // norm over all heads, whose block holds every q and k head of a token (up to 2 x 512 / chunks).
 // Dynamic FP8 keys hold each finished head until its scale is known: one head per thread (the
-// tuner's winner for them at 4096 and 32768 tokens on the H100), but for a norm over all heads.
+// tuner's winner for them at 4096 tokens on the H100 once the next pass's heads are loaded ahead,
+// templates/rope_fused.cuh), but for a norm over all heads.
 KernelVariant prefill_variant(const Spec& c, int32_t align_bytes, int32_t table_align) {
   const bool fused_256 = c.fused() && c.norm != Norm::rms_all_heads;
   const bool dynamic = c.out_store == Store::e4m3_dynamic || c.cache_store == Store::e4m3_dynamic;
   // Fused keys: one head per thread with dynamic FP8 scales (the finished heads are kept for
-  // their stores), four with q stored as static FP8 (the tuner's winner for the FP8 serving step
-  // on the H100: 92-96% of a copy at 4096-32768 tokens against 87-89% with two), else two.
-  const int32_t hpt = !fused_256 ? 2 : dynamic ? 1 : c.out_store == Store::e4m3 ? 4 : 2;
+  // their stores), else two (bf16 and static FP8 alike: with the loads ahead, two heads beat
+  // four on the H100's FP8 serving step, 93.5% of a copy against 92.4% at 4096 tokens).
+  const int32_t hpt = !fused_256 ? 2 : dynamic ? 1 : 2;
   return variant_with(c, align_bytes, table_align, hpt, fused_256 ? 256 : 512);
 }
 

@@ -66,6 +66,9 @@ struct FusedKernel {
     kNorm = Cfg::kNorm,
     kCache = Cfg::kCache,
     kDynamic = Cfg::kOutDynamic || Cfg::kCacheDynamic,
+    // Prefill kernels of one or two heads per thread load the next pass's heads ahead
+    // (four heads per thread already keep enough loads in flight, and have no registers left).
+    kPrefetch = kHpt <= 2,
   };
   typedef typename Elem<kOutDType>::Raw OutRaw;
   static_assert(kLanes >= kChunks, "a lane for every chunk");
@@ -462,9 +465,9 @@ struct FusedKernel {
 
     // A token goes in three steps of loads, each issued whole before anything waits on it
     // (the thread issues in order and stalls at the first use of a load):
-    //   1. what depends on the token alone: its q/k/v rows, its position id, the cu_seqlens
-    //      bounds of the sequence equal lengths would give a packed token, the cache's row for
-    //      that sequence (page table, length) or the token's slot;
+    //   1. what depends on the token alone: its position id, the cu_seqlens bounds of the
+    //      sequence equal lengths would give a packed token, the cache's row for that sequence
+    //      (page table, length) or the token's slot, and last its q/k/v rows;
     //   2. the guess checked (else the sequence searched and its cache row read again), the
     //      cos/sin row of the position, the paged cache's page number;
     //   3. the norm, rotation, FP8 and the stores.
@@ -479,25 +482,10 @@ struct FusedKernel {
       TokenPlace tp = {0, 0, false};
       if (!Cfg::kPacked && live) tp = Rope::template locate<true>(p, t);
       const bool loadable = Cfg::kPacked ? live : live && tp.valid;
-      TokenRows q, k, v;
-      char *q_out = nullptr, *k_out = nullptr;
-      if (loadable) {
-        q = Rope::rows_of(p.q, tp, t);
-        k = Rope::rows_of(p.k, tp, t);
-        v = Rope::rows_of(fp.v, tp, t);
-        if (!Cfg::kInPlace) {
-          q_out = out_row(p.q, tp, t);
-          k_out = out_row(p.k, tp, t);
-        }
-      }
       // Step 1. Every load here reads an address inside its array whatever the thread (a
       // thread past the last token reads the last token's), so none needs a branch: a branch
       // would end the run of loads the compiler may issue together.
       const long long tc = live ? t : p.tokens - 1;  // the launch has tokens >= 1
-      RawSlice xr[kHpt];
-      int kind[kHpt], idx[kHpt];  // 0 q, 1 k, 2 v; index within its kind
-      bool act[kHpt];
-      load_batch(0, q, k, v, loadable, in_head, col, two, hq, hk, total, xr, kind, idx, act);
       // Position ids are indexed by the token (packed) or its arithmetic place (dense).
       const bool early_position = !Cfg::kComputed && (!Cfg::kPacked || Cfg::kPosMode == kPosIds ||
                                                       Cfg::kPosMode == kPosMrope);
@@ -518,6 +506,23 @@ struct FusedKernel {
       // The cache row of that sequence (dense: the token's own), or the token's slot.
       CacheFetch fetch = {0, 0, 0, 0};
       if (kCache != kCacheNone) fetch = cache_fetch(fp, tp, Cfg::kPacked ? guess : tp.b, tc);
+      // The heads' rows last: the loads above start chains of dependent steps (cos/sin, the
+      // page number) that a decode call waits on; the rows are first needed in step 3.
+      TokenRows q, k, v;
+      char *q_out = nullptr, *k_out = nullptr;
+      if (loadable) {
+        q = Rope::rows_of(p.q, tp, t);
+        k = Rope::rows_of(p.k, tp, t);
+        v = Rope::rows_of(fp.v, tp, t);
+        if (!Cfg::kInPlace) {
+          q_out = out_row(p.q, tp, t);
+          k_out = out_row(p.k, tp, t);
+        }
+      }
+      RawSlice xr[kHpt];
+      int kind[kHpt], idx[kHpt];  // 0 q, 1 k, 2 v; index within its kind
+      bool act[kHpt];
+      load_batch(0, q, k, v, loadable, in_head, col, two, hq, hk, total, xr, kind, idx, act);
 
       // Step 2.
       long long seq_tokens = p.seq_len;  // the token's sequence length in this call
@@ -564,9 +569,20 @@ struct FusedKernel {
         if (bad && fp.cache.skipped && threadIdx.x == 0 && threadIdx.y == 0 && blockIdx.y == 0)
           atomicAdd(fp.cache.skipped, 1);
       }
+      // The next batch's loads go out before this one is finished (kPrefetch): a thread of a
+      // prefill kernel makes several passes, each otherwise a full memory round trip with
+      // nothing in flight behind it.
+      RawSlice xn[kHpt];
+      int kind_n[kHpt], idx_n[kHpt];
+      bool act_n[kHpt];
       for (int hb = 0; hb < total; hb += step) {  // the same trip count in every thread
-        if (hb > 0)
+        if (kPrefetch) {
+          if (hb + step < total)
+            load_batch(hb + step, q, k, v, loadable, in_head, col, two, hq, hk, total, xn, kind_n,
+                       idx_n, act_n);
+        } else if (hb > 0) {
           load_batch(hb, q, k, v, loadable, in_head, col, two, hq, hk, total, xr, kind, idx, act);
+        }
 #pragma unroll
         for (int j = 0; j < kHpt; ++j) act[j] = act[j] && valid;
 
@@ -675,6 +691,15 @@ struct FusedKernel {
               (is_k ? fp.cache.k_scales
                     : fp.cache.v_scales)[dest.scale_offset + idx[j] * fp.cache.scale_stride_head] =
                   dyn_scale;
+          }
+        }
+        if (kPrefetch) {
+#pragma unroll
+          for (int j = 0; j < kHpt; ++j) {
+            xr[j] = xn[j];
+            kind[j] = kind_n[j];
+            idx[j] = idx_n[j];
+            act[j] = act_n[j];
           }
         }
       }

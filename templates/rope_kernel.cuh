@@ -70,6 +70,8 @@ struct RopeKernel {
   // The sequence that equal lengths would give packed token t < tokens (exact for decode, one
   // token per sequence), in 0..batch-1; batch > 0.
   static __device__ __forceinline__ long long guess_sequence(const RopeParams& p, long long t) {
+    // Decode: no division on the chain of dependent steps before the cache placement.
+    if (p.batch == p.tokens) return t;
     const unsigned long long n = (unsigned long long)t * (unsigned long long)p.batch;
     const long long g = n >> 32 == 0 ? (long long)(unsigned(n) / unsigned(p.tokens))
                                      : (long long)(n / (unsigned long long)p.tokens);
