@@ -66,9 +66,11 @@ struct FusedKernel {
     kNorm = Cfg::kNorm,
     kCache = Cfg::kCache,
     kDynamic = Cfg::kOutDynamic || Cfg::kCacheDynamic,
-    // Prefill kernels of one or two heads per thread load the next pass's heads ahead
-    // (four heads per thread already keep enough loads in flight, and have no registers left).
-    kPrefetch = kHpt <= 2,
+    // Whether a prefill kernel loads the next pass's heads before it finishes the current ones:
+    // with one or two heads per thread (four already keep enough loads in flight, and have no
+    // registers left). Two passes ahead measured no faster (dynamic FP8 at 4096 tokens on the
+    // H100, one head per thread: 40.8 us either way).
+    kAhead = kHpt <= 2,
   };
   typedef typename Elem<kOutDType>::Raw OutRaw;
   static_assert(kLanes >= kChunks, "a lane for every chunk");
@@ -225,6 +227,13 @@ struct FusedKernel {
   // step had eight memory round trips in a row so; bench/RESULTS.md, "Fused decode").
   struct RawSlice {
     Vec lo, hi;
+  };
+  // One pass's heads as loaded, with their kinds (0 q, 1 k, 2 v), indices within their kind and
+  // whether this thread holds them.
+  struct Batch {
+    RawSlice x[kHpt];
+    int kind[kHpt], idx[kHpt];
+    bool act[kHpt];
   };
 
   static __device__ __forceinline__ void load_slice(const char* src, bool two, RawSlice& x) {
@@ -524,7 +533,14 @@ struct FusedKernel {
       bool act[kHpt];
       load_batch(0, q, k, v, loadable, in_head, col, two, hq, hk, total, xr, kind, idx, act);
 
-      // Step 2.
+      // Step 2. A position loaded in step 1 gives its cos/sin loads first: they wait on that
+      // load alone, not on the sequence check (a token that turns out to be outside every
+      // sequence loads a row it does not use; angles() keeps every address inside the table).
+      const bool early_angles = !Cfg::kComputed && early_position;
+      float cs[kPairsPerChunk], sn[kPairsPerChunk];
+      bool table_outside = false;  // poisoned in step 3
+      if (early_angles && live && rot)
+        Rope::angles(p, lane, pos3, shared, cs, sn, f, &table_outside);
       long long seq_tokens = p.seq_len;  // the token's sequence length in this call
       if (Cfg::kPacked && live) {
         if (packed_search && first <= t && t < end) {
@@ -542,16 +558,13 @@ struct FusedKernel {
         }
       }
       const bool valid = live && tp.valid;
-      float cs[kPairsPerChunk], sn[kPairsPerChunk];
-      bool table_outside = false;  // poisoned in step 3
       if (Cfg::kComputed) {
         __syncthreads();  // the previous token's readers are done
         Rope::share_angles(p, valid ? tp : TokenPlace{0, 0, false}, t, shared, f);
         __syncthreads();
         if (valid && rot) Rope::angles(p, lane, 0, shared, cs, sn);
-      } else if (valid && rot) {
-        Rope::angles(p, lane, early_position ? pos3 : Rope::positions(p, tp, t), shared, cs, sn, f,
-                     &table_outside);
+      } else if (!early_angles && valid && rot) {
+        Rope::angles(p, lane, Rope::positions(p, tp, t), shared, cs, sn, f, &table_outside);
       }
       CachePending pending = {0, 0, 0, false};
       bool bad = false;
@@ -569,19 +582,17 @@ struct FusedKernel {
         if (bad && fp.cache.skipped && threadIdx.x == 0 && threadIdx.y == 0 && blockIdx.y == 0)
           atomicAdd(fp.cache.skipped, 1);
       }
-      // The next batch's loads go out before this one is finished (kPrefetch): a thread of a
+      // With kAhead, the next pass's heads load before this one is finished: a thread of a
       // prefill kernel makes several passes, each otherwise a full memory round trip with
       // nothing in flight behind it.
-      RawSlice xn[kHpt];
-      int kind_n[kHpt], idx_n[kHpt];
-      bool act_n[kHpt];
+      Batch next;
       for (int hb = 0; hb < total; hb += step) {  // the same trip count in every thread
-        if (kPrefetch) {
-          if (hb + step < total)
-            load_batch(hb + step, q, k, v, loadable, in_head, col, two, hq, hk, total, xn, kind_n,
-                       idx_n, act_n);
-        } else if (hb > 0) {
-          load_batch(hb, q, k, v, loadable, in_head, col, two, hq, hk, total, xr, kind, idx, act);
+        if (!kAhead) {
+          if (hb > 0)
+            load_batch(hb, q, k, v, loadable, in_head, col, two, hq, hk, total, xr, kind, idx, act);
+        } else if (hb + step < total) {
+          load_batch(hb + step, q, k, v, loadable, in_head, col, two, hq, hk, total, next.x,
+                     next.kind, next.idx, next.act);
         }
 #pragma unroll
         for (int j = 0; j < kHpt; ++j) act[j] = act[j] && valid;
@@ -693,13 +704,13 @@ struct FusedKernel {
                   dyn_scale;
           }
         }
-        if (kPrefetch) {
+        if (kAhead) {
 #pragma unroll
           for (int j = 0; j < kHpt; ++j) {
-            xr[j] = xn[j];
-            kind[j] = kind_n[j];
-            idx[j] = idx_n[j];
-            act[j] = act_n[j];
+            xr[j] = next.x[j];
+            kind[j] = next.kind[j];
+            idx[j] = next.idx[j];
+            act[j] = next.act[j];
           }
         }
       }
