@@ -24,9 +24,12 @@ def stream_handle(stream):
 
 
 def torch_stream(q):
-    """torch's current stream on q's device."""
-    import torch
-    return torch.cuda.current_stream(q.device).cuda_stream
+    """torch's current stream on q's device, as a CUstream handle (an int)."""
+    torch = sys.modules["torch"]
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # what Triton reads: ~0.3 µs
+    if raw is not None:
+        return raw(q.device.index)
+    return torch.cuda.current_stream(q.device).cuda_stream  # ~6 µs
 
 
 def torch_device_guard(q):
@@ -69,23 +72,32 @@ def apply(q, k=None, *, cos=None, sin=None, base=10000.0, layout="bshd", style="
     context for non-torch tensors (torch tensors: q's device is made current)."""
     is_torch = _tensors.is_torch_tensor(q)
     handle = None if stream is None else stream_handle(stream)
-    view = _tensors.view
-    qv = view("q", q, handle)
-    if handle is None:
-        if is_torch and qv.device[0] == "cuda":
-            handle = torch_stream(q)
-        else:
-            handle = qv.stream or 0
-    tensors = (qv, *(None if t is None else view(name, t, handle) for name, t in (
-        ("k", k), ("q_out", q_out), ("k_out", k_out), ("cos", cos), ("sin", sin),
-        ("position_ids", position_ids), ("seq_offsets", seq_offsets), ("cu_seqlens", cu_seqlens))))
     opts = dict(layout=layout, style=style, rotary_dim=rotary_dim,
                 position_offset=position_offset, base=base, freqs=freqs, scaling=scaling,
                 seq_len=seq_len, mrope_section=mrope_section,
                 mrope_interleaved=mrope_interleaved, backward=backward)
-    spec, args = _call.cached_plan("apply", tensors, opts, lambda ts: _call.plan(
-        *ts[:4], cos=ts[4], sin=ts[5], position_ids=ts[6], seq_offsets=ts[7],
-        cu_seqlens=ts[8], **opts))
+    given = (("k", k), ("q_out", q_out), ("k_out", k_out), ("cos", cos), ("sin", sin),
+             ("position_ids", position_ids), ("seq_offsets", seq_offsets),
+             ("cu_seqlens", cu_seqlens))
+    planned, torch_key = (_call.fast_plan("apply", (q, *(t for _, t in given)), opts,
+                                          sys.modules["torch"].Tensor)
+                          if is_torch else (None, None))
+    if planned is not None:  # a repeat of a planned call: CUDA torch tensors
+        spec, args = planned
+        if handle is None:
+            handle = torch_stream(q)
+    else:
+        view = _tensors.view
+        qv = view("q", q, handle)
+        if handle is None:
+            if is_torch and qv.device[0] == "cuda":
+                handle = torch_stream(q)
+            else:
+                handle = qv.stream or 0
+        tensors = (qv, *(None if t is None else view(name, t, handle) for name, t in given))
+        spec, args = _call.cached_plan("apply", tensors, opts, lambda ts: _call.plan(
+            *ts[:4], cos=ts[4], sin=ts[5], position_ids=ts[6], seq_offsets=ts[7],
+            cu_seqlens=ts[8], **opts), torch_key)
     guard = torch_device_guard(q) if is_torch else None
     if guard is None:
         _call.launch(spec, args, handle)

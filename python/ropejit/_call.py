@@ -345,6 +345,10 @@ def plan(q, k=None, q_out=None, k_out=None, *, cos=None, sin=None, position_ids=
 # them; the C API checks every call's addresses (alignment, overlap) whatever is remembered.
 _PLANS = {}
 _MAX_PLANS = 256
+# The same plans keyed by torch's own objects (torch.Size, stride tuple, torch.dtype,
+# torch.device) for calls made only of torch tensors: a repeated call then reads four
+# attributes and the address of each tensor, and builds no View (fast_plan).
+_TORCH_PLANS = {}
 
 
 def _pointer_offsets(cls, base=0):
@@ -383,16 +387,63 @@ def _remember(key, tensors, plan_call):
         return  # a tensor that planning uses other than by its address: not remembered
     if len(_PLANS) >= _MAX_PLANS:
         _PLANS.clear()
+        _TORCH_PLANS.clear()
     _PLANS[key] = (spec, raw, tuple(patches))
 
 
-def cached_plan(entry, tensors, opts, plan_call):
+def _remember_torch(torch_key, plan):
+    if torch_key is None or plan is None:
+        return
+    if len(_TORCH_PLANS) >= _MAX_PLANS:
+        _TORCH_PLANS.clear()
+    _TORCH_PLANS[torch_key] = plan
+
+
+def _filled(plan, addresses):
+    """(spec, args) of a remembered plan with these tensors' addresses (by slot) written in."""
+    spec, raw, patches = plan
+    buf = bytearray(raw)
+    for at, slot in patches:
+        struct.pack_into("<Q", buf, at, addresses[slot])
+    return spec, _capi.ropejit_args.from_buffer(buf)
+
+
+def fast_plan(entry, tensors, opts, tensor_type):
+    """For a call whose tensors are all torch tensors (`tensor_type`) or None: ((spec, args),
+    key) when a call of entry point `entry` with the same shapes, strides, dtypes, devices and
+    `opts` was planned before, else (None, key) to pass to cached_plan as `torch_key` (None
+    when the call cannot take this path: another kind of tensor, an unhashable argument, a
+    tensor without storage)."""
+    addresses = []
+    meta = []
+    for t in tensors:
+        if t is None:
+            addresses.append(0)
+            meta.append(None)
+            continue
+        if not isinstance(t, tensor_type):
+            return None, None
+        ptr = t.data_ptr()
+        if not ptr:
+            return None, None
+        addresses.append(ptr)
+        meta.append((t.shape, t.stride(), t.dtype, t.device))
+    key = (entry, tuple((type(x), x) for x in opts.values()), tuple(meta))
+    try:
+        hit = _TORCH_PLANS.get(key)
+    except TypeError:  # an argument that cannot be a key (a list)
+        return None, None
+    return (None if hit is None else _filled(hit, addresses)), key
+
+
+def cached_plan(entry, tensors, opts, plan_call, torch_key=None):
     """(spec, args) of a call: from the plan of an earlier call of entry point `entry` with the
     same tensor shapes, strides, dtypes and devices and the same `opts` (values and types), with
     this call's addresses written in; else plan_call(tensors), which refuses bad input, then
-    remembered. `tensors`: Views or None in the entry point's fixed order; `opts`: a dict of the
-    other arguments in a fixed order. Calls with frequency scaling parameters, unhashable
-    arguments or fake tensors (address 0) are planned every time."""
+    remembered (also under `torch_key`, fast_plan's key of the same call). `tensors`: Views or
+    None in the entry point's fixed order; `opts`: a dict of the other arguments in a fixed
+    order. Calls with frequency scaling parameters, unhashable arguments or fake tensors
+    (address 0) are planned every time."""
     key = None
     if opts.get("scaling") is None and all(v is None or v.ptr for v in tensors):
         key = (entry, tuple((type(x), x) for x in opts.values()),
@@ -403,14 +454,12 @@ def cached_plan(entry, tensors, opts, plan_call):
         except TypeError:  # an argument that cannot be a key (a list)
             key = hit = None
         if hit is not None:
-            spec, raw, patches = hit
-            buf = bytearray(raw)
-            for at, slot in patches:
-                struct.pack_into("<Q", buf, at, tensors[slot].ptr)
-            return spec, _capi.ropejit_args.from_buffer(buf)
+            _remember_torch(torch_key, hit)
+            return _filled(hit, [0 if v is None else v.ptr for v in tensors])
     spec, args = plan_call(tensors)
     if key is not None:
         _remember(key, tensors, plan_call)
+        _remember_torch(torch_key, _PLANS.get(key))
     return spec, args
 
 

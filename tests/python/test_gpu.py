@@ -44,6 +44,31 @@ def hf_inputs(dtype=torch.bfloat16, batch=2, seq=16):
     return q, k, cos_full, sin_full
 
 
+def test_repeated_apply_takes_the_fast_plan_with_its_own_tensors():
+    """ropejit.apply repeated with torch tensors of the same shapes (_call.fast_plan): each call
+    reads and writes its own tensors; out of place, so the inputs stay as they were."""
+    from ropejit import _call
+    cos, sin = tables(64, 128)
+    _call._PLANS.clear()
+    _call._TORCH_PLANS.clear()
+    outs = []
+    for _ in range(3):
+        q = torch.randn(2, 5, 8, 128, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(2, 5, 2, 128, device="cuda", dtype=torch.bfloat16)
+        ids = torch.randint(0, 64, (10,), device="cuda")
+        q_in, k_in = q.clone(), k.clone()
+        q2, k2 = torch.empty_like(q), torch.empty_like(k)
+        ropejit.apply(q, k, cos=cos, sin=sin, position_ids=ids, q_out=q2, k_out=k2)
+        torch.cuda.synchronize()
+        assert torch.equal(q, q_in) and torch.equal(k, k_in)
+        for got, x in ((q2, q), (k2, k)):
+            ref.assert_close(got, expected(x, cos, sin, ids))
+        outs.append((q2, q2.clone()))
+        assert len(_call._TORCH_PLANS) == 1
+    for got, kept in outs:  # later calls did not write earlier outputs
+        assert torch.equal(got, kept)
+
+
 def test_torch_compile_fullgraph_runs_the_op():
     def f(q, k, cos, sin):
         q2, k2 = hf.apply_rotary_pos_emb(q, k, cos, sin)

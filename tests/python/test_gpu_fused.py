@@ -162,6 +162,50 @@ def test_paged_decode_step_against_float64(mode, kv_layout):
     assert torch.equal(qkv_d[:, unchanged].cpu(), qkv[:, unchanged])
 
 
+def test_repeated_torch_calls_take_the_fast_plan_with_their_own_tensors():
+    """A repeat of a planned call made of torch tensors is planned from torch's own attributes
+    (_call.fast_plan): each call writes its own tensors, and other strides plan again."""
+    from ropejit import _call
+    g = torch.Generator().manual_seed(5)
+    w = (torch.rand(D, generator=g) - 0.5).to(torch.bfloat16)
+    cos64, sin64 = tables(64, D)
+    cos, sin, wc = cos64.float().cuda(), sin64.float().cuda(), w.cuda()
+    cu = torch.tensor([0, 5], dtype=torch.int32, device="cuda")
+    _call._PLANS.clear()
+    _call._TORCH_PLANS.clear()
+
+    def call(x, ids):
+        """Rotates x ([5, HQ + HK, D] on the GPU) in place; returns its float64 expectation."""
+        want = neox(rms(x.cpu().double(), w, 1e-6), cos64[ids.cpu()][:, None],
+                    sin64[ids.cpu()][:, None])
+        ropejit.fused.qk_norm_rope(x[:, :HQ], x[:, HQ:], cos=cos, sin=sin, position_ids=ids,
+                                   cu_seqlens=cu, norm="rms", q_norm_weight=wc,
+                                   k_norm_weight=wc)
+        torch.cuda.synchronize()
+        return want
+
+    def fresh():
+        ids = torch.randint(0, 64, (5,), generator=g).cuda()
+        return torch.randn(5, HQ + HK, D, generator=g).to(torch.bfloat16).cuda(), ids
+
+    x1, ids1 = fresh()
+    close_bf16(x1, call(x1, ids1), "first call (planned)")
+    assert len(_call._TORCH_PLANS) == 1
+    after1 = x1.clone()
+    x2, ids2 = fresh()
+    close_bf16(x2, call(x2, ids2), "repeated call (fast plan)")
+    assert len(_call._TORCH_PLANS) == 1
+    assert torch.equal(x1, after1), "the repeated call wrote the first call's tensor"
+    # Heads 2 * D elements apart: other strides, planned again.
+    wide = torch.zeros(5, HQ + HK, 2 * D, dtype=torch.bfloat16, device="cuda")
+    x3 = wide[..., :D]
+    x3.copy_(fresh()[0])
+    ids3 = fresh()[1]
+    close_bf16(x3, call(x3, ids3), "other strides (planned again)")
+    assert len(_call._TORCH_PLANS) == 2
+    assert bool((wide[..., D:] == 0).all()), "wrote between the heads"
+
+
 def test_norm_and_rope_without_cache_bshd():
     """QK-RMSNorm (Gemma's 1 + w) and RoPE in place on bshd, computed frequencies, as a video
     or diffusion transformer applies them (no cache)."""
