@@ -225,6 +225,77 @@ def test_stream_arguments(launches):
     assert _apply.stream_handle(None) == 0
 
 
+def fake_torch(monkeypatch):
+    """Installs a stand-in `torch` module (dtypes, devices, the current raw stream, a Tensor
+    class with data_ptr / shape / stride / dtype / device), so that ropejit's paths for torch
+    tensors run here without torch; the real module (on GPU hosts) and ropejit's caches are put
+    back after the test. Returns (module, tensor factory)."""
+    import collections
+    import sys
+    import types
+    from ropejit import _call, _tensors
+
+    torch = types.ModuleType("torch")
+    for name in ("float32", "float16", "bfloat16", "int32", "int64"):
+        setattr(torch, name, f"torch.{name}")
+    Device = collections.namedtuple("Device", "type index")
+
+    class Tensor:
+        def __init__(self, shape, dtype, ptr, strides=None):
+            self.shape, self.dtype, self.ptr = tuple(shape), dtype, ptr
+            self.strides = strides or tuple(
+                int(np.prod(shape[i + 1:], dtype=np.int64)) for i in range(len(shape)))
+            self.device = Device("cuda", 0)
+
+        def data_ptr(self):
+            return self.ptr
+
+        def stride(self):
+            return self.strides
+
+    torch.Tensor = Tensor
+    torch._C = types.SimpleNamespace(_cuda_getCurrentRawStream=lambda index: 0xABC0 + index)
+    torch.cuda = types.SimpleNamespace(current_device=lambda: 0)
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.setattr(_tensors, "_TORCH_DTYPES", None)
+    monkeypatch.setattr(_call, "_PLANS", {})
+    monkeypatch.setattr(_call, "_TORCH_PLANS", {})
+    return torch, Tensor
+
+
+def test_torch_tensors_repeat_from_the_torch_keyed_plans(launches, monkeypatch):
+    """A repeat of a planned call made only of torch tensors is planned from torch's own
+    attributes (_call.fast_plan): the call's addresses, byte for byte what planning gives, the
+    current stream; other strides, or a tensor of another kind, take the View path."""
+    from ropejit import _call
+    torch, T = fake_torch(monkeypatch)
+
+    def call(at, q_strides=None, k=None):
+        q = T((2, 5, 4, 64), torch.float16, FAKE_PTR + at * MB, q_strides)
+        k = T((2, 5, 2, 64), torch.float16, FAKE_PTR + (at + 1) * MB) if k is None else k
+        ropejit.apply(q, k, cos=T((16, 32), torch.float32, FAKE_PTR + (at + 2) * MB),
+                      sin=T((16, 32), torch.float32, FAKE_PTR + (at + 3) * MB),
+                      position_ids=T((2, 5), torch.int64, FAKE_PTR + (at + 4) * MB))
+        return launches[-1]
+
+    call(0)
+    assert len(_call._TORCH_PLANS) == 1 and launches[-1][2] == 0xABC0
+    spec, args, stream = call(10)  # a hit: no View is built
+    assert len(_call._TORCH_PLANS) == 1 and stream == 0xABC0
+    assert (args.q.data, args.k.data, args.cos, args.sin, args.position_ids) == tuple(
+        FAKE_PTR + (10 + i) * MB for i in range(5))
+    _call._PLANS.clear()
+    _call._TORCH_PLANS.clear()
+    fresh_spec, fresh_args, _ = call(10)  # planned afresh through the Views
+    assert bytes(fresh_args) == bytes(args) and bytes(fresh_spec) == bytes(spec)
+    # Heads 128 elements apart: other strides, planned again.
+    _, wide, _ = call(20, q_strides=(5 * 4 * 128, 4 * 128, 128, 1))
+    assert len(_call._TORCH_PLANS) == 2 and wide.q.stride_head == 128
+    # A k of another kind: the View path, nothing remembered under torch's attributes.
+    _, mixed, _ = call(30, k=CudaArray((2, 5, 2, 64), "<f2", ptr=FAKE_PTR + 31 * MB))
+    assert len(_call._TORCH_PLANS) == 2 and mixed.k.data == FAKE_PTR + 31 * MB
+
+
 def test_repeated_shapes_reuse_the_plan_with_each_calls_addresses(launches):
     from ropejit import _call
     _call._PLANS.clear()
