@@ -278,10 +278,16 @@ def test_torch_tensors_repeat_from_the_torch_keyed_plans(launches, monkeypatch):
                       position_ids=T((2, 5), torch.int64, FAKE_PTR + (at + 4) * MB))
         return launches[-1]
 
+    from ropejit import _tensors
+    viewed = []
+    view = _tensors.view
+    monkeypatch.setattr(_tensors, "view", lambda name, *a, **kw: viewed.append(name) or view(
+        name, *a, **kw))
     call(0)
-    assert len(_call._TORCH_PLANS) == 1 and launches[-1][2] == 0xABC0
+    assert len(_call._TORCH_PLANS) == 1 and launches[-1][2] == 0xABC0 and "q" in viewed
+    viewed.clear()
     spec, args, stream = call(10)  # a hit: no View is built
-    assert len(_call._TORCH_PLANS) == 1 and stream == 0xABC0
+    assert viewed == [] and len(_call._TORCH_PLANS) == 1 and stream == 0xABC0
     assert (args.q.data, args.k.data, args.cos, args.sin, args.position_ids) == tuple(
         FAKE_PTR + (10 + i) * MB for i in range(5))
     _call._PLANS.clear()
