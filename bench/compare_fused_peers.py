@@ -7,7 +7,8 @@ launch each:
               k_cache=/v_cache=e4m3, kv_indptr/kv_indices/kv_last_page_len)
   FlashInfer  flashinfer.rope_quantize_fp8_append_paged_kv_cache (0.5.x), which takes per-token
               batch indices and positions (flashinfer.get_batch_indices_positions) besides the
-              page table.
+              page table. Timed twice: with its default enable_pdl=False and with
+              enable_pdl=True (programmatic dependent launch, as ropejit launches on sm_90).
 
 Both read the same q, k, v (separate contiguous tensors), the same float32 cos/sin cache
 (FlashInfer's [positions, cos half | sin half]; ropejit gets its two halves as strided tables)
@@ -115,7 +116,7 @@ def ropejit_step(rj, x):
     return run
 
 
-def flashinfer_step(x):
+def flashinfer_step(x, pdl=False):
     from flashinfer.rope import rope_quantize_fp8_append_paged_kv_cache
 
     def run():
@@ -123,7 +124,7 @@ def flashinfer_step(x):
             x.q, x.k, None, None, x.v, x.cos_sin, x.ids32, (x.k_cache, x.v_cache), x.indices,
             x.indptr, x.batch_indices, x.positions, is_neox=True,
             quantize_dtype=torch.float8_e4m3fn, quant_scale_q=SCALE_Q, quant_scale_kv=SCALE_K,
-            page_size=PAGE, kv_layout="NHD", q_rope_out=x.q_out)
+            page_size=PAGE, kv_layout="NHD", q_rope_out=x.q_out, enable_pdl=pdl)
     return run
 
 
@@ -175,10 +176,12 @@ def main():
         print(f"FlashInfer {flashinfer.__version__}")
     except Exception as e:  # reported, ropejit still runs
         print(f"FlashInfer: not importable ({first_line(e)})")
-    print("| case | tokens | ropejit µs | FlashInfer µs | FlashInfer / ropejit | max error "
-          "(e4m3 steps) ropejit / FlashInfer | FP8 bytes equal | host µs per eager call "
-          "ropejit / FlashInfer |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(f"ROPEJIT_PDL={os.environ.get('ROPEJIT_PDL', '(default)')}; FlashInfer timed with its "
+          "default enable_pdl=False and with enable_pdl=True")
+    print("| case | tokens | ropejit µs | FlashInfer µs | FlashInfer PDL µs | FlashInfer / ropejit "
+          "| max error (e4m3 steps) ropejit / FlashInfer | FP8 bytes equal | host µs per eager "
+          "call ropejit / FlashInfer |")
+    print("|---|---|---|---|---|---|---|---|---|")
     # The first graph measured in a process ran 0.15-0.2 µs per call faster than every later one
     # at decode sizes (H100, 2026-11-25: ropejit 2.47 µs at 16 tokens when first, 2.60 after any
     # other size), so the first size is measured once, for nothing, by both libraries.
@@ -198,7 +201,8 @@ def main():
         row = {"tokens": tokens, "timing": "graph replay"}
         results = {}
         for name, make in (("ropejit", lambda: ropejit_step(rj, x)),
-                           ("FlashInfer", lambda: flashinfer_step(x))):
+                           ("FlashInfer", lambda: flashinfer_step(x)),
+                           ("FlashInfer PDL", lambda: flashinfer_step(x, pdl=True))):
             try:
                 fn = make()
                 x.outputs()
@@ -230,6 +234,7 @@ def main():
                  else None)
         print(f"| {'decode' if decode else 'prefill'} | {tokens} | "
               f"{cell('ropejit', 'us', '{:.2f}')} | {cell('FlashInfer', 'us', '{:.2f}')} | "
+              f"{cell('FlashInfer PDL', 'us', '{:.2f}')} | "
               f"{'—' if ratio is None else f'{ratio:.2f}'} | "
               f"{cell('ropejit', 'max_error_e4m3_steps', '{:.2f}')} / "
               f"{cell('FlashInfer', 'max_error_e4m3_steps', '{:.2f}')} | "

@@ -479,15 +479,15 @@ const Engine::Plan& Engine::plan(CUcontext ctx, const Spec& c, const CallShape& 
   return plans_.emplace(key, p).first->second;  // a racing thread's equal plan may win
 }
 
-void Engine::apply(const Spec& spec, const Args& args, bool after_producer) {
+void Engine::apply(const Spec& spec, const Args& args) {
   const Spec c = spec.canonical();
   const CallShape shape = check_call(c, args);
   if (shape.tokens == 0) return;
-  launch(c, args, shape, nullptr, after_producer);
+  launch(c, args, shape, nullptr);
 }
 
 void Engine::launch(const Spec& c, const Args& args, const CallShape& shape,
-                    const LaunchConfig* requested, bool after_producer) {
+                    const LaunchConfig* requested) {
   const Driver& d = driver();
   CUcontext ctx = nullptr;
   const ContextScope scope(d, &ctx, args.q.data);
@@ -530,7 +530,7 @@ void Engine::launch(const Spec& c, const Args& args, const CallShape& shape,
       {p->block_x, unsigned(cfg.rows), unsigned(cfg.tokens_per_block)},
       p->shared_bytes,
       stream};
-  launch_kernel(k, kernel_args, after_producer && programmatic_launch(p->device->cc));
+  launch_kernel(k, kernel_args, programmatic_launch(p->device->cc));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -885,7 +885,7 @@ void Engine::launch_proj_unfused(const QkvProjSpec& c, const QkvProjArgs& args,
   }
 
   // 3. RoPE in place on q and k (one launch, overlapping the GEMM's end where it can).
-  apply(proj_rope_spec(c, args), proj_rope_args(c, args), true);
+  apply(proj_rope_spec(c, args), proj_rope_args(c, args));
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -38,15 +38,16 @@ class Engine {
  public:
   static Engine& instance();
 
-  // The public apply(): validate, pick a configuration, launch. `after_producer` (the unfused
-  // paths' RoPE step, right behind their GEMM) makes it a programmatic dependent launch where
-  // the GPU has them (programmatic_launch()).
-  void apply(const Spec& spec, const Args& args, bool after_producer = false);
+  // The public apply(): validate, pick a configuration, launch. Every RoPE launch (plain or
+  // fused) is a programmatic dependent launch where the GPU has them (programmatic_launch()):
+  // the kernel may be scheduled while the stream's previous kernel finishes and waits for its
+  // writes at entry.
+  void apply(const Spec& spec, const Args& args);
 
   // Launches a checked call with `cfg`, or with the policy's choice when `cfg` is null (the
   // tuner and benchmarks pass explicit configurations; illegal ones throw).
   void launch(const Spec& canonical, const Args& args, const CallShape& shape,
-              const LaunchConfig* cfg, bool after_producer = false);
+              const LaunchConfig* cfg);
 
   // Compiled image for a target ("sm_90" / "compute_90"), from memory, disk or NVRTC. Needs
   // no GPU. Returns the entry and sets `path` to its disk-cache file ("" when memory-only).

@@ -21,6 +21,17 @@ __device__ __forceinline__ void wait_for_producer() {
 #endif
 }
 
+// Lets a kernel launched behind this one as a programmatic dependent launch be scheduled once
+// every block of this grid has started (its own griddepcontrol.wait still waits for this grid
+// to finish and its writes to be visible). At a RoPE kernel's entry, right after
+// wait_for_producer(): the next call of a decode step then starts while this one runs, and
+// the blocks it places only fill room that this grid's last wave leaves.
+__device__ __forceinline__ void release_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // Activation dtypes (their values are ropejit::DType's), then the FP8 storage format.
 enum : int { kF32 = 0, kF16 = 1, kBF16 = 2, kE4M3 = 3 };
 

@@ -182,6 +182,46 @@ def test_cuda_graph_capture_and_replay():
         ref.assert_close(q_out, expected(q, cos, sin, ids))
 
 
+@pytest.mark.parametrize("captured", [False, True])
+def test_back_to_back_launches_see_each_others_writes(captured):
+    """A chain of calls on one stream, each reading what the one before it wrote (out of place
+    into NaN-poisoned buffers), back to back, eagerly and inside a CUDA graph. On sm_90 every
+    launch is a programmatic dependent launch that each kernel releases at its entry, so a
+    kernel that read before its producer had finished would rotate NaNs."""
+    cos, sin = tables(64, 128)
+    n = 12
+    q = torch.randn(1, 512, 8, 128, device="cuda")
+    k = torch.randn(1, 512, 2, 128, device="cuda")
+    ids = torch.randint(0, 64, (512,), device="cuda")
+    qs = [q] + [torch.empty_like(q) for _ in range(n)]
+    ks = [k] + [torch.empty_like(k) for _ in range(n)]
+
+    def poison():
+        for t in qs[1:] + ks[1:]:
+            t.fill_(float("nan"))
+
+    def chain():
+        for i in range(n):
+            ropejit.apply(qs[i], ks[i], cos=cos, sin=sin, position_ids=ids, q_out=qs[i + 1],
+                          k_out=ks[i + 1])
+    if captured:
+        chain()  # first use outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            chain()
+        poison()
+        graph.replay()
+    else:
+        poison()
+        chain()
+    torch.cuda.synchronize()
+    for got, x in ((qs[-1], q), (ks[-1], k)):
+        want = x.double()
+        for _ in range(n):
+            want = expected(want, cos, sin, ids)
+        torch.testing.assert_close(got.double().cpu(), want, rtol=1e-5, atol=1e-5)
+
+
 def test_first_use_during_a_capture_is_refused():
     q = torch.randn(1, 8, 4, 48, device="cuda", dtype=torch.float16)  # a key no test uses
     graph = torch.cuda.CUDAGraph()
