@@ -7,6 +7,10 @@ torch eager and the copy; and given compare_peers.py's JSON, each implementation
 
     python3 bench/plot.py bench.json [--compare compare.json] [--peers peers.json] --outdir DIR
     python3 bench/plot.py --peers peers.json --outdir DIR
+    python3 bench/plot.py --fused-peers fused_peers.json --vllm vllm.json --outdir DIR
+
+Given compare_fused_peers.py's and compare_vllm.py's JSON: the fused steps' µs against tokens
+next to FlashInfer's and vLLM's fused kernels (fused_peers_us.png).
 """
 
 import argparse
@@ -144,7 +148,9 @@ def plot_compare(compare, path):
 # By name, so that one implementation keeps its colour across runs with different sets.
 PEER_COLORS = {"ropejit (rows)": "tab:blue", "ropejit (HF bf16 rows)": "tab:purple",
                "Liger (rows)": "tab:orange", "ropejit (ids)": "tab:cyan",
-               "FlashInfer cache (ids)": "tab:green", "FlashInfer computed (ids)": "tab:olive"}
+               "FlashInfer cache (ids)": "tab:green", "FlashInfer computed (ids)": "tab:olive",
+               "ropejit": "tab:blue", "FlashInfer": "tab:green", "FlashInfer PDL": "tab:olive",
+               "vLLM": "tab:red"}
 
 
 def plot_peers(peers, path):
@@ -180,6 +186,44 @@ def plot_peers(peers, path):
             side.set_ylim(50, 105)
     gpu = peers.get("context", {}).get("gpu")
     fig.suptitle(f"RoPE on q and k, 32q/8kv heads, d128, bf16{' — ' + gpu if gpu else ''}",
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_fused(fused_peers, vllm, path):
+    """µs per graph-replayed call against tokens (log-log) of the fused steps next to the peers'
+    fused kernels: compare_fused_peers.py's FP8 serving step (FlashInfer with and without its
+    programmatic launch) and compare_vllm.py's cases, one panel each."""
+    panels = []
+    if fused_peers:
+        panels.append(("RoPE + FP8 q + FP8 paged append (Llama-3-8B)", fused_peers["rows"]))
+    if vllm:
+        titles = {"in_place": "QK-norm + RoPE in place (Qwen3-8B)",
+                  "cache_bf16": "QK-norm + RoPE + bf16 cache (slots)",
+                  "cache_fp8": "QK-norm + RoPE + FP8 cache (slots)"}
+        for case, title in titles.items():
+            rows = [r for r in vllm["rows"] if r["case"] == case]
+            if rows:
+                panels.append((title, rows))
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4.2), squeeze=False)
+    for ax, (title, rows) in zip(axes[0], panels):
+        names = [n for n in rows[0]["impls"] if isinstance(rows[0]["impls"][n], dict)]
+        for i, name in enumerate(names):
+            pts = [(r["tokens"], r["impls"][name]["us"]) for r in rows
+                   if "us" in r["impls"].get(name, {})]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=name, color=PEER_COLORS.get(name, f"C{i}"))
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("tokens")
+        ax.set_title(title, fontsize=9)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel("µs per call, CUDA-graph replay (lower is better)")
+    gpu = (fused_peers or vllm or {}).get("gpu")
+    fig.suptitle(f"Fused steps against the peers' fused kernels{' — ' + gpu if gpu else ''}",
                  fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -270,13 +314,27 @@ def main():
     parser.add_argument("--proj", help="ropejit_bench JSON with the proj/ rows "
                                        "(bench/run_gpu.sh proj writes proj.json)")
     parser.add_argument("--proj-torch", help="JSON written by bench/compare_proj_torch.py")
+    parser.add_argument("--fused-peers", help="JSON written by bench/compare_fused_peers.py")
+    parser.add_argument("--vllm", help="JSON written by bench/compare_vllm.py")
     parser.add_argument("--outdir", default="bench/plots")
     args = parser.parse_args()
     os.makedirs(args.outdir, exist_ok=True)
 
-    if not args.bench and not args.compare and not args.peers and not args.proj:
-        parser.error("nothing to plot: give a benchmark JSON, --compare, --peers or --proj")
+    if not (args.bench or args.compare or args.peers or args.proj or args.fused_peers or
+            args.vllm):
+        parser.error("nothing to plot: give a benchmark JSON, --compare, --peers, --proj, "
+                     "--fused-peers or --vllm")
     written = []
+    if args.fused_peers or args.vllm:
+        loaded = []
+        for name in (args.fused_peers, args.vllm):
+            loaded.append(None)
+            if name:
+                with open(name) as f:
+                    loaded[-1] = json.load(f)
+        path = os.path.join(args.outdir, "fused_peers_us.png")
+        plot_fused(*loaded, path)
+        written.append(path)
     if args.bench:
         with open(args.bench) as f:
             bench = json.load(f)
