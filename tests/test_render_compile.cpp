@@ -179,6 +179,40 @@ TEST_CASE("a kernel module declares no device globals") {
   }
 }
 
+TEST_CASE(
+    "a RoPE kernel waits for the previous grid before any load, then releases its dependents") {
+  // The engine launches every RoPE kernel as a programmatic dependent launch on sm_90+: the
+  // kernel may start while the stream's previous kernel still runs, so nothing may read memory
+  // before griddepcontrol.wait; right after it, launch_dependents lets the next programmatic
+  // launch be scheduled. Older targets carry neither instruction.
+  for (const char* key :
+       {"rope_bshd_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_qk_fwd_ip",
+        "rope_thd_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_q-nrms-oe4m3-cpaged-e4m3_fwd_oop"}) {
+    const Spec s = parse_key(key).canonical();
+    const detail::RenderedKernel r = detail::render(s, detail::decode_variant(s, 16));
+    const detail::CompileResult sm90 =
+        detail::compile(r.source, r.entry + ".cu", r.key, "compute_90");
+    REQUIRE(sm90.is_ptx);
+    const std::string& ptx = sm90.image;
+    const size_t wait = ptx.find("griddepcontrol.wait;");
+    const size_t release = ptx.find("griddepcontrol.launch_dependents;");
+    REQUIRE_MESSAGE(wait != std::string::npos, key);
+    REQUIRE_MESSAGE(release != std::string::npos, key);
+    CHECK_MESSAGE(wait < release, key);
+    const size_t body = ptx.find(".entry " + r.entry);
+    REQUIRE(body != std::string::npos);
+    for (const char* load : {"ld.global", "ldu.global"}) {
+      const size_t first = ptx.find(load, body);
+      CHECK_MESSAGE((first == std::string::npos || first > wait), key, ": ", load,
+                    " before griddepcontrol.wait");
+    }
+    const detail::CompileResult sm80 =
+        detail::compile(r.source, r.entry + ".cu", r.key, "compute_80");
+    REQUIRE(sm80.is_ptx);
+    CHECK(sm80.image.find("griddepcontrol") == std::string::npos);
+  }
+}
+
 TEST_CASE("fused kernels keep their per-thread arrays in registers") {
   // A reference chosen at run time between two register arrays (q's or k's norm weights) made
   // NVVM place both in a local-memory stack frame, with loads from it in the store loop; the
