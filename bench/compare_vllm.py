@@ -11,8 +11,8 @@ positions):
              k out rotated, v out, and k/v written to a paged cache of 16-token NHD blocks
              through a slot mapping; bf16 or FP8 e4m3 cache with per-tensor scales) against
              ropejit.fused.qk_norm_rope with q_out, k_out, slot_mapping and the same cache.
-             vLLM's kernel also copies v to a v_out tensor, which ropejit has no output for:
-             the table gives each side's bytes and GB/s.
+             vLLM's kernel also copies v to a v_out tensor (8% more bytes), which ropejit has
+             no output for: the table gives each side's GB/s of its own bytes.
 
 vLLM's kernels are built from a vLLM source tree by bench/peers/build_vllm.sh (nothing of vLLM
 is in this repository) and loaded with torch.ops.load_library. Every size is timed under
@@ -30,6 +30,7 @@ more than ropejit; the fraction of output bytes equal between the two is listed 
 
 import argparse
 import json
+import math
 import os
 import sys
 import traceback
@@ -114,8 +115,11 @@ def steps_of(x, fp8):
 
 
 def worst(got, want, fp8=False, scale=1.0):
+    """Largest error in steps; infinite where a value is NaN (a poisoned output left unwritten,
+    which Python's max() would otherwise pass over)."""
     w = want * scale
-    return ((got.double() - w).abs() / steps_of(w, fp8)).max().item()
+    err = ((got.double() - w).abs() / steps_of(w, fp8)).nan_to_num(nan=math.inf)
+    return err.max().item()
 
 
 class CacheOutputs:
@@ -216,6 +220,10 @@ def main():
     ap.add_argument("--cases", nargs="+", default=["in_place", "cache_bf16", "cache_fp8"],
                     choices=["in_place", "cache_bf16", "cache_fp8"])
     a = ap.parse_args()
+    for t in a.tokens:
+        if t < 1 or (t > DECODE[-1] and t % 1024):
+            ap.error(f"--tokens {t}: decode sizes are 1..{DECODE[-1]} (one token per sequence), "
+                     "prefill sizes multiples of 1024 (sequences of 1024)")
     rj = import_ropejit(a.lib)
     import ropejit.fused  # noqa: F401
     torch.ops.load_library(os.path.abspath(a.peer))
@@ -274,10 +282,10 @@ def main():
                   f" | {cell('ropejit', 'max_error_steps', '{:.2f}')} / "
                   f"{cell('vLLM', 'max_error_steps', '{:.2f}')} | {same} |", flush=True)
             rows.append({"case": case, "tokens": tokens, "impls": res})
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump({"gpu": torch.cuda.get_device_name(),
-                       "pdl": os.environ.get("ROPEJIT_PDL"), "rows": rows}, f, indent=1)
+            if a.out:  # after every row: a later failure keeps what was measured
+                with open(a.out, "w") as f:
+                    json.dump({"gpu": torch.cuda.get_device_name(),
+                               "pdl": os.environ.get("ROPEJIT_PDL"), "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

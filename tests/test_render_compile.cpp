@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -201,10 +202,19 @@ TEST_CASE(
     CHECK_MESSAGE(wait < release, key);
     const size_t body = ptx.find(".entry " + r.entry);
     REQUIRE(body != std::string::npos);
-    for (const char* load : {"ld.global", "ldu.global"}) {
-      const size_t first = ptx.find(load, body);
-      CHECK_MESSAGE((first == std::string::npos || first > wait), key, ": ", load,
-                    " before griddepcontrol.wait");
+    REQUIRE(body < wait);
+    // Every instruction before the wait: nothing that reads or writes memory but the kernel's
+    // own parameters (loads of any state space, stores, copies, texture reads, atomics).
+    std::istringstream before(ptx.substr(body, wait - body));
+    for (std::string line; std::getline(before, line);) {
+      std::string op = line.substr(std::min(line.find_first_not_of(" \t"), line.size()));
+      if (!op.empty() && op[0] == '@') op = op.substr(std::min(op.find(' ') + 1, op.size()));
+      const bool param = op.rfind("ld.param", 0) == 0;
+      bool memory = false;
+      for (const char* m :
+           {"ld.", "ldu.", "st.", "cp.", "tex.", "tld4.", "atom.", "red.", "prefetch"})
+        memory = memory || op.rfind(m, 0) == 0;
+      CHECK_MESSAGE(!(memory && !param), key, ": '", op, "' before griddepcontrol.wait");
     }
     const detail::CompileResult sm80 =
         detail::compile(r.source, r.entry + ".cu", r.key, "compute_80");

@@ -28,6 +28,7 @@ torch_dir=${3:-$(python3 -c 'import os, torch; print(os.path.dirname(torch.__fil
 arch=${ROPEJIT_PEER_ARCH:-sm_90}
 cuda=${CUDA_HOME:-/usr/local/cuda}
 here=$(cd "$(dirname "$0")" && pwd)
+mkdir -p "$(dirname "$out")"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 # vLLM's own definitions (its CMakeLists.txt and cmake/utils.cmake): the stable-ABI target
@@ -35,12 +36,20 @@ trap 'rm -rf "$work"' EXIT
 defs=(-DUSE_CUDA -DTORCH_TARGET_VERSION=0x020B000000000000ULL -DENABLE_FP8)
 incs=(-I"$csrc" -I"$torch_dir/include" -I"$cuda/include")
 echo "build_vllm.sh: compiling vLLM's fused QK-norm + RoPE kernels for $arch (about a minute)"
-"$cuda/bin/nvcc" -std=c++17 -O3 -arch="$arch" --expt-relaxed-constexpr -Xcompiler -fPIC "${defs[@]}" "${incs[@]}" \
+nvcc_flags=(-std=c++17 -O3 -arch="$arch" --expt-relaxed-constexpr -Xcompiler -fPIC)
+"$cuda/bin/nvcc" "${nvcc_flags[@]}" "${defs[@]}" "${incs[@]}" \
   -c "$csrc/fused_qknorm_rope_kernel.cu" -o "$work/inplace.o" &
-"$cuda/bin/nvcc" -std=c++17 -O3 -arch="$arch" --expt-relaxed-constexpr -Xcompiler -fPIC "${defs[@]}" "${incs[@]}" \
+inplace=$!
+"$cuda/bin/nvcc" "${nvcc_flags[@]}" "${defs[@]}" "${incs[@]}" \
   -c "$csrc/fused_qknorm_rope_cache_kernel.cu" -o "$work/cache.o" &
-g++ -std=c++17 -O2 -fPIC "${defs[@]}" "${incs[@]}" -c "$here/vllm_ops.cpp" -o "$work/ops.o"
-wait %1 && wait %2
+cache=$!
+ops=0
+g++ -std=c++17 -O2 -fPIC "${defs[@]}" "${incs[@]}" -c "$here/vllm_ops.cpp" -o "$work/ops.o" || ops=$?
+# Each compile waited for on its own (set -e stops at the first that failed), before the trap
+# removes their folder.
+wait "$inplace"
+wait "$cache"
+[[ $ops == 0 ]] || exit "$ops"
 g++ -shared -o "$out" "$work/inplace.o" "$work/cache.o" "$work/ops.o" \
   -L"$torch_dir/lib" -ltorch -ltorch_cpu -lc10 -L"$cuda/lib64" -lcudart \
   -Wl,-rpath,"$torch_dir/lib"

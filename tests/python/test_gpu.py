@@ -187,7 +187,9 @@ def test_back_to_back_launches_see_each_others_writes(captured):
     """A chain of calls on one stream, each reading what the one before it wrote (out of place
     into NaN-poisoned buffers), back to back, eagerly and inside a CUDA graph. On sm_90 every
     launch is a programmatic dependent launch that each kernel releases at its entry, so a
-    kernel that read before its producer had finished would rotate NaNs."""
+    kernel that read before its producer had finished would rotate NaNs. A spin kernel first
+    holds the stream, so that the eager calls' launches queue up behind it and run back to back
+    (each call's host time is far longer than its kernel)."""
     cos, sin = tables(64, 128)
     n = 12
     q = torch.randn(1, 512, 8, 128, device="cuda")
@@ -204,15 +206,18 @@ def test_back_to_back_launches_see_each_others_writes(captured):
         for i in range(n):
             ropejit.apply(qs[i], ks[i], cos=cos, sin=sin, position_ids=ids, q_out=qs[i + 1],
                           k_out=ks[i + 1])
+    chain()  # compiles and plans first (outside the capture): the checked run only launches
+    torch.cuda.synchronize()
     if captured:
-        chain()  # first use outside the capture
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             chain()
         poison()
+        torch.cuda._sleep(1_000_000)
         graph.replay()
     else:
         poison()
+        torch.cuda._sleep(50_000_000)  # ~25 ms: longer than the twelve calls' host time
         chain()
     torch.cuda.synchronize()
     for got, x in ((qs[-1], q), (ks[-1], k)):
