@@ -20,6 +20,13 @@ using detail::KernelVariant;
 
 namespace {
 
+// The PTX NVRTC emits for a rendered kernel on a compute_XY target.
+std::string ptx_of(const detail::RenderedKernel& r, const char* target) {
+  const detail::CompileResult c = detail::compile(r.source, r.entry + ".cu", r.key, target);
+  REQUIRE(c.is_ptx);
+  return c.image;
+}
+
 struct DimPair {
   int32_t head_dim, rotary_dim;
 };
@@ -172,11 +179,9 @@ TEST_CASE("a kernel module declares no device globals") {
                           "rope_thd_f16_d80_r32_gptj_pos-offset_comp_qk_bwd_oop"}) {
     const Spec s = parse_key(key).canonical();
     const detail::RenderedKernel r = detail::render(s, detail::prefill_variant(s, 16));
-    const detail::CompileResult ptx =
-        detail::compile(r.source, r.entry + ".cu", r.key, "compute_90");
-    REQUIRE(ptx.is_ptx);
-    CHECK_MESSAGE(ptx.image.find("\n.global ") == std::string::npos, key);
-    CHECK(ptx.image.find(".entry " + r.entry) != std::string::npos);
+    const std::string ptx = ptx_of(r, "compute_90");
+    CHECK_MESSAGE(ptx.find("\n.global ") == std::string::npos, key);
+    CHECK(ptx.find(".entry " + r.entry) != std::string::npos);
   }
 }
 
@@ -191,10 +196,7 @@ TEST_CASE(
         "rope_thd_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_q-nrms-oe4m3-cpaged-e4m3_fwd_oop"}) {
     const Spec s = parse_key(key).canonical();
     const detail::RenderedKernel r = detail::render(s, detail::decode_variant(s, 16));
-    const detail::CompileResult sm90 =
-        detail::compile(r.source, r.entry + ".cu", r.key, "compute_90");
-    REQUIRE(sm90.is_ptx);
-    const std::string& ptx = sm90.image;
+    const std::string ptx = ptx_of(r, "compute_90");
     const size_t wait = ptx.find("griddepcontrol.wait;");
     const size_t release = ptx.find("griddepcontrol.launch_dependents;");
     REQUIRE_MESSAGE(wait != std::string::npos, key);
@@ -216,10 +218,7 @@ TEST_CASE(
         memory = memory || op.rfind(m, 0) == 0;
       CHECK_MESSAGE(!(memory && !param), key, ": '", op, "' before griddepcontrol.wait");
     }
-    const detail::CompileResult sm80 =
-        detail::compile(r.source, r.entry + ".cu", r.key, "compute_80");
-    REQUIRE(sm80.is_ptx);
-    CHECK(sm80.image.find("griddepcontrol") == std::string::npos);
+    CHECK(ptx_of(r, "compute_80").find("griddepcontrol") == std::string::npos);
   }
 }
 
@@ -239,10 +238,8 @@ TEST_CASE("fused kernels keep their per-thread arrays in registers") {
     for (const detail::KernelVariant& v :
          {detail::decode_variant(s, 16), detail::prefill_variant(s, 16)}) {
       const detail::RenderedKernel r = detail::render(s, v);
-      const detail::CompileResult ptx =
-          detail::compile(r.source, r.entry + ".cu", r.key, "compute_90");
-      REQUIRE(ptx.is_ptx);
-      CHECK_MESSAGE(ptx.image.find("__local_depot") == std::string::npos, key, " ", v.name());
+      CHECK_MESSAGE(ptx_of(r, "compute_90").find("__local_depot") == std::string::npos, key, " ",
+                    v.name());
     }
   }
 }
