@@ -13,7 +13,8 @@ std::vector<detail::LaunchConfig> candidates(const Spec& c, const detail::CallSh
                                              const detail::DeviceInfo& device) {
   std::vector<detail::LaunchConfig> out;
   std::set<std::string> seen;
-  auto add = [&](const detail::LaunchConfig& cfg) {
+  auto add = [&](detail::LaunchConfig cfg) {
+    cfg.kernel.narrow = shape.narrow;  // decided by the call, as in select_config
     if (!detail::illegal_reason(c, shape, cfg, device).empty()) return;
     if (seen.insert(cfg.name()).second) out.push_back(cfg);
   };

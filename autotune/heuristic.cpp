@@ -3,7 +3,8 @@
 //   - two kernel variants per key and alignment, both with the widest vectors and a
 //     512-thread bound: up to 2 heads per thread per pass (prefill) and 1 (decode). The engine
 //     compiles and loads both on a key's first use (policy_variants()), so changing shapes
-//     never compiles anything;
+//     never compiles anything (fused keys: but for a call whose offsets first pass 2^31 bytes,
+//     which takes the 64-bit variants instead of the narrow ones);
 //   - few tokens (decode: the token bucket is at most 4 blocks per SM): one head per thread,
 //     one token per block: the most blocks and the shortest chain of dependent loads per
 //     thread. The one-head kernel (fewer registers, less code before the first load) is 9%
@@ -86,8 +87,10 @@ detail::LaunchConfig fused_config(const Spec& c, const detail::CallShape& shape,
 
 }  // namespace
 
-detail::LaunchConfig heuristic_config(const Spec& c, const detail::CallShape& shape,
-                                      const detail::DeviceInfo& device) {
+namespace {
+
+detail::LaunchConfig shaped_config(const Spec& c, const detail::CallShape& shape,
+                                   const detail::DeviceInfo& device) {
   detail::LaunchConfig cfg;
   cfg.kernel = detail::prefill_variant(c, shape.align_bytes, shape.table_align);
   const int32_t x = detail::chunks(c, cfg.kernel.vec);
@@ -115,6 +118,15 @@ detail::LaunchConfig heuristic_config(const Spec& c, const detail::CallShape& sh
              : std::min({64, cfg.kernel.max_threads / row_threads,
                          std::max(1, (kMinBlockThreads + row_threads - 1) / row_threads)});
   detail::set_persistent(cfg, 0);  // one-shot: one block per token group
+  return cfg;
+}
+
+}  // namespace
+
+detail::LaunchConfig heuristic_config(const Spec& c, const detail::CallShape& shape,
+                                      const detail::DeviceInfo& device) {
+  detail::LaunchConfig cfg = shaped_config(c, shape, device);
+  cfg.kernel.narrow = shape.narrow;  // 32-bit offsets wherever the call's fit (fused keys)
   return cfg;
 }
 

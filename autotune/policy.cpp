@@ -127,8 +127,10 @@ detail::LaunchConfig select_config(const Spec& c, const detail::CallShape& shape
   TuningStore& store = TuningStore::instance();
   const std::string key = c.key();
   const int64_t bucket = detail::token_bucket(shape.tokens);
-  if (const std::optional<detail::LaunchConfig> tuned =
+  if (std::optional<detail::LaunchConfig> tuned =
           store.find(device, key, bucket, shape.q_heads, shape.k_heads)) {
+    // Narrow offsets are the call's to decide, not the tuning file's.
+    tuned->kernel.narrow = shape.narrow;
     // A tuned entry assumes 16-byte alignment (q/k and cos/sin); a less aligned call keeps
     // the heuristic.
     if (detail::illegal_reason(c, shape, *tuned, device).empty()) return *tuned;
@@ -144,8 +146,9 @@ detail::LaunchConfig select_config(const Spec& c, const detail::CallShape& shape
     ++g_tunings;
     store.add(device, report.best, current_fingerprint());
     // Tuned on aligned buffers of its own: this call (e.g. a misaligned table) may not run it.
-    if (detail::illegal_reason(c, shape, report.best.config, device).empty())
-      return report.best.config;
+    detail::LaunchConfig best = report.best.config;
+    best.kernel.narrow = shape.narrow;
+    if (detail::illegal_reason(c, shape, best, device).empty()) return best;
     return fallback;
   }
   return fallback;
@@ -155,6 +158,7 @@ std::vector<detail::KernelVariant> policy_variants(const Spec& c, const detail::
                                                    const detail::DeviceInfo& device) {
   std::vector<detail::KernelVariant> out =
       detail::default_variants(c, shape.align_bytes, shape.table_align);
+  for (detail::KernelVariant& v : out) v.narrow = shape.narrow;
   if (tuning_mode() == TuningMode::off) return out;
   for (const TuningEntry& e : TuningStore::instance().entries_for(device, c.key())) {
     // The entry's own call, at this call's alignment: what select_config() would accept.
@@ -162,9 +166,10 @@ std::vector<detail::KernelVariant> policy_variants(const Spec& c, const detail::
     s.tokens = e.bucket;
     s.q_heads = e.q_heads;
     s.k_heads = e.k_heads;
-    if (!detail::illegal_reason(c, s, e.config, device).empty()) continue;
-    if (std::find(out.begin(), out.end(), e.config.kernel) == out.end())
-      out.push_back(e.config.kernel);
+    detail::LaunchConfig cfg = e.config;
+    cfg.kernel.narrow = shape.narrow;
+    if (!detail::illegal_reason(c, s, cfg, device).empty()) continue;
+    if (std::find(out.begin(), out.end(), cfg.kernel) == out.end()) out.push_back(cfg.kernel);
   }
   return out;
 }

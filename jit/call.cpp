@@ -180,7 +180,24 @@ struct Operands {
   int32_t vec = 16;  // the widest vector (activation elements) every operand allows
   Operand* next() { return &ops[n++]; }
   void allow(int32_t elements) { vec = std::min(vec, elements); }
+  // The operand checked last is indexed this way by the narrow variant.
+  void indexed(Operand::Narrow how) { ops[n - 1].narrow = how; }
 };
+
+// Whether a fused kernel's narrow variant holds an operand's offsets: every stride in bytes below
+// 2^31, and its byte span (per_page: leaving out the first dimension, the pages) too.
+bool narrow_fits(const Operand& op) {
+  constexpr uint64_t kLimit = uint64_t(1) << 31;
+  if (op.narrow == Operand::Narrow::never || op.first == op.end) return true;
+  uint64_t span = uint64_t(op.row) * uint64_t(op.elem);
+  for (size_t i = 0; i < op.dims.size(); ++i) {
+    const Dim& d = op.dims[i];
+    if (uint64_t(d.stride) * uint64_t(op.elem) >= kLimit) return false;
+    if (d.count > 1 && !(i == 0 && op.narrow == Operand::Narrow::per_page))
+      span += uint64_t(d.stride) * uint64_t(d.count - 1) * uint64_t(op.elem);
+  }
+  return span < kLimit;
+}
 
 // Tokens and heads.
 void check_sizes(const Spec& c, const Args& a, CallShape* shape) {
@@ -225,12 +242,17 @@ void check_tensors(const Spec& c, const Args& a, const CallShape& shape, Operand
   const bool k_written = c.fusion == Fusion::qk;
   o->allow(check_operand("args.q", a.q, dense, a.batch, seq, a.q.heads, c.head_dim, elem,
                          c.in_place, o->next()));
-  if (has_k)
+  o->indexed(Operand::Narrow::whole);
+  if (has_k) {
     o->allow(check_operand("args.k", a.k, dense, a.batch, seq, a.k.heads, c.head_dim, elem,
                            c.in_place && k_written, o->next()));
-  if (a.v.data)
+    o->indexed(Operand::Narrow::whole);
+  }
+  if (a.v.data) {
     o->allow(check_operand("args.v", a.v, dense, a.batch, seq, a.k.heads, c.head_dim, elem, false,
                            o->next()));
+    o->indexed(Operand::Narrow::whole);
+  }
   if (c.in_place) {
     // In place, q and k are the outputs: an output tensor given too would be silently ignored.
     for (const auto& [t, name] :
@@ -246,10 +268,12 @@ void check_tensors(const Spec& c, const Args& a, const CallShape& shape, Operand
   // alignment.
   o->allow(check_operand("args.q_out", a.q_out, dense, a.batch, seq, a.q.heads, c.head_dim,
                          out_elem, true, o->next()));
-  if (has_k && k_written)
+  o->indexed(Operand::Narrow::whole);
+  if (has_k && k_written) {
     o->allow(check_operand("args.k_out", a.k_out, dense, a.batch, seq, a.k.heads, c.head_dim,
                            out_elem, true, o->next()));
-  else if (a.k_out.data)
+    o->indexed(Operand::Narrow::whole);
+  } else if (a.k_out.data)
     invalid("args.k_out.data is set but ",
             has_k ? "spec.fusion is q: k is written only to the cache" : "args.k.data is null");
 }
@@ -343,6 +367,7 @@ void check_fusion(const Spec& c, const Args& a, const CallShape& shape, Operands
     }
     if (!t->data) invalid(name, ".data is null but spec.out_store is e4m3dyn");
     check_operand(name, *t, dense, a.batch, seq, heads, 1, 4, true, o->next());
+    o->indexed(Operand::Narrow::whole);
   }
   const KvCacheArgs& k = a.cache;
   if (c.cache_store != Store::e4m3_dynamic)
@@ -361,9 +386,13 @@ void check_fusion(const Spec& c, const Args& a, const CallShape& shape, Operands
                      Dim{k.stride_slot, k.page_size, "stride_slot"},
                      Dim{k.stride_head, shape.k_heads, "stride_head"}};
   o->allow(check_strided("args.cache.k", k.k, dims, c.head_dim, celem, true, o->next()));
+  o->indexed(Operand::Narrow::per_page);
   if (a.v.data && !k.v) invalid("args.cache.v is null but args.v is given: v needs a cache too");
   if (!a.v.data && k.v) invalid("args.cache.v is set but args.v.data is null");
-  if (k.v) o->allow(check_strided("args.cache.v", k.v, dims, c.head_dim, celem, true, o->next()));
+  if (k.v) {
+    o->allow(check_strided("args.cache.v", k.v, dims, c.head_dim, celem, true, o->next()));
+    o->indexed(Operand::Narrow::per_page);
+  }
   if (c.cache_store == Store::e4m3) {
     check_scale(k.k_quant_scale, "args.cache.k_quant_scale");
     if (k.v) check_scale(k.v_quant_scale, "args.cache.v_quant_scale");
@@ -375,10 +404,14 @@ void check_fusion(const Spec& c, const Args& a, const CallShape& shape, Operands
                         Dim{k.scale_stride_head, shape.k_heads, "scale_stride_head"}};
     if (!k.k_scales) invalid("args.cache.k_scales is null but spec.cache_store is e4m3dyn");
     check_strided("args.cache.k_scales", k.k_scales, sdims, 1, 4, true, o->next());
+    o->indexed(Operand::Narrow::per_page);
     if (k.v && !k.v_scales)
       invalid("args.cache.v_scales is null but spec.cache_store is e4m3dyn and v is cached");
     if (!k.v && k.v_scales) invalid("args.cache.v_scales is set but args.v.data is null");
-    if (k.v) check_strided("args.cache.v_scales", k.v_scales, sdims, 1, 4, true, o->next());
+    if (k.v) {
+      check_strided("args.cache.v_scales", k.v_scales, sdims, 1, 4, true, o->next());
+      o->indexed(Operand::Narrow::per_page);
+    }
   }
   if (k.skipped && reinterpret_cast<uintptr_t>(k.skipped) % 4 != 0)
     invalid("args.cache.skipped (", static_cast<const void*>(k.skipped), ") is not 4-byte aligned");
@@ -428,6 +461,8 @@ CallShape check_call(const Spec& c, const Args& a) {
   check_no_overlap(ops.ops.data(), ops.n);
   if (needs_pair_table(c)) pair_data(c, a);  // checks the scaling parameters and mRoPE sections
   shape.align_bytes = std::min<int32_t>(16, ops.vec * element_bytes(c.dtype));
+  shape.narrow = c.fused() && std::all_of(ops.ops.begin(), ops.ops.begin() + ptrdiff_t(ops.n),
+                                          [](const Operand& op) { return narrow_fits(op); });
   if (max_vec(c, shape.align_bytes) == 0)
     invalid("gptj needs q/k pointers and strides aligned to a pair of elements (",
             2 * element_bytes(c.dtype), " bytes); the call allows ", shape.align_bytes);
@@ -493,6 +528,17 @@ const PairData& pair_data(const Spec& c, const Args& a) {
   return cache.data;
 }
 
+// Granlund and Montgomery's round-up method: with s = ceil(log2 d), magic = floor(2^32 (2^s - d)
+// / d) + 1 < 2^32; d = 1 (s = 0) takes magic 1 and no shifts, so h = 0 and n / 1 = n.
+Divisor page_divisor(int64_t d) {
+  if (d < 1 || d > int64_t(UINT32_MAX)) return {0, 0, 0};
+  int s = 0;
+  while ((uint64_t(1) << s) < uint64_t(d)) ++s;
+  const uint64_t magic =
+      ((uint64_t(1) << 32) * ((uint64_t(1) << s) - uint64_t(d))) / uint64_t(d) + 1;
+  return {uint32_t(magic), uint8_t(s > 0 ? 1 : 0), uint8_t(s > 0 ? s - 1 : 0)};
+}
+
 ropejit_dev::FusedParams make_params(const Spec& c, const Args& a, const CallShape& shape) {
   ropejit_dev::FusedParams f{};
   ropejit_dev::RopeParams& p = f.rope;
@@ -538,6 +584,10 @@ ropejit_dev::FusedParams make_params(const Spec& c, const Args& a, const CallSha
   cp.v = k.v;
   cp.pages = k.pages;
   cp.page_size = k.page_size;
+  const Divisor page = page_divisor(k.page_size);
+  cp.page_magic = page.magic;
+  cp.page_shift_a = page.shift_a;
+  cp.page_shift_b = page.shift_b;
   cp.stride_page = k.stride_page;
   cp.stride_slot = k.stride_slot;
   cp.stride_head = k.stride_head;

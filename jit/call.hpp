@@ -36,6 +36,10 @@ struct Operand {
   uintptr_t first = 0, end = 0;  // bytes [first, end); empty for an operand without elements
   bool written = false;
   int64_t row = 0;  // elements per row (head_dim; 1 for a tensor of per-head scales)
+  // How a fused kernel's narrow variant indexes it (CallShape::narrow): all of it with 32-bit
+  // offsets (q, k, v, outputs, scales), one page at a time (a KV cache and its scales: the
+  // page's own offset is 64-bit), or never (norm weights).
+  enum class Narrow : int8_t { whole, per_page, never } narrow = Narrow::never;
 };
 
 // Checks a strided operand of rows of `row` elements: pointer alignment, non-negative strides,
@@ -75,6 +79,15 @@ struct PairData {
   std::vector<int8_t> rows;
 };
 const PairData& pair_data(const Spec& canonical, const Args& args);
+
+// A divisor d in [1, 2^32) as the kernels divide by it (templates/rope_fused.cuh, page_div):
+// for every n < 2^32, n / d = (h + ((n - h) >> shift_a)) >> shift_b with h = (n * magic) >> 32.
+// Other divisors give {0, 0, 0} (the kernels then divide).
+struct Divisor {
+  uint32_t magic;
+  uint8_t shift_a, shift_b;
+};
+Divisor page_divisor(int64_t d);
 
 // The kernel argument block for a checked call: plain kernels take its `rope` part, fused
 // kernels all of it.

@@ -144,7 +144,7 @@ size_t Engine::FunctionKeyHash::operator()(const FunctionKey& k) const {
   mix(h, uint64_t(uint32_t(k.variant.vec)) << 40 |
              uint64_t(uint32_t(k.variant.heads_per_thread)) << 20 |
              uint64_t(k.variant.table_vec) << 60 | uint64_t(k.variant.grid_stride) << 61 |
-             uint32_t(k.variant.max_threads));
+             uint64_t(k.variant.narrow) << 62 | uint32_t(k.variant.max_threads));
   return size_t(h);
 }
 
@@ -153,7 +153,8 @@ size_t Engine::PlanKeyHash::operator()(const PlanKey& k) const {
   mix(h, uint64_t(k.bucket));
   mix(h, uint64_t(uint32_t(k.q_heads)) << 32 | uint32_t(k.k_heads));
   mix(h, uint64_t(uint32_t(k.v_heads)));
-  mix(h, uint64_t(uint32_t(k.align)) | uint64_t(uint32_t(k.table_align)) << 32);
+  mix(h, uint64_t(uint32_t(k.align)) | uint64_t(uint32_t(k.table_align)) << 32 |
+             uint64_t(k.narrow) << 63);
   return size_t(h);
 }
 
@@ -452,7 +453,8 @@ const Engine::Plan& Engine::plan(CUcontext ctx, const Spec& c, const CallShape& 
                     shape.q_heads,
                     shape.k_heads,
                     shape.align_bytes,
-                    shape.table_align};
+                    shape.table_align,
+                    shape.narrow};
   if (const Plan* known = find_plan(key)) return *known;
   // Decided outside any lock: the policy may read the tuning file, or tune (which launches
   // through this engine).

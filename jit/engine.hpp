@@ -241,10 +241,11 @@ class Engine {
     Spec spec;
     int64_t bucket;
     int32_t q_heads, k_heads, v_heads, align, table_align;
+    bool narrow;
     bool operator==(const PlanKey& o) const {
       return ctx == o.ctx && spec == o.spec && bucket == o.bucket && q_heads == o.q_heads &&
              k_heads == o.k_heads && v_heads == o.v_heads && align == o.align &&
-             table_align == o.table_align;
+             table_align == o.table_align && narrow == o.narrow;
     }
   };
   struct PlanKeyHash {

@@ -9,7 +9,7 @@ namespace ropejit::detail {
 
 std::string KernelVariant::name() const {
   return concat('v', vec, 'h', heads_per_thread, 't', max_threads, table_vec ? "" : "s",
-                grid_stride ? "p" : "");
+                grid_stride ? "p" : "", narrow ? "n" : "");
 }
 
 std::string LaunchConfig::name() const {
@@ -124,6 +124,9 @@ std::string illegal_reason(const Spec& c, const CallShape& shape, const LaunchCo
   if (k.vec * elem > shape.align_bytes)
     return concat("vec (", k.vec, ") needs ", k.vec * elem, "-byte alignment, the call has ",
                   shape.align_bytes);
+  if (k.narrow && !shape.narrow)
+    return c.fused() ? "32-bit offsets (a narrow variant) do not hold every offset of the call"
+                     : "narrow variants are for fused keys";
   if (k.table_vec && !table_vectors_ok(c, k.vec, shape.table_align))
     return concat("vector table loads need cos, sin and the table row stride aligned to ",
                   table_vector_bytes(c, k.vec), " bytes, the call has ", shape.table_align);

@@ -21,12 +21,15 @@ struct KernelVariant {
   bool grid_stride = false;      // blocks loop over token groups: what persistent grids
                                  // (blocks_per_sm > 0) need; one-shot grids compile without
                                  // the loop. Name ends in "p"
+  bool narrow = false;           // fused keys: 32-bit offsets inside the tensors and cache pages,
+                                 // for calls whose offsets all fit (CallShape::narrow); decided
+                                 // per call like table_vec, never tuned. Name ends in "n"
 
-  std::string name() const;  // "v8h2t256", "v8h2t256s", "v8h2t256p"
+  std::string name() const;  // "v8h2t256", "v8h2t256s", "v8h2t256p", "v8h1t512n"
   friend bool operator==(const KernelVariant& a, const KernelVariant& b) {
     return a.vec == b.vec && a.heads_per_thread == b.heads_per_thread &&
            a.max_threads == b.max_threads && a.table_vec == b.table_vec &&
-           a.grid_stride == b.grid_stride;
+           a.grid_stride == b.grid_stride && a.narrow == b.narrow;
   }
 };
 
@@ -55,6 +58,10 @@ struct CallShape {
   int32_t v_heads = 0;       // fused keys with a KV cache: v heads appended next to k
   int32_t align_bytes = 16;  // largest power of two (<= 16) dividing every pointer and stride
   int32_t table_align = 16;  // the same for cos, sin and the table row stride (tables only)
+  // Fused keys: every offset inside q, k, v, their outputs and scales, and inside one page of the
+  // cache (and its scales), fits in 32 bits, in bytes, and so does every cache stride: the call
+  // runs the kernels' narrow variant (KernelVariant::narrow).
+  bool narrow = false;
 };
 
 // The facts about a GPU that launch decisions use.

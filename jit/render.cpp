@@ -73,6 +73,7 @@ RenderedKernel render(const Spec& c, const KernelVariant& v) {
       {"min_blocks", c.fused() && v.max_threads <= 256 ? "2" : "1"},
       {"table_vec", flag(v.table_vec)},
       {"grid_stride", flag(v.grid_stride)},
+      {"narrow", flag(v.narrow)},
       {"lanes", std::to_string(chunks(c, v.vec))},
       {"header", c.fused() ? "rope_fused.cuh" : "rope_kernel.cuh"},
       {"kernel", c.fused() ? "FusedKernel" : "RopeKernel"},

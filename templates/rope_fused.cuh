@@ -46,9 +46,37 @@ __device__ __forceinline__ long long div_nonneg(long long a, long long b, long l
   return q;
 }
 
+// n / page_size and its remainder. Below 2^32 (n and the page size): by the host's multiplier
+// (CacheParams::page_magic, round-up method of Granlund and Montgomery), six instructions
+// where a 32-bit division takes some twenty, on the chain between a decode token's page-table
+// loads; else divided.
+__device__ __forceinline__ long long page_div(const CacheParams& c, long long n, long long* rem) {
+  if (((unsigned long long)n | (unsigned long long)c.page_size) >> 32 == 0) {
+    const unsigned un = unsigned(n);
+    const unsigned hi = __umulhi(un, c.page_magic);
+    const unsigned q = (hi + ((un - hi) >> c.page_shift_a)) >> c.page_shift_b;
+    *rem = un - q * unsigned(c.page_size);
+    return q;
+  }
+  return div_nonneg(n, c.page_size, rem);
+}
+
+// The integer type of offsets inside q, k, v, their outputs and scales and inside one cache page:
+// int where the host found that every such offset of the call fits (Cfg::kNarrow, the launch
+// variant's "n"), else long long. A page's own offset (page * stride_page) is 64-bit either way.
+template <bool kNarrow>
+struct OffsetType {
+  typedef long long T;
+};
+template <>
+struct OffsetType<true> {
+  typedef int T;
+};
+
 template <class Cfg>
 struct FusedKernel {
   typedef RopeKernel<Cfg> Rope;
+  typedef typename OffsetType<Cfg::kNarrow>::T Off;
   typedef typename Elem<Cfg::kDType>::Raw Raw;
   typedef Pack<Cfg::kDType, Cfg::kVec> Vec;
 
@@ -77,6 +105,12 @@ struct FusedKernel {
   static_assert(kLanes <= 32 ? (kLanes & (kLanes - 1)) == 0 : kLanes % 32 == 0,
                 "lanes: a power of two up to a warp, else whole warps");
   static_assert((Cfg::kHeadDim - Cfg::kRotaryDim) % kVec == 0, "vector width vs tail");
+
+  // One token of an operand: where its head 0 starts and the bytes between its heads.
+  struct Rows {
+    const char* at;
+    Off head;
+  };
 
   // One thread's slice of a head: elements [col, col + kVec), and for a neox rotary chunk also
   // [col + kPairs, ...): the pair partners.
@@ -133,21 +167,24 @@ struct FusedKernel {
     CachePending d = {0, 0, 0, false};
     if (kCache == kCacheSlots) {
       if (f.slot < 0) return d;  // "do not write this token" (padding, speculative decoding)
-      d.page = div_nonneg(f.slot, c.page_size, &d.slot);
+      d.page = page_div(c, f.slot, &d.slot);
       if (d.page >= c.pages) {
         *bad = true;
         return d;
       }
     } else if (kCache == kCachePaged) {
-      const long long start = f.start, end = f.end, last = f.last;
-      const long long held = (end - start - 1) * c.page_size + last;  // after the append
+      // As loaded (int): the sequence's pages in 32 bits, its tokens in 64.
+      const int start = f.start, end = f.end, last = f.last;
+      const long long held =
+          (long long)unsigned(end - start - 1) * c.page_size + last;  // after the append
       const long long pos = held - seq_tokens + tp.s;
       if (start < 0 || end <= start || end > c.num_indices || last < 1 || last > c.page_size ||
           pos < 0 || pos >= held) {
         *bad = true;
         return d;
       }
-      d.loaded_page = __ldg(c.indices + start + div_nonneg(pos, c.page_size, &d.slot));
+      // pos < held, so the page is below end - start.
+      d.loaded_page = __ldg(c.indices + start + int(page_div(c, pos, &d.slot)));
     } else {  // contiguous: row tp.b of the cache, after the tokens it holds
       const long long held = f.start;
       d.slot = held + tp.s;
@@ -171,9 +208,10 @@ struct FusedKernel {
       *bad = true;
       return r;
     }
-    r.offset = page * c.stride_page + d.slot * c.stride_slot;
+    // The slot's offset stays inside its page.
+    r.offset = page * Off(c.stride_page) + Off(d.slot) * Off(c.stride_slot);
     if (Cfg::kCacheDynamic)
-      r.scale_offset = page * c.scale_stride_page + d.slot * c.scale_stride_slot;
+      r.scale_offset = page * Off(c.scale_stride_page) + Off(d.slot) * Off(c.scale_stride_slot);
     r.write = true;
     return r;
   }
@@ -183,7 +221,9 @@ struct FusedKernel {
     return kMax ? fmaxf(a, b) : a + b;
   }
   // Sums (kMax: the largest of) v[j] over the lanes of each head row and gives every lane the
-  // same result (lane 0's, so the whole head is scaled alike). All threads of the block call it
+  // same result, so the whole head is scaled alike: in a butterfly every lane combines the same
+  // two values at each step, in either order, and a + b and fmaxf(a, b) do not depend on the
+  // order (fmaxf sees no -0 here: magnitudes and sums of squares). All threads of the block call it
   // together. `mask`: the lanes of this thread's warp that exist (a block's last warp may be
   // partial).
   template <bool kMax>
@@ -196,7 +236,6 @@ struct FusedKernel {
 #pragma unroll
         for (int off = kLanes / 2; off > 0; off >>= 1)
           v[j] = combine<kMax>(v[j], __shfl_xor_sync(mask, v[j], off, kLanes));
-        v[j] = __shfl_sync(mask, v[j], 0, kLanes);
       }
     } else {
 #pragma unroll
@@ -374,10 +413,9 @@ struct FusedKernel {
 
   // Where a dynamic FP8 output's scale of head `idx` of the token goes.
   static __device__ __forceinline__ float* scale_at(const ScaleOperand& o, const TokenPlace& tp,
-                                                    long long t, int idx) {
-    const long long off =
-        Cfg::kPacked ? t * o.stride_seq : tp.b * o.stride_batch + tp.s * o.stride_seq;
-    return o.data + off + idx * o.stride_head;
+                                                    int t, int idx) {
+    return o.data + (token_offset(o.stride_batch, o.stride_seq, tp, t) +
+                     Off(unsigned(idx)) * Off(o.stride_head));
   }
 
   // The grid's row of this thread (head groups: the rows of a token's blocks in a row) and how
@@ -386,8 +424,8 @@ struct FusedKernel {
   static __device__ __forceinline__ int grid_rows() { return gridDim.y * blockDim.y; }
 
   // Loads the batch of heads starting at hb + grid_row(): kHpt heads, grid_rows() apart.
-  static __device__ __forceinline__ void load_batch(int hb, const TokenRows& q, const TokenRows& k,
-                                                    const TokenRows& v, bool loadable, bool in_head,
+  static __device__ __forceinline__ void load_batch(int hb, const Rows& q, const Rows& k,
+                                                    const Rows& v, bool loadable, bool in_head,
                                                     int col, bool two, int hq, int hk, int total,
                                                     RawSlice (&x)[kHpt], int (&kind)[kHpt],
                                                     int (&idx)[kHpt], bool (&act)[kHpt]) {
@@ -398,8 +436,9 @@ struct FusedKernel {
       kind[j] = h < hq ? 0 : h < hq + hk ? 1 : 2;
       idx[j] = h - (kind[j] == 0 ? 0 : kind[j] == 1 ? hq : hq + hk);
       if (act[j]) {
-        const TokenRows& r = kind[j] == 0 ? q : kind[j] == 1 ? k : v;
-        load_slice(r.in + idx[j] * r.in_head + col * int(sizeof(Raw)), two, x[j]);
+        const Rows& r = kind[j] == 0 ? q : kind[j] == 1 ? k : v;
+        load_slice(r.at + (Off(unsigned(idx[j])) * r.head + Off(col * int(sizeof(Raw)))), two,
+                   x[j]);
       }
     }
   }
@@ -422,13 +461,32 @@ struct FusedKernel {
     }
   }
 
+  // Element offset of a token's head 0 in a tensor of these strides. Tokens, sequences and
+  // indices inside a sequence are below 2^31 (checked on the host): unsigned 32-bit factors.
+  // Narrow offsets multiply in one instruction where 64-bit ones take three or four: a decode
+  // kernel's time is mostly the chain of instructions before its loads and stores.
+  static __device__ __forceinline__ Off token_offset(long long stride_batch, long long stride_seq,
+                                                     const TokenPlace& tp, int t) {
+    return Cfg::kPacked
+               ? Off(unsigned(t)) * Off(stride_seq)
+               : Off(unsigned(tp.b)) * Off(stride_batch) + Off(unsigned(tp.s)) * Off(stride_seq);
+  }
+
+  static __device__ __forceinline__ Rows rows_of(const HeadOperand& o, const TokenPlace& tp,
+                                                 int t) {
+    Rows r;
+    r.at = static_cast<const char*>(o.in) +
+           token_offset(o.stride_batch, o.stride_seq, tp, t) * Off(sizeof(Raw));
+    r.head = Off(o.stride_head) * Off(sizeof(Raw));
+    return r;
+  }
+
   // Where one token of an operand's output starts, in bytes of the output's dtype (which for
   // e4m3 outputs differs from the input's).
   static __device__ __forceinline__ char* out_row(const HeadOperand& o, const TokenPlace& tp,
-                                                  long long t) {
-    const long long off =
-        Cfg::kPacked ? t * o.out_stride_seq : tp.b * o.out_stride_batch + tp.s * o.out_stride_seq;
-    return static_cast<char*>(o.out) + off * (long long)sizeof(OutRaw);
+                                                  int t) {
+    return static_cast<char*>(o.out) +
+           token_offset(o.out_stride_batch, o.out_stride_seq, tp, t) * Off(sizeof(OutRaw));
   }
 
   static __device__ void run(const FusedParams& fp, const typename Rope::Pairs* f) {
@@ -484,8 +542,10 @@ struct FusedKernel {
     // link of the chain in turn.
     long long base = (long long)blockIdx.x * blockDim.z;
     do {
-      const long long t = base + threadIdx.z;
-      const bool live = t < p.tokens;
+      const bool live = base + threadIdx.z < p.tokens;
+      // The token, or for a thread past the last token the last one (its loads then stay inside
+      // every array): below 2^31, checked on the host, so 32-bit from here.
+      const int t = int(live ? base + threadIdx.z : p.tokens - 1);
       // Tokens outside every sequence (thd padding) are not touched by fused keys. Dense
       // layouts place tokens arithmetically; a packed token's rows depend on t alone.
       TokenPlace tp = {0, 0, false};
@@ -494,12 +554,11 @@ struct FusedKernel {
       // Step 1. Every load here reads an address inside its array whatever the thread (a
       // thread past the last token reads the last token's), so none needs a branch: a branch
       // would end the run of loads the compiler may issue together.
-      const long long tc = live ? t : p.tokens - 1;  // the launch has tokens >= 1
       // Position ids are indexed by the token (packed) or its arithmetic place (dense).
       const bool early_position = !Cfg::kComputed && (!Cfg::kPacked || Cfg::kPosMode == kPosIds ||
                                                       Cfg::kPosMode == kPosMrope);
       typename Rope::Positions3 pos3 = {{0, 0, 0}};
-      if (early_position) pos3 = Rope::positions(p, tp, tc);
+      if (early_position) pos3 = Rope::positions(p, tp, t);
       // A packed token's sequence: the bounds of the guess, checked in step 2 (cu_seqlens has
       // batch + 1 >= 2 entries whenever it is needed).
       const bool packed_search =
@@ -508,21 +567,21 @@ struct FusedKernel {
       long long guess = 0;
       int first = 0, end = 0;  // as loaded
       if (packed_search) {
-        guess = Rope::guess_sequence(p, tc);
+        guess = Rope::guess_sequence(p, t);
         first = __ldg(p.cu_seqlens + guess);
         end = __ldg(p.cu_seqlens + guess + 1);
       }
       // The cache row of that sequence (dense: the token's own), or the token's slot.
       CacheFetch fetch = {0, 0, 0, 0};
-      if (kCache != kCacheNone) fetch = cache_fetch(fp, tp, Cfg::kPacked ? guess : tp.b, tc);
+      if (kCache != kCacheNone) fetch = cache_fetch(fp, tp, Cfg::kPacked ? guess : tp.b, t);
       // The heads' rows last: the loads above start chains of dependent steps (cos/sin, the
       // page number) that a decode call waits on; the rows are first needed in step 3.
-      TokenRows q, k, v;
+      Rows q = {nullptr, 0}, k = {nullptr, 0}, v = {nullptr, 0};
       char *q_out = nullptr, *k_out = nullptr;
       if (loadable) {
-        q = Rope::rows_of(p.q, tp, t);
-        k = Rope::rows_of(p.k, tp, t);
-        v = Rope::rows_of(fp.v, tp, t);
+        q = rows_of(p.q, tp, t);
+        k = rows_of(p.k, tp, t);
+        v = rows_of(fp.v, tp, t);
         if (!Cfg::kInPlace) {
           q_out = out_row(p.q, tp, t);
           k_out = out_row(p.k, tp, t);
@@ -678,13 +737,14 @@ struct FusedKernel {
           }
           const int elem_off = col;
           if (kind[j] == 0 || (kind[j] == 1 && Cfg::kWriteK)) {
-            const TokenRows& r = kind[j] == 0 ? q : k;
+            const Rows& r = kind[j] == 0 ? q : k;
             const HeadOperand& o = kind[j] == 0 ? p.q : p.k;
-            char* dst =
-                Cfg::kInPlace
-                    ? const_cast<char*>(r.in) + idx[j] * r.in_head + elem_off * int(sizeof(Raw))
-                    : (kind[j] == 0 ? q_out : k_out) +
-                          (idx[j] * o.out_stride_head + elem_off) * (long long)sizeof(OutRaw);
+            char* dst = Cfg::kInPlace
+                            ? const_cast<char*>(r.at) + (Off(unsigned(idx[j])) * r.head +
+                                                         Off(elem_off * int(sizeof(Raw))))
+                            : (kind[j] == 0 ? q_out : k_out) +
+                                  (Off(unsigned(idx[j])) * Off(o.out_stride_head) + Off(elem_off)) *
+                                      Off(sizeof(OutRaw));
             store_slice<kOutDType>(dst, two, x, Cfg::kOutDynamic ? dyn_mul : fp.out_scale);
             if (Cfg::kOutDynamic && lane == 0)
               *scale_at(kind[j] == 0 ? fp.q_scale : fp.k_scale, tp, t, idx[j]) = dyn_scale;
@@ -692,7 +752,8 @@ struct FusedKernel {
           if (kCache != kCacheNone && kind[j] > 0 && dest.write) {
             const bool is_k = kind[j] == 1;
             char* base_ptr = static_cast<char*>(is_k ? fp.cache.k : fp.cache.v);
-            const long long off = dest.offset + idx[j] * fp.cache.stride_head + elem_off;
+            const long long off =
+                dest.offset + (Off(unsigned(idx[j])) * Off(fp.cache.stride_head) + Off(elem_off));
             store_slice<kCacheDType>(base_ptr + off * int(sizeof(typename Elem<kCacheDType>::Raw)),
                                      two, x,
                                      Cfg::kCacheDynamic ? dyn_mul
@@ -700,7 +761,8 @@ struct FusedKernel {
                                                         : fp.cache.v_scale);
             if (Cfg::kCacheDynamic && lane == 0)
               (is_k ? fp.cache.k_scales
-                    : fp.cache.v_scales)[dest.scale_offset + idx[j] * fp.cache.scale_stride_head] =
+                    : fp.cache.v_scales)[dest.scale_offset +
+                                         Off(unsigned(idx[j])) * Off(fp.cache.scale_stride_head)] =
                   dyn_scale;
           }
         }

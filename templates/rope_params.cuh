@@ -53,7 +53,12 @@ struct CacheParams {
   float k_scale;        // e4m3 cache: stored = value * scale
   float v_scale;
   int* skipped;  // optional: tokens not written because their slot or page was out of range
-  int pad_;
+  // page_size as a multiplier and two shifts (n / page_size = (h + ((n - h) >> a)) >> b with
+  // h = umulhi(n, page_magic), for n and page_size below 2^32; make_params, page_divisor).
+  unsigned page_magic;
+  unsigned char page_shift_a;
+  unsigned char page_shift_b;
+  unsigned short pad_;
   // e4m3_dynamic cache: a float dequantization scale per cached token and head, placed like the
   // rows with these strides (in floats).
   float* k_scales;

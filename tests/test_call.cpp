@@ -5,8 +5,11 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
+#include "autotune/policy.hpp"
 #include "jit/call.hpp"
+#include "jit/launch_config.hpp"
 #include "ropejit/ropejit.hpp"
 
 using namespace ropejit;
@@ -181,4 +184,114 @@ TEST_CASE("gptj needs pair-aligned operands") {
   CHECK(rejection(s, a).find(
             "gptj needs q/k pointers and strides aligned to a pair of elements (4 bytes)") !=
         std::string::npos);
+}
+
+TEST_CASE("page_divisor gives the kernels' division by the page size for every 32-bit count") {
+  // The kernels' formula (templates/rope_fused.cuh, page_div), here on the host.
+  auto divide = [](uint32_t n, const detail::Divisor& d) {
+    const uint32_t h = uint32_t((uint64_t(n) * d.magic) >> 32);
+    return (h + ((n - h) >> d.shift_a)) >> d.shift_b;
+  };
+  std::vector<int64_t> divisors;
+  for (int64_t d = 1; d <= 4096; ++d) divisors.push_back(d);
+  for (int64_t d : {int64_t(65535), int64_t(65536), int64_t(65537), int64_t(1000003),
+                    int64_t(1) << 31, (int64_t(1) << 31) - 1, (int64_t(1) << 31) + 1,
+                    int64_t(3000000019), int64_t(UINT32_MAX) - 1, int64_t(UINT32_MAX)})
+    divisors.push_back(d);
+  uint64_t state = 0x9e3779b97f4a7c15ull;
+  auto next = [&state] {
+    state ^= state << 13;
+    state ^= state >> 7;
+    state ^= state << 17;
+    return state;
+  };
+  int64_t wrong = 0;
+  for (int64_t dd : divisors) {
+    const detail::Divisor div = detail::page_divisor(dd);
+    const uint32_t d = uint32_t(dd);
+    std::vector<uint32_t> counts = {0u,
+                                    1u,
+                                    d - 1,
+                                    d,
+                                    d + 1,
+                                    UINT32_MAX,
+                                    UINT32_MAX - 1,
+                                    UINT32_MAX - d,
+                                    (UINT32_MAX / d) * d,
+                                    (UINT32_MAX / d) * d - 1};
+    for (int i = 0; i < 200; ++i) counts.push_back(uint32_t(next()));
+    for (int i = 0; i < 50; ++i) {
+      const uint64_t q = next() % (uint64_t(UINT32_MAX) / d + 1);
+      for (int64_t off : {-1, 0, 1})
+        if (int64_t(q * d) + off >= 0 && int64_t(q * d) + off <= int64_t(UINT32_MAX))
+          counts.push_back(uint32_t(int64_t(q * d) + off));
+    }
+    for (uint32_t n : counts)
+      if (divide(n, div) != n / d) {
+        if (++wrong <= 5) FAIL_CHECK("n = " << n << ", d = " << d << ": " << divide(n, div));
+      }
+  }
+  CHECK(wrong == 0);
+  // Outside [1, 2^32): no multiplier; the kernels divide.
+  for (int64_t d : {int64_t(0), int64_t(-3), int64_t(1) << 32, int64_t(1) << 40}) {
+    const detail::Divisor none = detail::page_divisor(d);
+    CHECK(none.magic == 0);
+  }
+}
+
+TEST_CASE("fused calls take 32-bit offsets (narrow variants) exactly when every offset fits") {
+  // Packed QKV-style tensors of `tokens` tokens and a paged bf16 cache; addresses far apart
+  // (nothing is dereferenced).
+  const Spec s = parse_key("rope_thd_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_q-cpaged_fwd_ip")
+                     .canonical();
+  auto call = [](int64_t tokens, int64_t pages, int64_t stride_page) {
+    Args a;
+    a.batch = 1;
+    a.seq_len = tokens;
+    a.q = contiguous(Layout::thd, fake(uintptr_t(1) << 40), 1, tokens, 4, 128);
+    a.k = contiguous(Layout::thd, fake(uintptr_t(2) << 40), 1, tokens, 1, 128);
+    a.v = contiguous(Layout::thd, fake(uintptr_t(3) << 40), 1, tokens, 1, 128);
+    a.cos = fake(uintptr_t(4) << 40);
+    a.sin = fake(uintptr_t(5) << 40);
+    a.table_rows = 4096;
+    a.position_ids = fake(uintptr_t(6) << 40);
+    a.cu_seqlens = static_cast<const int32_t*>(fake(uintptr_t(7) << 40));
+    KvCacheArgs& c = a.cache;
+    c.k = fake(uintptr_t(8) << 40);
+    c.v = fake(uintptr_t(9) << 40);
+    c.pages = pages;
+    c.page_size = 16;
+    c.stride_head = 128;
+    c.stride_slot = 128;
+    c.stride_page = stride_page;
+    c.indptr = static_cast<const int32_t*>(fake(uintptr_t(10) << 40));
+    c.indices = static_cast<const int32_t*>(fake(uintptr_t(11) << 40));
+    c.num_indices = pages;
+    c.last_page_len = static_cast<const int32_t*>(fake(uintptr_t(12) << 40));
+    return a;
+  };
+  CHECK(detail::check_call(s, call(16, 64, 16 * 128)).narrow);
+  // A cache of 2^26 pages (32 GiB) still fits: offsets inside a page are narrow, a page's own
+  // offset is 64-bit.
+  CHECK(detail::check_call(s, call(16, int64_t(1) << 26, 16 * 128)).narrow);
+  // Not when a page stride reaches 2^31 bytes, or q spans 2^31 bytes (2^21 tokens of 4 heads).
+  CHECK_FALSE(detail::check_call(s, call(16, 4, int64_t(1) << 30)).narrow);
+  CHECK_FALSE(detail::check_call(s, call(int64_t(1) << 21, 64, 16 * 128)).narrow);
+  CHECK(detail::check_call(s, call((int64_t(1) << 21) - 1, 64, 16 * 128)).narrow);
+  // Plain keys have no narrow variant.
+  CHECK_FALSE(detail::check_call(Spec{}.canonical(), valid_args(Spec{})).narrow);
+
+  // The variant follows the call: the heuristic's choice, and a launch asking for a narrow
+  // variant the call does not fit is refused.
+  detail::DeviceInfo dev;
+  dev.cc = 90;
+  dev.sm_count = 132;
+  const detail::CallShape fits = detail::check_call(s, call(16, 64, 16 * 128));
+  const detail::CallShape wide = detail::check_call(s, call(16, 4, int64_t(1) << 30));
+  CHECK(autotune::heuristic_config(s, fits, dev).kernel.narrow);
+  CHECK(autotune::heuristic_config(s, fits, dev).kernel.name().back() == 'n');
+  CHECK_FALSE(autotune::heuristic_config(s, wide, dev).kernel.narrow);
+  detail::LaunchConfig forced = autotune::heuristic_config(s, fits, dev);
+  CHECK(detail::illegal_reason(s, fits, forced, dev).empty());
+  CHECK(detail::illegal_reason(s, wide, forced, dev).find("32-bit offsets") != std::string::npos);
 }

@@ -1,4 +1,5 @@
-// GPU cases outside the matrix: cos/sin accuracy at 2^20, offsets beyond 2^31, CUDA graph
+// GPU cases outside the matrix: cos/sin accuracy at 2^20, offsets beyond 2^31 (plain and fused
+// keys, narrow and wide offsets), CUDA graph
 // capture, concurrent first use, out-of-table positions, the demo.
 #include <doctest/doctest.h>
 
@@ -6,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "api/engine.hpp"
@@ -105,6 +107,100 @@ TEST_SUITE("gpu") {
         }
       INFO("sequence ", b);
       CHECK(worst < 1e-6);
+    }
+  }
+
+  TEST_CASE("fused keys: cache pages beyond 2^31 bytes (narrow offsets), q beyond 2^31 elements") {
+    // The narrow variant indexes tensors and pages with 32-bit offsets and a page's own offset
+    // with 64 bits: here its pages start beyond 2^31 bytes (2^20 pages of 4 KiB, the call's
+    // tokens in the last one). The wide variant runs the call whose q sequences lie 2^31 + 64
+    // elements (8 GiB) apart.
+    testing::use_primary_context();
+    const detail::Driver& d = detail::driver();
+    constexpr int64_t kDim = 64, kSeq = 3, kPage = 16, kPoison = 0x7fc0dead;
+    Spec s;
+    s.dtype = DType::f32;
+    s.head_dim = kDim;
+    s.freqs = Freqs::computed;
+    s.fusion = Fusion::qk;
+    s.cache = KvCache::slots;
+    for (const bool narrow : {true, false}) {
+      const char* const which = narrow ? "narrow" : "wide";
+      INFO(which);
+      const int64_t pages = narrow ? int64_t(1) << 20 : 2;
+      const int64_t stride_batch = narrow ? kSeq * kDim : (int64_t(1) << 31) + 64;
+      const int64_t page_floats = kPage * kDim;
+      DeviceBuffer dq(size_t(stride_batch + kSeq * kDim) * 4), dk(size_t(2 * kSeq * kDim) * 4);
+      DeviceBuffer cache(size_t(pages * page_floats) * 4), dslots(2 * kSeq * 8);
+      std::vector<float> q0(size_t(2 * kSeq * kDim)), k0(q0.size());
+      for (size_t i = 0; i < q0.size(); ++i) {
+        q0[i] = float(std::sin(double(i) * 0.37) + 0.01);
+        k0[i] = float(std::cos(double(i) * 0.53) - 0.02);
+      }
+      for (int64_t b = 0; b < 2; ++b)
+        check(d.MemcpyHtoD(dq.ptr + CUdeviceptr(b * stride_batch * 4), &q0[size_t(b * kSeq * kDim)],
+                           size_t(kSeq * kDim) * 4),
+              "upload q");
+      check(d.MemcpyHtoD(dk.ptr, k0.data(), k0.size() * 4), "upload k");
+      // The last two pages poisoned: the call writes 6 slots of the last, nothing else.
+      const CUdeviceptr guarded = cache.ptr + CUdeviceptr((pages - 2) * page_floats * 4);
+      const std::vector<uint32_t> poison(size_t(2 * page_floats), uint32_t(kPoison));
+      check(d.MemcpyHtoD(guarded, poison.data(), poison.size() * 4), "poison");
+      std::vector<int64_t> slots(2 * kSeq);
+      for (int64_t i = 0; i < 2 * kSeq; ++i) slots[size_t(i)] = (pages - 1) * kPage + i;
+      check(d.MemcpyHtoD(dslots.ptr, slots.data(), slots.size() * 8), "upload slots");
+      Args a;
+      a.batch = 2;
+      a.seq_len = kSeq;
+      a.q.data = dq.get();
+      a.q.heads = 1;
+      a.q.stride_batch = stride_batch;
+      a.q.stride_seq = kDim;
+      a.q.stride_head = kDim;
+      a.k = contiguous(Layout::bshd, dk.get(), 2, kSeq, 1, kDim);
+      a.position_offset = 5;
+      a.cache.k = cache.get();
+      a.cache.pages = pages;
+      a.cache.page_size = kPage;
+      a.cache.stride_page = page_floats;
+      a.cache.stride_slot = kDim;
+      a.cache.stride_head = kDim;
+      a.cache.slot_mapping = reinterpret_cast<const int64_t*>(dslots.get());
+      REQUIRE(detail::check_call(s.canonical(), a).narrow == narrow);
+      apply(s, a);
+      check(d.CtxSynchronize(), "kernel");
+      std::vector<float> q(q0.size()), k(k0.size());
+      std::vector<uint32_t> guard(size_t(2 * page_floats));
+      for (int64_t b = 0; b < 2; ++b)
+        check(d.MemcpyDtoH(&q[size_t(b * kSeq * kDim)], dq.ptr + CUdeviceptr(b * stride_batch * 4),
+                           size_t(kSeq * kDim) * 4),
+              "download q");
+      check(d.MemcpyDtoH(k.data(), dk.ptr, k.size() * 4), "download k");
+      check(d.MemcpyDtoH(guard.data(), guarded, guard.size() * 4), "download cache");
+      double worst = 0;
+      for (int64_t t = 0; t < 2 * kSeq; ++t)
+        for (int64_t i = 0; i < kDim / 2; ++i) {
+          const double angle = double(t % kSeq + 5) * std::pow(10000.0, -2.0 * double(i) / kDim);
+          for (const auto& [got, in] : {std::pair{&q, &q0}, std::pair{&k, &k0}}) {
+            const size_t lo = size_t(t * kDim + i), hi = lo + kDim / 2;
+            const double x = (*in)[lo], y = (*in)[hi];
+            worst = std::max(worst,
+                             std::fabs((*got)[lo] - (x * std::cos(angle) - y * std::sin(angle))));
+            worst = std::max(worst,
+                             std::fabs((*got)[hi] - (y * std::cos(angle) + x * std::sin(angle))));
+          }
+        }
+      CHECK(worst < 1e-6);
+      // The last page's first 6 slots hold the rotated k bit for bit; every other word of the
+      // two pages is still poison.
+      int64_t wrong = 0;
+      for (int64_t w = 0; w < 2 * page_floats; ++w) {
+        const int64_t in_last = w - page_floats;  // word of the last page
+        uint32_t want = uint32_t(kPoison);
+        if (in_last >= 0 && in_last < 2 * kSeq * kDim) std::memcpy(&want, &k[size_t(in_last)], 4);
+        wrong += guard[size_t(w)] != want;
+      }
+      CHECK(wrong == 0);
     }
   }
 

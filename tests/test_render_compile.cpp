@@ -235,8 +235,10 @@ TEST_CASE("fused kernels keep their per-thread arrays in registers") {
         "oop",
         "rope_bshd_bf16_d256_r64_gptj_pos-ids-i64_tab-f32-half_qk-nrms-oe4m3dyn-cslots_fwd_oop"}) {
     const Spec s = parse_key(key).canonical();
+    detail::KernelVariant narrow = detail::decode_variant(s, 16);
+    narrow.narrow = true;
     for (const detail::KernelVariant& v :
-         {detail::decode_variant(s, 16), detail::prefill_variant(s, 16)}) {
+         {detail::decode_variant(s, 16), detail::prefill_variant(s, 16), narrow}) {
       const detail::RenderedKernel r = detail::render(s, v);
       CHECK_MESSAGE(ptx_of(r, "compute_90").find("__local_depot") == std::string::npos, key, " ",
                     v.name());
@@ -269,7 +271,9 @@ TEST_CASE("arch parsing and targets") {
   CHECK(detail::target_for(990).rfind("compute_", 0) == 0);  // newer than NVRTC: PTX
 }
 
-// Compiles the default and a narrow variant of each key of a covering array for sm_80 and sm_90.
+// Compiles the default and a second variant of each key of a covering array for sm_80 and sm_90:
+// narrow vectors, other heads per thread, element-wise tables, the persistent loop and, for fused
+// keys, 32-bit offsets.
 void compile_covering(const std::vector<std::vector<int>>& rows,
                       Spec (*spec_for)(const std::vector<int>&)) {
   MESSAGE(rows.size(), " keys cover every pair of axis values");
@@ -279,12 +283,13 @@ void compile_covering(const std::vector<std::vector<int>>& rows,
     const KernelVariant v = detail::prefill_variant(s, 16);
     jobs.emplace_back(s, v);
     // The narrowest legal vector too: the path for misaligned views.
-    KernelVariant narrow = v;
-    narrow.vec = s.style == Style::gptj ? 2 : 1;
-    narrow.heads_per_thread = 1 + int32_t(jobs.size() % 4);
-    narrow.table_vec = jobs.size() % 3 != 0;    // the element-by-element table path too
-    narrow.grid_stride = jobs.size() % 2 == 0;  // and the persistent-grid token loop
-    if (!(narrow == v)) jobs.emplace_back(s, narrow);
+    KernelVariant other = v;
+    other.vec = s.style == Style::gptj ? 2 : 1;
+    other.heads_per_thread = 1 + int32_t(jobs.size() % 4);
+    other.table_vec = jobs.size() % 3 != 0;    // the element-by-element table path too
+    other.grid_stride = jobs.size() % 2 == 0;  // and the persistent-grid token loop
+    other.narrow = s.fused();                  // 32-bit offsets (calls whose offsets fit)
+    if (!(other == v)) jobs.emplace_back(s, other);
   }
   std::atomic<size_t> next{0}, failures{0};
   std::vector<std::string> errors(jobs.size() * 2);
