@@ -33,14 +33,23 @@ struct KernelLaunch {
   CUstream stream;
 };
 
-// Programmatic dependent launches need sm_90 (the kernel's griddepcontrol.wait is compiled in
-// for those targets only); ROPEJIT_PDL=0 turns them off, to compare or to rule them out.
-bool programmatic_launch(int cc) {
+// Programmatic dependent launches need kernels compiled for sm_90 or later: their
+// griddepcontrol.wait is compiled in for those targets only, so the decision follows the
+// target the device's kernels are compiled for (DeviceInfo::image_cc), not the device (an NVRTC
+// without sm_90 would give an sm_90 device PTX for an older target, with no wait in it).
+// ROPEJIT_PDL=0 turns them off, to compare or to rule them out.
+bool programmatic_launch(int image_cc) {
   static const bool allowed = [] {
     const char* env = std::getenv("ROPEJIT_PDL");
     return !(env && std::string(env) == "0");
   }();
-  return allowed && cc >= 90;
+  return allowed && image_cc >= 90;
+}
+
+// The target's compute capability: "sm_90" -> 90, "compute_100" -> 100.
+int target_cc(const std::string& target) {
+  const size_t at = target.find('_');
+  return at == std::string::npos ? 0 : std::atoi(target.c_str() + at + 1);
 }
 
 // Launches `k`; `programmatic` lets it start while the stream's previous kernel finishes (the
@@ -314,6 +323,11 @@ const DeviceInfo& Engine::device_info(CUcontext ctx) {
   info.name = name;
   info.memory_gbps = peak_memory_gbps(info.name, attr(CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE),
                                       attr(CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH));
+  try {
+    info.image_cc = target_cc(target_for(info.cc));
+  } catch (const Error&) {
+    info.image_cc = 0;  // a GPU this NVRTC cannot target: its first compile says so
+  }
   std::unique_lock<std::shared_mutex> lock(devices_mutex_);
   return devices_.emplace(ctx, std::move(info)).first->second;  // nodes never move or die
 }
@@ -532,7 +546,7 @@ void Engine::launch(const Spec& c, const Args& args, const CallShape& shape,
       {p->block_x, unsigned(cfg.rows), unsigned(cfg.tokens_per_block)},
       p->shared_bytes,
       stream};
-  launch_kernel(k, kernel_args, programmatic_launch(p->device->cc));
+  launch_kernel(k, kernel_args, programmatic_launch(p->device->image_cc));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -540,12 +554,6 @@ void Engine::launch(const Spec& c, const Args& args, const CallShape& shape,
 // ---------------------------------------------------------------------------------------------
 
 namespace {
-
-// The target's compute capability: "sm_90" -> 90, "compute_100" -> 100.
-int target_cc(const std::string& target) {
-  const size_t at = target.find('_');
-  return at == std::string::npos ? 0 : std::atoi(target.c_str() + at + 1);
-}
 
 // A projection or FFN variant whose blocks form clusters needs sm_90; refused by name before
 // anything is compiled for an older target.
@@ -1105,7 +1113,7 @@ void Engine::launch_ffn_unfused(const FfnSpec& c, const FfnArgs& args, const Ffn
                        {unsigned(kGluThreads), 1, 1},
                        0,
                        stream};
-  launch_kernel(k, kernel_args, programmatic_launch(device_info(ctx).cc));  // right behind the GEMM
+  launch_kernel(k, kernel_args, programmatic_launch(device_info(ctx).image_cc));  // behind the GEMM
 }
 
 // ---------------------------------------------------------------------------------------------

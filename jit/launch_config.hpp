@@ -67,7 +67,9 @@ struct CallShape {
 // The facts about a GPU that launch decisions use.
 struct DeviceInfo {
   int ordinal = 0;
-  int cc = 0;  // 90 for sm_90
+  int cc = 0;        // 90 for sm_90
+  int image_cc = 0;  // the target its kernels are compiled for (target_for(cc)): 90 for sm_90,
+                     // 120 for compute_120; 0 when NVRTC has none for it
   int sm_count = 1;
   int max_threads_per_sm = 2048;
   double memory_gbps = 0;  // peak DRAM bandwidth (memory clock x bus width); 0: unknown or MIG
