@@ -147,6 +147,9 @@ TuneReport tune(const Spec& c, int64_t bucket, int32_t q_heads, int32_t k_heads)
   e.q_heads = q_heads;
   e.k_heads = k_heads;
   e.config = best->config;
+  // Entries hold what the tuning file holds: narrow offsets are each call's own decision
+  // (select_config), timed here as the tuned shape's calls run them.
+  e.config.kernel.narrow = false;
   e.median_us = best->median_us;
   e.gbps = double(report.bytes) / best->median_us * 1e-3;
   e.default_us = default_us;

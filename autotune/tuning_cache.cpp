@@ -353,7 +353,9 @@ std::string invalid_entry_reason(const TuningEntry& e) {
   shape.align_bytes = 16;
   detail::DeviceInfo device;
   device.max_threads_per_sm = 2048;
-  if (const std::string why = detail::illegal_reason(spec, shape, e.config, device); !why.empty()) {
+  detail::LaunchConfig config = e.config;
+  config.kernel.narrow = false;  // not part of an entry: each call decides
+  if (const std::string why = detail::illegal_reason(spec, shape, config, device); !why.empty()) {
     // Reasons about one field start with its name: "config.vec (3) ...".
     for (const char* field : kConfigFields)
       if (why.compare(0, std::strlen(field) + 2, concat(field, " (")) == 0)

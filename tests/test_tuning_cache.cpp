@@ -675,3 +675,27 @@ TEST_CASE("tuning cache: default path") {
   ScopedEnv xdg("XDG_CACHE_HOME", "/xdg");
   CHECK(default_tuning_path() == "/xdg/ropejit/tuning.json");
 }
+
+TEST_CASE(
+    "tuning cache: a fused key's entry is valid whatever its narrow flag (each call decides)") {
+  // The tuner times a fused key with the narrow variant its buffers allow; its entry must be
+  // accepted and written without the flag, which is not part of the file.
+  const std::string key =
+      parse_key(
+          "rope_thd_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_q-nrms-oe4m3dyn-cpaged-"
+          "e4m3dyn_fwd_oop")
+          .canonical()
+          .key();
+  TuningEntry e = entry(key, 4096, 32, 8, 8, 1, 256, 2, 8, 0, 40.3, 1767.6, 40.3);
+  CHECK(invalid_entry_reason(e) == "");
+  e.config.kernel.narrow = true;
+  CHECK(invalid_entry_reason(e) == "");
+  TuningCache c;
+  c.set_fingerprint(h200());
+  c.put(e);
+  const std::string text = c.to_json().dump();
+  CHECK(text.find("narrow") == std::string::npos);
+  const TuningCache back = TuningCache::parse(text, h200());
+  CHECK(back.warnings().empty());
+  CHECK(back.entries().size() == 1);
+}
