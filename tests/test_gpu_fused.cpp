@@ -13,9 +13,13 @@
 #include <vector>
 
 #include "api/engine.hpp"
+#include "autotune/policy.hpp"
+#include "autotune/tuner.hpp"
+#include "autotune/tuning_cache.hpp"
 #include "autotune/workload.hpp"
 #include "gpu_helpers.hpp"
 #include "jit/call.hpp"
+#include "test_util.hpp"
 
 using namespace ropejit;
 
@@ -229,6 +233,41 @@ TEST_SUITE("gpu") {
       apply(w.spec(), w.args());
       const autotune::CheckReport r = w.check();  // the counter is one of the outputs
       CHECK_MESSAGE(r.ok, to_string(cache), ": ", r.first_failure);
+    }
+  }
+
+  TEST_CASE("ropejit tune --key (a fused key): every bucket's entry is written and used") {
+    // The tuner times a fused key with the narrow variant its buffers allow; the entries must
+    // still be written (the flag is each call's, not the file's) and a call then uses them.
+    const std::string file = testing::temp_dir() + "/fused_tuning.json";
+    const std::string key =
+        "rope_thd_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_q-oe4m3-cpaged-e4m3_fwd_oop";
+    const testing::CommandResult r =
+        testing::run_command(std::string(ROPEJIT_CLI_PATH) + " tune --key " + key +
+                             " --heads 8,2 --tokens 1 64 --out " + file + " 2>&1");
+    INFO(r.output);
+    REQUIRE(r.status == 0);
+    CHECK(r.output.find("invalid") == std::string::npos);
+    testing::use_primary_context();
+    const autotune::TuningCache tuned =
+        autotune::TuningCache::load(file, autotune::current_fingerprint());
+    CHECK(tuned.warnings().empty());
+    for (const int64_t bucket : {int64_t(1), int64_t(64)}) {
+      const autotune::TuningEntry* e = tuned.find(key, bucket, 8, 2);
+      REQUIRE_MESSAGE(e != nullptr, "bucket ", bucket);
+      CHECK_FALSE(e->config.kernel.narrow);
+      // A call of that bucket, whose offsets fit, runs the entry's launch with 32-bit offsets.
+      detail::CallShape shape;
+      shape.tokens = bucket;
+      shape.q_heads = 8;
+      shape.k_heads = 2;
+      shape.v_heads = 2;
+      shape.narrow = true;
+      testing::ScopedEnv path("ROPEJIT_TUNING_FILE", file);
+      const detail::DeviceInfo& device = api::engine().device_info(testing::use_primary_context());
+      detail::LaunchConfig want = e->config;
+      want.kernel.narrow = true;
+      CHECK(autotune::select_config(parse_key(key).canonical(), shape, device, false) == want);
     }
   }
 }
