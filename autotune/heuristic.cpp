@@ -3,8 +3,7 @@
 //   - two kernel variants per key and alignment, both with the widest vectors and a
 //     512-thread bound: up to 2 heads per thread per pass (prefill) and 1 (decode). The engine
 //     compiles and loads both on a key's first use (policy_variants()), so changing shapes
-//     never compiles anything (fused keys: but for a call whose offsets first pass 2^31 bytes,
-//     which takes the 64-bit variants instead of the narrow ones);
+//     never compiles anything (fused keys: each with 64-bit and 32-bit offsets, four kernels);
 //   - few tokens (decode: the token bucket is at most 4 blocks per SM): one head per thread,
 //     one token per block: the most blocks and the shortest chain of dependent loads per
 //     thread. The one-head kernel (fewer registers, less code before the first load) is 9%

@@ -158,7 +158,6 @@ std::vector<detail::KernelVariant> policy_variants(const Spec& c, const detail::
                                                    const detail::DeviceInfo& device) {
   std::vector<detail::KernelVariant> out =
       detail::default_variants(c, shape.align_bytes, shape.table_align);
-  for (detail::KernelVariant& v : out) v.narrow = shape.narrow;
   if (tuning_mode() == TuningMode::off) return out;
   for (const TuningEntry& e : TuningStore::instance().entries_for(device, c.key())) {
     // The entry's own call, at this call's alignment: what select_config() would accept.
@@ -167,9 +166,10 @@ std::vector<detail::KernelVariant> policy_variants(const Spec& c, const detail::
     s.q_heads = e.q_heads;
     s.k_heads = e.k_heads;
     detail::LaunchConfig cfg = e.config;
-    cfg.kernel.narrow = shape.narrow;
+    cfg.kernel.narrow = false;  // entries carry no offset width; both forms are prepared
     if (!detail::illegal_reason(c, s, cfg, device).empty()) continue;
-    if (std::find(out.begin(), out.end(), cfg.kernel) == out.end()) out.push_back(cfg.kernel);
+    for (const detail::KernelVariant& form : detail::offset_forms(c, cfg.kernel))
+      if (std::find(out.begin(), out.end(), form) == out.end()) out.push_back(form);
   }
   return out;
 }

@@ -189,12 +189,18 @@ struct Operands {
 bool narrow_fits(const Operand& op) {
   constexpr uint64_t kLimit = uint64_t(1) << 31;
   if (op.narrow == Operand::Narrow::never || op.first == op.end) return true;
-  uint64_t span = uint64_t(op.row) * uint64_t(op.elem);
+  // Strides are >= 0 and stride * (count - 1) fits in 64 bits (check_strided); each term is
+  // compared before it is added, so nothing here wraps.
+  const uint64_t elem = uint64_t(op.elem);
+  uint64_t span = uint64_t(op.row) * elem;
   for (size_t i = 0; i < op.dims.size(); ++i) {
     const Dim& d = op.dims[i];
-    if (uint64_t(d.stride) * uint64_t(op.elem) >= kLimit) return false;
-    if (d.count > 1 && !(i == 0 && op.narrow == Operand::Narrow::per_page))
-      span += uint64_t(d.stride) * uint64_t(d.count - 1) * uint64_t(op.elem);
+    if (uint64_t(d.stride) >= kLimit / elem) return false;
+    if (d.count > 1 && !(i == 0 && op.narrow == Operand::Narrow::per_page)) {
+      if (uint64_t(d.count - 1) >= kLimit) return false;
+      span += uint64_t(d.stride) * elem * uint64_t(d.count - 1);
+      if (span >= kLimit) return false;
+    }
   }
   return span < kLimit;
 }

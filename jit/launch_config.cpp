@@ -197,10 +197,21 @@ KernelVariant decode_variant(const Spec& c, int32_t align_bytes, int32_t table_a
   return variant_with(c, align_bytes, table_align, 1, 512);
 }
 
+std::vector<KernelVariant> offset_forms(const Spec& c, const KernelVariant& v) {
+  if (!c.fused()) return {v};
+  KernelVariant wide = v, narrow = v;
+  wide.narrow = false;
+  narrow.narrow = true;
+  return {wide, narrow};
+}
+
 std::vector<KernelVariant> default_variants(const Spec& c, int32_t align_bytes,
                                             int32_t table_align) {
-  return {prefill_variant(c, align_bytes, table_align),
-          decode_variant(c, align_bytes, table_align)};
+  std::vector<KernelVariant> out;
+  for (const KernelVariant& v :
+       {prefill_variant(c, align_bytes, table_align), decode_variant(c, align_bytes, table_align)})
+    for (const KernelVariant& form : offset_forms(c, v)) out.push_back(form);
+  return out;
 }
 
 int64_t shared_bytes(const Spec& c, const LaunchConfig& cfg, int32_t qk_heads) {

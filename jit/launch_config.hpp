@@ -123,9 +123,13 @@ int64_t token_bucket(int64_t tokens);
 // and table, never on sizes, so that changing shapes never compiles anything.
 KernelVariant prefill_variant(const Spec& canonical, int32_t align_bytes, int32_t table_align = 16);
 KernelVariant decode_variant(const Spec& canonical, int32_t align_bytes, int32_t table_align = 16);
-// Both, prefill first: what a key's first use prepares and `ropejit compile` builds.
+// Both, prefill first: what a key's first use prepares and `ropejit compile` builds. Fused keys
+// get each with 64-bit and with 32-bit offsets (narrow: what calls up to 2 GiB run), so that a
+// call of either kind after the first, a CUDA graph capture included, loads nothing new.
 std::vector<KernelVariant> default_variants(const Spec& canonical, int32_t align_bytes,
                                             int32_t table_align = 16);
+// `v`, and for a fused key also its other offset width: the kernels a variant's calls may need.
+std::vector<KernelVariant> offset_forms(const Spec& canonical, const KernelVariant& v);
 
 // Dynamic shared memory of a launch: computed frequencies share each token's (cos, sin) pairs
 // across the block, 8 bytes per pair per token slot; fused kernels add reduction scratch, which

@@ -3,6 +3,7 @@
 // no_driver instead of invalid_argument).
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -280,6 +281,44 @@ TEST_CASE("fused calls take 32-bit offsets (narrow variants) exactly when every 
   CHECK(detail::check_call(s, call((int64_t(1) << 21) - 1, 64, 16 * 128)).narrow);
   // Plain keys have no narrow variant.
   CHECK_FALSE(detail::check_call(Spec{}.canonical(), valid_args(Spec{})).narrow);
+  // A contiguous cache: one page per sequence of page_size = the longest sequence, each page
+  // its own span (2^20 slots of one 128-element head fit, 2^23 do not).
+  const Spec cont =
+      parse_key("rope_thd_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_q-ccont_fwd_ip").canonical();
+  auto contiguous_call = [&](int64_t page_size) {
+    Args a = call(16, 64, 16 * 128);
+    a.cache.pages = 2;
+    a.cache.page_size = page_size;
+    a.cache.stride_page = page_size * 128;
+    a.cache.indptr = nullptr;
+    a.cache.indices = nullptr;
+    a.cache.num_indices = 0;
+    a.cache.last_page_len = nullptr;
+    a.cache.seq_lens = static_cast<const int32_t*>(fake(uintptr_t(13) << 40));
+    return a;
+  };
+  CHECK(detail::check_call(cont, contiguous_call(int64_t(1) << 20)).narrow);
+  CHECK_FALSE(detail::check_call(cont, contiguous_call(int64_t(1) << 23)).narrow);
+  // An e4m3 q_out is counted in its own 1-byte elements (2^20 tokens of 4 heads: 2^29 bytes),
+  // and its strides count like the others'.
+  const Spec fp8 =
+      parse_key("rope_thd_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_q-oe4m3-cpaged-e4m3_fwd_oop")
+          .canonical();
+  Args big = call((int64_t(1) << 20) - 1, 64, 16 * 128);
+  big.q_out = contiguous(Layout::thd, fake(uintptr_t(14) << 40), 1, big.seq_len, 4, 128);
+  CHECK(detail::check_call(fp8, big).narrow);
+  big.q_out.stride_head = int64_t(1) << 31;  // strides past 2^31 bytes
+  big.q_out.stride_seq = (int64_t(1) << 31) * 4;
+  CHECK_FALSE(detail::check_call(fp8, big).narrow);
+
+  // Both offset widths of the heuristic's two kernels are prepared on a fused key's first use
+  // (a later call of the other width, or a graph capture, then loads nothing); plain keys keep
+  // their two.
+  const std::vector<detail::KernelVariant> forms = detail::default_variants(s, 16);
+  REQUIRE(forms.size() == 4);
+  CHECK(std::count_if(forms.begin(), forms.end(),
+                      [](const detail::KernelVariant& v) { return v.narrow; }) == 2);
+  CHECK(detail::default_variants(Spec{}.canonical(), 16).size() == 2);
 
   // The variant follows the call: the heuristic's choice, and a launch asking for a narrow
   // variant the call does not fit is refused.
