@@ -50,7 +50,19 @@ struct Sizes {
   int64_t page_gap = 8;       // guard elements after every page, checked untouched
   int32_t bad_tokens = 0;     // tokens whose slot or page is outside the cache (skipped, counted)
   int32_t padding_slots = 0;  // slots: tokens with slot -1 (not written, not counted)
+  // A malformed entry for sequence 0 (token 0 for slots) in the cache's table, as device memory
+  // may hold it; the reference skips and counts what the kernel must (hostile_tables values):
+  // paged 1 end == start, 2 start INT_MIN, 3 end INT_MAX (> num_indices), 4 last_page_len 0,
+  // 5 last_page_len > page_size, 6 end < start; contiguous 1 seq_lens -1, 2 INT_MIN,
+  // 3 INT_MAX; slots 1 INT64_MAX, 2 INT64_MIN (negative: not written, not counted), 3 the first
+  // slot past the cache.
+  int32_t hostile_table = 0;
 };
+
+// How many hostile_table values a cache kind has.
+constexpr int32_t hostile_tables(KvCache cache) {
+  return cache == KvCache::paged ? 6 : cache == KvCache::none ? 0 : 3;
+}
 
 struct CheckReport {
   bool ok = true;

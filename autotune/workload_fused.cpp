@@ -4,6 +4,7 @@
 // per-sequence lengths), including tokens whose slot is negative or out of range.
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <random>
 
@@ -82,6 +83,11 @@ void Workload::add_cache() {
         slots[size_t(order[next++])] = -1 - i;
       for (int32_t i = 0; i < sizes_.bad_tokens && next < order.size(); ++i)
         slots[size_t(order[next++])] = k.pages * page_size + i;
+      if (sizes_.hostile_table && !slots.empty()) {
+        const int64_t hostile[] = {std::numeric_limits<int64_t>::max(),
+                                   std::numeric_limits<int64_t>::min(), k.pages * page_size};
+        slots[0] = hostile[(sizes_.hostile_table - 1) % 3];
+      }
       k.slot_mapping = reinterpret_cast<const int64_t*>(add_buffer(bytes_of(slots)).host.data());
       break;
     }
@@ -103,6 +109,32 @@ void Workload::add_cache() {
       indices.resize(size_t(k.num_indices));
       // A page number beyond the cache: the tokens that land in it are skipped and counted.
       if (sizes_.bad_tokens > 0 && !indices.empty()) indices[0] = int32_t(k.pages + 3);
+      if (batch > 0) {
+        constexpr int32_t kMin = std::numeric_limits<int32_t>::min();
+        constexpr int32_t kMax = std::numeric_limits<int32_t>::max();
+        switch (sizes_.hostile_table) {
+          case 1:
+            indptr[1] = indptr[0];
+            break;
+          case 2:
+            indptr[0] = kMin;
+            break;
+          case 3:
+            indptr[1] = kMax;
+            break;
+          case 4:
+            last[0] = 0;
+            break;
+          case 5:
+            last[0] = int32_t(page_size + 1);
+            break;
+          case 6:
+            indptr[0] = indptr[1] + 1;
+            break;
+          default:
+            break;
+        }
+      }
       k.indptr = reinterpret_cast<const int32_t*>(add_buffer(bytes_of(indptr)).host.data());
       k.indices = reinterpret_cast<const int32_t*>(add_buffer(bytes_of(indices)).host.data());
       k.last_page_len = reinterpret_cast<const int32_t*>(add_buffer(bytes_of(last)).host.data());
@@ -118,6 +150,11 @@ void Workload::add_cache() {
       for (int64_t b = 0; b < batch; ++b) lens[size_t(b)] = int32_t(held[size_t(b)]);
       // A sequence that is nearly full: its tokens past the capacity are skipped and counted.
       if (sizes_.bad_tokens > 0 && batch > 0) lens[0] = int32_t(page_size - 1);
+      if (sizes_.hostile_table && batch > 0) {
+        const int32_t hostile[] = {-1, std::numeric_limits<int32_t>::min(),
+                                   std::numeric_limits<int32_t>::max()};
+        lens[0] = hostile[(sizes_.hostile_table - 1) % 3];
+      }
       k.seq_lens = reinterpret_cast<const int32_t*>(add_buffer(bytes_of(lens)).host.data());
       break;
     }

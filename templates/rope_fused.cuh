@@ -173,10 +173,10 @@ struct FusedKernel {
         return d;
       }
     } else if (kCache == kCachePaged) {
-      // As loaded (int): the sequence's pages in 32 bits, its tokens in 64.
+      // As loaded (int); the sequence's pages and tokens in 64 bits, so a malformed table
+      // (a start of INT_MIN, say) cannot overflow before the check below refuses it.
       const int start = f.start, end = f.end, last = f.last;
-      const long long held =
-          (long long)unsigned(end - start - 1) * c.page_size + last;  // after the append
+      const long long held = ((long long)end - start - 1) * c.page_size + last;  // after the append
       const long long pos = held - seq_tokens + tp.s;
       if (start < 0 || end <= start || end > c.num_indices || last < 1 || last > c.page_size ||
           pos < 0 || pos >= held) {

@@ -219,6 +219,51 @@ TEST_SUITE("gpu") {
     d.StreamDestroy(stream);
   }
 
+  TEST_CASE("fused: a key first used with 64-bit offsets then captured with 32-bit loads nothing") {
+    // A fused key's first use prepares both offset widths of its kernels, so a graph capture of
+    // a call of the other width finds them loaded. A key no other case uses.
+    testing::use_primary_context();
+    const detail::Driver& d = detail::driver();
+    Spec s;
+    s.layout = Layout::thd;
+    s.dtype = DType::f16;
+    s.head_dim = 80;
+    s.rotary_dim = 32;
+    s.style = Style::gptj;
+    s.positions = Positions::ids;
+    s.norm = Norm::rms_one_plus;
+    s.in_place = false;
+    s.cache = KvCache::slots;
+    autotune::Sizes z;
+    z.seq_lens = {1, 1, 1};
+    z.q_heads = 8;
+    z.k_heads = 2;
+    autotune::Workload w(s, z);
+    w.upload();
+    CUstream stream = nullptr;
+    detail::check(d.StreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+    const Args narrow = w.args(stream);
+    // The same call with a page stride of 2^31 bytes (one page, so nothing lies beyond the
+    // allocation; slots past it are skipped) takes 64-bit offsets.
+    Args wide = narrow;
+    wide.cache.pages = 1;
+    wide.cache.stride_page = (int64_t(1) << 31) / 2;
+    const Spec c = s.canonical();
+    REQUIRE(detail::check_call(c, narrow).narrow);
+    REQUIRE_FALSE(detail::check_call(c, wide).narrow);
+    const detail::EngineStats first = api::engine().stats();
+    apply(s, wide);
+    detail::check(d.StreamSynchronize(stream), "first use");
+    const detail::EngineStats before = api::engine().stats();
+    CHECK(before.module_loads > first.module_loads);  // the key was new here
+    w.upload();
+    testing::capture_and_replay(stream, [&] { apply(s, narrow); });
+    const autotune::CheckReport r = w.check();
+    CHECK_MESSAGE(r.ok, r.first_failure);
+    CHECK(api::engine().stats().module_loads == before.module_loads);
+    d.StreamDestroy(stream);
+  }
+
   TEST_CASE("fused: out-of-range slots and pages are skipped and counted, negative slots skipped") {
     testing::use_primary_context();
     for (KvCache cache : {KvCache::slots, KvCache::paged, KvCache::contiguous}) {
@@ -234,6 +279,42 @@ TEST_SUITE("gpu") {
       const autotune::CheckReport r = w.check();  // the counter is one of the outputs
       CHECK_MESSAGE(r.ok, to_string(cache), ": ", r.first_failure);
     }
+  }
+
+  TEST_CASE("fused: malformed sequence tables in device memory are skipped and counted") {
+    // Page tables, sequence lengths and slots the host cannot read: empty, reversed and
+    // overflowing page ranges (a start of INT_MIN), ranges past the index array, last-page
+    // lengths of 0 and past the page, lengths of -1, INT_MIN and INT_MAX, slots of INT64_MAX and
+    // INT64_MIN. Every cache byte the reference does not write is checked unchanged (guards after
+    // each page included), and the counter against the reference, which must count something.
+    testing::use_primary_context();
+    const detail::Driver& d = detail::driver();
+    for (KvCache cache : {KvCache::slots, KvCache::paged, KvCache::contiguous})
+      for (Layout layout : {Layout::thd, Layout::bshd})
+        for (int32_t hostile = 1; hostile <= autotune::hostile_tables(cache); ++hostile) {
+          Spec s;
+          s.layout = layout;
+          s.cache = cache;
+          s.norm = Norm::rms;
+          s.cache_store = hostile % 2 ? Store::e4m3 : Store::same;
+          autotune::Sizes z = testing::dense_sizes(3, 5, 4, 2);
+          z.seq_lens = {4, 2, 5};
+          z.page_size = hostile % 3 == 0 ? 1 : 4;
+          z.hostile_table = hostile;
+          autotune::Workload w(s, z);
+          w.upload();
+          const Args a = w.args();
+          apply(w.spec(), a);
+          const autotune::CheckReport r = w.check();
+          INFO(to_string(cache), " ", to_string(layout), " table ", hostile);
+          CHECK_MESSAGE(r.ok, r.first_failure);
+          int32_t skipped = -1;
+          detail::check(d.MemcpyDtoH(&skipped, reinterpret_cast<CUdeviceptr>(a.cache.skipped), 4),
+                        "download the counter");
+          // A negative slot is padding: not written, not counted.
+          const bool padding = cache == KvCache::slots && hostile == 2;
+          CHECK(padding ? skipped == 0 : skipped > 0);
+        }
   }
 
   TEST_CASE("ropejit tune --key (a fused key): every bucket's entry is written and selected") {

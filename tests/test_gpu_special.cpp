@@ -3,6 +3,7 @@
 // capture, concurrent first use, out-of-table positions, the demo.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -110,28 +111,48 @@ TEST_SUITE("gpu") {
     }
   }
 
-  TEST_CASE("fused keys: cache pages beyond 2^31 bytes (narrow offsets), q beyond 2^31 elements") {
+  TEST_CASE("fused keys: caches beyond 2^31 bytes (narrow offsets), q beyond 2^31 elements") {
     // The narrow variant indexes tensors and pages with 32-bit offsets and a page's own offset
-    // with 64 bits: here its pages start beyond 2^31 bytes (2^20 pages of 4 KiB, the call's
-    // tokens in the last one). The wide variant runs the call whose q sequences lie 2^31 + 64
-    // elements (8 GiB) apart.
+    // with 64 bits. Each cache form with the call's rows beyond 2^31 bytes: slots, and a page
+    // table, into the last two of 2^20 pages of 4 KiB; a contiguous cache of two sequences with
+    // rows of 1.5 GiB, each filled to its end. The wide variant then runs a call whose q
+    // sequences lie 2^31 + 64 elements (8 GiB) apart.
     testing::use_primary_context();
     const detail::Driver& d = detail::driver();
     constexpr int64_t kDim = 64, kSeq = 3, kPage = 16, kPoison = 0x7fc0dead;
-    Spec s;
-    s.dtype = DType::f32;
-    s.head_dim = kDim;
-    s.freqs = Freqs::computed;
-    s.fusion = Fusion::qk;
-    s.cache = KvCache::slots;
-    for (const bool narrow : {true, false}) {
-      const char* const which = narrow ? "narrow" : "wide";
-      INFO(which);
-      const int64_t pages = narrow ? int64_t(1) << 20 : 2;
-      const int64_t stride_batch = narrow ? kSeq * kDim : (int64_t(1) << 31) + 64;
-      const int64_t page_floats = kPage * kDim;
+    struct Form {
+      KvCache cache;
+      bool narrow;
+    };
+    for (const Form form : {Form{KvCache::slots, true}, Form{KvCache::paged, true},
+                            Form{KvCache::contiguous, true}, Form{KvCache::slots, false}}) {
+      INFO(to_string(form.cache), form.narrow ? " narrow" : " wide");
+      Spec s;
+      s.dtype = DType::f32;
+      s.head_dim = kDim;
+      s.freqs = Freqs::computed;
+      s.fusion = Fusion::qk;
+      s.cache = form.cache;
+      const bool contiguous_cache = form.cache == KvCache::contiguous;
+      const int64_t pages = contiguous_cache ? 2 : form.narrow ? int64_t(1) << 20 : 2;
+      const int64_t page_size = contiguous_cache ? int64_t(3) << 27 >> 6 : kPage;  // slots
+      const int64_t page_floats = page_size * kDim;
+      const int64_t stride_batch = form.narrow ? kSeq * kDim : (int64_t(1) << 31) + 64;
       DeviceBuffer dq(size_t(stride_batch + kSeq * kDim) * 4), dk(size_t(2 * kSeq * kDim) * 4);
-      DeviceBuffer cache(size_t(pages * page_floats) * 4), dslots(2 * kSeq * 8);
+      DeviceBuffer cache(size_t(pages * page_floats) * 4), table(64);
+      // Where token t (sequence t / kSeq, index t % kSeq) lands: the first word of its row.
+      auto row_of = [&](int64_t t) {
+        const int64_t b = t / kSeq, i = t % kSeq;
+        switch (form.cache) {
+          case KvCache::paged:  // sequence 0 starts the last page, sequence 1 fills the one before
+            return b == 0 ? (pages - 1) * page_floats + i * kDim
+                          : (pages - 2) * page_floats + (kSeq + i) * kDim;
+          case KvCache::contiguous:  // each row's last kSeq slots
+            return b * page_floats + (page_size - kSeq + i) * kDim;
+          default:  // slots: the last page's first 2 * kSeq slots
+            return (pages - 1) * page_floats + t * kDim;
+        }
+      };
       std::vector<float> q0(size_t(2 * kSeq * kDim)), k0(q0.size());
       for (size_t i = 0; i < q0.size(); ++i) {
         q0[i] = float(std::sin(double(i) * 0.37) + 0.01);
@@ -142,13 +163,14 @@ TEST_SUITE("gpu") {
                            size_t(kSeq * kDim) * 4),
               "upload q");
       check(d.MemcpyHtoD(dk.ptr, k0.data(), k0.size() * 4), "upload k");
-      // The last two pages poisoned: the call writes 6 slots of the last, nothing else.
-      const CUdeviceptr guarded = cache.ptr + CUdeviceptr((pages - 2) * page_floats * 4);
-      const std::vector<uint32_t> poison(size_t(2 * page_floats), uint32_t(kPoison));
-      check(d.MemcpyHtoD(guarded, poison.data(), poison.size() * 4), "poison");
-      std::vector<int64_t> slots(2 * kSeq);
-      for (int64_t i = 0; i < 2 * kSeq; ++i) slots[size_t(i)] = (pages - 1) * kPage + i;
-      check(d.MemcpyHtoD(dslots.ptr, slots.data(), slots.size() * 8), "upload slots");
+      // Poisoned: the cache's last 2 * kPage slots and every row the call writes.
+      const int64_t window = 2 * kPage * kDim, window_at = pages * page_floats - window;
+      const std::vector<uint32_t> poison(static_cast<size_t>(window), uint32_t(kPoison));
+      check(d.MemcpyHtoD(cache.ptr + CUdeviceptr(window_at * 4), poison.data(), poison.size() * 4),
+            "poison");
+      for (int64_t t = 0; t < 2 * kSeq; ++t)
+        check(d.MemcpyHtoD(cache.ptr + CUdeviceptr(row_of(t) * 4), poison.data(), kDim * 4),
+              "poison");
       Args a;
       a.batch = 2;
       a.seq_len = kSeq;
@@ -161,22 +183,38 @@ TEST_SUITE("gpu") {
       a.position_offset = 5;
       a.cache.k = cache.get();
       a.cache.pages = pages;
-      a.cache.page_size = kPage;
+      a.cache.page_size = page_size;
       a.cache.stride_page = page_floats;
       a.cache.stride_slot = kDim;
       a.cache.stride_head = kDim;
-      a.cache.slot_mapping = reinterpret_cast<const int64_t*>(dslots.get());
-      REQUIRE(detail::check_call(s.canonical(), a).narrow == narrow);
+      if (form.cache == KvCache::slots) {
+        std::vector<int64_t> slots(2 * kSeq);
+        for (int64_t t = 0; t < 2 * kSeq; ++t) slots[size_t(t)] = row_of(t) / kDim;
+        check(d.MemcpyHtoD(table.ptr, slots.data(), slots.size() * 8), "upload slots");
+        a.cache.slot_mapping = reinterpret_cast<const int64_t*>(table.get());
+      } else if (form.cache == KvCache::paged) {
+        // indptr {0, 1, 2}, indices {last page, the one before}, last_page_len {3, 6}.
+        const int32_t words[] = {0, 1, 2, int32_t(pages - 1), int32_t(pages - 2), 3, 6};
+        check(d.MemcpyHtoD(table.ptr, words, sizeof(words)), "upload page table");
+        const int32_t* w = reinterpret_cast<const int32_t*>(table.get());
+        a.cache.indptr = w;
+        a.cache.indices = w + 3;
+        a.cache.num_indices = 2;
+        a.cache.last_page_len = w + 5;
+      } else {
+        const int32_t lens[] = {int32_t(page_size - kSeq), int32_t(page_size - kSeq)};
+        check(d.MemcpyHtoD(table.ptr, lens, sizeof(lens)), "upload lengths");
+        a.cache.seq_lens = reinterpret_cast<const int32_t*>(table.get());
+      }
+      REQUIRE(detail::check_call(s.canonical(), a).narrow == form.narrow);
       apply(s, a);
       check(d.CtxSynchronize(), "kernel");
       std::vector<float> q(q0.size()), k(k0.size());
-      std::vector<uint32_t> guard(size_t(2 * page_floats));
       for (int64_t b = 0; b < 2; ++b)
         check(d.MemcpyDtoH(&q[size_t(b * kSeq * kDim)], dq.ptr + CUdeviceptr(b * stride_batch * 4),
                            size_t(kSeq * kDim) * 4),
               "download q");
       check(d.MemcpyDtoH(k.data(), dk.ptr, k.size() * 4), "download k");
-      check(d.MemcpyDtoH(guard.data(), guarded, guard.size() * 4), "download cache");
       double worst = 0;
       for (int64_t t = 0; t < 2 * kSeq; ++t)
         for (int64_t i = 0; i < kDim / 2; ++i) {
@@ -191,16 +229,20 @@ TEST_SUITE("gpu") {
           }
         }
       CHECK(worst < 1e-6);
-      // The last page's first 6 slots hold the rotated k bit for bit; every other word of the
-      // two pages is still poison.
+      // Each token's row holds the rotated k bit for bit; every other word of the window is
+      // still poison.
+      std::vector<uint32_t> guard(static_cast<size_t>(window)), row(kDim);
+      check(d.MemcpyDtoH(guard.data(), cache.ptr + CUdeviceptr(window_at * 4), guard.size() * 4),
+            "download cache");
       int64_t wrong = 0;
-      for (int64_t w = 0; w < 2 * page_floats; ++w) {
-        const int64_t in_last = w - page_floats;  // word of the last page
-        uint32_t want = uint32_t(kPoison);
-        if (in_last >= 0 && in_last < 2 * kSeq * kDim) std::memcpy(&want, &k[size_t(in_last)], 4);
-        wrong += guard[size_t(w)] != want;
+      for (int64_t t = 0; t < 2 * kSeq; ++t) {
+        const int64_t at = row_of(t);
+        check(d.MemcpyDtoH(row.data(), cache.ptr + CUdeviceptr(at * 4), kDim * 4), "download row");
+        wrong += std::memcmp(row.data(), &k[size_t(t * kDim)], kDim * 4) != 0;
+        if (at >= window_at) std::fill_n(&guard[size_t(at - window_at)], kDim, uint32_t(kPoison));
       }
       CHECK(wrong == 0);
+      CHECK(std::count(guard.begin(), guard.end(), uint32_t(kPoison)) == window);
     }
   }
 
