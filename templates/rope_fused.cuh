@@ -220,23 +220,33 @@ struct FusedKernel {
   static __device__ __forceinline__ float combine(float a, float b) {
     return kMax ? fmaxf(a, b) : a + b;
   }
+  // A butterfly over each row of kLanes lanes (up to a warp) among the lanes of `mask`.
+  template <bool kMax>
+  static __device__ __forceinline__ void butterfly(float (&v)[kHpt], unsigned mask) {
+#pragma unroll
+    for (int j = 0; j < kHpt; ++j) {
+#pragma unroll
+      for (int off = kLanes / 2; off > 0; off >>= 1)
+        v[j] = combine<kMax>(v[j], __shfl_xor_sync(mask, v[j], off, kLanes));
+    }
+  }
   // Sums (kMax: the largest of) v[j] over the lanes of each head row and gives every lane the
   // same result, so the whole head is scaled alike: in a butterfly every lane combines the same
   // two values at each step, in either order, and a + b and fmaxf(a, b) do not depend on the
   // order (fmaxf sees no -0 here: magnitudes and sums of squares). All threads of the block call it
-  // together. `mask`: the lanes of this thread's warp that exist (a block's last warp may be
-  // partial).
+  // together. `whole_warps`: the block's threads fill whole warps; else `mask`: the lanes of this
+  // thread's warp that exist (the block's last warp is partial).
   template <bool kMax>
   static __device__ __forceinline__ void row_reduce(float (&v)[kHpt], float* scratch,
-                                                    unsigned mask) {
+                                                    bool whole_warps, unsigned mask) {
     if (kLanes <= 32) {
-      // Rows are whole, aligned groups of kLanes lanes inside one warp.
-#pragma unroll
-      for (int j = 0; j < kHpt; ++j) {
-#pragma unroll
-        for (int off = kLanes / 2; off > 0; off >>= 1)
-          v[j] = combine<kMax>(v[j], __shfl_xor_sync(mask, v[j], off, kLanes));
-      }
+      // Rows are whole, aligned groups of kLanes lanes inside one warp. A whole warp's mask as
+      // a constant: with a mask known only at run time every shuffle is preceded by a check
+      // that the lanes it names are converged (four instructions and a branch).
+      if (whole_warps)
+        butterfly<kMax>(v, 0xffffffffu);
+      else
+        butterfly<kMax>(v, mask);
     } else {
 #pragma unroll
       for (int j = 0; j < kHpt; ++j) {
@@ -371,14 +381,31 @@ struct FusedKernel {
     }
   }
 
-  // One head's slice as it is stored: widened, and for q and k normalized and rotated. `ss`:
+  // 1 / sqrt(sum * per_element + eps): the mean and eps in one fma, then the hardware's
+  // reciprocal square root (within 2 ulp; a rounded sqrt and a rounded division took ~20
+  // instructions and two branches per head, and a norm's error is dominated by its sum anyway:
+  // autotune/reference.cpp budgets both).
+  static __device__ __forceinline__ float inv_rms(float sum, float per_element, float eps) {
+    return rsqrtf(__fmaf_rn(sum, per_element, eps));
+  }
+
+  // a / 448 rounded to nearest for a >= 2^-9: the product by the rounded reciprocal is within
+  // an ulp, and one correction step from its exact remainder rounds it right (Markstein;
+  // checked against float64 for every finite such float); an infinite a stays infinite. Five
+  // instructions where __fdiv_rn took eight and a branch.
+  static __device__ __forceinline__ float div_448(float a) {
+    const float r = 1.0f / 448.0f;
+    const float q = __fmul_rn(a, r);
+    const float rounded = __fmaf_rn(__fmaf_rn(-q, 448.0f, a), r, q);
+    return isinf(q) ? q : rounded;
+  }
+
+  // One head's slice, widened in `x`, as it is stored: for q and k normalized and rotated. `ss`:
   // the head's sum of squares (per-head norms); q_inv / k_inv: the norm over all heads.
-  static __device__ __forceinline__ void finish(const FusedParams& fp, const RawSlice& xr, int kind,
-                                                int idx, int col, bool rot, bool two, float ss,
-                                                float q_inv, float k_inv, const RawSlice& wq,
-                                                const RawSlice& wk, const float* cs,
-                                                const float* sn, Slice& x) {
-    widen(xr, two, x);
+  static __device__ __forceinline__ void finish(const FusedParams& fp, int kind, int idx, int col,
+                                                bool rot, bool two, float ss, float q_inv,
+                                                float k_inv, const RawSlice& wq, const RawSlice& wk,
+                                                const float* cs, const float* sn, Slice& x) {
     if (kNorm != kNormNone && kind < 2) {
       const bool is_q = kind == 0;
       if (kNorm == kNormRmsAllHeads) {
@@ -386,7 +413,7 @@ struct FusedKernel {
         load_weight(is_q ? fp.q_norm_w : fp.k_norm_w, (long long)idx * Cfg::kHeadDim + col, two, w);
         scale_slice(x, is_q ? q_inv : k_inv, w, two);
       } else {
-        scale_slice(x, 1.0f / sqrtf(ss / float(Cfg::kHeadDim) + fp.norm_eps), wq, wk, is_q, two);
+        scale_slice(x, inv_rms(ss, 1.0f / float(Cfg::kHeadDim), fp.norm_eps), wq, wk, is_q, two);
       }
     }
     if (rot && kind < 2) rotate(x, cs, sn);
@@ -400,15 +427,16 @@ struct FusedKernel {
                        : bool(Cfg::kCacheDynamic);
   }
 
+  // The slice's largest magnitude, in four independent chains like the norm's sums.
   static __device__ __forceinline__ float slice_amax(const Slice& x, bool two) {
-    float a = 0.0f;
+    float a[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-    for (int m = 0; m < kVec; ++m) a = fmaxf(a, fabsf(x.lo[m]));
+    for (int m = 0; m < kVec; ++m) a[m % 4] = fmaxf(a[m % 4], fabsf(x.lo[m]));
     if (two) {
 #pragma unroll
-      for (int m = 0; m < kVec; ++m) a = fmaxf(a, fabsf(x.hi[m]));
+      for (int m = 0; m < kVec; ++m) a[m % 4] = fmaxf(a[m % 4], fabsf(x.hi[m]));
     }
-    return a;
+    return fmaxf(fmaxf(a[0], a[1]), fmaxf(a[2], a[3]));
   }
 
   // Where a dynamic FP8 output's scale of head `idx` of the token goes.
@@ -495,7 +523,11 @@ struct FusedKernel {
     const unsigned block_threads = blockDim.x * blockDim.y * blockDim.z;
     const unsigned warp_lanes = min(32u, block_threads - (flat & ~31u));
     const unsigned mask = warp_lanes == 32 ? 0xffffffffu : (1u << warp_lanes) - 1u;
+    const bool whole_warps = block_threads % 32 == 0;  // the same in every thread of the block
+    // Blocks are kLanes wide (the host launches chunks() lanes): told to the compiler, a head
+    // whose chunks fill its lanes then has no test of in_head, rot or two left in the kernel.
     const int lane = threadIdx.x;
+    __builtin_assume(lane < kLanes);
     const bool in_head = lane < kChunks;
     const bool rot = lane < kRotChunks;
     const bool two = Cfg::kNeox && rot;  // a neox rotary chunk: lo and its partners
@@ -505,6 +537,11 @@ struct FusedKernel {
     const int hq = p.q.heads, hk = p.k.heads, hv = fp.v.heads;
     const int total = hq + hk + hv;
     const int step = grid_rows() * kHpt;
+    // A norm over all heads: 1 / elements of the q (k) heads, for their mean.
+    const float q_per_element =
+        kNorm == kNormRmsAllHeads ? __frcp_rn(float(hq * Cfg::kHeadDim)) : 0.0f;
+    const float k_per_element =
+        kNorm == kNormRmsAllHeads ? __frcp_rn(float((hk > 0 ? hk : 1) * Cfg::kHeadDim)) : 0.0f;
 
     // Dynamic shared memory: shared angles (computed frequencies), the reduction scratch of
     // heads wider than a warp, and per-head sums of squares (norm over all heads).
@@ -660,26 +697,32 @@ struct FusedKernel {
         // its own scaling, rotation and stores, so one head's floats are live at a time.
         float ss[kHpt];
         float q_inv = 0.0f, k_inv = 0.0f;
+        // One head per thread: widened once, for the norm's sums and for finishing (with more
+        // heads per thread each is widened again when finished, to keep fewer floats live).
+        Slice first;
         if (kNorm != kNormNone) {
 #pragma unroll
           for (int j = 0; j < kHpt; ++j) {
-            ss[j] = 0.0f;
+            // Four partial sums: four short chains of dependent fmas instead of one long one
+            // (one head per thread leaves the scheduler nothing else to issue meanwhile).
+            float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             if (act[j] && kind[j] < 2) {
 #pragma unroll
               for (int m = 0; m < kVec; ++m) {
                 const float a = xr[j].lo.get(m);
-                ss[j] = fmaf(a, a, ss[j]);
+                part[m % 4] = fmaf(a, a, part[m % 4]);
               }
               if (two) {
 #pragma unroll
                 for (int m = 0; m < kVec; ++m) {
                   const float a = xr[j].hi.get(m);
-                  ss[j] = fmaf(a, a, ss[j]);
+                  part[m % 4] = fmaf(a, a, part[m % 4]);
                 }
               }
             }
+            ss[j] = (part[0] + part[1]) + (part[2] + part[3]);
           }
-          row_reduce<false>(ss, scratch, mask);
+          row_reduce<false>(ss, scratch, whole_warps, mask);
           if (kNorm == kNormRmsAllHeads) {
             // One pass holds every q and k head of the token (the host checks rows * heads
             // per thread >= q + k heads): per-head sums, then their total in a fixed order.
@@ -695,8 +738,8 @@ struct FusedKernel {
               for (int h = hq; h < hq + hk; ++h) ks += head_sums[h];
             }
             __syncthreads();
-            q_inv = 1.0f / sqrtf(qs / float(hq * Cfg::kHeadDim) + fp.norm_eps);
-            k_inv = 1.0f / sqrtf(ks / float((hk > 0 ? hk : 1) * Cfg::kHeadDim) + fp.norm_eps);
+            q_inv = inv_rms(qs, q_per_element, fp.norm_eps);
+            k_inv = inv_rms(ks, k_per_element, fp.norm_eps);
           }
         }
 
@@ -710,30 +753,33 @@ struct FusedKernel {
           for (int j = 0; j < kHpt; ++j) {
             amax[j] = 0.0f;
             if (act[j]) {
-              finish(fp, xr[j], kind[j], idx[j], col, rot, two, kNorm != kNormNone ? ss[j] : 0.0f,
-                     q_inv, k_inv, wq, wk, cs, sn, done[j]);
+              widen(xr[j], two, done[j]);
+              finish(fp, kind[j], idx[j], col, rot, two, kNorm != kNormNone ? ss[j] : 0.0f, q_inv,
+                     k_inv, wq, wk, cs, sn, done[j]);
               if (scaled(kind[j])) amax[j] = slice_amax(done[j], two);
             }
           }
-          row_reduce<true>(amax, scratch, mask);
+          row_reduce<true>(amax, scratch, whole_warps, mask);
         }
 
 #pragma unroll
         for (int j = 0; j < kHpt; ++j) {
           if (!act[j]) continue;
           Slice x;
-          if (kDynamic)
+          if (kDynamic) {
             x = done[kDynamic ? j : 0];
-          else
-            finish(fp, xr[j], kind[j], idx[j], col, rot, two, kNorm != kNormNone ? ss[j] : 0.0f,
-                   q_inv, k_inv, wq, wk, cs, sn, x);
+          } else {
+            widen(xr[j], two, x);
+            finish(fp, kind[j], idx[j], col, rot, two, kNorm != kNormNone ? ss[j] : 0.0f, q_inv,
+                   k_inv, wq, wk, cs, sn, x);
+          }
           // The head's dynamic scale: stored = value * (448 / a), dequantized by a / 448, both
           // divisions rounded to nearest whatever the compiler's flags.
           float dyn_mul = 1.0f, dyn_scale = 1.0f;
           if (kDynamic && scaled(kind[j])) {
             const float a = fmaxf(amax[j], 0x1p-9f);
             dyn_mul = __fdiv_rn(448.0f, a);
-            dyn_scale = __fdiv_rn(a, 448.0f);
+            dyn_scale = div_448(a);
           }
           const int elem_off = col;
           if (kind[j] == 0 || (kind[j] == 1 && Cfg::kWriteK)) {
