@@ -286,7 +286,7 @@ void Workload::build_reference() {
         const double inv = 1.0 / std::sqrt(mean + a.norm_eps);
         // fp32: the sum of n squares (n - 1 roundings at most, in any order), the mean and eps
         // in one fma by a rounded 1 / n (two roundings), the hardware's reciprocal square root
-        // (2 ulp: four), then x * inv * w (two).
+        // (2 ulp: four), then x * inv * w (two); eps and 1 + w rounded to fp32 (one each).
         const double rel = (0.5 * double(n + 3) + 8) * kU;
         const void* wp = kind == 0 ? a.q_norm_weight : a.k_norm_weight;
         for (int64_t d = 0; d < D; ++d) {

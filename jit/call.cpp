@@ -431,6 +431,10 @@ void check_fusion(const Spec& c, const Args& a, const CallShape& shape, Operands
       check_aligned(k.indices, 4, "args.cache.indices", "spec.cache is paged");
       check_aligned(k.last_page_len, 4, "args.cache.last_page_len", "spec.cache is paged");
       if (k.num_indices < 0) invalid("args.cache.num_indices (", k.num_indices, ") must be >= 0");
+      // A sequence's positions are page counts read from the table (int32) times the page size:
+      // 64-bit whatever the table holds.
+      if (k.page_size > INT32_MAX)
+        invalid("args.cache.page_size (", k.page_size, ") must be below 2^31 for a paged cache");
       break;
     case KvCache::contiguous:
       check_aligned(k.seq_lens, 4, "args.cache.seq_lens", "spec.cache is cont");

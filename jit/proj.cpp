@@ -396,6 +396,9 @@ ProjShape check_proj_call(const QkvProjSpec& c, const QkvProjArgs& a) {
         check_aligned(kc.last_page_len, 4, "args.cache.last_page_len", "spec.cache is paged");
         if (kc.num_indices < 0 || kc.num_indices > INT32_MAX)
           invalid("args.cache.num_indices (", kc.num_indices, ") must be in [0, 2^31)");
+        // Positions are page counts read from the table (int32) times the page size.
+        if (kc.page_size > INT32_MAX)
+          invalid("args.cache.page_size (", kc.page_size, ") must be below 2^31 for a paged cache");
         break;
       case KvCache::contiguous:
         check_aligned(kc.seq_lens, 4, "args.cache.seq_lens", "spec.cache is cont");

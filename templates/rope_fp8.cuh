@@ -2,7 +2,8 @@
 // rounding to nearest even and saturating, as PTX's cvt.rn.satfinite.e4m3x2.f32 does on sm_89+.
 // The software form below serves older GPUs; it is also compiled on the host by the CPU tests
 // (define ROPEJIT_FP8_FN first), which check it against an exact float64 rounding for every
-// float class, so both GPUs round alike.
+// float class, so both GPUs round alike. Also here, and checked the same way: a dynamic scale's
+// amax / 448.
 #pragma once
 
 #ifndef ROPEJIT_FP8_FN
@@ -33,6 +34,24 @@ ROPEJIT_FP8_FN unsigned char e4m3_from_float_soft(float f) {
   // of quanta is the encoding itself (8 quanta = 0x08, the smallest normal).
   b.u = a;
   return (unsigned char)(sign | (unsigned int)rintf(b.f * 512.0f));
+}
+
+// The dequantization scale of a dynamic FP8 head, amax / 448 rounded to nearest, for amax >=
+// 2^-9 (the kernels' floor): the product by the rounded reciprocal (up to 1.15 ulp off), then one
+// correction step from its exact remainder. Correct for every such float (nothing is subnormal
+// or overflows there; the CPU tests check every significand against float64); an infinite amax
+// stays infinite. Five instructions where a rounded division took eight and a branch.
+ROPEJIT_FP8_FN float e4m3_scale_of(float amax) {
+  const float r = 1.0f / 448.0f;
+#ifdef __CUDA_ARCH__
+  const float q = __fmul_rn(amax, r);
+  const float rounded = __fmaf_rn(__fmaf_rn(-q, 448.0f, amax), r, q);
+  return isinf(q) ? q : rounded;
+#else
+  const float q = amax * r;
+  const float rounded = fmaf(fmaf(-q, 448.0f, amax), r, q);
+  return __builtin_isinf(q) ? q : rounded;
+#endif
 }
 
 }  // namespace ropejit_dev

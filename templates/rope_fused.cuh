@@ -389,17 +389,6 @@ struct FusedKernel {
     return rsqrtf(__fmaf_rn(sum, per_element, eps));
   }
 
-  // a / 448 rounded to nearest for a >= 2^-9: the product by the rounded reciprocal is within
-  // an ulp, and one correction step from its exact remainder rounds it right (Markstein;
-  // checked against float64 for every finite such float); an infinite a stays infinite. Five
-  // instructions where __fdiv_rn took eight and a branch.
-  static __device__ __forceinline__ float div_448(float a) {
-    const float r = 1.0f / 448.0f;
-    const float q = __fmul_rn(a, r);
-    const float rounded = __fmaf_rn(__fmaf_rn(-q, 448.0f, a), r, q);
-    return isinf(q) ? q : rounded;
-  }
-
   // One head's slice, widened in `x`, as it is stored: for q and k normalized and rotated. `ss`:
   // the head's sum of squares (per-head norms); q_inv / k_inv: the norm over all heads.
   static __device__ __forceinline__ void finish(const FusedParams& fp, int kind, int idx, int col,
@@ -697,9 +686,6 @@ struct FusedKernel {
         // its own scaling, rotation and stores, so one head's floats are live at a time.
         float ss[kHpt];
         float q_inv = 0.0f, k_inv = 0.0f;
-        // One head per thread: widened once, for the norm's sums and for finishing (with more
-        // heads per thread each is widened again when finished, to keep fewer floats live).
-        Slice first;
         if (kNorm != kNormNone) {
 #pragma unroll
           for (int j = 0; j < kHpt; ++j) {
@@ -779,7 +765,7 @@ struct FusedKernel {
           if (kDynamic && scaled(kind[j])) {
             const float a = fmaxf(amax[j], 0x1p-9f);
             dyn_mul = __fdiv_rn(448.0f, a);
-            dyn_scale = div_448(a);
+            dyn_scale = e4m3_scale_of(a);
           }
           const int elem_off = col;
           if (kind[j] == 0 || (kind[j] == 1 && Cfg::kWriteK)) {

@@ -613,6 +613,14 @@ std::vector<Row> cpp_rows() {
       "num_indices -1", [](Call& c, Buffers&) { c.args.cache.num_indices = -1; },
       "args.cache.num_indices (-1) must be >= 0");
   fused(
+      "paged page_size 2^31",
+      [](Call& c, Buffers&) {
+        c.args.cache.page_size = int64_t(1) << 31;
+        c.args.cache.stride_page = 0;  // one page: the strides' spans still fit
+        c.args.cache.pages = 1;
+      },
+      "args.cache.page_size (2147483648) must be below 2^31 for a paged cache");
+  fused(
       "slot_mapping null",
       [](Call& c, Buffers&) {
         c.spec.cache = KvCache::slots;

@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <random>
 
@@ -121,4 +122,40 @@ TEST_CASE("e4m3: the kernels' software conversion rounds exactly like the refere
   for (float f : {0.0f, -0.0f, 448.0f, 447.99f, 448.01f, 463.99f, 464.0f, 1e30f, -1e30f, HUGE_VALF,
                   -HUGE_VALF, NAN, 0x1p-9f, 0x1p-10f, 0x1.8p-10f, 0x1.fffffep-7f})
     check_float(f);
+}
+
+TEST_CASE("a / 448 by one correction step: the dynamic FP8 scale, rounded like a division") {
+  // The kernels' e4m3_scale_of against float64 (a / 448 in double has no tie to double-round:
+  // 448 = 7 * 2^6, and a float divided by 7 never lies within 2^-53 of a float midpoint).
+  int64_t wrong = 0;
+  auto check_float = [&](float a) {
+    const float want = float(double(a) / 448.0);
+    const float got = ropejit_dev::e4m3_scale_of(a);
+    if (got != want && ++wrong <= 3) {
+      char text[96];
+      std::snprintf(text, sizeof(text), "a = %a: got %a, want %a", double(a), double(got),
+                    double(want));
+      FAIL_CHECK(text);
+    }
+  };
+  // Every significand in three binades (the correction's result depends on the significand
+  // alone while nothing is subnormal or overflows), then random floats over the whole range.
+  for (const uint32_t exp : {127u - 9u, 127u, 127u + 127u})
+    for (uint32_t m = 0; m < (1u << 23); ++m) {
+      const uint32_t u = exp << 23 | m;
+      float a;
+      std::memcpy(&a, &u, 4);
+      check_float(a);
+    }
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<uint32_t> finite(0x3b000000u, 0x7f7fffffu);  // [2^-9, FLT_MAX]
+  for (int i = 0; i < 1000000; ++i) {
+    const uint32_t u = finite(rng);
+    float a;
+    std::memcpy(&a, &u, 4);
+    check_float(a);
+  }
+  CHECK(wrong == 0);
+  CHECK(ropejit_dev::e4m3_scale_of(HUGE_VALF) == HUGE_VALF);
+  CHECK(ropejit_dev::e4m3_scale_of(0x1p-9f) == float(0x1p-9 / 448.0));
 }

@@ -474,6 +474,12 @@ TEST_CASE("projection calls: every bad argument is named, a good one passes") {
          paged(f);
          f.args.cache.num_indices = -1;
        }},
+      {"args.cache.page_size (2147483648) must be below 2^31 for a paged cache",
+       [&](Fake& f) {
+         paged(f);
+         f.args.cache.pages = 1;
+         f.args.cache.page_size = int64_t(1) << 31;
+       }},
       {"args.q and args.cache.indices overlap",
        [&](Fake& f) {
          paged(f);
