@@ -115,18 +115,23 @@ TEST_SUITE("gpu") {
     // The narrow variant indexes tensors and pages with 32-bit offsets and a page's own offset
     // with 64 bits. Each cache form with the call's rows beyond 2^31 bytes: slots, and a page
     // table, into the last two of 2^20 pages of 4 KiB; a contiguous cache of two sequences with
-    // rows of 1.5 GiB, each filled to its end. The wide variant then runs a call whose q
-    // sequences lie 2^31 + 64 elements (8 GiB) apart.
+    // rows of 1.5 GiB, each filled to its end; slots again into the last of 2^21 + 2 pages, whose
+    // offset in elements (not only in bytes) is past 2^31. The wide variant then runs a call
+    // whose q sequences lie 2^31 + 64 elements (8 GiB) apart.
     testing::use_primary_context();
     const detail::Driver& d = detail::driver();
     constexpr int64_t kDim = 64, kSeq = 3, kPage = 16, kPoison = 0x7fc0dead;
     struct Form {
       KvCache cache;
       bool narrow;
+      int64_t pages;  // slots and paged (a contiguous cache has one per sequence)
     };
-    for (const Form form : {Form{KvCache::slots, true}, Form{KvCache::paged, true},
-                            Form{KvCache::contiguous, true}, Form{KvCache::slots, false}}) {
-      INFO(to_string(form.cache), form.narrow ? " narrow" : " wide");
+    constexpr int64_t kMany = int64_t(1) << 20;
+    for (const Form form :
+         {Form{KvCache::slots, true, kMany}, Form{KvCache::paged, true, kMany},
+          Form{KvCache::contiguous, true, 2}, Form{KvCache::slots, true, 2 * kMany + 2},
+          Form{KvCache::slots, false, 2}}) {
+      INFO(to_string(form.cache), form.narrow ? " narrow, " : " wide, ", form.pages, " pages");
       Spec s;
       s.dtype = DType::f32;
       s.head_dim = kDim;
@@ -134,7 +139,7 @@ TEST_SUITE("gpu") {
       s.fusion = Fusion::qk;
       s.cache = form.cache;
       const bool contiguous_cache = form.cache == KvCache::contiguous;
-      const int64_t pages = contiguous_cache ? 2 : form.narrow ? int64_t(1) << 20 : 2;
+      const int64_t pages = form.pages;
       const int64_t page_size = contiguous_cache ? int64_t(3) << 27 >> 6 : kPage;  // slots
       const int64_t page_floats = page_size * kDim;
       const int64_t stride_batch = form.narrow ? kSeq * kDim : (int64_t(1) << 31) + 64;
