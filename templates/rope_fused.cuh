@@ -221,10 +221,10 @@ struct FusedKernel {
     return kMax ? fmaxf(a, b) : a + b;
   }
   // A butterfly over each row of kLanes lanes (up to a warp) among the lanes of `mask`.
-  template <bool kMax>
-  static __device__ __forceinline__ void butterfly(float (&v)[kHpt], unsigned mask) {
+  template <bool kMax, int N>
+  static __device__ __forceinline__ void butterfly(float (&v)[N], unsigned mask) {
 #pragma unroll
-    for (int j = 0; j < kHpt; ++j) {
+    for (int j = 0; j < N; ++j) {
 #pragma unroll
       for (int off = kLanes / 2; off > 0; off >>= 1)
         v[j] = combine<kMax>(v[j], __shfl_xor_sync(mask, v[j], off, kLanes));
@@ -236,9 +236,10 @@ struct FusedKernel {
   // order (fmaxf sees no -0 here: magnitudes and sums of squares). All threads of the block call it
   // together. `whole_warps`: the block's threads fill whole warps; else `mask`: the lanes of this
   // thread's warp that exist (the block's last warp is partial).
-  template <bool kMax>
-  static __device__ __forceinline__ void row_reduce(float (&v)[kHpt], float* scratch,
-                                                    bool whole_warps, unsigned mask) {
+  template <bool kMax, int N>
+  static __device__ __forceinline__ void row_reduce(float (&v)[N], float* scratch, bool whole_warps,
+                                                    unsigned mask) {
+    static_assert(N <= kHpt, "the scratch holds kHpt values per warp of a row");
     if (kLanes <= 32) {
       // Rows are whole, aligned groups of kLanes lanes inside one warp. A whole warp's mask as
       // a constant: with a mask known only at run time every shuffle is preceded by a check
@@ -249,22 +250,22 @@ struct FusedKernel {
         butterfly<kMax>(v, mask);
     } else {
 #pragma unroll
-      for (int j = 0; j < kHpt; ++j) {
+      for (int j = 0; j < N; ++j) {
 #pragma unroll
         for (int off = 16; off > 0; off >>= 1)
           v[j] = combine<kMax>(v[j], __shfl_xor_sync(0xffffffffu, v[j], off));
       }
       const int row = threadIdx.z * blockDim.y + threadIdx.y;
-      float* r = scratch + row * kWarpsPerRow * kHpt;
+      float* r = scratch + row * kWarpsPerRow * N;
       if ((threadIdx.x & 31) == 0) {
 #pragma unroll
-        for (int j = 0; j < kHpt; ++j) r[(threadIdx.x / 32) * kHpt + j] = v[j];
+        for (int j = 0; j < N; ++j) r[(threadIdx.x / 32) * N + j] = v[j];
       }
       __syncthreads();
 #pragma unroll
-      for (int j = 0; j < kHpt; ++j) {
+      for (int j = 0; j < N; ++j) {
         float s = r[j];
-        for (int w = 1; w < kWarpsPerRow; ++w) s = combine<kMax>(s, r[w * kHpt + j]);
+        for (int w = 1; w < kWarpsPerRow; ++w) s = combine<kMax>(s, r[w * N + j]);
         v[j] = s;
       }
       __syncthreads();
@@ -729,41 +730,31 @@ struct FusedKernel {
           }
         }
 
-        // Dynamic FP8: each head finished first, then its largest magnitude over its lanes. The
-        // finished heads are kept for the stores (finishing them again cost a third of a
-        // prefill's time); the dynamic keys' prefill kernel runs one head per thread.
-        float amax[kHpt];
-        Slice done[kDynamic ? kHpt : 1];
-        if (kDynamic) {
-#pragma unroll
-          for (int j = 0; j < kHpt; ++j) {
-            amax[j] = 0.0f;
-            if (act[j]) {
-              widen(xr[j], two, done[j]);
-              finish(fp, kind[j], idx[j], col, rot, two, kNorm != kNormNone ? ss[j] : 0.0f, q_inv,
-                     k_inv, wq, wk, cs, sn, done[j]);
-              if (scaled(kind[j])) amax[j] = slice_amax(done[j], two);
-            }
-          }
-          row_reduce<true>(amax, scratch, whole_warps, mask);
-        }
-
+        // Each head in turn: finished (widened, normalized, rotated), with dynamic FP8 scales
+        // its largest magnitude over its lanes, then stored. One head's floats are live at a time,
+        // so a dynamic key's kernel also takes two heads per thread (and a pass ahead) in its
+        // registers; finishing a head twice instead (once for the amax, once for the stores)
+        // cost a third of a prefill's time.
 #pragma unroll
         for (int j = 0; j < kHpt; ++j) {
-          if (!act[j]) continue;
+          if (!kDynamic && !act[j]) continue;
           Slice x;
-          if (kDynamic) {
-            x = done[kDynamic ? j : 0];
-          } else {
+          float amax[1] = {0.0f};
+          if (!kDynamic || act[j]) {
             widen(xr[j], two, x);
             finish(fp, kind[j], idx[j], col, rot, two, kNorm != kNormNone ? ss[j] : 0.0f, q_inv,
                    k_inv, wq, wk, cs, sn, x);
+            if (kDynamic && scaled(kind[j])) amax[0] = slice_amax(x, two);
+          }
+          if (kDynamic) {
+            row_reduce<true>(amax, scratch, whole_warps, mask);  // by every thread of the block
+            if (!act[j]) continue;
           }
           // The head's dynamic scale: stored = value * (448 / a), dequantized by a / 448, both
           // divisions rounded to nearest whatever the compiler's flags.
           float dyn_mul = 1.0f, dyn_scale = 1.0f;
           if (kDynamic && scaled(kind[j])) {
-            const float a = fmaxf(amax[j], 0x1p-9f);
+            const float a = fmaxf(amax[0], 0x1p-9f);
             dyn_mul = __fdiv_rn(448.0f, a);
             dyn_scale = e4m3_scale_of(a);
           }

@@ -200,7 +200,7 @@ TEST_CASE("heuristic: two kernel variants for every shape and the decode and pre
                            "rope_thd_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_q-nrms-oe4m3dyn-"
                            "cpaged-e4m3dyn_fwd_oop")
                            .canonical();
-  CHECK(autotune::heuristic_config(fp8_dyn, fp8_shape, dev).name() == "v8h1t256_r2_z8_g0");
+  CHECK(autotune::heuristic_config(fp8_dyn, fp8_shape, dev).name() == "v8h2t256_r2_z8_g0");
   CHECK(detail::decode_variant(fused, 16).max_threads == 512);
   Spec all_heads = c;
   all_heads.norm = Norm::rms_all_heads;
