@@ -70,7 +70,7 @@ detail::LaunchConfig decode_config(const Spec& c, const detail::CallShape& shape
 // threads, of the 256-thread kernel (v8h2t256_r2_z8: the best candidate at 4096 and 32768
 // tokens on the H100 and at 32768 on the H200, 0.3-3% ahead of r2_z32 with 512 threads). The
 // kernel is prefill_variant's: two heads per thread, whose next pass's heads load while the
-// current ones are finished (at 4096 tokens on the H100: 95-97% of a copy in bf16 and static
+// current ones are finished (at 4096 tokens on the H100: 94-97% of a copy in bf16 and static
 // FP8, 91-94% with dynamic FP8 scales). Balancing the rows of a decode-sized call over its
 // passes (12 rows of 2 heads for Qwen3's 48 heads, not 16 with a half-empty second pass)
 // measured the same at 256 tokens.

@@ -177,9 +177,8 @@ KernelVariant variant_with(const Spec& c, int32_t align_bytes, int32_t table_ali
 // Fused keys take 256: the tuner's winners at 4096 and 32768 tokens on both GPUs (more
 // registers for the norm, FP8 and cache placement; bench/RESULTS.md, "Fused decode"), except a
 // norm over all heads, whose block holds every q and k head of a token (up to 2 x 512 / chunks).
-// Dynamic FP8 keys hold each finished head until its scale is known: one head per thread (the
-// tuner's winner for them at 4096 tokens on the H100 once the next pass's heads are loaded ahead,
-// templates/rope_fused.cuh), but for a norm over all heads.
+// Dynamic FP8 keys too: a head is finished, its scale reduced and the head stored before the
+// thread's next head (templates/rope_fused.cuh), so two heads fit the registers.
 KernelVariant prefill_variant(const Spec& c, int32_t align_bytes, int32_t table_align) {
   const bool fused_256 = c.fused() && c.norm != Norm::rms_all_heads;
   // Two heads per thread, fused keys too, bf16, static and dynamic FP8 alike. With the next

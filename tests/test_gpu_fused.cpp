@@ -183,6 +183,97 @@ TEST_SUITE("gpu") {
     }
   }
 
+  // Dynamic FP8 scales on heads wider than a warp: a head's amax then crosses warps through
+  // shared memory (row_reduce's block path, two barriers), once per head of a two-head thread,
+  // between a pass's heads and with the next pass's heads loaded ahead. The covering matrix's
+  // "two" launch is illegal for most such cases (too many rows for 256 threads), so here: the
+  // two-head prefill kernel at every legal launch of one or two rows and one or two tokens per
+  // block, and the heuristic's launch at a decode size above 64 tokens (the same kernel over a
+  // token's heads) and at a prefill size.
+  TEST_CASE("fused: dynamic FP8 scales on heads wider than a warp, two heads per thread") {
+    testing::use_primary_context();
+    const detail::DeviceInfo& device = api::engine().device_info(testing::use_primary_context());
+    struct Head {
+      DType dtype;
+      int32_t dim, rotary;
+      Style style;
+    };
+    // 64 lanes (f32 d256 gptj, bf16 d512 gptj, f32 d512 neox, partial rotary) and 128 (f32 d512
+    // gptj): two and four warps per head.
+    const Head heads[] = {{DType::f32, 256, 256, Style::gptj},
+                          {DType::bf16, 512, 512, Style::gptj},
+                          {DType::f32, 512, 512, Style::neox},
+                          {DType::f16, 512, 256, Style::gptj},
+                          {DType::f32, 512, 512, Style::gptj}};
+    int n = 0;
+    for (const Head& h : heads)
+      for (const Norm norm : {Norm::rms, Norm::none, Norm::rms_all_heads})
+        for (const bool q_dynamic : {true, false}) {
+          ++n;
+          Spec s;
+          s.layout = n % 2 ? Layout::thd : Layout::bshd;
+          s.dtype = h.dtype;
+          s.head_dim = h.dim;
+          s.rotary_dim = h.rotary;
+          s.style = h.style;
+          s.positions = Positions::ids;
+          s.freqs = n % 3 == 0 ? Freqs::computed : Freqs::table;
+          s.norm = norm;
+          s.fusion = Fusion::qk;
+          s.cache = n % 4 == 1 ? KvCache::slots : KvCache::paged;
+          s.cache_store = q_dynamic && n % 3 == 1 ? Store::e4m3 : Store::e4m3_dynamic;
+          s.in_place = false;
+          s.out_store = q_dynamic ? Store::e4m3_dynamic : Store::same;
+          autotune::Sizes z;
+          z.seed = uint64_t(4400 + n);
+          // A decode size above 64 tokens, or a prefill size (above 4 blocks per SM).
+          const int64_t tokens = n % 2 ? 100 : 4 * int64_t(device.sm_count) + 72;
+          z.batch = 2;
+          z.seq_len = tokens / 2;
+          z.seq_lens = {tokens / 2 - 9, tokens / 2 + 9};
+          z.q_heads = 4 + n % 3;
+          z.k_heads = 2;
+          z.packed_qkv = n % 3 == 2;
+          z.page_size = n % 2 ? 16 : 5;
+          z.cache_hnd = n % 4 == 2;
+          z.bad_tokens = n % 5 == 0 ? 1 : 0;
+          z.max_position = 4095;
+          z.out_quant_scale = 4.0f;
+          z.k_quant_scale = 8.7f;
+          z.v_quant_scale = 0.5f;
+          if (s.freqs == Freqs::computed) z.base = 500000.0;
+          const std::string what = s.key() + " tokens " + std::to_string(tokens);
+          autotune::Workload w(s, z);
+          w.upload();
+          apply(w.spec(), w.args());
+          autotune::CheckReport r = w.check();
+          CHECK_MESSAGE(r.ok, what, " (heuristic): ", r.first_failure);
+          const Spec c = w.spec().canonical();
+          const Args args = w.args();
+          const detail::CallShape shape = detail::check_call(c, args);
+          int launches = 0;
+          for (const int32_t rows : {1, 2})
+            for (const int32_t tokens_per_block : {1, 2}) {
+              detail::LaunchConfig cfg;
+              cfg.kernel = detail::prefill_variant(c, shape.align_bytes, shape.table_align);
+              REQUIRE(cfg.kernel.heads_per_thread == 2);
+              cfg.rows = rows;
+              cfg.tokens_per_block = tokens_per_block;
+              if (!detail::illegal_reason(c, shape, cfg, device).empty()) continue;
+              ++launches;
+              w.upload();
+              api::engine().launch(c, args, shape, &cfg);
+              r = w.check();
+              CHECK_MESSAGE(r.ok, what, " ", cfg.name(), ": ", r.first_failure, " (", r.mismatches,
+                            " mismatches)");
+              CHECK(r.checked > 0);
+            }
+          // One row and one token per block is legal for every head here but where a norm over
+          // all heads needs every q and k head in one pass (then the heuristic's launch only).
+          if (norm != Norm::rms_all_heads) CHECK_MESSAGE(launches > 0, what);
+        }
+  }
+
   TEST_CASE("fused: a Qwen3-style decode step into an FP8 paged cache, captured and replayed") {
     testing::use_primary_context();
     const detail::Driver& d = detail::driver();

@@ -187,8 +187,8 @@ TEST_CASE("heuristic: two kernel variants for every shape and the decode and pre
   with_v.tokens = 4096;  // prefill: the 256-thread two-head kernel in blocks of 128 threads
   CHECK(autotune::heuristic_config(fused, with_v, dev).name() == "v8h2t256_r2_z8_g0");
   CHECK(detail::prefill_variant(fused, 16).max_threads == 256);
-  // q stored as static FP8: the two-head kernel at prefill, as bf16 (the tuner's winner on the
-  // H100 once the next pass's heads load ahead); dynamic FP8 scales: one head per thread.
+  // q stored as static FP8, or with dynamic FP8 scales: the two-head kernel at prefill, as bf16
+  // (the tuner's winner on the H100 once the next pass's heads load ahead).
   const Spec fp8_q =
       parse_key(
           "rope_thd_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_q-nrms-oe4m3-cpaged-e4m3_fwd_oop")
