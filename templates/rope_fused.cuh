@@ -737,10 +737,12 @@ struct FusedKernel {
         // cost a third of a prefill's time.
 #pragma unroll
         for (int j = 0; j < kHpt; ++j) {
-          if (!kDynamic && !act[j]) continue;
+          // A thread without this head skips it; with dynamic scales only after the head's
+          // reduction, which every thread of the block joins.
+          if (!act[j] && !kDynamic) continue;
           Slice x;
           float amax[1] = {0.0f};
-          if (!kDynamic || act[j]) {
+          if (act[j]) {
             widen(xr[j], two, x);
             finish(fp, kind[j], idx[j], col, rot, two, kNorm != kNormNone ? ss[j] : 0.0f, q_inv,
                    k_inv, wq, wk, cs, sn, x);
