@@ -66,10 +66,15 @@ std::vector<std::string> precompile(const QkvProjSpec& spec, const std::string& 
   const std::vector<detail::ProjVariant> variants =
       autotune::proj_heuristic_variants(c, detail::ProjShape{}, device);  // no clusters
   const std::string target = detail::target_for(cc);
-  std::vector<std::string> paths(variants.size());
+  // e4m3 weights: the unfused path's dequantization kernel too.
+  const bool w8 = c.weights == Weights::e4m3;
+  std::vector<std::string> paths(variants.size() + (w8 ? 1 : 0));
   std::vector<std::future<void>> builds;
   for (size_t i = 0; i < variants.size(); ++i)
     builds.push_back(api::engine().image_async(c, variants[i], target, &paths[i]));
+  if (w8)
+    builds.push_back(std::async(
+        std::launch::async, [&] { api::engine().dequant_image(c.dtype, target, &paths.back()); }));
   for (std::future<void>& f : builds) f.get();
   return paths;
 }
@@ -101,18 +106,20 @@ std::vector<std::string> precompile(const FfnSpec& spec, const std::string& arch
   device.cc = cc;
   const std::vector<detail::ProjVariant> variants = autotune::ffn_heuristic_variants(c, device);
   const std::string target = detail::target_for(cc);
-  // The unfused path's GLU kernels too, where the key has that path.
-  const bool unfused = c.weights == Weights::same;
-  std::vector<std::string> paths(variants.size() + (unfused ? 2 : 0));
+  // The unfused path's GLU kernels too, and with e4m3 weights its dequantization kernel.
+  const bool w8 = c.weights == Weights::e4m3;
+  std::vector<std::string> paths(variants.size() + 2 + (w8 ? 1 : 0));
   std::vector<std::future<void>> builds;
   for (size_t i = 0; i < variants.size(); ++i)
     builds.push_back(api::engine().image_async(c, variants[i], target, &paths[i]));
-  if (unfused)
-    for (const int32_t vec : {8, 1})
-      builds.push_back(std::async(std::launch::async, [&, vec] {
-        api::engine().glu_image(c, detail::GluVariant{vec}, target,
-                                &paths[variants.size() + (vec == 8 ? 0 : 1)]);
-      }));
+  for (const int32_t vec : {8, 1})
+    builds.push_back(std::async(std::launch::async, [&, vec] {
+      api::engine().glu_image(c, detail::GluVariant{vec}, target,
+                              &paths[variants.size() + (vec == 8 ? 0 : 1)]);
+    }));
+  if (w8)
+    builds.push_back(std::async(
+        std::launch::async, [&] { api::engine().dequant_image(c.dtype, target, &paths.back()); }));
   for (std::future<void>& f : builds) f.get();
   return paths;
 }

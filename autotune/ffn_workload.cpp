@@ -9,6 +9,8 @@
 //
 // With e4m3 weights the products use the decoded codes (exact in the operand dtype) and each
 // row's scale multiplies its fp32 sum: one more fp32 rounding of g and of u.
+// The unfused path dequantizes first: W_nk = dtype(fp32(code · scale_n)), exactly reproduced
+// here.
 //
 // Unfused path (RMSNorm key -> cuBLASLt -> GLU key): a_k = round((x_k · rstd) · w_k) with the
 // neighbour allowed where float64 lies within rstd's error of a rounding boundary (as the
@@ -70,8 +72,6 @@ FfnProblem::FfnProblem(const FfnSpec& spec, const FfnSizes& sizes)
   // the activation's curved part. e4m3: every finite code equally likely (all exponents and the
   // subnormals) and a scale per row that brings the row to about that variance.
   const bool w8 = c.weights == Weights::e4m3;
-  if (w8 && z.path != ProjPath::fused)
-    detail::invalid("FfnProblem: e4m3 weights have only the fused path");
   const int64_t we = w8 ? 1 : e;
   const double scale = 3.0 * std::sqrt(3.0 / double(z.hidden));
   std::uniform_int_distribution<int> code(0, 253);  // 254 finite codes: skip 0x7f and 0xff
@@ -182,24 +182,27 @@ void FfnProblem::build_reference(bool unfused, Expected* out) {
       const uint8_t* rows[2] = {gate_rows + n * w_stride_ * we, up_rows + n * w_stride_ * we};
       double row_scale[2] = {1, 1};
       for (int h = 0; h < 2; ++h) {
+        float scale = 1.0f;
+        if (w8) std::memcpy(&scale, scale_->host.data() + (h * I + n) * 4, 4);
+        // The unfused path multiplies each dequantized weight by its row's scale, the fused
+        // kernel the row's sum.
+        const bool scaled_sum = w8 && !unfused;
         for (int64_t k = 0; k < K; ++k) {
-          const double wv = w8 ? e4m3_value(rows[h][k]) : load_value(c.dtype, rows[h] + k * e);
+          const double wv = !w8       ? load_value(c.dtype, rows[h] + k * e)
+                            : unfused ? dequantized_e4m3(c.dtype, rows[h][k], scale)
+                                      : e4m3_value(rows[h][k]);
           sum[h] += a[size_t(k)] * wv;
           mag[h] += std::fabs(a[size_t(k)] * wv);
           am[h] += amb[size_t(k)] * std::fabs(wv);
         }
-        if (w8) {
-          float f = 0;
-          std::memcpy(&f, scale_->host.data() + (h * I + n) * 4, 4);
-          row_scale[h] = f;
-        }
+        if (scaled_sum) row_scale[h] = scale;
       }
       double v[2], err[2];
       for (int h = 0; h < 2; ++h) {
         v[h] = post * row_scale[h] * sum[h];
         err[h] = post * row_scale[h] * (gamma * mag[h] + am[h]);
         if (!unfused && c.norm != Norm::none) err[h] += (rel_rstd + u32) * std::fabs(v[h]);
-        if (w8) err[h] += u32 * std::fabs(v[h]);  // the fp32 sum · scale
+        if (w8 && !unfused) err[h] += u32 * std::fabs(v[h]);  // the fp32 sum · scale
         if (unfused) err[h] = u_out * std::fabs(v[h]) + (1 + u_out) * err[h];  // rounded product
       }
       const double act = act_of(c.act, v[0]);

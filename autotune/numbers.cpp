@@ -87,6 +87,12 @@ double e4m3_value(uint8_t bits) {
   return decode(exp_field, frac, bits & 0x80, 3, 7);
 }
 
+double dequantized_e4m3(DType dtype, uint8_t code, float scale) {
+  const double value = (code & 0x7f) == 0x7f ? ((code & 0x80) ? -480.0 : 480.0) : e4m3_value(code);
+  const double product = f32_value(value * double(scale));  // exact in float64, then rounded
+  return dtype == DType::bf16 ? bf16_value(bf16_bits(product)) : f16_value(f16_bits(product));
+}
+
 double load_value(DType t, const uint8_t* p) {
   switch (t) {
     case DType::f32: {

@@ -27,6 +27,11 @@ uint8_t e4m3_bits(double v);
 double e4m3_value(uint8_t bits);
 constexpr double kE4m3Max = 448.0;
 
+// An e4m3 weight code as the unfused paths dequantize it (templates/dequant_kernel.cuh): its
+// value (the NaN codes read as +-480, as the kernels decode them) times `scale`, rounded to
+// fp32, then to `dtype` (bf16 or f16).
+double dequantized_e4m3(DType dtype, uint8_t code, float scale);
+
 // Rounds v to the nearest value with `mantissa` fraction bits whose normal exponents start at
 // `min_exponent` (subnormals below, with the same quantum), ties to even. No overflow handling:
 // the caller decides what happens above its largest finite value. NaN and zero pass through.

@@ -75,11 +75,20 @@ detail::ProjVariant proj_heuristic(const QkvProjSpec& canonical, const detail::P
 // launches of the unfused path); at 32 tokens the fused kernel takes 39.9 µs against cuBLAS's
 // 28.6 µs. So fused up to 16 tokens, unfused beyond; `ropejit tune --key qkvproj_...` measures the
 // crossover of a shape on its GPU and the tuning file overrides this.
+//
+// e4m3 weights: the fused kernel reads half the bytes (29.4 µs at 32 tokens, 55.7 at 64 on the
+// H100), while the unfused path first dequantizes the weight chunk by chunk (jit/dequant.hpp;
+// reading the codes once, the chunks back from L2) before the same GEMM. Estimated from those
+// parts (not yet measured end to end): about 40 µs from 33 to 64 tokens, so fused up to 32
+// tokens, unfused beyond.
+namespace {
+int64_t fused_up_to(Weights weights) { return weights == Weights::e4m3 ? 32 : 16; }
+}  // namespace
+
 ProjPath proj_heuristic_path(const QkvProjSpec& canonical, const detail::ProjShape& shape,
                              const detail::DeviceInfo& device) {
   (void)device;
-  if (canonical.weights == Weights::e4m3) return ProjPath::fused;  // its only path
-  return shape.tokens <= 16 ? ProjPath::fused : ProjPath::unfused;
+  return shape.tokens <= fused_up_to(canonical.weights) ? ProjPath::fused : ProjPath::unfused;
 }
 
 std::vector<detail::ProjVariant> proj_heuristic_variants(const QkvProjSpec& canonical,
@@ -136,8 +145,7 @@ std::vector<detail::ProjVariant> ffn_heuristic_variants(const FfnSpec& canonical
 ProjPath ffn_heuristic_path(const FfnSpec& canonical, const detail::ProjShape& shape,
                             const detail::DeviceInfo& device) {
   (void)device;
-  if (canonical.weights == Weights::e4m3) return ProjPath::fused;  // its only path
-  return shape.tokens <= 16 ? ProjPath::fused : ProjPath::unfused;
+  return shape.tokens <= fused_up_to(canonical.weights) ? ProjPath::fused : ProjPath::unfused;
 }
 
 }  // namespace ropejit::autotune

@@ -172,7 +172,7 @@ std::vector<detail::ProjVariant> proj_fused_candidates(const detail::ProjVariant
 ProjTuneReport tune_proj(const QkvProjSpec& spec, int64_t bucket, int64_t hidden, int32_t q_heads,
                          int32_t kv_heads) {
   const QkvProjSpec c = spec.canonical();
-  const bool fp8 = c.weights == Weights::e4m3;  // the fused path only: its variants are tuned
+  const bool fp8 = c.weights == Weights::e4m3;
   const detail::DeviceInfo& device = tuning_device("the projection's path");
   detail::Engine& engine = detail::Engine::instance();
   const int64_t columns = int64_t(q_heads + 2 * kv_heads) * c.head_dim;
@@ -181,7 +181,7 @@ ProjTuneReport tune_proj(const QkvProjSpec& spec, int64_t bucket, int64_t hidden
   z.hidden = hidden;
   z.q_heads = q_heads;
   z.kv_heads = kv_heads;
-  z.path = fp8 ? ProjPath::fused : ProjPath::automatic;  // the workspace, both references
+  z.path = ProjPath::automatic;  // the workspace, both references
   z.reference = double(bucket) * double(columns) * double(hidden) <= kMaxReferenceWork;
   ProjProblem problem(c, z);
   problem.upload();
@@ -191,9 +191,9 @@ ProjTuneReport tune_proj(const QkvProjSpec& spec, int64_t bucket, int64_t hidden
   QkvProjArgs unfused = fused;
   unfused.path = ProjPath::unfused;
   const detail::ProjShape shape = detail::check_proj_call(c, fused);
-  // Keys without an unfused path (e4m3 weights; offset positions with a paged cache) race the
-  // fused kernel's variants alone.
-  const bool two_paths = !fp8 && detail::proj_split_problem(c, unfused, shape, true).empty();
+  // Calls without an unfused path (offset positions with a paged cache, say) race the fused
+  // kernel's variants alone.
+  const bool two_paths = detail::proj_split_problem(c, unfused, shape, true).empty();
   const detail::ProjVariant variant = proj_heuristic(c, shape, device);
   ProjTuneReport report = race(
       problem, z.reference, stream.get(), c.key(), bucket, hidden, columns,
@@ -214,14 +214,14 @@ ProjTuneReport tune_proj(const QkvProjSpec& spec, int64_t bucket, int64_t hidden
 
 ProjTuneReport tune_ffn(const FfnSpec& spec, int64_t bucket, int64_t hidden, int64_t intermediate) {
   const FfnSpec c = spec.canonical();
-  const bool fp8 = c.weights == Weights::e4m3;  // the fused path only: its variants are tuned
+  const bool fp8 = c.weights == Weights::e4m3;
   const detail::DeviceInfo& device = tuning_device("the FFN's path");
   detail::Engine& engine = detail::Engine::instance();
   FfnSizes z;
   z.tokens = bucket;
   z.hidden = hidden;
   z.intermediate = intermediate;
-  z.path = fp8 ? ProjPath::fused : ProjPath::automatic;
+  z.path = ProjPath::automatic;
   z.reference = double(bucket) * double(2 * intermediate) * double(hidden) <= kMaxReferenceWork;
   FfnProblem problem(c, z);
   problem.upload();
@@ -235,8 +235,9 @@ ProjTuneReport tune_ffn(const FfnSpec& spec, int64_t bucket, int64_t hidden, int
   ProjTuneReport report = race(
       problem, z.reference, stream.get(), c.key(), bucket, hidden, 2 * intermediate,
       [&] { engine.launch_ffn(c, fused, shape, &variant); },
-      fp8 ? std::function<void()>()
-          : std::function<void()>([&] { engine.launch_ffn_unfused(c, unfused, shape); }));
+      detail::ffn_split_problem(c, unfused, shape, true).empty()
+          ? std::function<void()>([&] { engine.launch_ffn_unfused(c, unfused, shape); })
+          : std::function<void()>());
   report.variant = variant;
   if (worth_searching(report)) {
     const std::string target = detail::target_for(device.cc);

@@ -78,8 +78,6 @@ ProjProblem::ProjProblem(const QkvProjSpec& spec, const ProjSizes& sizes)
   // e4m3: every finite code equally likely (all exponents and the subnormals), and a scale per
   // row that brings the row to about that variance.
   if (c.weights == Weights::e4m3) {
-    if (z.path != ProjPath::fused)
-      detail::invalid("ProjProblem: e4m3 weights have only the fused path");
     std::uniform_int_distribution<int> code(0, 253);  // 254 finite codes: skip 0x7f and 0xff
     std::vector<uint8_t> bytes(size_t(columns_ * w_stride_), kPoison);
     for (int64_t n = 0; n < columns_; ++n)
@@ -440,6 +438,8 @@ void ProjProblem::build_reference() {
 //     value's rounding unless that value lies within (rel_rstd + 3 · 2^-24) of a rounding
 //     boundary; there the neighbour is allowed too, its distance times |W_nk| added to the
 //     column's error;
+//   - e4m3 weights: W_nk = dtype(fp32(code · scale_n)), as the path's dequantization kernel
+//     computes it (exactly reproduced here);
 //   - the GEMM (cuBLASLt, fp32 accumulation in tensor cores, any split of K): (K/8 + 64) chained
 //     steps of two fp32 ulps of Σ|a_k W_nk|;
 //   - y rounded once to the dtype; v and the columns RoPE leaves alone are that value;
@@ -450,6 +450,7 @@ void ProjProblem::build_unfused_reference() {
   const int64_t D = c.head_dim, R = c.rotary_dim, K = z.hidden;
   const int64_t e = detail::element_bytes(c.dtype);
   Expected& out = expected_unfused_;
+  const bool w8 = c.weights == Weights::e4m3;
   out.value.assign(size_t(z.tokens * columns_), 0.0);
   out.tol.assign(size_t(z.tokens * columns_), 0.0);
   const double gamma_dot = (double(K) / 8 + 64) * std::ldexp(1.0, -22);
@@ -484,10 +485,13 @@ void ProjProblem::build_unfused_reference() {
           std::max(std::fabs(round_to(v - slack) - r), std::fabs(round_to(v + slack) - r));
     }
     for (int64_t n = 0; n < columns_; ++n) {
-      const uint8_t* wr = w_->host.data() + n * w_stride_ * e;
+      const uint8_t* wr = w_->host.data() + n * w_stride_ * (w8 ? 1 : e);
+      float row_scale = 1.0f;
+      if (w8) std::memcpy(&row_scale, scale_->host.data() + n * 4, 4);
       double sum = 0, s_abs = 0, s_amb = 0;
       for (int64_t k = 0; k < K; ++k) {
-        const double wv = load_value(c.dtype, wr + k * e);
+        const double wv =
+            w8 ? dequantized_e4m3(c.dtype, wr[k], row_scale) : load_value(c.dtype, wr + k * e);
         const double t = a[size_t(k)] * wv;
         sum += t;
         s_abs += std::fabs(t);

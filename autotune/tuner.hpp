@@ -37,7 +37,7 @@ TuneReport tune(const Spec& canonical, int64_t bucket, int32_t q_heads, int32_t 
 // path (RMSNorm key -> cuBLASLt GEMM -> RoPE key), both checked against float64 where the host
 // reference is affordable (tokens x columns x hidden <= 2^32), then timed (L2 flushed, medians);
 // the faster is the entry's path (a tie goes to fused). Where the fused kernel is within 1.25x
-// of the unfused path, or is the key's only path (e4m3 weights; unfused_us 0), its launch
+// of the unfused path, or is the call's only path (unfused_us 0), its launch
 // variants (warps, chunks per iteration, clusters on sm_90) are checked and timed too and the
 // fastest is recorded.
 struct ProjTuneReport {

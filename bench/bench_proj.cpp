@@ -7,7 +7,7 @@
 // as large as the H100's L2, so repeated calls would otherwise find part of it there.
 //   proj/llama3_8b_m<M>: the library's choice for M tokens;
 //   proj_fp8/llama3_8b_m<M>: the same with e4m3 weights and a scale per column (25 MB; the floor
-//   is those bytes); ffn_fp8/m<M> likewise for the FFN's gate/up (117 MB of e4m3 weights);
+//   is those bytes); ffn_fp8/m<M> likewise for the FFN's gate/up (117 MB of e4m3 weights, fused);
 //   proj_k[_fp8]/k<K>_m1: one token, the same 6144 output columns over a hidden size K of
 //   1024..16384: the time against the weight's bytes separates a fixed cost from the stream;
 //   proj_cluster/<shape>_m<M>/<variant>: thread-block clusters splitting the hidden dimension
@@ -23,7 +23,9 @@
 //   proj_steps/m<M>/<norm|gemm|rope|gemm_rope|all>: the unfused path's steps timed apart;
 //   proj_path/m<M>/<fused|unfused|auto>: the fused kernel, the unfused path (RMSNorm key ->
 //   cuBLASLt GEMM -> RoPE key) and the automatic choice (tuning file, else the heuristic) from
-//   1 to 4096 tokens: the chooser should track the faster of the two everywhere. Results are
+//   1 to 4096 tokens: the chooser should track the faster of the two everywhere;
+//   proj_path_fp8/m<M>/<path>, ffn_path_fp8/m<M>/<path>: the same with e4m3 weights (the
+//   unfused path dequantizes them chunk by chunk before its GEMM). Results are
 //   checked against float64 up to 64 tokens (the host reference costs M x 6144 x 4096
 //   multiply-adds); the GPU tests check every path at larger token counts on smaller shapes.
 #include <string>
@@ -93,8 +95,10 @@ void run_proj(benchmark::State& state, int64_t tokens, const detail::ProjVariant
 }
 
 void run_path(benchmark::State& state, int64_t tokens, ProjPath path, KvCache cache = KvCache::none,
-              Store cache_store = Store::same, int32_t sequences = 0) {
+              Store cache_store = Store::same, int32_t sequences = 0,
+              Weights weights = Weights::same) {
   QkvProjSpec s = llama_spec();
+  s.weights = weights;
   s.cache = cache;
   s.cache_store = cache_store;
   autotune::ProjSizes z = llama_sizes(tokens);
@@ -118,8 +122,10 @@ void run_path(benchmark::State& state, int64_t tokens, ProjPath path, KvCache ca
   time_against_copy(state, 2 * p.weight_bytes(), call, autotune::Flush::read);
   report_weight_floor(state, p.weight_bytes());
   state.counters["unfused"] = taken == ProjPath::unfused ? 1 : 0;
+  const double weights_elements =
+      double(z.hidden) * double(z.q_heads + 2 * z.kv_heads) * double(s.head_dim);
   state.counters["tflops"] =
-      2.0 * double(tokens) * double(p.weight_bytes() / 2) / state.counters["median_us"] / 1e6;
+      2.0 * double(tokens) * weights_elements / state.counters["median_us"] / 1e6;
   state.SetBytesProcessed(int64_t(state.iterations()) * p.bytes_moved());
   state.SetLabel(s.key() + " " + to_string(path) + " -> " + to_string(taken) +
                  (z.reference ? "" : " (unchecked)"));
@@ -209,8 +215,7 @@ void run_ffn_path(benchmark::State& state, int64_t tokens, ProjPath path,
   z.tokens = tokens;
   z.hidden = 4096;
   z.intermediate = 14336;
-  z.path =
-      path == ProjPath::fused || weights == Weights::e4m3 ? ProjPath::fused : ProjPath::automatic;
+  z.path = path == ProjPath::fused ? ProjPath::fused : ProjPath::automatic;  // workspace
   z.reference = tokens <= 8;
   autotune::FfnProblem p(s, z);
   p.upload();
@@ -277,10 +282,28 @@ void register_proj_benchmarks() {
   for (const int64_t m : {1, 4, 8, 16, 32, 64})
     benchmark::RegisterBenchmark(
         ("ffn_fp8/m" + std::to_string(m)).c_str(),
-        [m](benchmark::State& st) { run_ffn_path(st, m, ProjPath::automatic, Weights::e4m3); })
+        [m](benchmark::State& st) { run_ffn_path(st, m, ProjPath::fused, Weights::e4m3); })
         ->UseManualTime()
         ->Iterations(20)
         ->Unit(benchmark::kMicrosecond);
+  // e4m3 weights on both paths (unfused: the weight dequantized chunk by chunk, then the GEMM).
+  for (const int64_t m : {16, 32, 64, 128, 256, 1024, 4096})
+    for (const ProjPath path : {ProjPath::fused, ProjPath::unfused, ProjPath::automatic}) {
+      benchmark::RegisterBenchmark(
+          ("proj_path_fp8/m" + std::to_string(m) + "/" + to_string(path)).c_str(),
+          [m, path](benchmark::State& st) {
+            run_path(st, m, path, KvCache::none, Store::same, 0, Weights::e4m3);
+          })
+          ->UseManualTime()
+          ->Iterations(30)
+          ->Unit(benchmark::kMicrosecond);
+      benchmark::RegisterBenchmark(
+          ("ffn_path_fp8/m" + std::to_string(m) + "/" + to_string(path)).c_str(),
+          [m, path](benchmark::State& st) { run_ffn_path(st, m, path, Weights::e4m3); })
+          ->UseManualTime()
+          ->Iterations(20)
+          ->Unit(benchmark::kMicrosecond);
+    }
   // A prefill chunk of 4 sequences into an e4m3 paged cache (16-token pages), both paths.
   for (const int64_t m : {16, 64, 256, 1024, 4096})
     for (const ProjPath path : {ProjPath::fused, ProjPath::unfused, ProjPath::automatic})

@@ -198,8 +198,8 @@ std::string fused_dry_line(const std::string& head, const detail::ProjVariant& h
   const std::vector<detail::ProjVariant> all =
       autotune::proj_fused_candidates(heuristic, fp8_weights, h100);
   std::string line =
-      detail::concat(head, ": fused (", heuristic.name(), ")",
-                     fp8_weights ? " alone (e4m3 weights)" : " vs unfused", "; ", all.size(),
+      detail::concat(head, ": fused (", heuristic.name(), ") vs unfused",
+                     fp8_weights ? " (e4m3 weights dequantized)" : "", "; ", all.size(),
                      " fused variants where the fused path competes (sm_90):\n   ");
   for (const detail::ProjVariant& v : all) line += " " + v.name();
   return line;

@@ -731,6 +731,7 @@ void Engine::prepare_unfused(CUcontext ctx, const QkvProjSpec& c, const QkvProjA
   const CallShape rope_shape = check_call(rs, proj_rope_args(c, args));
   for (const KernelVariant& v : policy().variants(rs, rope_shape, device_info(ctx)))
     function(ctx, rs, v, stream);
+  if (c.weights == Weights::e4m3) dequant_function(ctx, c.dtype, stream);
   gemm_prepare(ctx);  // cuBLASLt's handle for the context
 }
 
@@ -849,6 +850,7 @@ void Engine::launch_proj_unfused(const QkvProjSpec& c, const QkvProjArgs& args,
   const int64_t elem = element_bytes(c.dtype);
   char* workspace = static_cast<char*>(args.workspace);
   const size_t norm_bytes = proj_norm_bytes(c, shape.tokens, shape.hidden);
+  const size_t chunk_bytes = dequant_workspace_bytes(c.dtype, c.weights, shape.hidden);
   // The RoPE step's launch is decided first: a refusal (ROPEJIT_TUNING=frozen without its entry,
   // say) then comes before anything is written.
   planned(proj_rope_spec(c, args), proj_rope_args(c, args));
@@ -857,12 +859,14 @@ void Engine::launch_proj_unfused(const QkvProjSpec& c, const QkvProjArgs& args,
   GemmCall g = normalized_operand(proj_norm_spec(c), c.norm != Norm::none, shape.tokens,
                                   shape.hidden, args.x, args.x_stride, args.norm_weight,
                                   args.norm_eps, workspace, args.stream);
-  g.workspace = workspace + norm_bytes;
-  g.workspace_bytes = args.workspace_bytes - norm_bytes;
+  char* chunk = workspace + norm_bytes;  // e4m3 weights: dequantized rows
+  g.workspace = chunk + chunk_bytes;
+  g.workspace_bytes = args.workspace_bytes - norm_bytes - chunk_bytes;
   g.stream = stream;
 
   // 2. The projection: one GEMM when q, k and v are heads of one packed tensor, else one each.
   const int64_t wstride = args.weight_stride == 0 ? shape.hidden : args.weight_stride;
+  const int64_t welem = c.weights == Weights::e4m3 ? 1 : elem;
   const int64_t D = c.head_dim;
   const Tensor* outs[3] = {&args.q, &args.k, &args.v};
   const int64_t heads[3] = {shape.q_heads, shape.kv_heads, shape.kv_heads};
@@ -875,27 +879,70 @@ void Engine::launch_proj_unfused(const QkvProjSpec& c, const QkvProjArgs& args,
                       args.k.stride_seq == args.q.stride_seq &&
                       args.v.stride_seq == args.q.stride_seq;
   if (packed) {
-    g.n = (shape.q_heads + 2 * shape.kv_heads) * D;
-    g.b = args.weight;
-    g.ldb = wstride;
-    g.d = args.q.data;
-    g.ldd = row_stride(args.q, g.n);
-    gemm(ctx, g);
+    const int64_t rows = (shape.q_heads + 2 * shape.kv_heads) * D;
+    g.ldd = row_stride(args.q, rows);
+    weight_gemm(ctx, g, c.weights, args.weight, wstride, args.weight_scale, rows, args.q.data,
+                chunk);
   } else {
     int64_t row = 0;
     for (int i = 0; i < 3; ++i) {
-      g.n = heads[i] * D;
-      g.b = static_cast<const char*>(args.weight) + row * wstride * elem;
-      g.ldb = wstride;
-      g.d = outs[i]->data;
-      g.ldd = row_stride(*outs[i], g.n);
-      gemm(ctx, g);
-      row += g.n;
+      const int64_t rows = heads[i] * D;
+      g.ldd = row_stride(*outs[i], rows);
+      weight_gemm(ctx, g, c.weights, static_cast<const char*>(args.weight) + row * wstride * welem,
+                  wstride, args.weight_scale ? args.weight_scale + row : nullptr, rows,
+                  outs[i]->data, chunk);
+      row += rows;
     }
   }
 
   // 3. RoPE in place on q and k (one launch, overlapping the GEMM's end where it can).
   apply(proj_rope_spec(c, args), proj_rope_args(c, args));
+}
+
+const CacheEntry& Engine::dequant_image(DType dtype, const std::string& target, std::string* path) {
+  return image_by(
+      dequant_key(dtype) + "__" + kDequantVariant + "@" + target, target,
+      [&] { return render_dequant(dtype); }, path);
+}
+
+const Engine::LoadedFunction& Engine::dequant_function(CUcontext ctx, DType dtype,
+                                                       CUstream stream) {
+  return named_function(
+      ctx, dequant_key(dtype), kDequantVariant, stream,
+      [&]() -> const CacheEntry& { return dequant_image(dtype, target_for(device_info(ctx).cc)); });
+}
+
+void Engine::weight_gemm(CUcontext ctx, GemmCall g, Weights weights, const void* weight,
+                         int64_t wstride, const float* scale, int64_t rows, void* d, void* chunk) {
+  if (weights != Weights::e4m3) {
+    g.n = rows;
+    g.b = weight;
+    g.ldb = wstride;
+    g.d = d;
+    return gemm(ctx, g);
+  }
+  const LoadedFunction& fn = dequant_function(ctx, g.dtype, g.stream);
+  const int64_t per_chunk = dequant_chunk_rows(g.dtype, g.k);
+  const int64_t elem = element_bytes(g.dtype);
+  for (int64_t first = 0; first < rows; first += per_chunk) {
+    const int64_t n = std::min(per_chunk, rows - first);
+    // Launched in stream order (not programmatically): it overwrites the chunk the previous
+    // chunk's GEMM reads.
+    ropejit_dev::DequantParams p = make_dequant_params(
+        static_cast<const char*>(weight) + first * wstride, wstride, scale + first, chunk, n, g.k);
+    void* kernel_args[] = {&p};
+    const KernelLaunch k{fn.fn,
+                         {dequant_grid_x(g.k), dequant_grid_y(n), 1},
+                         {unsigned(kDequantThreads), 1, 1},
+                         0,
+                         g.stream};
+    launch_kernel(k, kernel_args, false);
+    g.n = n;
+    g.b = chunk;
+    g.ldb = g.k;
+    g.d = static_cast<char*>(d) + first * elem;
+    gemm(ctx, g);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -983,6 +1030,7 @@ void Engine::prepare_ffn_unfused(CUcontext ctx, const FfnSpec& c, const FfnArgs&
     load_norm(ctx, RmsNormSpec{c.dtype, c.norm, false}, args.x, args.norm_weight, shape.hidden,
               stream);
   for (const int32_t vec : {8, 1}) glu_function(ctx, c, GluVariant{vec}, stream);
+  if (c.weights == Weights::e4m3) dequant_function(ctx, c.dtype, stream);
   gemm_prepare(ctx);
 }
 
@@ -1064,6 +1112,7 @@ void Engine::launch_ffn_unfused(const FfnSpec& c, const FfnArgs& args, const Ffn
   char* workspace = static_cast<char*>(args.workspace);
   const size_t norm_bytes = norm_workspace_bytes(c.dtype, c.norm, shape.tokens, shape.hidden);
   const size_t product_bytes = ffn_product_bytes(c, shape.tokens, I);
+  const size_t chunk_bytes = dequant_workspace_bytes(c.dtype, c.weights, shape.hidden);
 
   // 1. RMSNorm into the workspace (rounded once to the dtype).
   GemmCall g = normalized_operand(RmsNormSpec{c.dtype, c.norm, false}, c.norm != Norm::none,
@@ -1071,26 +1120,24 @@ void Engine::launch_ffn_unfused(const FfnSpec& c, const FfnArgs& args, const Ffn
                                   args.norm_weight, args.norm_eps, workspace, args.stream);
   // 2. gate and up products, [tokens][2I] in the workspace: one GEMM when the weights are the
   // two halves of one tensor (vLLM's gate_up_proj), else one each.
+  // With e4m3 weights, merged also means merged scales (up_scale = gate_scale + I).
   char* products = workspace + norm_bytes;
-  g.workspace = products + product_bytes;
-  g.workspace_bytes = args.workspace_bytes - norm_bytes - product_bytes;
+  char* chunk = products + product_bytes;  // e4m3 weights: dequantized rows
+  g.workspace = chunk + chunk_bytes;
+  g.workspace_bytes = args.workspace_bytes - norm_bytes - product_bytes - chunk_bytes;
   g.stream = stream;
   g.ldd = 2 * I;
+  const bool w8 = c.weights == Weights::e4m3;
   const int64_t wstride = args.weight_stride == 0 ? shape.hidden : args.weight_stride;
-  g.ldb = wstride;
-  if (args.up_weight == static_cast<const char*>(args.gate_weight) + I * wstride * elem) {
-    g.n = 2 * I;
-    g.b = args.gate_weight;
-    g.d = products;
-    gemm(ctx, g);
+  const int64_t welem = w8 ? 1 : elem;
+  if (args.up_weight == static_cast<const char*>(args.gate_weight) + I * wstride * welem &&
+      (!w8 || args.up_scale == args.gate_scale + I)) {
+    weight_gemm(ctx, g, c.weights, args.gate_weight, wstride, args.gate_scale, 2 * I, products,
+                chunk);
   } else {
-    g.n = I;
-    g.b = args.gate_weight;
-    g.d = products;
-    gemm(ctx, g);
-    g.b = args.up_weight;
-    g.d = products + I * elem;
-    gemm(ctx, g);
+    weight_gemm(ctx, g, c.weights, args.gate_weight, wstride, args.gate_scale, I, products, chunk);
+    weight_gemm(ctx, g, c.weights, args.up_weight, wstride, args.up_scale, I, products + I * elem,
+                chunk);
   }
   // 3. out = act(gate) · up.
   ropejit_dev::GluParams p{};

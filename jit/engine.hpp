@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "jit/call.hpp"
+#include "jit/dequant.hpp"
 #include "jit/disk_cache.hpp"
 #include "jit/ffn.hpp"
 #include "jit/gemm.hpp"
@@ -92,6 +93,9 @@ class Engine {
                                 const std::string& target, std::string* path = nullptr);
   const CacheEntry& glu_image(const FfnSpec& canonical, const GluVariant& variant,
                               const std::string& target, std::string* path = nullptr);
+  // The unfused paths' dequantization of e4m3 weights (jit/dequant.hpp).
+  const CacheEntry& dequant_image(DType dtype, const std::string& target,
+                                  std::string* path = nullptr);
 
   // RMSNorm (jit/norm.hpp): checked; the variant the row length needs, compiled on first use.
   void rms_norm(const RmsNormSpec& spec, const RmsNormArgs& args);
@@ -233,6 +237,13 @@ class Engine {
                                      const GluVariant& variant, CUstream stream);
   void prepare_ffn_unfused(CUcontext ctx, const FfnSpec& canonical, const FfnArgs& args,
                            const FfnShape& shape, CUstream stream);
+  const LoadedFunction& dequant_function(CUcontext ctx, DType dtype, CUstream stream);
+  // An unfused path's GEMM over one weight: D[:, j] = A · W[j]ᵀ for the `rows` rows of `weight`
+  // (`wstride` elements of its storage apart) into `d` (row stride g.ldd), g carrying A, K and
+  // the stream. With e4m3 weights chunk by chunk: each chunk of rows dequantized into `chunk`
+  // (dequant_workspace_bytes) with `scale`'s rows, then its GEMM into its columns of `d`.
+  void weight_gemm(CUcontext ctx, GemmCall g, Weights weights, const void* weight, int64_t wstride,
+                   const float* scale, int64_t rows, void* d, void* chunk);
 
   // What a call without an explicit configuration launches: decided once per context, key,
   // token bucket, head counts and alignment (the policy may read the tuning file or tune).

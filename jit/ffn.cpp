@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "jit/call.hpp"
+#include "jit/dequant.hpp"
 #include "jit/embedded.hpp"
 #include "jit/errors.hpp"
 #include "jit/launch_config.hpp"
@@ -170,14 +171,13 @@ size_t ffn_product_bytes(const FfnSpec& c, int64_t tokens, int64_t intermediate)
 
 size_t ffn_workspace_bytes(const FfnSpec& c, int64_t tokens, int64_t hidden, int64_t intermediate) {
   return norm_workspace_bytes(c.dtype, c.norm, tokens, hidden) +
-         ffn_product_bytes(c, tokens, intermediate) + kGemmWorkspaceBytes;
+         ffn_product_bytes(c, tokens, intermediate) +
+         dequant_workspace_bytes(c.dtype, c.weights, hidden) + kGemmWorkspaceBytes;
 }
 
 std::string ffn_split_problem(const FfnSpec& c, const FfnArgs& a, const FfnShape& s,
                               bool need_workspace) {
   const int64_t elem = element_bytes(c.dtype);
-  if (c.weights == Weights::e4m3)
-    return "spec.weights (e4m3) has no unfused path: cuBLASLt's FP8 GEMMs take FP8 activations";
   if (c.norm != Norm::none && s.hidden * elem > int64_t(kNormThreads) * 16 * 16)
     return concat("args.hidden (", s.hidden, ") exceeds the RMSNorm key's ",
                   int64_t(kNormThreads) * 16 * 16 / elem, " elements per row (unfused path)");

@@ -7,6 +7,7 @@
 #include <map>
 
 #include "jit/call.hpp"
+#include "jit/dequant.hpp"
 #include "jit/embedded.hpp"
 #include "jit/errors.hpp"
 #include "jit/launch_config.hpp"
@@ -148,7 +149,8 @@ size_t proj_norm_bytes(const QkvProjSpec& c, int64_t tokens, int64_t hidden) {
 }
 
 size_t proj_workspace_bytes(const QkvProjSpec& c, int64_t tokens, int64_t hidden) {
-  return proj_norm_bytes(c, tokens, hidden) + kGemmWorkspaceBytes;
+  return proj_norm_bytes(c, tokens, hidden) + dequant_workspace_bytes(c.dtype, c.weights, hidden) +
+         kGemmWorkspaceBytes;
 }
 
 RmsNormSpec proj_norm_spec(const QkvProjSpec& c) {
@@ -230,8 +232,6 @@ int64_t proj_path_bucket(int64_t tokens) {
 
 std::string proj_split_problem(const QkvProjSpec& c, const QkvProjArgs& a, const ProjShape& s,
                                bool need_workspace) {
-  if (c.weights == Weights::e4m3)
-    return "spec.weights (e4m3) has no unfused path: cuBLASLt's FP8 GEMMs take FP8 activations";
   if (c.cache != KvCache::none) {
     if (!a.k.data || !a.v.data)
       return concat("args.", a.k.data ? "v" : "k",

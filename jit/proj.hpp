@@ -103,7 +103,8 @@ ropejit_dev::ProjParams make_proj_params(const QkvProjSpec& canonical, const Qkv
                                          const ProjShape& shape);
 
 // The unfused path (RMSNorm key -> cuBLASLt GEMM -> RoPE key). Its workspace holds the
-// normalized activation (none without a norm), 256-byte aligned, then cuBLASLt's scratch.
+// normalized activation (none without a norm), 256-byte aligned, with e4m3 weights a chunk of
+// dequantized weight rows (jit/dequant.hpp), then cuBLASLt's scratch.
 constexpr size_t kGemmWorkspaceBytes = size_t(32) << 20;
 // The normalized activation's bytes in a workspace (0 without a norm), 256-byte aligned.
 size_t norm_workspace_bytes(DType dtype, Norm norm, int64_t tokens, int64_t hidden);

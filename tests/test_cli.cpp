@@ -229,11 +229,11 @@ TEST_CASE("ropejit tune takes projection keys: the path per token bucket") {
   CHECK(
       has(r, "vs unfused; 27 fused variants where the fused path competes (sm_90):\n    m1s8u2 "));
   CHECK(has(r, " m1s8u4c4\n"));
-  // e4m3 weights: the fused path alone, wide chunks among the candidates.
+  // e4m3 weights: both paths (the unfused one dequantizes), wide chunks among the candidates.
   r = run("tune --key " + key + "_we4m3 --heads 32,8 --hidden 4096 --tokens 16 --dry-run");
   INFO(r.output);
   CHECK(r.status == 0);
-  CHECK(has(r, "fused (m2s4u1w) alone (e4m3 weights); 63 fused variants"));
+  CHECK(has(r, "fused (m2s4u1w) vs unfused (e4m3 weights dequantized); 63 fused variants"));
   CHECK(has(r, " m2s8u2wc4 "));
   r = run("tune --key " + key + " --heads 32,8 --dry-run");
   CHECK(r.status != 0);

@@ -137,7 +137,8 @@ TEST_CASE("FFN calls: every bad argument is named, a good one passes") {
     const std::string why = f.check();
     CHECK_MESSAGE(contains(why, b.expect), std::string(b.expect), " -> '", why, "'");
   }
-  // e4m3 weights: one byte per element, a scale per row of each, no unfused path.
+  // e4m3 weights: one byte per element, a scale per row of each; the unfused path dequantizes
+  // them into its workspace.
   auto fp8 = [](Fake& f) {
     f.spec.weights = Weights::e4m3;
     f.args.up_weight = reinterpret_cast<void*>(0x20000000 + 96 * 256);
@@ -152,7 +153,14 @@ TEST_CASE("FFN calls: every bad argument is named, a good one passes") {
        [](Fake& f) { f.args.up_scale = reinterpret_cast<const float*>(0x50000182); }},
       {"args.out and args.up_scale overlap",
        [](Fake& f) { f.args.out = const_cast<float*>(f.args.up_scale) + 8; }},
-      {"spec.weights (e4m3) has no unfused path", [](Fake& f) { f.args.path = ProjPath::unfused; }},
+      {"args.workspace is null; the unfused path needs",
+       [](Fake& f) { f.args.path = ProjPath::unfused; }},
+      {"args.workspace_bytes (35651584) is smaller than the",
+       [](Fake& f) {
+         f.args.path = ProjPath::unfused;
+         f.args.workspace = reinterpret_cast<void*>(0x80000000);
+         f.args.workspace_bytes = size_t(34) << 20;  // enough for 16-bit weights
+       }},
   };
   {
     Fake f;
@@ -165,6 +173,15 @@ TEST_CASE("FFN calls: every bad argument is named, a good one passes") {
     b.edit(f);
     const std::string why = f.check();
     CHECK_MESSAGE(contains(why, b.expect), std::string(b.expect), " -> '", why, "'");
+  }
+  {
+    Fake f;
+    fp8(f);
+    f.args.path = ProjPath::unfused;
+    f.args.workspace = reinterpret_cast<void*>(0x80000000);
+    f.args.workspace_bytes = ffn_gate_up_workspace_bytes(f.spec, f.args);
+    CHECK(f.check().empty());
+    CHECK(ffn_gate_up_path(f.spec, f.args) == ProjPath::unfused);
   }
   Fake f;
   f.spec.norm = Norm::none;
@@ -224,6 +241,10 @@ TEST_CASE("FFN: the unfused path's workspace size") {
   f.args.intermediate = 0;
   CHECK(contains(error_of([&] { ffn_gate_up_workspace_bytes(f.spec, f.args); }),
                  "args.intermediate (0)"));
+  // e4m3 weights: also a chunk of dequantized rows (256-element rows: 65536 of them, 32 MiB).
+  f = Fake{};
+  f.spec.weights = Weights::e4m3;
+  CHECK(ffn_gate_up_workspace_bytes(f.spec, f.args) == 2048 + 1536 + (size_t(64) << 20));
 }
 
 TEST_CASE("FFN keys compile for sm_80 and sm_90 (fused variants and the GLU kernels)") {
@@ -236,8 +257,9 @@ TEST_CASE("FFN keys compile for sm_80 and sm_90 (fused variants and the GLU kern
     for (const char* arch : {"sm_80", "sm_90"}) {
       std::vector<std::string> paths;
       CHECK_NOTHROW(paths = precompile(s, arch));
-      // The fused variants, and the unfused path's two GLU kernels where the key has that path.
-      CHECK_MESSAGE(paths.size() == (s.weights == Weights::e4m3 ? 4u : 6u), s.key(), " ", arch);
+      // The fused variants, the unfused path's two GLU kernels, and with e4m3 weights its
+      // dequantization kernel.
+      CHECK_MESSAGE(paths.size() == (s.weights == Weights::e4m3 ? 7u : 6u), s.key(), " ", arch);
       if (api::engine().disk().enabled())
         for (const std::string& path : paths) CHECK_MESSAGE(!path.empty(), s.key(), " ", arch);
     }

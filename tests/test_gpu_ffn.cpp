@@ -9,6 +9,7 @@
 #include "api/engine.hpp"
 #include "autotune/ffn_workload.hpp"
 #include "gpu_helpers.hpp"
+#include "jit/dequant.hpp"
 #include "test_util.hpp"
 
 using namespace ropejit;
@@ -36,14 +37,16 @@ TEST_SUITE("gpu") {
         for (const Activation act : acts)
           for (const ProjPath path : {ProjPath::fused, ProjPath::unfused}) {
             ++n;
-            const FfnSpec s{dt, norm, act};
+            FfnSpec s{dt, norm, act};
+            // e4m3 weights in every fourth case, on both paths (unfused: dequantized first).
+            if (n % 4 == 0) s.weights = Weights::e4m3;
             autotune::FfnSizes z;
             z.tokens = tokens[size_t(n) % 6];
             z.hidden = n % 2 ? 264 : 512;            // 264: a partial last 32-element chunk
             z.intermediate = n % 3 == 0 ? 100 : 96;  // 100: the GLU kernel's one-element variant
             z.packed = n % 4 != 1;
             z.x_gap = n % 5 == 3 ? 16 : 0;
-            z.weight_gap = n % 6 == 4 ? 8 : 0;
+            z.weight_gap = n % 6 == 4 ? (s.weights == Weights::e4m3 ? 16 : 8) : 0;
             z.out_gap = n % 7 == 2 ? 6 : 0;
             z.path = path;
             z.seed = uint64_t(3000 + n);
@@ -80,9 +83,12 @@ TEST_SUITE("gpu") {
           z.seed = uint64_t(4000 + n);
           autotune::FfnProblem p(s, z);
           p.upload();
+          // The automatic choice (fused up to 32 tokens with e4m3 weights); without a workspace
+          // the call runs fused whatever it is.
           FfnArgs automatic = p.args();
           automatic.path = ProjPath::automatic;
-          CHECK(ffn_gate_up_path(s, automatic) == ProjPath::fused);
+          CHECK(ffn_gate_up_path(s, automatic) ==
+                (z.tokens <= 32 ? ProjPath::fused : ProjPath::unfused));
           ffn_gate_up(s, automatic);
           const std::string what = s.key() + " tokens " + std::to_string(z.tokens) +
                                    (z.packed ? " packed" : " separate");
@@ -178,6 +184,34 @@ TEST_SUITE("gpu") {
     expect_ok(p, "graph replay at 64 tokens");
     CHECK(p.matched() == ProjPath::unfused);
     d.StreamDestroy(stream);
+  }
+
+  TEST_CASE("FFN gate/up, e4m3 weights on the unfused path: the weight dequantized in chunks") {
+    // Rows of 16400 elements: 1016 dequantized rows per chunk of the workspace. Merged, the
+    // 1280 gate and up rows take two chunks, the first ending inside the up half; separate,
+    // each half is one chunk. Against float64 with the dequantization's roundings.
+    testing::use_primary_context();
+    REQUIRE(detail::dequant_chunk_rows(DType::bf16, 16400) == 1016);
+    int n = 0;
+    for (const DType dt : {DType::bf16, DType::f16})
+      for (const bool packed : {true, false}) {
+        ++n;
+        FfnSpec s{dt, n % 2 ? Norm::rms : Norm::none,
+                  n % 2 ? Activation::silu : Activation::gelu_tanh};
+        s.weights = Weights::e4m3;
+        autotune::FfnSizes z;
+        z.tokens = 2 + n;
+        z.hidden = 16400;
+        z.intermediate = 640;
+        z.packed = packed;
+        z.weight_gap = n == 4 ? 16 : 0;
+        z.path = ProjPath::unfused;
+        z.seed = uint64_t(4500 + n);
+        autotune::FfnProblem p(s, z);
+        p.upload();
+        ffn_gate_up(s, p.args());
+        expect_ok(p, s.key() + (packed ? " merged" : " separate"));
+      }
   }
 
   TEST_CASE("ropejit tune --key ffnglu_...: the path per token bucket into the tuning file") {

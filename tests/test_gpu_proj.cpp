@@ -18,6 +18,7 @@
 #include "autotune/tuner.hpp"
 #include "autotune/tuning_cache.hpp"
 #include "gpu_helpers.hpp"
+#include "jit/dequant.hpp"
 #include "jit/errors.hpp"
 #include "test_util.hpp"
 
@@ -109,6 +110,11 @@ TEST_SUITE("gpu") {
           }
           z.hidden = n % 2 ? 264 : 512;
           z.weight_gap = n % 6 == 4 ? 8 : 0;
+          // e4m3 weights, dequantized into the workspace before the GEMM (rows 16 bytes apart).
+          if (n % 4 == 2) {
+            s.weights = Weights::e4m3;
+            z.weight_gap *= 2;
+          }
           z.path = ProjPath::unfused;
           z.seed = uint64_t(2000 + n);
           autotune::ProjProblem p(s, z);
@@ -226,15 +232,18 @@ TEST_SUITE("gpu") {
     testing::ScopedEnv path("ROPEJIT_TUNING_FILE", file);
     const QkvProjSpec c = QkvProjSpec{}.canonical();
     CHECK(autotune::select_proj_variant(c, detail::ProjShape{5, 512, 4, 2, 512}, device) == v);
-    // e4m3 weights: the fused path only; its variants are tuned (no unfused time).
+    // e4m3 weights: both paths raced too (the unfused one dequantizes the weight first); the
+    // fused kernel's variants searched where it competes.
     const std::string fp8_file = testing::temp_dir() + "/proj_tuning_fp8.json";
-    const testing::CommandResult r8 =
-        testing::run_command(std::string(ROPEJIT_CLI_PATH) + " tune --key " + key +
-                             "_we4m3 --heads 4,2 --hidden 512 " + "--tokens 1 --out " + fp8_file);
+    const testing::CommandResult r8 = testing::run_command(
+        std::string(ROPEJIT_CLI_PATH) + " tune --key " + key + "_we4m3 --heads 4,2 --hidden 512 " +
+        "--tokens 1,64 --out " + fp8_file);
     INFO(r8.output);
     REQUIRE(r8.status == 0);
-    CHECK(r8.output.find("unfused none -> fused") != std::string::npos);
-    CHECK(testing::read_file(fp8_file).find("\"variant\"") != std::string::npos);
+    CHECK(r8.output.find("unfused none") == std::string::npos);
+    const std::string fp8_text = testing::read_file(fp8_file);
+    CHECK(fp8_text.find("\"variant\"") != std::string::npos);
+    CHECK(fp8_text.find("\"unfused_us\": 0") == std::string::npos);
   }
 
   TEST_CASE("projection: every axis against float64 (norms, styles, partial rotary, tables)") {
@@ -285,6 +294,36 @@ TEST_SUITE("gpu") {
           check_call_and_variant(p, s, 2 + n % 3, 1 + n % 2, true,
                                  s.key() + " tokens " + std::to_string(z.tokens));
         }
+  }
+
+  TEST_CASE("projection, e4m3 weights on the unfused path: the weight dequantized in chunks") {
+    // Rows of 16400 elements: a chunk of the workspace holds 1016 dequantized rows (32 MiB of
+    // 32800-byte rows, a multiple of 8), so the 1536 rows of 16 q and 4 + 4 kv heads of 64 take
+    // two chunks, the second partial, its GEMM writing from column 1016 on; three outputs take
+    // one each (q's 1024 rows: two chunks). Against float64 with the dequantization's roundings.
+    testing::use_primary_context();
+    REQUIRE(detail::dequant_chunk_rows(DType::bf16, 16400) == 1016);
+    int n = 0;
+    for (const DType dt : {DType::bf16, DType::f16})
+      for (const bool packed : {true, false}) {
+        ++n;
+        QkvProjSpec s = spec_of(dt, 64, 64, n % 2 ? Style::neox : Style::gptj, Positions::ids,
+                                Freqs::table, n % 2 ? Norm::rms : Norm::none);
+        s.weights = Weights::e4m3;
+        autotune::ProjSizes z;
+        z.tokens = 3 + n;
+        z.hidden = 16400;
+        z.q_heads = 16;
+        z.kv_heads = 4;
+        z.packed_out = packed;
+        z.weight_gap = n == 3 ? 16 : 0;
+        z.path = ProjPath::unfused;
+        z.seed = uint64_t(2500 + n);
+        autotune::ProjProblem p(s, z);
+        p.upload();
+        qkv_projection(s, p.args());
+        expect_ok(p, s.key() + (packed ? " packed" : " three outputs"));
+      }
   }
 
   TEST_CASE("projection with a KV cache (slots, paged, contiguous): every other byte untouched") {
@@ -376,7 +415,9 @@ TEST_SUITE("gpu") {
             s.cache = mode;
             s.cache_store = n % 2 ? Store::e4m3 : Store::same;
             z.tokens = n % 3 == 0 ? 17 : n % 3 == 1 ? 64 : 130;
-            z.hidden = n % 2 ? 264 : 512;
+            // e4m3 weights at 130 tokens (automatic: unfused beyond 32 tokens for them).
+            if (n % 3 == 2) s.weights = Weights::e4m3;
+            z.hidden = n % 2 ? (s.weights == Weights::e4m3 ? 272 : 264) : 512;
             z.packed_out = n % 4 != 1;
             z.cache_sequences = chunk ? 2 + n % 4 : 0;
             z.cache_page_size = mode == KvCache::contiguous ? (chunk ? 160 : 8) : 16;

@@ -159,3 +159,24 @@ TEST_CASE("a / 448 by one correction step: the dynamic FP8 scale, rounded like a
   CHECK(ropejit_dev::e4m3_scale_of(HUGE_VALF) == HUGE_VALF);
   CHECK(ropejit_dev::e4m3_scale_of(0x1p-9f) == float(0x1p-9 / 448.0));
 }
+
+TEST_CASE("e4m3 weights dequantized as the unfused paths do: fp32 product, then the dtype") {
+  // A unit scale gives every finite code's value exactly (e4m3 values are bf16 and f16 values);
+  // the NaN codes read as +-480, as the kernels decode them.
+  for (int b = 0; b < 256; ++b) {
+    const uint8_t code = uint8_t(b);
+    const double want = (b & 0x7f) == 0x7f ? (b & 0x80 ? -480.0 : 480.0) : e4m3_value(code);
+    CHECK(dequantized_e4m3(ropejit::DType::bf16, code, 1.0f) == want);
+    CHECK(dequantized_e4m3(ropejit::DType::f16, code, 1.0f) == want);
+    CHECK(dequantized_e4m3(ropejit::DType::bf16, code, 0.25f) ==
+          want * 0.25);  // powers of two: exact
+  }
+  // Two roundings, as the kernel's fp32 product and its conversion: 1.5 (code 0x3c) times
+  // 0x1.4caaaap-1 is 0.97460934519767761 exactly, which rounds to bf16 as 0.97265625; its fp32
+  // rounding lies on the tie between that and 0.9765625 and goes to the even one.
+  CHECK(bf16_value(bf16_bits(1.5 * double(0x1.4caaaap-1f))) == 0.97265625);
+  CHECK(dequantized_e4m3(ropejit::DType::bf16, 0x3c, 0x1.4caaaap-1f) == 0.9765625);
+  // Beyond f16's range the product becomes infinite there (a scale the caller must avoid).
+  CHECK(std::isinf(dequantized_e4m3(ropejit::DType::f16, 0x7e, 1000.0f)));
+  CHECK(dequantized_e4m3(ropejit::DType::bf16, 0x7e, 1000.0f) == bf16_value(bf16_bits(448000.0)));
+}

@@ -10,6 +10,7 @@
 #include "api/engine.hpp"
 #include "autotune/policy.hpp"
 #include "autotune/proj_workload.hpp"
+#include "jit/dequant.hpp"
 #include "jit/nvrtc.hpp"
 #include "jit/proj.hpp"
 
@@ -631,6 +632,18 @@ TEST_CASE("projection: the unfused path's workspace size") {
   CHECK(contains(error_of([&] { qkv_projection_workspace_bytes(f.spec, f.args); }),
                  "args.hidden (12)"));
   CHECK(std::string(to_string(ProjPath::unfused)) == "unfused");
+  // e4m3 weights add a chunk of dequantized rows: as many as 32 MiB holds (a multiple of 8).
+  f = Fake{};
+  f.spec.weights = Weights::e4m3;
+  CHECK(qkv_projection_workspace_bytes(f.spec, f.args) == 2048 + (size_t(64) << 20));
+  f.args.hidden = 4096 * 3;  // 24 KiB rows: 1365 rows -> 1360, 33423360 bytes
+  CHECK(detail::dequant_chunk_rows(DType::bf16, f.args.hidden) == 1360);
+  CHECK(qkv_projection_workspace_bytes(f.spec, f.args) ==
+        4 * 4096 * 3 * 2 + 1360 * 4096 * 3 * 2 + (size_t(32) << 20));
+  // A row past the budget (2^24 bf16 elements: exactly 32 MiB) is a chunk of one row.
+  CHECK(detail::dequant_chunk_rows(DType::bf16, int64_t(1) << 24) == 1);
+  CHECK(detail::dequant_chunk_rows(DType::f16, 16) == int64_t(1) << 20);
+  CHECK(detail::dequant_workspace_bytes(DType::bf16, Weights::same, 4096) == 0);
 }
 
 TEST_CASE("projection: a call without a driver fails with one clear message, after checking") {
@@ -687,7 +700,8 @@ TEST_CASE("projection keys compile for sm_80 and sm_90 (every default variant)")
     for (const char* arch : {"sm_80", "sm_90"}) {
       std::vector<std::string> paths;
       CHECK_NOTHROW(paths = precompile(s, arch));
-      CHECK_MESSAGE(paths.size() == 4, s.key(), " ", arch);
+      // The fused variants, and with e4m3 weights the unfused path's dequantization kernel.
+      CHECK_MESSAGE(paths.size() == (s.weights == Weights::e4m3 ? 5u : 4u), s.key(), " ", arch);
       if (api::engine().disk().enabled())  // each variant's cache file was written
         for (const std::string& path : paths) CHECK_MESSAGE(!path.empty(), s.key(), " ", arch);
       // A variant the heuristic does not pick: unrolled, two warps.

@@ -291,8 +291,10 @@ enum class Weights : int32_t {
   // FP8 e4m3 codes (torch.float8_e4m3fn), one byte each, with a float32 scale per output column
   // (weight row): W_nk = code_nk · scale_n. The kernel widens the codes to the activation dtype
   // exactly and applies the scale to the column's fp32 sum. Codes must be finite (the NaN codes
-  // 0x7f/0xff read as ±480); hidden must be a multiple of 16. Fused path only: cuBLASLt's FP8
-  // GEMMs take FP8 activations, so an automatic call runs fused at every token count.
+  // 0x7f/0xff read as ±480); hidden must be a multiple of 16. The unfused path (cuBLASLt's FP8
+  // GEMMs take FP8 activations) first dequantizes the weight chunk by chunk into its workspace as
+  // torch does, dtype(fp32(code · scale)), then runs the GEMM on it; f16 needs |code · scale|
+  // below 65504 there. An automatic call runs fused up to 32 tokens, unfused beyond.
   e4m3 = 1,
 };
 
@@ -413,7 +415,8 @@ struct QkvProjArgs {
 void qkv_projection(const QkvProjSpec& spec, const QkvProjArgs& args);
 
 // Bytes of workspace the unfused path needs for args.tokens and args.hidden: the normalized
-// activation (none without a norm), 256-byte aligned, plus 32 MiB for cuBLASLt. Needs no GPU.
+// activation (none without a norm), 256-byte aligned, with e4m3 weights a chunk of dequantized
+// weight rows (up to 32 MiB), plus 32 MiB for cuBLASLt. Needs no GPU.
 size_t qkv_projection_workspace_bytes(const QkvProjSpec& spec, const QkvProjArgs& args);
 
 // The path a call with these arguments takes on its GPU: args.path when not automatic, else the
@@ -445,7 +448,7 @@ struct FfnSpec {
   Norm norm = Norm::rms;      // none, rms, rms_one_plus (as QkvProjSpec)
   Activation act = Activation::silu;
   // e4m3: gate and up weights as FP8 codes with a float32 scale per row (FfnArgs::gate_scale,
-  // up_scale), as QkvProjSpec::weights; fused path only.
+  // up_scale), as QkvProjSpec::weights (both paths).
   Weights weights = Weights::same;
 
   void validate() const;
@@ -486,8 +489,9 @@ struct FfnArgs {
 };
 
 void ffn_gate_up(const FfnSpec& spec, const FfnArgs& args);
-// The unfused path's workspace: the normalized activation (none without a norm) and the two
-// products, each 256-byte aligned, plus 32 MiB for cuBLASLt. Needs no GPU.
+// The unfused path's workspace: the normalized activation (none without a norm), the two
+// products and with e4m3 weights a chunk of dequantized weight rows (up to 32 MiB), each 256-byte
+// aligned, plus 32 MiB for cuBLASLt. Needs no GPU.
 size_t ffn_gate_up_workspace_bytes(const FfnSpec& spec, const FfnArgs& args);
 // As qkv_projection_path(): the path a call takes, the workspace not looked at.
 ProjPath ffn_gate_up_path(const FfnSpec& spec, const FfnArgs& args);

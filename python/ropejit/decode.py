@@ -50,8 +50,10 @@ FP8 weights: both calls take ``torch.float8_e4m3fn`` weights with a float32 scal
 row (``weight_scale`` ``[rows]``; for the FFN's separate weights ``gate_scale`` and
 ``up_scale``), as FP8 checkpoints store them (W = code x scale). The kernel widens the codes to
 x's dtype exactly and multiplies each row's fp32 sum by its scale; ``hidden`` must be a multiple
-of 16. Such weights have the fused path only (cuBLASLt's FP8 GEMMs take FP8 activations), so
-``path="auto"`` runs fused at every token count.
+of 16. The unfused path (more tokens) first dequantizes the weight chunk by chunk into its
+workspace as torch does, ``(w.float() * scale[:, None]).to(x.dtype)``, then runs the same GEMM;
+``path="auto"`` runs fused up to 32 tokens, unfused beyond, unless the tuning file says
+otherwise.
 """
 
 import ctypes

@@ -411,7 +411,8 @@ def test_qkv_projection_e4m3_weights_against_float64(tokens, norm, style):
     ids = torch.randint(0, 4096, (tokens,), device="cuda")
     q, k, v = decode.qkv_projection(x, w8, q_heads=qh, kv_heads=kvh, head_dim=d,
                                     norm_weight=None if norm == "none" else nw, norm=norm,
-                                    position_ids=ids, style=style, weight_scale=scale)
+                                    position_ids=ids, style=style, weight_scale=scale,
+                                    path="fused")
     want = _fused_projection_want(x, w8.double() * scale.double()[:, None], nw, norm, ids, qh,
                                   kvh, d, style, None)
     got = torch.cat((q, k, v), dim=1).double()
@@ -426,9 +427,6 @@ def test_qkv_projection_e4m3_weights_against_float64(tokens, norm, style):
     with pytest.raises(ropejit.InvalidArgument, match="weight_scale is for float8_e4m3fn"):
         decode.qkv_projection(x, w8.bfloat16(), q_heads=qh, kv_heads=kvh, head_dim=d,
                               norm="none", weight_scale=scale)
-    with pytest.raises(ropejit.InvalidArgument, match="no unfused path"):
-        decode.qkv_projection(x, w8, q_heads=qh, kv_heads=kvh, head_dim=d, norm="none",
-                              weight_scale=scale, path="unfused")
 
 
 @pytest.mark.parametrize("tokens,fp8,write_kv,mode", [
@@ -593,7 +591,8 @@ def test_qkv_projection_chunk_into_a_cache(mode, path):
                                                (64, "silu", False)])
 def test_ffn_gate_up_e4m3_weights_against_float64(tokens, act, merged):
     """The FFN's gate/up with float8_e4m3fn weights and a float32 scale per row (merged with
-    weight_scale, or separate with gate_scale / up_scale); automatic path (fused only)."""
+    weight_scale, or separate with gate_scale / up_scale); the fused path (both paths:
+    test_ffn_gate_up_paths_against_float64)."""
     from ropejit import decode
     torch.manual_seed(200 + tokens)
     hidden, inter = 1024, 256
@@ -607,7 +606,7 @@ def test_ffn_gate_up_e4m3_weights_against_float64(tokens, act, merged):
     else:
         kw = dict(gate_weight=w8[:inter].clone(), up_weight=w8[inter:].clone(),
                   gate_scale=scale[:inter].clone(), up_scale=scale[inter:].clone())
-    got = decode.ffn_gate_up(x, norm_weight=nw, eps=1e-6, act=act, **kw).double()
+    got = decode.ffn_gate_up(x, norm_weight=nw, eps=1e-6, act=act, path="fused", **kw).double()
     x64 = x.double()
     rstd = 1 / torch.sqrt((x64 * x64).mean(-1, keepdim=True) + float(torch.tensor(1e-6).float()))
     a = (x.float() * nw.float()).bfloat16().double()
@@ -630,27 +629,46 @@ def test_ffn_gate_up_e4m3_weights_against_float64(tokens, act, merged):
                            gate_scale=scale[:inter], norm_weight=nw)
 
 
-@pytest.mark.parametrize("tokens,path,act,merged", [
-    (1, "fused", "silu", True), (64, "unfused", "silu", False), (40, "auto", "gelu_tanh", True),
-    (7, "auto", "silu", False), (3, "unfused", "gelu_tanh", True)])
-def test_ffn_gate_up_paths_against_float64(tokens, path, act, merged):
+def _weights(rows, hidden, kind, size):
+    """Weights for the path tests: bf16 uniform in +-size, or float8_e4m3fn codes with a float32
+    scale per row of about the same size. Returns (weight, scale or None, the float64 weight the
+    fused kernel multiplies by (codes times scale, exact), the float64 weight the unfused path's
+    GEMM reads (dequantized as torch does: fp32 product, then bf16))."""
+    if kind == "bf16":
+        w = ((torch.rand(rows, hidden, device="cuda") * 2 - 1) * size).bfloat16()
+        return w, None, w.double(), w.double()
+    w8 = (torch.randn(rows, hidden, device="cuda") * 64).clamp(-448, 448).to(torch.float8_e4m3fn)
+    scale = (torch.rand(rows, device="cuda") + 0.5) * size / 64
+    return (w8, scale, w8.double() * scale.double()[:, None],
+            (w8.float() * scale[:, None]).bfloat16().double())
+
+
+@pytest.mark.parametrize("tokens,path,act,merged,weights", [
+    (1, "fused", "silu", True, "bf16"), (64, "unfused", "silu", False, "bf16"),
+    (40, "auto", "gelu_tanh", True, "bf16"), (7, "auto", "silu", False, "bf16"),
+    (3, "unfused", "gelu_tanh", True, "bf16"), (64, "unfused", "silu", True, "e4m3"),
+    (3, "unfused", "gelu_tanh", False, "e4m3"), (100, "auto", "silu", True, "e4m3")])
+def test_ffn_gate_up_paths_against_float64(tokens, path, act, merged, weights):
     """ropejit.decode.ffn_gate_up against float64 RMSNorm -> gate/up -> act(g) * u with each
     path's roundings (fused: x * w rounded, rstd on the sums; unfused: the normalized activation
-    and both products rounded to bf16, as torch's sequence)."""
+    and both products rounded to bf16, as torch's sequence; e4m3 weights: the fused kernel
+    scales each row's sum, the unfused path dequantizes the weight to bf16 first)."""
     from ropejit import decode
     torch.manual_seed(tokens)
     hidden, inter = 1024, 256
     x = (torch.rand(tokens, hidden, device="cuda") * 4 - 2).bfloat16()
-    w = ((torch.rand(2 * inter, hidden, device="cuda") * 2 - 1) * 3 * (3 / hidden) ** 0.5)
-    w = w.bfloat16()
+    w, scale, w64, w_unfused = _weights(2 * inter, hidden, weights, 3 * (3 / hidden) ** 0.5)
     nw = (torch.rand(hidden, device="cuda") + 0.5).bfloat16()
-    kw = dict(weight=w) if merged else dict(gate_weight=w[:inter].clone(),
-                                            up_weight=w[inter:].clone())
+    if merged:
+        kw = dict(weight=w) if scale is None else dict(weight=w, weight_scale=scale)
+    else:
+        kw = dict(gate_weight=w[:inter].clone(), up_weight=w[inter:].clone())
+        if scale is not None:
+            kw.update(gate_scale=scale[:inter].clone(), up_scale=scale[inter:].clone())
     got = decode.ffn_gate_up(x, norm_weight=nw, eps=1e-6, act=act, path=path, **kw).double()
     assert got.shape == (tokens, inter)
     x64 = x.double()
     rstd = 1 / torch.sqrt((x64 * x64).mean(-1, keepdim=True) + float(torch.tensor(1e-6).float()))
-    w64 = w.double()
 
     def glu(gu):
         g, u = gu[:, :inter], gu[:, inter:]
@@ -662,7 +680,7 @@ def test_ffn_gate_up_paths_against_float64(tokens, path, act, merged):
 
     fused = glu(((x.float() * nw.float()).bfloat16().double() @ w64.t()) * rstd)
     a = (x64 * rstd * nw.double()).bfloat16().double()
-    unfused = glu((a @ w64.t()).bfloat16().double())
+    unfused = glu((a @ w_unfused.t()).bfloat16().double())
 
     def close(ref):
         want, mag = ref
@@ -675,23 +693,27 @@ def test_ffn_gate_up_paths_against_float64(tokens, path, act, merged):
         assert matched[path], matched
 
 
-@pytest.mark.parametrize("tokens,path", [(64, "unfused"), (64, "auto"), (64, "fused"),
-                                         (200, "auto"), (3, "unfused")])
-def test_qkv_projection_paths_against_float64(tokens, path):
+@pytest.mark.parametrize("tokens,path,weights", [
+    (64, "unfused", "bf16"), (64, "auto", "bf16"), (64, "fused", "bf16"), (200, "auto", "bf16"),
+    (3, "unfused", "bf16"), (64, "unfused", "e4m3"), (3, "unfused", "e4m3"),
+    (200, "auto", "e4m3")])
+def test_qkv_projection_paths_against_float64(tokens, path, weights):
     """Every path of ropejit.decode.qkv_projection against float64 RMSNorm -> projection -> RoPE
     computed with that path's roundings: the fused kernel rounds x * w and applies rstd to the
     sums; the unfused path (RMSNorm key -> cuBLASLt -> RoPE key) rounds the normalized activation
-    and the projection to bf16, as torch's sequence does. "auto" must match one of the two."""
+    and the projection to bf16, as torch's sequence does. "auto" must match one of the two.
+    e4m3 weights: the fused kernel scales each row's sum, the unfused path dequantizes the
+    weight to bf16 first (fp32 product of code and scale, rounded), as torch would."""
     from ropejit import decode
     torch.manual_seed(tokens)
     hidden, qh, kvh, d = 1024, 8, 2, 128
     x = (torch.rand(tokens, hidden, device="cuda") * 4 - 2).bfloat16()
-    w = ((torch.rand((qh + 2 * kvh) * d, hidden, device="cuda") * 2 - 1) * (3 / hidden) ** 0.5)
-    w = w.bfloat16()
+    w, scale, w64, w_unfused = _weights((qh + 2 * kvh) * d, hidden, weights, (3 / hidden) ** 0.5)
     nw = (torch.rand(hidden, device="cuda") + 0.5).bfloat16()
     ids = torch.randint(0, 4096, (tokens,), device="cuda")
     q, k, v = decode.qkv_projection(x, w, q_heads=qh, kv_heads=kvh, head_dim=d, norm_weight=nw,
-                                    eps=1e-6, position_ids=ids, base=500000.0, path=path)
+                                    eps=1e-6, position_ids=ids, base=500000.0, path=path,
+                                    weight_scale=scale)
     got = torch.cat((q, k, v), dim=1).double()
     x64 = x.double()
     rstd = 1 / torch.sqrt((x64 * x64).mean(-1, keepdim=True) + float(torch.tensor(1e-6).float()))
@@ -707,9 +729,9 @@ def test_qkv_projection_paths_against_float64(tokens, path):
                          hi.abs() * c.abs() + lo.abs() * s.abs()), dim=-1)
         return torch.cat((rot, y[:, qh + kvh:]), dim=1), torch.cat((mag, y[:, qh + kvh:].abs()), 1)
 
-    fused = finish(((x.float() * nw.float()).bfloat16().double() @ w.double().t()) * rstd)
+    fused = finish(((x.float() * nw.float()).bfloat16().double() @ w64.t()) * rstd)
     a = (x64 * rstd * nw.double()).bfloat16().double()  # the RMSNorm key's output
-    unfused = finish((a @ w.double().t()).bfloat16().double())
+    unfused = finish((a @ w_unfused.t()).bfloat16().double())
 
     def close(ref):
         # Within one bf16 ulp of the rotation's inputs (the unfused path's rounded projection may
