@@ -14,6 +14,8 @@
 #     then Nsight Compute on each implementation's kernel for the named cases (ncu_peers_*.txt)
 #   bench/run_gpu.sh OUTDIR against DIR   the heuristic's rope/graph rows of this tree and of
 #     another checkout DIR (e.g. `git worktree add .base REV`), built alike, runs alternated
+#   bench/run_gpu.sh OUTDIR unfused   the fused Qwen3-style step against its unfused passes, each
+#     the fastest implementation on the host (unfused.json, unfused_fp8.json)
 #   bench/run_gpu.sh OUTDIR proj   the decode block's projection (every variant and the default
 #     against the weight-read floor) and RMSNorm against a copy (proj.json), and the unfused
 #     torch block (proj_torch.json)
@@ -187,6 +189,15 @@ if [ "$what" = peers ]; then
     echo "== ncu $case (exit $?)"
     grep -E "^  [A-Za-z_]|Duration|Registers Per|Block Size|Grid Size|Executed Instructions  |Warp Cycles Per Issued|Memory Throughput" \
       "$out/ncu_peers_$case.txt" | cut -c1-160 | head -120
+  done
+fi
+if [ "$what" = unfused ]; then
+  # The fused Qwen3-style step against its unfused passes, each the fastest on the host (bf16,
+  # then FP8 q and cache).
+  for fp8 in "" --fp8; do
+    PYTHONUNBUFFERED=1 python3 bench/compare_unfused.py --lib $build/libropejit.so $fp8 \
+      --out "$out/unfused${fp8:+_fp8}.json" 2>&1 | tee "$out/unfused${fp8:+_fp8}.txt" |
+      grep -E "^\|" | cut -c1-220
   done
 fi
 if [ "$what" = cands ]; then
