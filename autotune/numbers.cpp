@@ -93,6 +93,17 @@ double dequantized_e4m3(DType dtype, uint8_t code, float scale) {
   return dtype == DType::bf16 ? bf16_value(bf16_bits(product)) : f16_value(f16_bits(product));
 }
 
+std::vector<double> dequantized_rows(DType dtype, const uint8_t* scales, int64_t rows) {
+  std::vector<double> out(size_t(rows) * 256);
+  for (int64_t n = 0; n < rows; ++n) {
+    float scale;
+    std::memcpy(&scale, scales + n * 4, 4);
+    for (int b = 0; b < 256; ++b)
+      out[size_t(n * 256 + b)] = dequantized_e4m3(dtype, uint8_t(b), scale);
+  }
+  return out;
+}
+
 double load_value(DType t, const uint8_t* p) {
   switch (t) {
     case DType::f32: {

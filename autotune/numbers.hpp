@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "ropejit/ropejit.hpp"
 
@@ -31,6 +32,9 @@ constexpr double kE4m3Max = 448.0;
 // value (the NaN codes read as +-480, as the kernels decode them) times `scale`, rounded to
 // fp32, then to `dtype` (bf16 or f16).
 double dequantized_e4m3(DType dtype, uint8_t code, float scale);
+// dequantized_e4m3 of every code for `rows` rows with the float32 scales at `scales` (bytes, as
+// uploaded): rows x 256 values, row n's code b at n * 256 + b.
+std::vector<double> dequantized_rows(DType dtype, const uint8_t* scales, int64_t rows);
 
 // Rounds v to the nearest value with `mantissa` fraction bits whose normal exponents start at
 // `min_exponent` (subnormals below, with the same quantum), ties to even. No overflow handling:

@@ -32,6 +32,9 @@
 namespace ropejit::autotune {
 namespace {
 
+// The largest token count the heuristic runs fused (proj_heuristic_path says why).
+int64_t fused_up_to(Weights weights) { return weights == Weights::e4m3 ? 32 : 16; }
+
 detail::ProjVariant variant_for_tiles(int32_t tiles, int32_t unroll_at_one_tile = 1,
                                       bool fp8_weights = false) {
   detail::ProjVariant v;
@@ -81,10 +84,6 @@ detail::ProjVariant proj_heuristic(const QkvProjSpec& canonical, const detail::P
 // reading the codes once, the chunks back from L2) before the same GEMM. Estimated from those
 // parts (not yet measured end to end): about 40 µs from 33 to 64 tokens, so fused up to 32
 // tokens, unfused beyond.
-namespace {
-int64_t fused_up_to(Weights weights) { return weights == Weights::e4m3 ? 32 : 16; }
-}  // namespace
-
 ProjPath proj_heuristic_path(const QkvProjSpec& canonical, const detail::ProjShape& shape,
                              const detail::DeviceInfo& device) {
   (void)device;

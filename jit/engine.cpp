@@ -851,9 +851,12 @@ void Engine::launch_proj_unfused(const QkvProjSpec& c, const QkvProjArgs& args,
   char* workspace = static_cast<char*>(args.workspace);
   const size_t norm_bytes = proj_norm_bytes(c, shape.tokens, shape.hidden);
   const size_t chunk_bytes = dequant_workspace_bytes(c.dtype, c.weights, shape.hidden);
-  // The RoPE step's launch is decided first: a refusal (ROPEJIT_TUNING=frozen without its entry,
-  // say) then comes before anything is written.
+  // The RoPE step's launch is decided first, and the dequantization kernel of e4m3 weights
+  // loaded: a refusal (ROPEJIT_TUNING=frozen without its entry, say) then comes before anything
+  // is written.
   planned(proj_rope_spec(c, args), proj_rope_args(c, args));
+  const LoadedFunction* dequant =
+      c.weights == Weights::e4m3 ? &dequant_function(ctx, c.dtype, stream) : nullptr;
 
   // 1. RMSNorm into the workspace (rounded once to the dtype, as torch's module does).
   GemmCall g = normalized_operand(proj_norm_spec(c), c.norm != Norm::none, shape.tokens,
@@ -881,14 +884,13 @@ void Engine::launch_proj_unfused(const QkvProjSpec& c, const QkvProjArgs& args,
   if (packed) {
     const int64_t rows = (shape.q_heads + 2 * shape.kv_heads) * D;
     g.ldd = row_stride(args.q, rows);
-    weight_gemm(ctx, g, c.weights, args.weight, wstride, args.weight_scale, rows, args.q.data,
-                chunk);
+    weight_gemm(ctx, g, dequant, args.weight, wstride, args.weight_scale, rows, args.q.data, chunk);
   } else {
     int64_t row = 0;
     for (int i = 0; i < 3; ++i) {
       const int64_t rows = heads[i] * D;
       g.ldd = row_stride(*outs[i], rows);
-      weight_gemm(ctx, g, c.weights, static_cast<const char*>(args.weight) + row * wstride * welem,
+      weight_gemm(ctx, g, dequant, static_cast<const char*>(args.weight) + row * wstride * welem,
                   wstride, args.weight_scale ? args.weight_scale + row : nullptr, rows,
                   outs[i]->data, chunk);
       row += rows;
@@ -912,16 +914,22 @@ const Engine::LoadedFunction& Engine::dequant_function(CUcontext ctx, DType dtyp
       [&]() -> const CacheEntry& { return dequant_image(dtype, target_for(device_info(ctx).cc)); });
 }
 
-void Engine::weight_gemm(CUcontext ctx, GemmCall g, Weights weights, const void* weight,
-                         int64_t wstride, const float* scale, int64_t rows, void* d, void* chunk) {
-  if (weights != Weights::e4m3) {
+void Engine::weight_gemm(CUcontext ctx, GemmCall g, const LoadedFunction* dequant,
+                         const void* weight, int64_t wstride, const float* scale, int64_t rows,
+                         void* d, void* chunk) {
+  if (!dequant) {
     g.n = rows;
     g.b = weight;
     g.ldb = wstride;
     g.d = d;
     return gemm(ctx, g);
   }
-  const LoadedFunction& fn = dequant_function(ctx, g.dtype, g.stream);
+  // The kernel's 16-code vectors: rows of a multiple of 16 codes, 16-byte aligned (check_hidden
+  // and check_matrix saw to both).
+  if (g.k % kDequantCodesPerThread != 0 || wstride % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(weight) % 16 != 0)
+    fail(ErrorCode::internal, "e4m3 weights of ", g.k, " codes per row, ", wstride, " apart, at ",
+         weight, ": not 16-byte vectors");
   const int64_t per_chunk = dequant_chunk_rows(g.dtype, g.k);
   const int64_t elem = element_bytes(g.dtype);
   for (int64_t first = 0; first < rows; first += per_chunk) {
@@ -931,7 +939,7 @@ void Engine::weight_gemm(CUcontext ctx, GemmCall g, Weights weights, const void*
     ropejit_dev::DequantParams p = make_dequant_params(
         static_cast<const char*>(weight) + first * wstride, wstride, scale + first, chunk, n, g.k);
     void* kernel_args[] = {&p};
-    const KernelLaunch k{fn.fn,
+    const KernelLaunch k{dequant->fn,
                          {dequant_grid_x(g.k), dequant_grid_y(n), 1},
                          {unsigned(kDequantThreads), 1, 1},
                          0,
@@ -1113,6 +1121,14 @@ void Engine::launch_ffn_unfused(const FfnSpec& c, const FfnArgs& args, const Ffn
   const size_t norm_bytes = norm_workspace_bytes(c.dtype, c.norm, shape.tokens, shape.hidden);
   const size_t product_bytes = ffn_product_bytes(c, shape.tokens, I);
   const size_t chunk_bytes = dequant_workspace_bytes(c.dtype, c.weights, shape.hidden);
+  // Every kernel the path launches after the RMSNorm is loaded before it.
+  const int64_t out_stride = args.out_stride == 0 ? I : args.out_stride;
+  const bool wide =
+      I % 8 == 0 && out_stride % 8 == 0 && reinterpret_cast<uintptr_t>(args.out) % 16 == 0;
+  const GluVariant variant{wide ? 8 : 1};
+  const LoadedFunction& glu = glu_function(ctx, c, variant, stream);
+  const LoadedFunction* dequant =
+      c.weights == Weights::e4m3 ? &dequant_function(ctx, c.dtype, stream) : nullptr;
 
   // 1. RMSNorm into the workspace (rounded once to the dtype).
   GemmCall g = normalized_operand(RmsNormSpec{c.dtype, c.norm, false}, c.norm != Norm::none,
@@ -1132,11 +1148,11 @@ void Engine::launch_ffn_unfused(const FfnSpec& c, const FfnArgs& args, const Ffn
   const int64_t welem = w8 ? 1 : elem;
   if (args.up_weight == static_cast<const char*>(args.gate_weight) + I * wstride * welem &&
       (!w8 || args.up_scale == args.gate_scale + I)) {
-    weight_gemm(ctx, g, c.weights, args.gate_weight, wstride, args.gate_scale, 2 * I, products,
+    weight_gemm(ctx, g, dequant, args.gate_weight, wstride, args.gate_scale, 2 * I, products,
                 chunk);
   } else {
-    weight_gemm(ctx, g, c.weights, args.gate_weight, wstride, args.gate_scale, I, products, chunk);
-    weight_gemm(ctx, g, c.weights, args.up_weight, wstride, args.up_scale, I, products + I * elem,
+    weight_gemm(ctx, g, dequant, args.gate_weight, wstride, args.gate_scale, I, products, chunk);
+    weight_gemm(ctx, g, dequant, args.up_weight, wstride, args.up_scale, I, products + I * elem,
                 chunk);
   }
   // 3. out = act(gate) · up.
@@ -1147,14 +1163,10 @@ void Engine::launch_ffn_unfused(const FfnSpec& c, const FfnArgs& args, const Ffn
   p.rows = shape.tokens;
   p.cols = I;
   p.gate_stride = p.up_stride = 2 * I;
-  p.out_stride = args.out_stride == 0 ? I : args.out_stride;
-  const bool wide =
-      I % 8 == 0 && p.out_stride % 8 == 0 && reinterpret_cast<uintptr_t>(args.out) % 16 == 0;
-  const GluVariant variant{wide ? 8 : 1};
-  const LoadedFunction& fn = glu_function(ctx, c, variant, stream);
+  p.out_stride = out_stride;
   void* kernel_args[] = {&p};
   const int64_t per_block = int64_t(kGluThreads) * variant.vec;
-  const KernelLaunch k{fn.fn,
+  const KernelLaunch k{glu.fn,
                        {unsigned((I + per_block - 1) / per_block),
                         unsigned(std::min<int64_t>(shape.tokens, 65535)), 1},
                        {unsigned(kGluThreads), 1, 1},

@@ -240,10 +240,12 @@ class Engine {
   const LoadedFunction& dequant_function(CUcontext ctx, DType dtype, CUstream stream);
   // An unfused path's GEMM over one weight: D[:, j] = A · W[j]ᵀ for the `rows` rows of `weight`
   // (`wstride` elements of its storage apart) into `d` (row stride g.ldd), g carrying A, K and
-  // the stream. With e4m3 weights chunk by chunk: each chunk of rows dequantized into `chunk`
-  // (dequant_workspace_bytes) with `scale`'s rows, then its GEMM into its columns of `d`.
-  void weight_gemm(CUcontext ctx, GemmCall g, Weights weights, const void* weight, int64_t wstride,
-                   const float* scale, int64_t rows, void* d, void* chunk);
+  // the stream. With e4m3 weights (`dequant`: the loaded dequantization kernel, looked up before
+  // the path's first launch; null for 16-bit weights) chunk by chunk: each chunk of rows
+  // dequantized into `chunk` (dequant_workspace_bytes) with `scale`'s rows, then its GEMM into
+  // its columns of `d`.
+  void weight_gemm(CUcontext ctx, GemmCall g, const LoadedFunction* dequant, const void* weight,
+                   int64_t wstride, const float* scale, int64_t rows, void* d, void* chunk);
 
   // What a call without an explicit configuration launches: decided once per context, key,
   // token bucket, head counts and alignment (the policy may read the tuning file or tune).

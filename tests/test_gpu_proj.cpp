@@ -201,6 +201,26 @@ TEST_SUITE("gpu") {
         stream, [&] { qkv_projection(s, p.args(stream)); }, 2);
     expect_ok(p, "graph replay at 96 tokens");
     CHECK(p.matched() == ProjPath::unfused);
+    // e4m3 weights: the first use (fused, one token) also loads the dequantization kernel; 40
+    // tokens (unfused beyond 32) are then captured: rows of 16400 codes take two chunks of the
+    // workspace (1016 rows and 8), each a dequantization launch and a GEMM planned in the capture.
+    QkvProjSpec s8 = s;
+    s8.weights = Weights::e4m3;
+    autotune::ProjSizes z8 = z;
+    z8.tokens = 1;
+    z8.hidden = 16400;
+    autotune::ProjProblem warm8(s8, z8);
+    warm8.upload();
+    qkv_projection(s8, warm8.args());
+    expect_ok(warm8, "e4m3 warm-up");
+    CHECK(warm8.matched() == ProjPath::fused);
+    z8.tokens = 40;
+    autotune::ProjProblem p8(s8, z8);
+    p8.upload();
+    testing::capture_and_replay(
+        stream, [&] { qkv_projection(s8, p8.args(stream)); }, 2);
+    expect_ok(p8, "e4m3 graph replay at 40 tokens");
+    CHECK(p8.matched() == ProjPath::unfused);
     d.StreamDestroy(stream);
   }
 

@@ -841,3 +841,22 @@ TEST_CASE("RMSNorm keys compile for sm_80 and sm_90 (every row-length variant)")
         }
       }
 }
+
+TEST_CASE("projection and FFN heuristic paths: fused up to 16 tokens, e4m3 weights up to 32") {
+  detail::DeviceInfo h100;
+  h100.cc = 90;
+  h100.sm_count = 132;
+  QkvProjSpec p = QkvProjSpec{}.canonical();
+  FfnSpec f = FfnSpec{}.canonical();
+  for (const Weights w : {Weights::same, Weights::e4m3}) {
+    p.weights = f.weights = w;
+    const int64_t last_fused = w == Weights::e4m3 ? 32 : 16;
+    for (const int64_t tokens : {int64_t(1), last_fused, last_fused + 1, int64_t(4096)}) {
+      const ProjPath want = tokens <= last_fused ? ProjPath::fused : ProjPath::unfused;
+      const detail::ProjShape proj{tokens, 4096, 32, 8, (32 + 2 * 8) * 128 / 2};
+      CHECK_MESSAGE(autotune::proj_heuristic_path(p, proj, h100) == want, p.key(), " ", tokens);
+      const detail::ProjShape ffn{tokens, 4096, 0, 0, 14336};
+      CHECK_MESSAGE(autotune::ffn_heuristic_path(f, ffn, h100) == want, f.key(), " ", tokens);
+    }
+  }
+}

@@ -737,8 +737,8 @@ def test_qkv_projection_paths_against_float64(tokens, path, weights):
         # Within one bf16 ulp of the rotation's inputs (the unfused path's rounded projection may
         # round the other way where float64 sits near a tie) and a rounding of the output.
         want, mag = ref
-        scale = want.pow(2).mean(dim=(1, 2), keepdim=True).sqrt()
-        tol = 2 ** -7 * mag + 2 ** -8 * want.abs() + 2 ** -10 * scale
+        rms = want.pow(2).mean(dim=(1, 2), keepdim=True).sqrt()
+        tol = 2 ** -7 * mag + 2 ** -8 * want.abs() + 2 ** -10 * rms
         return bool(torch.all((got - want).abs() <= tol))
 
     matched = {"fused": close(fused), "unfused": close(unfused)}
