@@ -56,11 +56,40 @@ ProjPath qkv_projection_path(const QkvProjSpec& spec, const QkvProjArgs& args) {
   return api::engine().qkv_projection_path(spec, args, true);
 }
 
+namespace {
+
+// A projection key without a fused kernel (a dynamic FP8 cache): its unfused path's kernels, the
+// RMSNorm key's, the RoPE step's key as a decode step and (paged or contiguous caches) as a
+// chunk's sequences, and with e4m3 weights the dequantization kernel.
+std::vector<std::string> precompile_unfused(const QkvProjSpec& c, const std::string& arch) {
+  std::vector<std::string> paths;
+  auto add = [&](const std::vector<std::string>& more) {
+    paths.insert(paths.end(), more.begin(), more.end());
+  };
+  if (c.norm != Norm::none) add(precompile(detail::proj_norm_spec(c), arch));
+  QkvProjArgs step;
+  add(precompile(detail::proj_rope_spec(c, step), arch));
+  if (c.cache == KvCache::paged || c.cache == KvCache::contiguous) {
+    static const int32_t any_cu_seqlens = 0;  // only whether the call gives them matters here
+    step.cu_seqlens = &any_cu_seqlens;
+    add(precompile(detail::proj_rope_spec(c, step), arch));
+  }
+  if (c.weights == Weights::e4m3) {
+    paths.emplace_back();
+    api::engine().dequant_image(c.dtype, detail::target_for(detail::parse_arch(arch, "arch")),
+                                &paths.back());
+  }
+  return paths;
+}
+
+}  // namespace
+
 std::vector<std::string> precompile(const QkvProjSpec& spec, const std::string& arch) {
   const QkvProjSpec c = spec.canonical();
   const int cc = detail::parse_arch(arch, "arch");
   if (cc < 80)
     detail::invalid("arch (", arch, "): the QKV projection needs sm_80 or newer (tensor cores)");
+  if (!detail::proj_fused_problem(c).empty()) return precompile_unfused(c, arch);
   detail::DeviceInfo device;
   device.cc = cc;
   const std::vector<detail::ProjVariant> variants =

@@ -172,6 +172,8 @@ std::vector<detail::ProjVariant> proj_fused_candidates(const detail::ProjVariant
 ProjTuneReport tune_proj(const QkvProjSpec& spec, int64_t bucket, int64_t hidden, int32_t q_heads,
                          int32_t kv_heads) {
   const QkvProjSpec c = spec.canonical();
+  if (const std::string why = detail::proj_fused_problem(c); !why.empty())
+    detail::invalid(c.key(), " has one path, nothing to tune: ", why);
   const bool fp8 = c.weights == Weights::e4m3;
   const detail::DeviceInfo& device = tuning_device("the projection's path");
   detail::Engine& engine = detail::Engine::instance();

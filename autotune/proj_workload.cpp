@@ -158,6 +158,8 @@ ProjProblem::ProjProblem(const QkvProjSpec& spec, const ProjSizes& sizes)
       outs_.push_back(&add(std::vector<uint8_t>(
           size_t(std::max<int64_t>(z.tokens, 1) * h * head_stride * e), kPoison)));
   }
+  if (z.path == ProjPath::fused && !detail::proj_fused_problem(c).empty())
+    detail::invalid("ProjProblem: ", c.key(), " has the unfused path only (sizes.path is fused)");
   if (z.path != ProjPath::fused) {
     workspace_bytes_ = detail::proj_workspace_bytes(c, z.tokens, z.hidden);
     workspace_ = &add(std::vector<uint8_t>(workspace_bytes_, kPoison));
@@ -212,6 +214,12 @@ ProjProblem::ProjProblem(const QkvProjSpec& spec, const ProjSizes& sizes)
     const size_t bytes = size_t(cache_pages_ * page_stride_ * ce);
     cache_k_ = &add(std::vector<uint8_t>(bytes, kPoison));
     cache_v_ = &add(std::vector<uint8_t>(bytes, kPoison));
+    if (c.cache_store == Store::e4m3_dynamic) {
+      scale_stride_page_ = ps * z.kv_heads + 1;
+      const size_t scale_bytes = size_t(cache_pages_ * scale_stride_page_ * 4);
+      scales_k_ = &add(std::vector<uint8_t>(scale_bytes, kPoison));
+      scales_v_ = &add(std::vector<uint8_t>(scale_bytes, kPoison));
+    }
     dest_page_.assign(size_t(T), -1);
     dest_row_.assign(size_t(T), -1);
     want_skipped_ = 0;
@@ -592,6 +600,13 @@ QkvProjArgs ProjProblem::args(void* stream) const {
     kc.skipped = static_cast<int32_t*>(ptr(skipped_));
     kc.k_quant_scale = is_fp8(spec_.cache_store) ? 4.0f : 1.0f;
     kc.v_quant_scale = is_fp8(spec_.cache_store) ? 16.0f : 1.0f;
+    if (scales_k_) {
+      kc.k_scales = static_cast<float*>(ptr(scales_k_));
+      kc.v_scales = static_cast<float*>(ptr(scales_v_));
+      kc.scale_stride_page = scale_stride_page_;
+      kc.scale_stride_slot = z.kv_heads;
+      kc.scale_stride_head = 1;
+    }
     if (z.cache_only) a.k.data = a.v.data = nullptr;
     if (cu_) {
       a.cu_seqlens = static_cast<const int32_t*>(ptr(cu_));
@@ -728,24 +743,64 @@ void ProjProblem::compare_cache(CheckReport& r, const Expected& expected) const 
     r.ok = false;
     if (r.first_failure.empty()) r.first_failure = why;
   };
+  const bool dynamic = c.cache_store == Store::e4m3_dynamic;
   for (int which = 0; which < 2; ++which) {
     const Buffer& b = *(which == 0 ? cache_k_ : cache_v_);
-    const double scale = fp8 ? (which == 0 ? 4.0 : 16.0) : 1.0;
     const char* name = which == 0 ? "k cache" : "v cache";
     std::vector<uint8_t> got(b.host.size());
     detail::check(d.MemcpyDtoH(got.data(), b.device, got.size()), "cuMemcpyDtoH");
     std::vector<bool> addressed(got.size() / size_t(ce), false);
+    // Dynamic scales: a float per written row and head, every other byte of them poisoned.
+    std::vector<uint8_t> scales_got;
+    std::vector<bool> scale_addressed;
+    if (dynamic) {
+      const Buffer& sb = *(which == 0 ? scales_k_ : scales_v_);
+      scales_got.resize(sb.host.size());
+      detail::check(d.MemcpyDtoH(scales_got.data(), sb.device, scales_got.size()), "cuMemcpyDtoH");
+      scale_addressed.assign(scales_got.size() / 4, false);
+    }
     for (int64_t m = 0; m < z.tokens; ++m) {
       const int64_t page = dest_page_[size_t(m)], row = dest_row_[size_t(m)];
       if (page < 0) continue;
-      for (int64_t h = 0; h < z.kv_heads; ++h)
+      for (int64_t h = 0; h < z.kv_heads; ++h) {
+        const size_t head_at =
+            size_t(m * columns_ + (int64_t(z.q_heads) + which * z.kv_heads + h) * D);
+        double scale = fp8 ? (which == 0 ? 4.0 : 16.0) : 1.0;
+        double scale_slack = 0;  // relative: the kernel's multiplier, known from its stored scale
+        if (dynamic) {
+          // The kernel's amax a = max(max |value|, 2^-9) over its fp32 values, each within the
+          // reference's tolerance; it stores fl(a / 448) and multiplies by fl(448 / a).
+          double a_lo = 0, a_hi = 0;
+          for (int64_t el = 0; el < D; ++el) {
+            const double v = std::fabs(expected.value[head_at + size_t(el)]);
+            const double t = expected.tol[head_at + size_t(el)];
+            a_lo = std::max(a_lo, v - t);
+            a_hi = std::max(a_hi, v + t);
+          }
+          a_lo = std::max(a_lo, 0x1p-9);
+          a_hi = std::max(a_hi, 0x1p-9);
+          const int64_t s_at = page * scale_stride_page_ + row * z.kv_heads + h;
+          scale_addressed[size_t(s_at)] = true;
+          float s_got;
+          std::memcpy(&s_got, scales_got.data() + s_at * 4, 4);
+          ++r.checked;
+          if (!(s_got >= float(a_lo / 448.0) && s_got <= float(a_hi / 448.0))) {
+            fail(detail::concat(name, " scale: token ", m, " head ", h, ": got ", s_got,
+                                ", expected within [", float(a_lo / 448.0), ", ",
+                                float(a_hi / 448.0), "]"));
+            continue;
+          }
+          // s_got = fl(a / 448) puts a within half an ulp of 448 s_got: the multiplier is 1 /
+          // s_got within that, and its own rounding.
+          scale = 1.0 / double(s_got);
+          scale_slack = 4 * u32;
+        }
         for (int64_t el = 0; el < D; ++el) {
           const int64_t at = page * page_stride_ + row * slot_stride_ + h * D + el;
           addressed[size_t(at)] = true;
-          const int64_t column = (int64_t(z.q_heads) + which * z.kv_heads + h) * D + el;
-          const size_t ref_at = size_t(m * columns_ + column);
+          const size_t ref_at = head_at + size_t(el);
           const double want = expected.value[ref_at] * scale;
-          const double tol = expected.tol[ref_at] * scale;
+          const double tol = expected.tol[ref_at] * scale + scale_slack * std::fabs(want);
           bool good;
           double have;
           if (fp8) {
@@ -768,11 +823,19 @@ void ProjProblem::compare_cache(CheckReport& r, const Expected& expected) const 
             fail(detail::concat(name, ": token ", m, " page ", page, " row ", row, " head ", h,
                                 " element ", el, ": got ", have, ", expected ", want, " +- ", tol));
         }
+      }
     }
     for (size_t i = 0; i < got.size(); ++i) {
       if (i / size_t(ce) < addressed.size() && addressed[i / size_t(ce)]) continue;
       if (got[i] != kPoison) {
         fail(detail::concat(name, " byte ", i, " is in no token's row but was written"));
+        break;
+      }
+    }
+    for (size_t i = 0; i < scales_got.size(); ++i) {
+      if (i / 4 < scale_addressed.size() && scale_addressed[i / 4]) continue;
+      if (scales_got[i] != kPoison) {
+        fail(detail::concat(name, " scale byte ", i, " is in no token's row but was written"));
         break;
       }
     }

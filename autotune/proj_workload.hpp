@@ -130,6 +130,11 @@ class ProjProblem {
   size_t workspace_bytes_ = 0;
   Buffer* cache_k_ = nullptr;  // spec.cache: k and v caches, the slots, the skipped counter
   Buffer* cache_v_ = nullptr;
+  // A dynamic FP8 cache (e4m3dyn): a float per cached row and head, [pages][page_size][kv_heads]
+  // with a float's gap after each page, poisoned.
+  Buffer* scales_k_ = nullptr;
+  Buffer* scales_v_ = nullptr;
+  int64_t scale_stride_page_ = 0;
   Buffer* slots_ = nullptr;   // slots: slot_mapping
   Buffer* indptr_ = nullptr;  // paged: indptr, indices, last_page_len (in lens_)
   Buffer* indices_ = nullptr;

@@ -215,6 +215,8 @@ int run_tune_proj(const TuneOptions& o) {
     specs.push_back(parse_family_key(key, parse_qkv_proj_key,
                                      "projection keys are tuned alone, not with RoPE keys"));
     keys.push_back(specs.back().key());
+    if (const std::string why = detail::proj_fused_problem(specs.back()); !why.empty())
+      detail::invalid("--key ", keys.back(), " has one path, nothing to tune: ", why);
   }
   if (o.heads.size() != 2 || o.heads[0] < 1 || o.heads[1] < 1 || o.heads[0] > 65536 ||
       o.heads[1] > 65536)

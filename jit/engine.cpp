@@ -773,10 +773,35 @@ bool Engine::take_unfused(CUcontext ctx, const std::string& key, CUstream stream
   return true;
 }
 
+// Keys without a fused kernel (proj_fused_problem) take the unfused path at every size; a call
+// that cannot take it, or asks for the fused path, is refused with both reasons.
+static void check_unfused_only(const QkvProjSpec& c, const QkvProjArgs& args,
+                               const ProjShape& shape, bool need_workspace) {
+  const std::string fused = proj_fused_problem(c);
+  if (fused.empty()) return;
+  if (args.path == ProjPath::fused) invalid("args.path is fused, but ", fused);
+  if (const std::string why = proj_split_problem(c, args, shape, need_workspace); !why.empty())
+    invalid(why, " (", c.key(), " has the unfused path only: ", fused, ")");
+}
+
 void Engine::qkv_projection(const QkvProjSpec& spec, const QkvProjArgs& args) {
   const QkvProjSpec c = spec.canonical();
   const ProjShape shape = check_proj_call(c, args);
   if (shape.tokens == 0) return;
+  check_unfused_only(c, args, shape, true);
+  if (!proj_fused_problem(c).empty()) {
+    // Its pieces prepared outside a capture, once, as a fused key's first use does.
+    const Driver& d = driver();
+    CUcontext ctx = nullptr;
+    const ContextScope scope(d, &ctx, args.x, "args.x");
+    CUstream stream = static_cast<CUstream>(args.stream);
+    CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
+    check(d.StreamIsCapturing(stream, &capture), "cuStreamIsCapturing");
+    if (capture == CU_STREAM_CAPTURE_STATUS_NONE && gemm_unavailable().empty())
+      prepare_once(ctx, proj_unfused_key(c, args),
+                   [&] { prepare_unfused(ctx, c, args, shape, stream); });
+    return launch_proj_unfused(c, args, shape);
+  }
   if (args.path == ProjPath::unfused) return launch_proj_unfused(c, args, shape);
   const Driver& d = driver();
   CUcontext ctx = nullptr;
@@ -797,6 +822,8 @@ ProjPath Engine::qkv_projection_path(const QkvProjSpec& spec, const QkvProjArgs&
   QkvProjArgs probe = args;  // a forced unfused call is checked below, its workspace as asked
   if (probe.path == ProjPath::unfused) probe.path = ProjPath::automatic;
   const ProjShape shape = check_proj_call(c, probe);
+  check_unfused_only(c, args, shape, !ignore_workspace);
+  if (!proj_fused_problem(c).empty()) return ProjPath::unfused;
   if (args.path == ProjPath::unfused)
     if (const std::string why = proj_split_problem(c, args, shape, !ignore_workspace); !why.empty())
       invalid(why, " (args.path is unfused)");
@@ -813,6 +840,8 @@ ProjPath Engine::qkv_projection_path(const QkvProjSpec& spec, const QkvProjArgs&
 
 void Engine::launch_proj(const QkvProjSpec& c, const QkvProjArgs& args, const ProjShape& shape,
                          const ProjVariant* requested) {
+  if (const std::string why = proj_fused_problem(c); !why.empty())
+    invalid(c.key(), " has no fused kernel: ", why);
   const Driver& d = driver();
   CUcontext ctx = nullptr;
   const ContextScope scope(d, &ctx, args.x, "args.x");

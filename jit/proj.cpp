@@ -230,6 +230,14 @@ int64_t proj_path_bucket(int64_t tokens) {
   return b;
 }
 
+std::string proj_fused_problem(const QkvProjSpec& c) {
+  if (c.cache_store == Store::e4m3_dynamic)
+    return "spec.cache_store (e4m3dyn) needs each head's amax, and the fused kernel's blocks each "
+           "hold 16 columns of a head: such keys take the unfused path, whose RoPE step computes "
+           "the scales";
+  return "";
+}
+
 std::string proj_split_problem(const QkvProjSpec& c, const QkvProjArgs& a, const ProjShape& s,
                                bool need_workspace) {
   if (c.cache != KvCache::none) {
@@ -536,6 +544,8 @@ ropejit_dev::ProjParams make_proj_params(const QkvProjSpec& c, const QkvProjArgs
 }
 
 RenderedKernel render(const QkvProjSpec& c, const ProjVariant& v) {
+  if (const std::string why = proj_fused_problem(c); !why.empty())
+    invalid(c.key(), " has no fused kernel: ", why);
   if (const std::string why = proj_variant_problem(v, c.weights == Weights::e4m3); !why.empty())
     invalid("projection variant ", v.name(), ": ", why);
   RenderedKernel r;

@@ -111,6 +111,11 @@ size_t norm_workspace_bytes(DType dtype, Norm norm, int64_t tokens, int64_t hidd
 size_t proj_norm_bytes(const QkvProjSpec& canonical, int64_t tokens, int64_t hidden);
 size_t proj_workspace_bytes(const QkvProjSpec& canonical, int64_t tokens, int64_t hidden);
 
+// "" when the key has a fused kernel, else why not: a dynamic FP8 cache (e4m3dyn) needs each
+// head's amax, and the fused kernel's blocks each hold 16 columns of a head, so those keys take
+// the unfused path, whose RoPE step (the fused RoPE key) computes the scales.
+std::string proj_fused_problem(const QkvProjSpec& canonical);
+
 // "" when a checked call can take the unfused path, else why not, starting with the argument's
 // name: q/k/v heads contiguous within a token (stride_head == head_dim), rows the RMSNorm key
 // takes, and (with `need_workspace`) a workspace of proj_workspace_bytes().

@@ -294,10 +294,6 @@ void QkvProjSpec::validate() const {
   if (cache == KvCache::none && cache_store != Store::same)
     detail::invalid("spec.cache_store (", to_string(cache_store),
                     ") needs a KV cache: spec.cache is none");
-  if (cache_store == Store::e4m3_dynamic)
-    detail::invalid(
-        "spec.cache_store (e4m3dyn) needs each head's amax, and the projection's blocks each "
-        "hold 16 columns of a head: use e4m3 (a static scale per cache)");
   if (head_dim < 16 || head_dim % 16 != 0 || head_dim > kMaxHeadDim)
     detail::invalid("spec.head_dim (", head_dim, ") must be a multiple of 16 in [16, ", kMaxHeadDim,
                     "]");

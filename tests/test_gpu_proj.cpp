@@ -384,6 +384,59 @@ TEST_SUITE("gpu") {
           }
   }
 
+  TEST_CASE("projection with a dynamic FP8 cache (e4m3dyn): the unfused path's scales per head") {
+    // No fused kernel: every call runs RMSNorm -> GEMM -> the fused RoPE key, which computes
+    // each written row's and head's scale (amax / 448) and stores the codes. Against float64:
+    // each scale within the amax the reference's tolerance allows, each code within the
+    // tolerance at the multiplier the stored scale implies, every other cache and scale byte
+    // untouched, the skipped counter; one token (a decode step) to a chunk's sequences.
+    testing::use_primary_context();
+    const int32_t dims[][2] = {{128, 128}, {64, 32}};
+    const int64_t tokens[] = {1, 5, 40};
+    int n = 0;
+    for (const auto& d : dims)
+      for (const DType dt : {DType::bf16, DType::f16})
+        for (const KvCache mode : {KvCache::slots, KvCache::paged, KvCache::contiguous})
+          for (const bool chunk : {false, true}) {
+            if (chunk && mode == KvCache::slots) continue;
+            ++n;
+            const Norm norm = n % 3 == 0 ? Norm::none : n % 3 == 1 ? Norm::rms : Norm::rms_one_plus;
+            auto [s, z] = matrix_case(n, d, dt, norm, tokens);
+            s.positions = Positions::ids;  // the unfused path's RoPE step places tokens by ids
+            z.position_offset = 0;
+            s.cache = mode;
+            s.cache_store = Store::e4m3_dynamic;
+            if (n % 3 == 2) s.weights = Weights::e4m3;
+            z.hidden = n % 2 ? 272 : 512;
+            z.cache_sequences = chunk ? 1 + n % 4 : 0;
+            z.cache_page_size = mode == KvCache::contiguous ? (chunk ? 160 : 8) : 16;
+            z.padded_slots = mode == KvCache::slots && z.tokens > 2 ? 1 : 0;
+            z.bad_slots = z.tokens > 4 ? 1 : 0;
+            z.path = n % 2 ? ProjPath::unfused : ProjPath::automatic;
+            z.seed = uint64_t(9800 + n);
+            autotune::ProjProblem p(s, z);
+            p.upload();
+            const std::string what =
+                s.key() + " tokens " + std::to_string(z.tokens) + (chunk ? " in sequences" : "");
+            CHECK_MESSAGE(qkv_projection_path(s, p.args()) == ProjPath::unfused, what);
+            qkv_projection(s, p.args());
+            expect_ok(p, what);
+            CHECK_MESSAGE(p.matched() == ProjPath::unfused, what);
+            // The fused path, and a call without a workspace, are refused before anything runs.
+            QkvProjArgs fused = p.args();
+            fused.path = ProjPath::fused;
+            CHECK_THROWS_WITH_AS(qkv_projection(s, fused),
+                                 doctest::Contains("args.path is fused, but spec.cache_store "
+                                                   "(e4m3dyn)"),
+                                 Error);
+            QkvProjArgs bare = p.args();
+            bare.workspace = nullptr;
+            bare.workspace_bytes = 0;
+            CHECK_THROWS_WITH_AS(qkv_projection(s, bare),
+                                 doctest::Contains("has the unfused path only"), Error);
+          }
+  }
+
   TEST_CASE("projection with a KV cache: a chunk's sequences (cu_seqlens), and the unfused path") {
     // Several new tokens per sequence (cu_seqlens, some sequences empty) into a paged cache
     // (the sequence's last positions after the append, across page boundaries) or a contiguous

@@ -154,8 +154,17 @@ TEST_CASE("projection keys: golden strings, canonical form, round trip") {
   s.weights = Weights::same;
   CHECK(s.key() == "qkvproj_f16_d128_r64_gptj_pos-offset_comp_nrms1p_cslots-e4m3");
   CHECK(parse_qkv_proj_key(s.key()) == s.canonical());
+  // A dynamic FP8 cache: a key without a fused kernel (the unfused path computes the scales).
   s.cache_store = Store::e4m3_dynamic;
-  CHECK(contains(error_of([&] { s.validate(); }), "spec.cache_store (e4m3dyn) needs each head"));
+  CHECK(s.key() == "qkvproj_f16_d128_r64_gptj_pos-offset_comp_nrms1p_cslots-e4m3dyn");
+  CHECK(parse_qkv_proj_key(s.key()) == s.canonical());
+  CHECK(contains(detail::proj_fused_problem(s.canonical()), "spec.cache_store (e4m3dyn)"));
+  CHECK(contains(error_of([&] {
+                   detail::render(s.canonical(), ProjVariant{1, 8, 2});
+                 }),
+                 "has no fused kernel: spec.cache_store (e4m3dyn)"));
+  s.cache_store = Store::e4m3;
+  CHECK(detail::proj_fused_problem(s.canonical()).empty());
   s.cache_store = Store::same;
   s.cache = KvCache::paged;
   CHECK(s.key() == "qkvproj_f16_d128_r64_gptj_pos-offset_comp_nrms1p_cpaged");
@@ -420,6 +429,32 @@ TEST_CASE("projection calls: every bad argument is named, a good one passes") {
     CHECK(contains(f.check(), "args.cu_seqlens is given but spec.cache is none"));
   }
   {
+    // A dynamic FP8 cache: the unfused path only, its RoPE step checking the scales. Path
+    // queries need no GPU for such a key.
+    Fake f;
+    cached(f);
+    f.spec.cache_store = Store::e4m3_dynamic;
+    f.args.cache.k_scales = reinterpret_cast<float*>(0xd0000000);
+    f.args.cache.v_scales = reinterpret_cast<float*>(0xd1000000);
+    f.args.cache.scale_stride_page = 16 * 2;
+    f.args.cache.scale_stride_slot = 2;
+    f.args.cache.scale_stride_head = 1;
+    CHECK(f.check().empty());
+    CHECK(qkv_projection_path(f.spec, f.args) == ProjPath::unfused);
+    f.args.path = ProjPath::fused;
+    CHECK(contains(error_of([&] { qkv_projection_path(f.spec, f.args); }),
+                   "args.path is fused, but spec.cache_store (e4m3dyn)"));
+    f.args.path = ProjPath::automatic;
+    f.args.cache.v_scales = nullptr;
+    const std::string why = error_of([&] { qkv_projection_path(f.spec, f.args); });
+    CHECK_MESSAGE(contains(why, "the unfused path's RoPE step refuses the call"), why);
+    CHECK_MESSAGE(contains(why, "has the unfused path only"), why);
+    // A call without a workspace is refused before the driver is touched.
+    f.args.cache.v_scales = reinterpret_cast<float*>(0xd1000000);
+    CHECK(contains(error_of([&] { qkv_projection(f.spec, f.args); }),
+                   "args.workspace is null; the unfused path needs"));
+  }
+  {
     Fake f;
     cached(f);
     CHECK(f.check().empty());
@@ -650,6 +685,22 @@ TEST_CASE("projection: a call without a driver fails with one clear message, aft
   Fake f;
   f.args.hidden = 12;  // checked before the driver is touched
   CHECK(contains(error_of([&] { qkv_projection(f.spec, f.args); }), "args.hidden (12)"));
+}
+
+TEST_CASE("projection keys with a dynamic FP8 cache compile their unfused path's kernels") {
+  // No fused kernel: the RMSNorm key's variants, the RoPE step's key (a decode step's, and with a
+  // paged or contiguous cache a chunk's), the dequantization of e4m3 weights.
+  for (const KvCache mode : {KvCache::slots, KvCache::paged})
+    for (const Weights w : {Weights::same, Weights::e4m3}) {
+      QkvProjSpec s;
+      s.cache = mode;
+      s.cache_store = Store::e4m3_dynamic;
+      s.weights = w;
+      std::vector<std::string> paths;
+      CHECK_NOTHROW(paths = precompile(s, "sm_90"));
+      const size_t rope = mode == KvCache::paged ? 2u : 1u;  // layouts: bshd, and thd for chunks
+      CHECK_MESSAGE(paths.size() >= 5 + rope + (w == Weights::e4m3 ? 1u : 0u), s.key());
+    }
 }
 
 TEST_CASE("projection keys compile for sm_80 and sm_90 (every default variant)") {

@@ -227,8 +227,9 @@ typedef struct {
   int32_t dtype, head_dim, rotary_dim, style, positions, index_type, freqs;
   int32_t table_dtype, table_width, norm;
   int32_t weights; /* ropejit::Weights: 0 same as dtype, 1 e4m3 (with args.weight_scale) */
-  /* ropejit::KvCache (0 none, 3 slots) and ropejit::Store (0 same, 1 e4m3): k and v also
-   * appended to args.cache at each token's slot_mapping entry */
+  /* ropejit::KvCache (0 none, 1 contiguous, 2 paged, 3 slots) and ropejit::Store (0 same,
+   * 1 e4m3, 2 e4m3 with dynamic scales in args.cache.k_scales / v_scales: unfused path only):
+   * k and v also appended to args.cache */
   int32_t cache, cache_store;
 } ropejit_qkv_proj_spec;
 

@@ -44,7 +44,11 @@ contiguous arrays then have an entry per sequence, and sequence b's tokens take 
 positions after the append (paged) or the rows from ``cache_seqlens[b]`` on. A row outside the
 cache is not written and is counted in ``skipped`` (an int32 tensor of one element). Both paths
 append (the unfused one after its GEMM, with the fused RoPE key). ``write_kv=False`` returns
-``(q, None, None)`` and writes k and v only to the cache (fused path).
+``(q, None, None)`` and writes k and v only to the cache (fused path). A float8_e4m3fn cache with
+``k_cache_scales`` and ``v_cache_scales`` (float32 ``[pages, page_size, kv_heads]``, instead of
+``k_scale`` / ``v_scale``) gets a scale per cached row and head, ``amax / 448`` of the row's
+head, computed by the unfused path's RoPE step: such calls take the unfused path at every
+token count (the fused kernel's blocks each hold part of a head).
 
 FP8 weights: both calls take ``torch.float8_e4m3fn`` weights with a float32 scale per weight
 row (``weight_scale`` ``[rows]``; for the FFN's separate weights ``gate_scale`` and
@@ -139,7 +143,8 @@ def qkv_projection(x, weight, *, q_heads, kv_heads, head_dim=128, rotary_dim=Non
                    cos=None, sin=None, base=10000.0, style="neox", path="auto",
                    weight_scale=None, k_cache=None, v_cache=None, slot_mapping=None,
                    kv_indptr=None, kv_indices=None, kv_last_page_len=None, cache_seqlens=None,
-                   k_scale=1.0, v_scale=1.0, skipped=None, write_kv=True, cu_seqlens=None):
+                   k_scale=1.0, v_scale=1.0, skipped=None, write_kv=True, cu_seqlens=None,
+                   k_cache_scales=None, v_cache_scales=None):
     """Returns (q, k, v), new tensors ``[tokens, heads, head_dim]``; see the module docstring.
     ``norm="none"`` skips RMSNorm; ``"rms_one_plus"`` is Gemma's ``(1 + w)``; float8_e4m3fn
     weights take ``weight_scale``, a float32 scale per weight row. ``cu_seqlens`` (int32,
@@ -210,7 +215,7 @@ def qkv_projection(x, weight, *, q_heads, kv_heads, head_dim=128, rotary_dim=Non
                   "(cache_seqlens) cache; it is not used otherwise")
         sequences = cu_seqlens.numel() - 1
     cache = _cache(x, kv_heads, head_dim, k_cache, v_cache, addressing, k_scale, v_scale,
-                   skipped, write_kv, sequences)
+                   skipped, write_kv, sequences, (k_cache_scales, v_cache_scales))
     if cache is not None:
         spec.cache, spec.cache_store = _capi.KV_CACHES[cache[2]], cache[1]
     tokens = x.shape[0]
@@ -273,15 +278,18 @@ def qkv_projection(x, weight, *, q_heads, kv_heads, head_dim=128, rotary_dim=Non
 
 
 def _cache(x, kv_heads, head_dim, k_cache, v_cache, addressing, k_scale, v_scale, skipped,
-           write_kv, sequences):
+           write_kv, sequences, scales=(None, None)):
     """(ropejit_kv_cache, cache_store code, mode) for the projection's KV cache, or None.
     `addressing` maps each mode to its tensors (slot_mapping; kv_indptr, kv_indices,
-    kv_last_page_len; cache_seqlens); `sequences`: the paged / contiguous arrays' sequences."""
+    kv_last_page_len; cache_seqlens); `sequences`: the paged / contiguous arrays' sequences;
+    `scales`: (k_cache_scales, v_cache_scales) for a dynamic FP8 cache."""
     import torch
     given = [mode for mode, ts in addressing.items() if any(t is not None for t in ts)]
     if k_cache is None:
-        if v_cache is not None or given or skipped is not None:
-            _fail("v_cache, the cache's addressing and skipped go with k_cache")
+        if v_cache is not None or given or skipped is not None or any(
+                t is not None for t in scales):
+            _fail("v_cache, the cache's addressing, skipped and the cache's scales go with "
+                  "k_cache")
         if not write_kv:
             _fail("write_kv=False writes k and v only to the KV cache, but k_cache is not given")
         return None
@@ -335,7 +343,32 @@ def _cache(x, kv_heads, head_dim, k_cache, v_cache, addressing, k_scale, v_scale
     c.k_quant_scale, c.v_quant_scale = k_scale, v_scale
     if skipped is not None:
         c.skipped = skipped.data_ptr()
-    return c, _capi.STORES["e4m3" if k_cache.dtype == fp8 else "same"], mode
+    store = "e4m3" if k_cache.dtype == fp8 else "same"
+    if any(t is not None for t in scales):
+        # A dynamic FP8 cache: a float32 scale per cached row and head, computed by the unfused
+        # path's RoPE step (such calls take that path at every size).
+        if any(t is None for t in scales):
+            _fail("k_cache_scales and v_cache_scales go together")
+        if k_cache.dtype != fp8:
+            _fail(f"k_cache_scales is given but k_cache.dtype is {k_cache.dtype}: dynamic scales "
+                  "are for a float8_e4m3fn cache")
+        if (k_scale, v_scale) != (1.0, 1.0):
+            _fail(f"k_scale ({k_scale!r}) / v_scale ({v_scale!r}) and k_cache_scales are both "
+                  "given: k_cache_scales asks for a scale per token and head, computed in the "
+                  "kernel")
+        want = tuple(k_cache.shape[:3])
+        for name, t in (("k_cache_scales", scales[0]), ("v_cache_scales", scales[1])):
+            if (not isinstance(t, torch.Tensor) or t.dtype != torch.float32
+                    or t.device != x.device or tuple(t.shape) != want):
+                _fail(f"{name} must be a float32 tensor {list(want)} (pages, page_size, "
+                      f"kv_heads) on x's device")
+        if scales[0].stride() != scales[1].stride():
+            _fail(f"v_cache_scales (strides {scales[1].stride()}) must match k_cache_scales "
+                  f"(strides {scales[0].stride()})")
+        c.k_scales, c.v_scales = scales[0].data_ptr(), scales[1].data_ptr()
+        c.scale_stride_page, c.scale_stride_slot, c.scale_stride_head = scales[0].stride()
+        store = "e4m3_dynamic"
+    return c, _capi.STORES[store], mode
 
 
 def qkv_projection_key(dtype="bf16", head_dim=128, rotary_dim=None, style="neox",

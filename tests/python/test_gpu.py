@@ -513,6 +513,69 @@ def test_qkv_projection_appends_to_a_kv_cache(tokens, fp8, write_kv, mode):
     assert torch.all(v_cache[~written].float() == -3.0)
 
 
+@pytest.mark.parametrize("tokens,mode", [(1, "slots"), (40, "slots"), (5, "paged"),
+                                         (64, "paged")])
+def test_qkv_projection_dynamic_fp8_cache(tokens, mode):
+    """A float8_e4m3fn cache with a scale per cached row and head (k_cache_scales,
+    v_cache_scales): the unfused path at every token count; each scale is the head's amax / 448
+    (of the fp32 values the returned bf16 k and v round), each code times its scale gives the
+    value back within half an e4m3 step; rows and scales not addressed stay untouched; the
+    fused path is refused."""
+    from ropejit import decode
+    torch.manual_seed(900 + tokens)
+    hidden, qh, kvh, d, page_size = 512, 4, 2, 64, 16
+    pages = 2 * tokens + 2
+    x = (torch.rand(tokens, hidden, device="cuda") * 4 - 2).bfloat16()
+    w = ((torch.rand((qh + 2 * kvh) * d, hidden, device="cuda") * 2 - 1) * (3 / hidden) ** 0.5)
+    w = w.bfloat16()
+    nw = (torch.rand(hidden, device="cuda") + 0.5).bfloat16()
+    ids = torch.randint(0, 4096, (tokens,), device="cuda")
+    if mode == "slots":
+        slots = torch.randperm(pages * page_size, device="cuda")[:tokens].clone()
+        dest = [divmod(int(v), page_size) for v in slots]
+        addressing = dict(slot_mapping=slots)
+    else:
+        perm = torch.randperm(pages).tolist()
+        indptr, indices, last = [0], [], []
+        for t in range(tokens):
+            indices += perm[2 * t:2 * t + 1 + t % 2]
+            indptr.append(len(indices))
+            last.append(1 + (7 * t) % page_size)
+        dest = [(indices[indptr[t + 1] - 1], last[t] - 1) for t in range(tokens)]
+        addressing = dict(kv_indptr=torch.tensor(indptr, dtype=torch.int32, device="cuda"),
+                          kv_indices=torch.tensor(indices, dtype=torch.int32, device="cuda"),
+                          kv_last_page_len=torch.tensor(last, dtype=torch.int32, device="cuda"))
+    e4m3 = torch.float8_e4m3fn
+    k_cache = torch.zeros(pages, page_size, kvh, d, dtype=torch.uint8, device="cuda").view(e4m3)
+    v_cache = torch.zeros_like(k_cache.view(torch.uint8)).view(e4m3)
+    k_scales = torch.full((pages, page_size, kvh), -1.0, device="cuda")
+    v_scales = k_scales.clone()
+    kw = dict(q_heads=qh, kv_heads=kvh, head_dim=d, norm_weight=nw, position_ids=ids,
+              k_cache=k_cache, v_cache=v_cache, k_cache_scales=k_scales,
+              v_cache_scales=v_scales, **addressing)
+    with pytest.raises(ropejit.InvalidArgument, match="args.path is fused"):
+        decode.qkv_projection(x, w, path="fused", **kw)
+    q, k, v = decode.qkv_projection(x, w, **kw)
+    torch.cuda.synchronize()
+    written = torch.zeros(pages, page_size, dtype=torch.bool, device="cuda")
+    for t, (page, row) in enumerate(dest):
+        written[page, row] = True
+        for cache, scales, want in ((k_cache, k_scales, k[t]), (v_cache, v_scales, v[t])):
+            want = want.float()  # [kvh, d], the bf16 rounding of the kernel's fp32 values
+            amax = want.abs().amax(-1).clamp_min(2 ** -9)
+            s = scales[page, row]
+            assert torch.all((s * 448 - amax).abs() <= amax * 2 ** -7), (t, s * 448, amax)
+            # Half an e4m3 step (2^-4 relative; subnormal codes: half of 2^-9 code units, times
+            # the scale), and the bf16 rounding of the value returned in k / v.
+            got = cache[page, row].float() * s[:, None]
+            err = (got - want).abs()
+            assert torch.all(err <= want.abs() * (2 ** -4 + 2 ** -7) + s[:, None] * 2 ** -9), \
+                float(err.max())
+    assert torch.all(k_cache.view(torch.uint8)[~written] == 0)
+    assert torch.all(v_cache.view(torch.uint8)[~written] == 0)
+    assert torch.all(k_scales[~written] == -1.0) and torch.all(v_scales[~written] == -1.0)
+
+
 @pytest.mark.parametrize("mode", ["paged", "contiguous"])
 @pytest.mark.parametrize("path", ["fused", "unfused", "auto"])
 def test_qkv_projection_chunk_into_a_cache(mode, path):
