@@ -148,6 +148,8 @@ class ProjProblem {
   std::vector<int64_t> positions_;
   Expected expected_, expected_unfused_;
   ProjPath matched_ = ProjPath::fused;
+  // A key without a fused kernel (a dynamic FP8 cache): an automatic call is the unfused path.
+  bool unfused_only_ = false;
 };
 
 }  // namespace ropejit::autotune

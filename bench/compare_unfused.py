@@ -179,7 +179,12 @@ def quantize_torch(rj, x):
 
 def quantize_compiled(rj, x):
     # One generated kernel per tensor instead of eager torch's four (compiled on the warm-up
-    # calls, outside the graph capture).
+    # calls, outside the graph capture). Each shape is its own graph (two per token count):
+    # dynamo's default limit of 8 per function would make the largest sizes run eagerly.
+    import torch._dynamo
+    for name in ("cache_size_limit", "recompile_limit"):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, 64)
     quantize = torch.compile(_quantize, dynamic=False)
 
     def run():
@@ -264,6 +269,10 @@ def main():
                     help="q out and the cache in e4m3 with static scales (else bf16, q in place)")
     ap.add_argument("--tokens", type=int, nargs="+", default=list(DECODE + PREFILL))
     a = ap.parse_args()
+    for t in a.tokens:
+        if t < 1 or (t > DECODE[-1] and t % 1024):
+            ap.error(f"--tokens {t}: decode sizes up to {DECODE[-1]}, prefill sizes in whole "
+                     "sequences of 1024")
     rj = import_ropejit(a.lib)
     import ropejit.fused  # noqa: F401
     print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}")

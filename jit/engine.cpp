@@ -750,7 +750,8 @@ void Engine::prepare_once(CUcontext ctx, const std::string& key,
     // capturing (outside a capture a later call prepares what it needs).
     warn_once("unfused-prepare:" + key,
               concat("ropejit: the unfused path of ", key, " could not be prepared (", e.what(),
-                     "); calls inside a CUDA graph capture run fused"));
+                     "); calls inside a CUDA graph capture run fused (or, for a key without a "
+                     "fused kernel, fail there)"));
     return;
   }
   std::unique_lock<std::shared_mutex> lock(proj_mutex_);
@@ -787,13 +788,15 @@ static void check_unfused_only(const QkvProjSpec& c, const QkvProjArgs& args,
 void Engine::qkv_projection(const QkvProjSpec& spec, const QkvProjArgs& args) {
   const QkvProjSpec c = spec.canonical();
   const ProjShape shape = check_proj_call(c, args);
+  check_unfused_only(c, args, shape, shape.tokens > 0);
   if (shape.tokens == 0) return;
-  check_unfused_only(c, args, shape, true);
   if (!proj_fused_problem(c).empty()) {
     // Its pieces prepared outside a capture, once, as a fused key's first use does.
     const Driver& d = driver();
     CUcontext ctx = nullptr;
     const ContextScope scope(d, &ctx, args.x, "args.x");
+    if (device_info(ctx).cc < 80)
+      invalid("the QKV projection (", c.key(), ") needs compute capability 8.0 or newer");
     CUstream stream = static_cast<CUstream>(args.stream);
     CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
     check(d.StreamIsCapturing(stream, &capture), "cuStreamIsCapturing");

@@ -422,8 +422,19 @@ ProjShape check_proj_call(const QkvProjSpec& c, const QkvProjArgs& a) {
       invalid("args.cache.skipped (", static_cast<const void*>(kc.skipped),
               ") is not 4-byte aligned");
   }
-  const Operand written[5] = {outs[0], outs[1], outs[2], caches[0], caches[1]};
-  check_no_overlap(written, 5);
+  // A dynamic FP8 cache's scales: a float per cached row and head, placed like the rows.
+  Operand scales[2];
+  if (cached && c.cache_store == Store::e4m3_dynamic) {
+    const KvCacheArgs& kc = a.cache;
+    const Dims sdims = {Dim{kc.scale_stride_page, kc.pages, "scale_stride_page"},
+                        Dim{kc.scale_stride_slot, kc.page_size, "scale_stride_slot"},
+                        Dim{kc.scale_stride_head, a.kv_heads, "scale_stride_head"}};
+    check_strided("args.cache.k_scales", kc.k_scales, sdims, 1, 4, true, &scales[0]);
+    check_strided("args.cache.v_scales", kc.v_scales, sdims, 1, 4, true, &scales[1]);
+  }
+  const Operand written[7] = {outs[0],   outs[1],   outs[2],  caches[0],
+                              caches[1], scales[0], scales[1]};
+  check_no_overlap(written, 7);
 
   // Positions and frequencies.
   if (c.positions == Positions::ids) {

@@ -294,6 +294,10 @@ void QkvProjSpec::validate() const {
   if (cache == KvCache::none && cache_store != Store::same)
     detail::invalid("spec.cache_store (", to_string(cache_store),
                     ") needs a KV cache: spec.cache is none");
+  if (cache_store == Store::e4m3_dynamic && cache != KvCache::slots && positions != Positions::ids)
+    detail::invalid("spec.cache_store (e4m3dyn) with a ", to_string(cache),
+                    " cache needs spec.positions ids: such keys take the unfused path, whose RoPE "
+                    "step places a token in a paged or contiguous cache by its position id");
   if (head_dim < 16 || head_dim % 16 != 0 || head_dim > kMaxHeadDim)
     detail::invalid("spec.head_dim (", head_dim, ") must be a multiple of 16 in [16, ", kMaxHeadDim,
                     "]");

@@ -430,11 +430,38 @@ TEST_SUITE("gpu") {
                                                    "(e4m3dyn)"),
                                  Error);
             QkvProjArgs bare = p.args();
+            bare.path = ProjPath::automatic;
             bare.workspace = nullptr;
             bare.workspace_bytes = 0;
             CHECK_THROWS_WITH_AS(qkv_projection(s, bare),
                                  doctest::Contains("has the unfused path only"), Error);
           }
+    // Inside a CUDA graph: the key's first use (outside) prepares the unfused path; a new token
+    // bucket is then planned during the capture.
+    QkvProjSpec s =
+        spec_of(DType::bf16, 128, 128, Style::neox, Positions::ids, Freqs::table, Norm::rms);
+    s.cache = KvCache::paged;
+    s.cache_store = Store::e4m3_dynamic;
+    autotune::ProjSizes z;
+    z.tokens = 1;
+    z.hidden = 512;
+    z.q_heads = 4;
+    z.kv_heads = 2;
+    z.path = ProjPath::automatic;
+    autotune::ProjProblem warm(s, z);
+    warm.upload();
+    qkv_projection(s, warm.args());
+    expect_ok(warm, "e4m3dyn warm-up");
+    z.tokens = 24;
+    autotune::ProjProblem p(s, z);
+    p.upload();
+    const detail::Driver& d = detail::driver();
+    CUstream stream = nullptr;
+    detail::check(d.StreamCreate(&stream, 0), "cuStreamCreate");
+    testing::capture_and_replay(
+        stream, [&] { qkv_projection(s, p.args(stream)); }, 2);
+    expect_ok(p, "e4m3dyn graph replay at 24 tokens");
+    d.StreamDestroy(stream);
   }
 
   TEST_CASE("projection with a KV cache: a chunk's sequences (cu_seqlens), and the unfused path") {

@@ -163,6 +163,10 @@ TEST_CASE("projection keys: golden strings, canonical form, round trip") {
                    detail::render(s.canonical(), ProjVariant{1, 8, 2});
                  }),
                  "has no fused kernel: spec.cache_store (e4m3dyn)"));
+  s.cache = KvCache::paged;  // offset positions: the unfused path's RoPE step cannot place them
+  CHECK(contains(error_of([&] { s.validate(); }),
+                 "spec.cache_store (e4m3dyn) with a paged cache needs spec.positions ids"));
+  s.cache = KvCache::slots;
   s.cache_store = Store::e4m3;
   CHECK(detail::proj_fused_problem(s.canonical()).empty());
   s.cache_store = Store::same;
@@ -446,13 +450,17 @@ TEST_CASE("projection calls: every bad argument is named, a good one passes") {
                    "args.path is fused, but spec.cache_store (e4m3dyn)"));
     f.args.path = ProjPath::automatic;
     f.args.cache.v_scales = nullptr;
-    const std::string why = error_of([&] { qkv_projection_path(f.spec, f.args); });
-    CHECK_MESSAGE(contains(why, "the unfused path's RoPE step refuses the call"), why);
-    CHECK_MESSAGE(contains(why, "has the unfused path only"), why);
-    // A call without a workspace is refused before the driver is touched.
+    CHECK(contains(f.check(), "args.cache.v_scales.data is null"));
+    // The scales are written: they overlap no input or output.
+    f.args.cache.v_scales = static_cast<float*>(const_cast<void*>(f.args.x));
+    CHECK(contains(f.check(), "args.cache.v_scales and args.x overlap"));
+    f.args.cache.v_scales = reinterpret_cast<float*>(f.args.cache.k_scales) + 8;
+    CHECK(contains(f.check(), "args.cache.k_scales and args.cache.v_scales overlap"));
+    // A call without a workspace is refused before the driver is touched, with both reasons.
     f.args.cache.v_scales = reinterpret_cast<float*>(0xd1000000);
-    CHECK(contains(error_of([&] { qkv_projection(f.spec, f.args); }),
-                   "args.workspace is null; the unfused path needs"));
+    const std::string why = error_of([&] { qkv_projection(f.spec, f.args); });
+    CHECK_MESSAGE(contains(why, "args.workspace is null; the unfused path needs"), why);
+    CHECK_MESSAGE(contains(why, "has the unfused path only: spec.cache_store (e4m3dyn)"), why);
   }
   {
     Fake f;
