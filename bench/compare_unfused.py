@@ -19,11 +19,12 @@ pass of that sequence taken from the fastest implementation available on the hos
             Every candidate of a pass is timed alone (graph replay); the sequence is built from
             the fastest of each and timed as one graph.
 
-Shapes: Qwen3-8B attention (32 q / 8 kv heads, head_dim 128, neox, bf16, f32 cos/sin table,
-NHD pages of 16 tokens); decode sizes with one token per sequence, prefill sizes with sequences
-of 1024. Before timing, the fused step's and the sequence's outputs (q and the appended cache
-rows) are compared with a float64 reference (within MAX_ERROR_ULPS ulps of the output format at
-the magnitude of the head's values; a row past it is marked WRONG and gets no ratio). Device time under CUDA-graph replay (compare_peers.py's
+Shapes: compare_fused_peers.py's step (32 q / 8 kv heads of 128, as Qwen3-8B's attention; neox,
+bf16, an f32 cos/sin table, NHD pages of 16 tokens); decode sizes with one token per sequence,
+prefill sizes with sequences of 1024. Before timing, the fused step's and the sequence's outputs
+(q and the appended cache rows) are compared with a float64 reference (within MAX_ERROR_ULPS ulps
+of the output format at the magnitude of the head's values; a row past it is marked WRONG and
+gets no ratio). Device time under CUDA-graph replay (compare_peers.py's
 method). A candidate that cannot import or fails is reported and left out.
 
     python3 bench/compare_unfused.py --lib build-gpu/libropejit.so [--fp8] --out $OUT/unfused.json
@@ -38,10 +39,10 @@ import traceback
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from compare_fused_peers import HEAD_DIM, K_HEADS, PAGE  # noqa: E402
+from compare_fused_peers import Step as FusedStep  # noqa: E402
 from compare_peers import first_line, graph_us_per_call, import_ropejit  # noqa: E402
 
-Q_HEADS, K_HEADS, HEAD_DIM, PAGE = 32, 8, 128, 16
-ROWS = 8192
 EPS = 1e-6
 SCALE_Q, SCALE_K, SCALE_V = 2.0, 4.0, 4.0  # stored = value * scale
 DECODE = (1, 16, 64, 256)
@@ -52,41 +53,24 @@ E4M3 = torch.float8_e4m3fn
 MAX_ERROR_ULPS = 4.0
 
 
-class Step:
-    """One step's inputs, outputs and page table: `tokens` over sequences of `per_seq` tokens,
-    each holding 0-1023 tokens before the step (pages from a shuffled pool)."""
+class Step(FusedStep):
+    """compare_fused_peers.py's step (its shapes, page table, positions and cos/sin table) with
+    the norm's weights, each token's cache page and row, and this comparison's outputs."""
 
     def __init__(self, tokens, per_seq, fp8, seed=0):
-        g = torch.Generator().manual_seed(seed)
-        seqs = tokens // per_seq
-        self.tokens, self.fp8 = tokens, fp8
-        self.q0 = torch.randn(tokens, Q_HEADS, HEAD_DIM, generator=g).to(torch.bfloat16).cuda()
-        self.k0 = torch.randn(tokens, K_HEADS, HEAD_DIM, generator=g).to(torch.bfloat16).cuda()
-        self.v = torch.randn(tokens, K_HEADS, HEAD_DIM, generator=g).to(torch.bfloat16).cuda()
+        self.fp8 = fp8
+        super().__init__(tokens, per_seq, seed)
+        g = torch.Generator().manual_seed(seed + 1)
+        self.q0, self.k0 = self.q.clone(), self.k.clone()
         self.qw = (torch.rand(HEAD_DIM, generator=g) + 0.5).to(torch.bfloat16).cuda()
         self.kw = (torch.rand(HEAD_DIM, generator=g) + 0.5).to(torch.bfloat16).cuda()
-        inv = 1000000.0 ** (-torch.arange(0, HEAD_DIM, 2, dtype=torch.float64) / HEAD_DIM)
-        ang = torch.arange(ROWS, dtype=torch.float64)[:, None] * inv
-        self.cos64, self.sin64 = ang.cos(), ang.sin()
-        self.cos_sin = torch.cat((self.cos64, self.sin64), 1).float().cuda()
-        held = torch.randint(0, 1024, (seqs,), generator=g)
-        lengths = held + per_seq  # after the append
-        pages = (lengths + PAGE - 1) // PAGE
-        indptr = torch.zeros(seqs + 1, dtype=torch.int32)
-        indptr[1:] = torch.cumsum(pages, 0)
-        self.n_pages = int(indptr[-1])
-        indices = torch.randperm(self.n_pages, generator=g).to(torch.int32)
-        seq_of = torch.arange(tokens) // per_seq
-        pos = held[seq_of] + torch.arange(tokens) % per_seq  # index in the sequence
-        self.page_of = indices[(indptr[seq_of] + pos // PAGE).long()].long().cuda()
-        self.row_of = (pos % PAGE).cuda()
-        self.indptr, self.indices = indptr.cuda(), indices.cuda()
-        self.last = ((lengths - 1) % PAGE + 1).to(torch.int32).cuda()
-        self.cu = (torch.arange(seqs + 1, dtype=torch.int32) * per_seq).cuda()
-        self.ids = pos.cuda()  # int64 position ids: the index in the sequence
-        self.batch_indices = seq_of.to(torch.int32).cuda()
-        self.positions = pos.to(torch.int32).cuda()
+        starts = self.indptr.cpu()[self.seq_of]
+        self.page_of = self.indices.cpu()[(starts + self.pos_in_seq // PAGE).long()].long().cuda()
+        self.row_of = (self.pos_in_seq % PAGE).cuda()
         self.reset()
+
+    def outputs(self):
+        """The base's constructor asks for its outputs; reset() makes this comparison's."""
 
     def reset(self):
         """Fresh q and k (the steps work in place), empty caches and scratch."""

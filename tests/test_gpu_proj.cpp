@@ -88,6 +88,30 @@ void check_call_and_variant(autotune::ProjProblem& p, const QkvProjSpec& s, int3
   expect_ok(p, what + " " + other.name());
 }
 
+// The key's first use outside a capture (`warm_tokens` of the same shape, another seed), then a
+// call of `z` captured in a CUDA graph and replayed twice, each checked against float64. Returns
+// the path the replay's result matched.
+ProjPath warm_then_capture(const QkvProjSpec& s, const autotune::ProjSizes& z, int64_t warm_tokens,
+                           const std::string& what) {
+  autotune::ProjSizes w = z;
+  w.tokens = warm_tokens;
+  w.seed = z.seed + 1;
+  autotune::ProjProblem warm(s, w);
+  warm.upload();
+  qkv_projection(s, warm.args());
+  expect_ok(warm, what + ", warm-up");
+  autotune::ProjProblem p(s, z);
+  p.upload();
+  const detail::Driver& d = detail::driver();
+  CUstream stream = nullptr;
+  detail::check(d.StreamCreate(&stream, 0), "cuStreamCreate");
+  testing::capture_and_replay(
+      stream, [&] { qkv_projection(s, p.args(stream)); }, 2);
+  expect_ok(p, what + ", graph replay");
+  d.StreamDestroy(stream);
+  return p.matched();
+}
+
 }  // namespace
 
 TEST_SUITE("gpu") {
@@ -181,47 +205,22 @@ TEST_SUITE("gpu") {
     const QkvProjSpec s =
         spec_of(DType::f16, 64, 64, Style::gptj, Positions::offset, Freqs::computed, Norm::rms);
     autotune::ProjSizes z;
-    z.tokens = 1;
+    z.tokens = 96;  // a new bucket whose plan, GEMM algorithm and RoPE plan are made in capture
     z.hidden = 776;
     z.q_heads = 8;
     z.kv_heads = 4;
     z.position_offset = 40;
     z.path = ProjPath::automatic;
-    autotune::ProjProblem warm(s, z);
-    warm.upload();
-    qkv_projection(s, warm.args());  // the key's first use: fused, and prepares the unfused path
-    expect_ok(warm, "warm-up");
-    z.tokens = 96;  // a new bucket whose plan, GEMM algorithm and RoPE plan are made in capture
-    autotune::ProjProblem p(s, z);
-    p.upload();
-    const detail::Driver& d = detail::driver();
-    CUstream stream = nullptr;
-    detail::check(d.StreamCreate(&stream, 0), "cuStreamCreate");
-    testing::capture_and_replay(
-        stream, [&] { qkv_projection(s, p.args(stream)); }, 2);
-    expect_ok(p, "graph replay at 96 tokens");
-    CHECK(p.matched() == ProjPath::unfused);
+    // The key's first use at one token: fused, and prepares the unfused path.
+    CHECK(warm_then_capture(s, z, 1, "96 tokens") == ProjPath::unfused);
     // e4m3 weights: the first use (fused, one token) also loads the dequantization kernel; 40
     // tokens (unfused beyond 32) are then captured: rows of 16400 codes take two chunks of the
     // workspace (1016 rows and 8), each a dequantization launch and a GEMM planned in the capture.
     QkvProjSpec s8 = s;
     s8.weights = Weights::e4m3;
-    autotune::ProjSizes z8 = z;
-    z8.tokens = 1;
-    z8.hidden = 16400;
-    autotune::ProjProblem warm8(s8, z8);
-    warm8.upload();
-    qkv_projection(s8, warm8.args());
-    expect_ok(warm8, "e4m3 warm-up");
-    CHECK(warm8.matched() == ProjPath::fused);
-    z8.tokens = 40;
-    autotune::ProjProblem p8(s8, z8);
-    p8.upload();
-    testing::capture_and_replay(
-        stream, [&] { qkv_projection(s8, p8.args(stream)); }, 2);
-    expect_ok(p8, "e4m3 graph replay at 40 tokens");
-    CHECK(p8.matched() == ProjPath::unfused);
-    d.StreamDestroy(stream);
+    z.tokens = 40;
+    z.hidden = 16400;
+    CHECK(warm_then_capture(s8, z, 1, "e4m3 weights, 40 tokens") == ProjPath::unfused);
   }
 
   TEST_CASE("ropejit tune --key qkvproj_...: the path per token bucket into the tuning file") {
@@ -443,25 +442,12 @@ TEST_SUITE("gpu") {
     s.cache = KvCache::paged;
     s.cache_store = Store::e4m3_dynamic;
     autotune::ProjSizes z;
-    z.tokens = 1;
+    z.tokens = 24;
     z.hidden = 512;
     z.q_heads = 4;
     z.kv_heads = 2;
     z.path = ProjPath::automatic;
-    autotune::ProjProblem warm(s, z);
-    warm.upload();
-    qkv_projection(s, warm.args());
-    expect_ok(warm, "e4m3dyn warm-up");
-    z.tokens = 24;
-    autotune::ProjProblem p(s, z);
-    p.upload();
-    const detail::Driver& d = detail::driver();
-    CUstream stream = nullptr;
-    detail::check(d.StreamCreate(&stream, 0), "cuStreamCreate");
-    testing::capture_and_replay(
-        stream, [&] { qkv_projection(s, p.args(stream)); }, 2);
-    expect_ok(p, "e4m3dyn graph replay at 24 tokens");
-    d.StreamDestroy(stream);
+    CHECK(warm_then_capture(s, z, 1, "e4m3dyn cache, 24 tokens") == ProjPath::unfused);
   }
 
   TEST_CASE("projection with a KV cache: a chunk's sequences (cu_seqlens), and the unfused path") {
@@ -547,21 +533,8 @@ TEST_SUITE("gpu") {
     z.kv_heads = 2;
     z.cache_sequences = 3;
     z.path = ProjPath::automatic;
-    autotune::ProjProblem warm(s, z);
-    warm.upload();
-    qkv_projection(s, warm.args());
-    expect_ok(warm, "paged chunk, warm-up");
     z.seed = 77;
-    autotune::ProjProblem p(s, z);
-    p.upload();
-    const detail::Driver& drv = detail::driver();
-    CUstream stream = nullptr;
-    detail::check(drv.StreamCreate(&stream, 0), "cuStreamCreate");
-    testing::capture_and_replay(
-        stream, [&] { qkv_projection(s, p.args(stream)); }, 2);
-    expect_ok(p, "paged chunk, graph replay");
-    CHECK(p.matched() == ProjPath::unfused);
-    drv.StreamDestroy(stream);
+    CHECK(warm_then_capture(s, z, 96, "paged chunk") == ProjPath::unfused);
   }
 
   TEST_CASE("projection, e4m3 weights: every code decodes exactly, in every variant (bits)") {
