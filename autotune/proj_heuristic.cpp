@@ -26,6 +26,7 @@
 // (bench/RESULTS.md, "Thread-block clusters"): 15.8 against 18.0 µs at one token (c4), 17.7
 // against 30.3 at 16 (c4); at Llama-3-8B (384 blocks) clusters only add a second wave.
 #include <algorithm>
+#include <limits>
 
 #include "autotune/policy.hpp"
 
@@ -33,7 +34,9 @@ namespace ropejit::autotune {
 namespace {
 
 // The largest token count the heuristic runs fused (proj_heuristic_path says why).
-int64_t fused_up_to(Weights weights) { return weights == Weights::e4m3 ? 32 : 16; }
+int64_t fused_up_to(Weights weights) {
+  return weights == Weights::e4m3 ? std::numeric_limits<int64_t>::max() : 16;
+}
 
 detail::ProjVariant variant_for_tiles(int32_t tiles, int32_t unroll_at_one_tile = 1,
                                       bool fp8_weights = false) {
@@ -82,8 +85,10 @@ detail::ProjVariant proj_heuristic(const QkvProjSpec& canonical, const detail::P
 // e4m3 weights: the fused kernel reads half the bytes (29.4 µs at 32 tokens, 55.7 at 64 on the
 // H100), while the unfused path first dequantizes the weight chunk by chunk (jit/dequant.hpp;
 // reading the codes once, the chunks back from L2) before the same GEMM. Estimated from those
-// parts (not yet measured end to end): about 40 µs from 33 to 64 tokens, so fused up to 32
-// tokens, unfused beyond.
+// parts, the unfused path would win from about 33 tokens (~40 µs at 64); it has not run on a GPU
+// yet, so the heuristic keeps these keys fused at every size until it has been measured there.
+// `ropejit tune` races both paths, each checked against float64 first, and its file can choose
+// the unfused one.
 ProjPath proj_heuristic_path(const QkvProjSpec& canonical, const detail::ProjShape& shape,
                              const detail::DeviceInfo& device) {
   (void)device;

@@ -294,7 +294,8 @@ enum class Weights : int32_t {
   // 0x7f/0xff read as ±480); hidden must be a multiple of 16. The unfused path (cuBLASLt's FP8
   // GEMMs take FP8 activations) first dequantizes the weight chunk by chunk into its workspace as
   // torch does, dtype(fp32(code · scale)), then runs the GEMM on it; f16 needs |code · scale|
-  // below 65504 there. An automatic call runs fused up to 32 tokens, unfused beyond.
+  // below 65504 there. An automatic call runs fused (until that path has been measured on a
+  // GPU) unless the tuning file chooses the unfused path.
   e4m3 = 1,
 };
 
