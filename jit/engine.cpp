@@ -790,22 +790,8 @@ void Engine::qkv_projection(const QkvProjSpec& spec, const QkvProjArgs& args) {
   const ProjShape shape = check_proj_call(c, args);
   check_unfused_only(c, args, shape, shape.tokens > 0);
   if (shape.tokens == 0) return;
-  if (!proj_fused_problem(c).empty()) {
-    // Its pieces prepared outside a capture, once, as a fused key's first use does.
-    const Driver& d = driver();
-    CUcontext ctx = nullptr;
-    const ContextScope scope(d, &ctx, args.x, "args.x");
-    if (device_info(ctx).cc < 80)
-      invalid("the QKV projection (", c.key(), ") needs compute capability 8.0 or newer");
-    CUstream stream = static_cast<CUstream>(args.stream);
-    CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
-    check(d.StreamIsCapturing(stream, &capture), "cuStreamIsCapturing");
-    if (capture == CU_STREAM_CAPTURE_STATUS_NONE && gemm_unavailable().empty())
-      prepare_once(ctx, proj_unfused_key(c, args),
-                   [&] { prepare_unfused(ctx, c, args, shape, stream); });
+  if (args.path == ProjPath::unfused || !proj_fused_problem(c).empty())
     return launch_proj_unfused(c, args, shape);
-  }
-  if (args.path == ProjPath::unfused) return launch_proj_unfused(c, args, shape);
   const Driver& d = driver();
   CUcontext ctx = nullptr;
   const ContextScope scope(d, &ctx, args.x, "args.x");
@@ -879,6 +865,15 @@ void Engine::launch_proj_unfused(const QkvProjSpec& c, const QkvProjArgs& args,
   if (device_info(ctx).cc < 80)
     invalid("the QKV projection (", c.key(), ") needs compute capability 8.0 or newer");
   CUstream stream = static_cast<CUstream>(args.stream);
+  // A key without a fused kernel has no plan whose first use prepares this path: its first call
+  // outside a capture does, once.
+  if (!proj_fused_problem(c).empty()) {
+    CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
+    check(d.StreamIsCapturing(stream, &capture), "cuStreamIsCapturing");
+    if (capture == CU_STREAM_CAPTURE_STATUS_NONE)
+      prepare_once(ctx, proj_unfused_key(c, args),
+                   [&] { prepare_unfused(ctx, c, args, shape, stream); });
+  }
   const int64_t elem = element_bytes(c.dtype);
   char* workspace = static_cast<char*>(args.workspace);
   const size_t norm_bytes = proj_norm_bytes(c, shape.tokens, shape.hidden);

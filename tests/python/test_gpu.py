@@ -429,6 +429,26 @@ def test_qkv_projection_e4m3_weights_against_float64(tokens, norm, style):
                               norm="none", weight_scale=scale)
 
 
+def _decode_pages(tokens, pages, page_size, bad=-1):
+    """FlashInfer's page table for a decode step, each token the newest of its own sequence of
+    one or two pages (from a shuffled pool of `pages`); sequence `bad` gets a last-page length of
+    0 (not written). Returns the addressing arguments and each token's (page, row) or None."""
+    perm = torch.randperm(pages).tolist()
+    indptr, indices, last, dest = [0], [], [], []
+    for t in range(tokens):
+        indices += perm[2 * t:2 * t + 1 + t % 2]
+        indptr.append(len(indices))
+        last.append(1 + (7 * t) % page_size)
+        dest.append((indices[-1], last[-1] - 1))
+    if 0 <= bad < tokens:
+        last[bad] = 0
+        dest[bad] = None
+    addressing = dict(kv_indptr=torch.tensor(indptr, dtype=torch.int32, device="cuda"),
+                      kv_indices=torch.tensor(indices, dtype=torch.int32, device="cuda"),
+                      kv_last_page_len=torch.tensor(last, dtype=torch.int32, device="cuda"))
+    return addressing, dest
+
+
 @pytest.mark.parametrize("tokens,fp8,write_kv,mode", [
     (1, False, True, "slots"), (9, True, True, "slots"), (33, False, False, "slots"),
     (64, True, False, "slots"), (5, False, True, "paged"), (40, True, False, "paged"),
@@ -459,19 +479,7 @@ def test_qkv_projection_appends_to_a_kv_cache(tokens, fp8, write_kv, mode):
                 for v in slots]
         addressing = dict(slot_mapping=slots)
     elif mode == "paged":
-        perm = torch.randperm(pages).tolist()
-        indptr, indices, last = [0], [], []
-        for t in range(tokens):
-            indices += perm[2 * t:2 * t + 1 + t % 2]
-            indptr.append(len(indices))
-            last.append(1 + (7 * t) % page_size)
-            dest.append((indices[-1], last[-1] - 1))
-        if tokens > 2:
-            last[bad] = 0
-            dest[bad] = None
-        addressing = dict(kv_indptr=torch.tensor(indptr, dtype=torch.int32, device="cuda"),
-                          kv_indices=torch.tensor(indices, dtype=torch.int32, device="cuda"),
-                          kv_last_page_len=torch.tensor(last, dtype=torch.int32, device="cuda"))
+        addressing, dest = _decode_pages(tokens, pages, page_size, bad)
     else:
         held = [(5 * t) % page_size for t in range(tokens)]
         dest = [(t, held[t]) for t in range(tokens)]
@@ -535,16 +543,7 @@ def test_qkv_projection_dynamic_fp8_cache(tokens, mode):
         dest = [divmod(int(v), page_size) for v in slots]
         addressing = dict(slot_mapping=slots)
     else:
-        perm = torch.randperm(pages).tolist()
-        indptr, indices, last = [0], [], []
-        for t in range(tokens):
-            indices += perm[2 * t:2 * t + 1 + t % 2]
-            indptr.append(len(indices))
-            last.append(1 + (7 * t) % page_size)
-        dest = [(indices[indptr[t + 1] - 1], last[t] - 1) for t in range(tokens)]
-        addressing = dict(kv_indptr=torch.tensor(indptr, dtype=torch.int32, device="cuda"),
-                          kv_indices=torch.tensor(indices, dtype=torch.int32, device="cuda"),
-                          kv_last_page_len=torch.tensor(last, dtype=torch.int32, device="cuda"))
+        addressing, dest = _decode_pages(tokens, pages, page_size)
     e4m3 = torch.float8_e4m3fn
     k_cache = torch.zeros(pages, page_size, kvh, d, dtype=torch.uint8, device="cuda").view(e4m3)
     v_cache = torch.zeros_like(k_cache.view(torch.uint8)).view(e4m3)
