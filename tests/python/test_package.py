@@ -234,8 +234,13 @@ def test_qkv_projection_key_and_errors():
     assert (decode.qkv_projection_key(cache="slots", cache_store="e4m3")
             == "qkvproj_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_nrms_cslots-e4m3")
     assert decode.qkv_projection_key(cache="paged").endswith("_nrms_cpaged")
-    with pytest.raises(ropejit.InvalidArgument, match=r"spec.cache_store \(e4m3dyn\) needs"):
-        decode.qkv_projection_key(cache="paged", cache_store="e4m3_dynamic")
+    # A dynamic FP8 cache: keys without a fused kernel (the unfused path computes the scales),
+    # placing tokens in a paged or contiguous cache by position ids.
+    assert (decode.qkv_projection_key(cache="paged", cache_store="e4m3_dynamic")
+            == "qkvproj_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_nrms_cpaged-e4m3dyn")
+    with pytest.raises(ropejit.InvalidArgument, match=r"spec.cache_store \(e4m3dyn\) with a "
+                                                      r"paged cache needs spec.positions ids"):
+        decode.qkv_projection_key(cache="paged", cache_store="e4m3_dynamic", positions="offset")
 
 
 def test_ffn_key_and_errors():
