@@ -26,7 +26,6 @@
 // (bench/RESULTS.md, "Thread-block clusters"): 15.8 against 18.0 µs at one token (c4), 17.7
 // against 30.3 at 16 (c4); at Llama-3-8B (384 blocks) clusters only add a second wave.
 #include <algorithm>
-#include <limits>
 
 #include "autotune/policy.hpp"
 
@@ -34,9 +33,7 @@ namespace ropejit::autotune {
 namespace {
 
 // The largest token count the heuristic runs fused (proj_heuristic_path says why).
-int64_t fused_up_to(Weights weights) {
-  return weights == Weights::e4m3 ? std::numeric_limits<int64_t>::max() : 16;
-}
+int64_t fused_up_to(Weights weights) { return weights == Weights::e4m3 ? 64 : 16; }
 
 detail::ProjVariant variant_for_tiles(int32_t tiles, int32_t unroll_at_one_tile = 1,
                                       bool fp8_weights = false) {
@@ -82,13 +79,13 @@ detail::ProjVariant proj_heuristic(const QkvProjSpec& canonical, const detail::P
 // 28.6 µs. So fused up to 16 tokens, unfused beyond; `ropejit tune --key qkvproj_...` measures the
 // crossover of a shape on its GPU and the tuning file overrides this.
 //
-// e4m3 weights: the fused kernel reads half the bytes (29.4 µs at 32 tokens, 55.7 at 64 on the
-// H100), while the unfused path first dequantizes the weight chunk by chunk (jit/dequant.hpp;
-// reading the codes once, the chunks back from L2) before the same GEMM. Estimated from those
-// parts, the unfused path would win from about 33 tokens (~40 µs at 64); it has not run on a GPU
-// yet, so the heuristic keeps these keys fused at every size until it has been measured there.
-// `ropejit tune` races both paths, each checked against float64 first, and its file can choose
-// the unfused one.
+// e4m3 weights: the fused kernel reads half the bytes, while the unfused path first dequantizes
+// the weight chunk by chunk (jit/dequant.hpp) before the same GEMM, which costs it a nearly flat
+// 60 µs at the projection's shape. `ropejit tune` on the H100 (bench/RESULTS.md, "e4m3 weights
+// on the unfused path"): projection fused 52.9 against unfused 62.1 µs at 64 tokens, 100.3
+// against 65.7 at 128; the FFN's gate/up (hidden 4096, intermediate 14336) fused 229 against
+// ~240 µs at 64 tokens, 120 against 238 at 32. So fused up to 64 tokens, unfused beyond. `ropejit
+// tune` races both paths, each checked against float64 first, and its file overrides this.
 ProjPath proj_heuristic_path(const QkvProjSpec& canonical, const detail::ProjShape& shape,
                              const detail::DeviceInfo& device) {
   (void)device;

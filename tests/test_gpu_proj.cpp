@@ -213,7 +213,7 @@ TEST_SUITE("gpu") {
     z.path = ProjPath::automatic;
     // The key's first use at one token: fused, and prepares the unfused path.
     CHECK(warm_then_capture(s, z, 1, "96 tokens") == ProjPath::unfused);
-    // e4m3 weights on the unfused path, forced (automatic keeps them fused): the first use at
+    // e4m3 weights on the unfused path, forced (automatic is fused at 40 tokens): the first use at
     // one token loads the dequantization kernel; 40 tokens are then captured: rows of 16400 codes
     // take two chunks of the workspace (1016 rows and 8), each a dequantization launch and a GEMM
     // planned in the capture.
@@ -503,8 +503,9 @@ TEST_SUITE("gpu") {
             s.cache = mode;
             s.cache_store = n % 2 ? Store::e4m3 : Store::same;
             z.tokens = n % 3 == 0 ? 17 : n % 3 == 1 ? 64 : 130;
-            // e4m3 weights where the unfused path is forced (automatic keeps them fused).
-            if (n % 2 == 1 && n % 3 != 0) s.weights = Weights::e4m3;
+            // e4m3 weights where the unfused path is forced, and at 130 tokens automatic (the
+            // heuristic keeps them fused up to 64).
+            if ((n % 2 == 1 && n % 3 != 0) || n % 3 == 2) s.weights = Weights::e4m3;
             z.hidden = n % 2 ? (s.weights == Weights::e4m3 ? 272 : 264) : 512;
             z.packed_out = n % 4 != 1;
             z.cache_sequences = chunk ? 2 + n % 4 : 0;

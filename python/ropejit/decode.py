@@ -56,8 +56,8 @@ row (``weight_scale`` ``[rows]``; for the FFN's separate weights ``gate_scale`` 
 x's dtype exactly and multiplies each row's fp32 sum by its scale; ``hidden`` must be a multiple
 of 16. The unfused path (more tokens) first dequantizes the weight chunk by chunk into its
 workspace as torch does, ``(w.float() * scale[:, None]).to(x.dtype)``, then runs the same GEMM;
-``path="auto"`` keeps such weights fused (until their unfused path has been measured on a GPU)
-unless the tuning file chooses the unfused path; ``path="unfused"`` forces it.
+``path="auto"`` keeps such weights fused up to 64 tokens (the H100's crossover at Llama-3-8B's
+shapes), unless the tuning file chooses otherwise; ``path="unfused"`` forces that path.
 """
 
 import ctypes

@@ -732,27 +732,36 @@ def test_ffn_gate_up_paths_against_float64(tokens, path, act, merged, weights):
     x64 = x.double()
     rstd = 1 / torch.sqrt((x64 * x64).mean(-1, keepdim=True) + float(torch.tensor(1e-6).float()))
 
-    def glu(gu):
+    def glu(gu, flip=None):
+        # act(g) * u and the size of its inputs; flip: how far g and u may move beyond that
         g, u = gu[:, :inter], gu[:, inter:]
         if act == "silu":
             a = g / (1 + torch.exp(-g))
         else:
             a = 0.5 * g * (1 + torch.tanh(0.7978845608028654 * (g + 0.044715 * g ** 3)))
-        return a * u, (a.abs() + g.abs()) * u.abs() + a.abs() * u.abs()
+        mag = (a.abs() + g.abs()) * u.abs() + a.abs() * u.abs()
+        if flip is not None:  # |act'| <= 1.2 for both activations; mag is scaled by 2^-7 below
+            fg, fu = flip[:, :inter], flip[:, inter:]
+            mag = mag + 2 ** 7 * (1.2 * fg * (u.abs() + fu) + a.abs() * fu)
+        return a * u, mag
 
     fused = glu(((x.float() * nw.float()).bfloat16().double() @ w64.t()) * rstd)
-    a = (x64 * rstd * nw.double()).bfloat16().double()
-    unfused = glu((a @ w_unfused.t()).bfloat16().double())
+    v = x64 * rstd * nw.double()
+    a = v.bfloat16().double()
+    # The RMSNorm key computes in fp32: where float64 lies within fp32's error of a bf16 tie,
+    # the activation may round to the other neighbour, moving g and u by that gap times |W|.
+    gap = (v * (1 + 2 ** -20)).bfloat16().double() - (v * (1 - 2 ** -20)).bfloat16().double()
+    unfused = glu((a @ w_unfused.t()).bfloat16().double(), gap.abs() @ w_unfused.abs().t())
 
-    def close(ref):
+    def worst(ref):  # the largest error over its tolerance (at most 1 to match)
         want, mag = ref
-        return bool(torch.all((got - want).abs() <= 2 ** -7 * mag + 2 ** -8 * want.abs() + 1e-4))
+        return float(((got - want).abs() / (2 ** -7 * mag + 2 ** -8 * want.abs() + 1e-4)).max())
 
-    matched = {"fused": close(fused), "unfused": close(unfused)}
+    matched = {"fused": worst(fused), "unfused": worst(unfused)}
     if path == "auto":
-        assert matched["fused"] or matched["unfused"], matched
+        assert min(matched.values()) <= 1, matched
     else:
-        assert matched[path], matched
+        assert matched[path] <= 1, matched
 
 
 @pytest.mark.parametrize("tokens,path,weights", [
