@@ -911,8 +911,8 @@ TEST_CASE("projection and FFN heuristic paths: fused up to 16 tokens, e4m3 weigh
     p.weights = f.weights = w;
     // e4m3 weights: the fused kernel reads half the bytes and wins up to 64 tokens.
     const int64_t last_fused = w == Weights::e4m3 ? 64 : 16;
-    for (const int64_t tokens : {int64_t(1), int64_t(16), int64_t(17), int64_t(64), int64_t(65),
-                                 int64_t(4096)}) {
+    for (const int64_t tokens :
+         {int64_t(1), int64_t(16), int64_t(17), int64_t(64), int64_t(65), int64_t(4096)}) {
       const ProjPath want = tokens <= last_fused ? ProjPath::fused : ProjPath::unfused;
       const detail::ProjShape proj{tokens, 4096, 32, 8, (32 + 2 * 8) * 128 / 2};
       CHECK_MESSAGE(autotune::proj_heuristic_path(p, proj, h100) == want, p.key(), " ", tokens);
