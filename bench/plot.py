@@ -10,7 +10,11 @@ torch eager and the copy; and given compare_peers.py's JSON, each implementation
     python3 bench/plot.py --fused-peers fused_peers.json --vllm vllm.json --outdir DIR
 
 Given compare_fused_peers.py's and compare_vllm.py's JSON: the fused steps' µs against tokens
-next to FlashInfer's and vLLM's fused kernels (fused_peers_us.png).
+next to FlashInfer's and vLLM's fused kernels (fused_peers_us.png). Given compare_unfused.py's
+JSON (bf16, and --fp8's): the fused step against the unfused sequence it replaces, each pass the
+fastest on the host, alone and as one graph (unfused_us.png).
+
+    python3 bench/plot.py --unfused unfused.json unfused_fp8.json --outdir DIR
 """
 
 import argparse
@@ -230,6 +234,38 @@ def plot_fused(fused_peers, vllm, path):
     plt.close(fig)
 
 
+def plot_unfused(runs, path):
+    """µs per graph-replayed step against tokens (log-log), one panel per compare_unfused.py run:
+    the fused step, the unfused sequence as one graph, and each of its passes timed alone."""
+    fig, axes = plt.subplots(1, len(runs), figsize=(5.2 * len(runs), 4.2), squeeze=False)
+    for ax, run in zip(axes[0], runs):
+        rows = sorted(run["rows"], key=lambda r: r["tokens"])
+        tokens = [r["tokens"] for r in rows]
+        ax.plot(tokens, [r["fused_us"] for r in rows], marker="o", color="tab:blue",
+                label="ropejit fused step")
+        ax.plot(tokens, [r["unfused_us"] for r in rows], marker="s", color="tab:red",
+                label="unfused sequence (one graph)")
+        pass_colors = ("tab:green", "tab:purple", "tab:brown", "tab:olive")
+        for i, step in enumerate(rows[0]["chosen"]):
+            pts = [(r["tokens"], r["passes"][step][r["chosen"][step]]) for r in rows]
+            ax.plot(*zip(*pts), linestyle="--", linewidth=1, color=pass_colors[i % 4],
+                    label=f"{step} alone ({rows[0]['chosen'][step]})")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("tokens")
+        ax.set_title("FP8 q and FP8 paged cache" if run.get("fp8") else "bf16 q and bf16 paged cache",
+                     fontsize=9)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel("µs per step, CUDA-graph replay (lower is better)")
+    gpu = runs[0].get("gpu")
+    fig.suptitle("Qwen3-style step (QK-norm + RoPE + paged append): fused against unfused"
+                 f"{' — ' + gpu if gpu else ''}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def proj_rows(bench):
     """tokens -> (median µs, floor µs) of the proj/llama3_8b_m<M> rows."""
     rows = {}
@@ -316,15 +352,25 @@ def main():
     parser.add_argument("--proj-torch", help="JSON written by bench/compare_proj_torch.py")
     parser.add_argument("--fused-peers", help="JSON written by bench/compare_fused_peers.py")
     parser.add_argument("--vllm", help="JSON written by bench/compare_vllm.py")
+    parser.add_argument("--unfused", nargs="+",
+                        help="JSON written by bench/compare_unfused.py (bf16 and/or --fp8)")
     parser.add_argument("--outdir", default="bench/plots")
     args = parser.parse_args()
     os.makedirs(args.outdir, exist_ok=True)
 
     if not (args.bench or args.compare or args.peers or args.proj or args.fused_peers or
-            args.vllm):
+            args.vllm or args.unfused):
         parser.error("nothing to plot: give a benchmark JSON, --compare, --peers, --proj, "
-                     "--fused-peers or --vllm")
+                     "--fused-peers, --vllm or --unfused")
     written = []
+    if args.unfused:
+        runs = []
+        for name in args.unfused:
+            with open(name) as f:
+                runs.append(json.load(f))
+        path = os.path.join(args.outdir, "unfused_us.png")
+        plot_unfused(runs, path)
+        written.append(path)
     if args.fused_peers or args.vllm:
         loaded = []
         for name in (args.fused_peers, args.vllm):

@@ -199,6 +199,7 @@ if [ "$what" = unfused ]; then
       --out "$out/unfused${fp8:+_fp8}.json" 2>&1 | tee "$out/unfused${fp8:+_fp8}.txt" |
       grep -E "^\|" | cut -c1-220
   done
+  python3 bench/plot.py --unfused "$out/unfused.json" "$out/unfused_fp8.json" --outdir "$out/plots" 2>&1 | tail -1
 fi
 if [ "$what" = cands ]; then
   # Every candidate's time for the llama shapes and each bench case (ropejit tune --top), for
