@@ -162,7 +162,7 @@ ProjProblem::ProjProblem(const QkvProjSpec& spec, const ProjSizes& sizes)
   if (z.path == ProjPath::fused && unfused_only_)
     detail::invalid("ProjProblem: ", c.key(), " has the unfused path only (sizes.path is fused)");
   if (z.path != ProjPath::fused) {
-    workspace_bytes_ = detail::proj_workspace_bytes(c, z.tokens, z.hidden);
+    workspace_bytes_ = detail::proj_workspace_bytes(c, z.tokens, z.hidden, z.q_heads, z.kv_heads);
     workspace_ = &add(std::vector<uint8_t>(workspace_bytes_, kPoison));
   }
   if (c.cache != KvCache::none) {

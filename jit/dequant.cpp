@@ -19,10 +19,10 @@ int64_t dequant_chunk_rows(DType dtype, int64_t hidden) {
   return std::max<int64_t>(1, n);
 }
 
-size_t dequant_workspace_bytes(DType dtype, Weights weights, int64_t hidden) {
-  if (weights != Weights::e4m3 || hidden <= 0) return 0;
-  const uint64_t bytes = uint64_t(dequant_chunk_rows(dtype, hidden)) * uint64_t(hidden) *
-                         uint64_t(element_bytes(dtype));
+size_t dequant_workspace_bytes(DType dtype, Weights weights, int64_t hidden, int64_t rows) {
+  if (weights != Weights::e4m3 || hidden <= 0 || rows <= 0) return 0;
+  const uint64_t bytes = uint64_t(std::min(rows, dequant_chunk_rows(dtype, hidden))) *
+                         uint64_t(hidden) * uint64_t(element_bytes(dtype));
   return size_t((bytes + 255) / 256 * 256);
 }
 

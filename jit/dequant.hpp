@@ -2,8 +2,11 @@
 // FP8 activations, so each chunk of weight rows is first widened to the activation dtype with
 // its row's scale applied, W'[n][k] = dtype(fp32(code · scale[n])) (torch's dequantization,
 // `(w.float() * scale[:, None]).to(dtype)`), into the workspace, and the GEMM of that chunk
-// follows. A chunk is at most kDequantChunkBytes, so the workspace stays small and the chunk is
-// read back from L2. The kernel is its own key (templates/dequant_kernel.cuh).
+// follows. A chunk is the whole weight up to kDequantChunkBytes: fewer, larger GEMMs run faster
+// (the H100 at Llama-3-8B's projection, 128 tokens: 59.0 µs in one 48 MiB chunk, 64.5 in two of
+// 32 MiB, 103 in 8 MiB chunks, 250 in 2 MiB ones; bench/RESULTS.md), and the cap keeps the
+// workspace bounded for the FFN's larger weights. The kernel is its own key
+// (templates/dequant_kernel.cuh).
 #pragma once
 
 #include <cstddef>
@@ -15,7 +18,7 @@
 
 namespace ropejit::detail {
 
-constexpr size_t kDequantChunkBytes = size_t(32) << 20;
+constexpr size_t kDequantChunkBytes = size_t(64) << 20;
 constexpr int32_t kDequantThreads = 256;
 constexpr int32_t kDequantCodesPerThread = 16;
 
@@ -23,9 +26,10 @@ constexpr int32_t kDequantCodesPerThread = 16;
 // multiple of 8 from 8 on, so that the GEMM's output columns of a chunk start 16-byte aligned;
 // at least one). A weight with fewer rows is one chunk.
 int64_t dequant_chunk_rows(DType dtype, int64_t hidden);
-// A chunk's bytes in a workspace, 256-byte aligned (0 for 16-bit weights): at most
-// kDequantChunkBytes (a row past it: one row).
-size_t dequant_workspace_bytes(DType dtype, Weights weights, int64_t hidden);
+// A chunk's bytes in a workspace for a weight of `rows` rows (the most any of the call's GEMMs
+// dequantizes), 256-byte aligned (0 for 16-bit weights): min(rows, dequant_chunk_rows) rows, so
+// at most kDequantChunkBytes (a row past it: one row).
+size_t dequant_workspace_bytes(DType dtype, Weights weights, int64_t hidden, int64_t rows);
 
 // The kernel's key ("dequant_e4m3_bf16") and its one variant's name.
 std::string dequant_key(DType dtype);

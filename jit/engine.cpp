@@ -877,7 +877,7 @@ void Engine::launch_proj_unfused(const QkvProjSpec& c, const QkvProjArgs& args,
   const int64_t elem = element_bytes(c.dtype);
   char* workspace = static_cast<char*>(args.workspace);
   const size_t norm_bytes = proj_norm_bytes(c, shape.tokens, shape.hidden);
-  const size_t chunk_bytes = dequant_workspace_bytes(c.dtype, c.weights, shape.hidden);
+  const size_t chunk_bytes = proj_chunk_bytes(c, shape.hidden, shape.q_heads, shape.kv_heads);
   // The RoPE step's launch is decided first, and the dequantization kernel of e4m3 weights
   // loaded: a refusal (ROPEJIT_TUNING=frozen without its entry, say) then comes before anything
   // is written.
@@ -1147,7 +1147,8 @@ void Engine::launch_ffn_unfused(const FfnSpec& c, const FfnArgs& args, const Ffn
   char* workspace = static_cast<char*>(args.workspace);
   const size_t norm_bytes = norm_workspace_bytes(c.dtype, c.norm, shape.tokens, shape.hidden);
   const size_t product_bytes = ffn_product_bytes(c, shape.tokens, I);
-  const size_t chunk_bytes = dequant_workspace_bytes(c.dtype, c.weights, shape.hidden);
+  const size_t chunk_bytes =
+      dequant_workspace_bytes(c.dtype, c.weights, shape.hidden, 2 * shape.intermediate);
   // Every kernel the path launches after the RMSNorm is loaded before it.
   const int64_t out_stride = args.out_stride == 0 ? I : args.out_stride;
   const bool wide =

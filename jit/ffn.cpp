@@ -172,7 +172,8 @@ size_t ffn_product_bytes(const FfnSpec& c, int64_t tokens, int64_t intermediate)
 size_t ffn_workspace_bytes(const FfnSpec& c, int64_t tokens, int64_t hidden, int64_t intermediate) {
   return norm_workspace_bytes(c.dtype, c.norm, tokens, hidden) +
          ffn_product_bytes(c, tokens, intermediate) +
-         dequant_workspace_bytes(c.dtype, c.weights, hidden) + kGemmWorkspaceBytes;
+         dequant_workspace_bytes(c.dtype, c.weights, hidden, 2 * intermediate) +
+         kGemmWorkspaceBytes;
 }
 
 std::string ffn_split_problem(const FfnSpec& c, const FfnArgs& a, const FfnShape& s,

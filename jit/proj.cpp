@@ -148,8 +148,14 @@ size_t proj_norm_bytes(const QkvProjSpec& c, int64_t tokens, int64_t hidden) {
   return norm_workspace_bytes(c.dtype, c.norm, tokens, hidden);
 }
 
-size_t proj_workspace_bytes(const QkvProjSpec& c, int64_t tokens, int64_t hidden) {
-  return proj_norm_bytes(c, tokens, hidden) + dequant_workspace_bytes(c.dtype, c.weights, hidden) +
+size_t proj_chunk_bytes(const QkvProjSpec& c, int64_t hidden, int64_t q_heads, int64_t kv_heads) {
+  return dequant_workspace_bytes(c.dtype, c.weights, hidden,
+                                 (q_heads + 2 * kv_heads) * int64_t(c.head_dim));
+}
+
+size_t proj_workspace_bytes(const QkvProjSpec& c, int64_t tokens, int64_t hidden, int64_t q_heads,
+                            int64_t kv_heads) {
+  return proj_norm_bytes(c, tokens, hidden) + proj_chunk_bytes(c, hidden, q_heads, kv_heads) +
          kGemmWorkspaceBytes;
 }
 
@@ -282,7 +288,7 @@ std::string proj_split_problem(const QkvProjSpec& c, const QkvProjArgs& a, const
     }
   }
   if (need_workspace) {
-    const size_t need = proj_workspace_bytes(c, s.tokens, s.hidden);
+    const size_t need = proj_workspace_bytes(c, s.tokens, s.hidden, s.q_heads, s.kv_heads);
     if (!a.workspace)
       return concat("args.workspace is null; the unfused path needs ", need,
                     " bytes (qkv_projection_workspace_bytes)");

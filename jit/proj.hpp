@@ -109,7 +109,12 @@ constexpr size_t kGemmWorkspaceBytes = size_t(32) << 20;
 // The normalized activation's bytes in a workspace (0 without a norm), 256-byte aligned.
 size_t norm_workspace_bytes(DType dtype, Norm norm, int64_t tokens, int64_t hidden);
 size_t proj_norm_bytes(const QkvProjSpec& canonical, int64_t tokens, int64_t hidden);
-size_t proj_workspace_bytes(const QkvProjSpec& canonical, int64_t tokens, int64_t hidden);
+// With e4m3 weights, the chunk of dequantized rows for a weight of (q + 2 kv heads) · head_dim
+// rows (jit/dequant.hpp); 0 otherwise.
+size_t proj_chunk_bytes(const QkvProjSpec& canonical, int64_t hidden, int64_t q_heads,
+                        int64_t kv_heads);
+size_t proj_workspace_bytes(const QkvProjSpec& canonical, int64_t tokens, int64_t hidden,
+                            int64_t q_heads, int64_t kv_heads);
 
 // "" when the key has a fused kernel, else why not: a dynamic FP8 cache (e4m3dyn) needs each
 // head's amax, and the fused kernel's blocks each hold 16 columns of a head, so those keys take

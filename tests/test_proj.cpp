@@ -675,18 +675,36 @@ TEST_CASE("projection: the unfused path's workspace size") {
   CHECK(contains(error_of([&] { qkv_projection_workspace_bytes(f.spec, f.args); }),
                  "args.hidden (12)"));
   CHECK(std::string(to_string(ProjPath::unfused)) == "unfused");
-  // e4m3 weights add a chunk of dequantized rows: as many as 32 MiB holds (a multiple of 8).
+  // e4m3 weights add a chunk of dequantized rows: the whole weight ((4 + 2 * 2) heads of 128:
+  // 1024 rows) up to as many rows as 64 MiB holds (a multiple of 8).
   f = Fake{};
   f.spec.weights = Weights::e4m3;
-  CHECK(qkv_projection_workspace_bytes(f.spec, f.args) == 2048 + (size_t(64) << 20));
-  f.args.hidden = 4096 * 3;  // 24 KiB rows: 1365 rows -> 1360, 33423360 bytes
-  CHECK(detail::dequant_chunk_rows(DType::bf16, f.args.hidden) == 1360);
   CHECK(qkv_projection_workspace_bytes(f.spec, f.args) ==
-        4 * 4096 * 3 * 2 + 1360 * 4096 * 3 * 2 + (size_t(32) << 20));
-  // A row past the budget (2^24 bf16 elements: exactly 32 MiB) is a chunk of one row.
-  CHECK(detail::dequant_chunk_rows(DType::bf16, int64_t(1) << 24) == 1);
-  CHECK(detail::dequant_chunk_rows(DType::f16, 16) == int64_t(1) << 20);
-  CHECK(detail::dequant_workspace_bytes(DType::bf16, Weights::same, 4096) == 0);
+        2048 + 1024 * 256 * 2 + (size_t(32) << 20));
+  f.args.hidden = 4096 * 3;  // 24 KiB rows: 2730 rows -> 2728 fit; the weight's 1024 is one chunk
+  CHECK(detail::dequant_chunk_rows(DType::bf16, f.args.hidden) == 2728);
+  CHECK(qkv_projection_workspace_bytes(f.spec, f.args) ==
+        4 * 4096 * 3 * 2 + 1024 * 4096 * 3 * 2 + (size_t(32) << 20));
+  f.args.hidden = 65536;  // 128 KiB rows: 512 rows fill the 64 MiB, two chunks
+  CHECK(detail::dequant_chunk_rows(DType::bf16, f.args.hidden) == 512);
+  CHECK(qkv_projection_workspace_bytes(f.spec, f.args) ==
+        4 * 65536 * 2 + (size_t(64) << 20) + (size_t(32) << 20));
+  // Without heads there are no rows to size the chunk by: refused, naming them.
+  f.args.kv_heads = 0;
+  CHECK(contains(error_of([&] { qkv_projection_workspace_bytes(f.spec, f.args); }),
+                 "args.kv_heads (0) must be in [1, 65536]"));
+  // A row past the budget (2^25 bf16 elements: exactly 64 MiB) is a chunk of one row.
+  CHECK(detail::dequant_chunk_rows(DType::bf16, int64_t(1) << 24) == 2);
+  CHECK(detail::dequant_chunk_rows(DType::bf16, int64_t(1) << 25) == 1);
+  CHECK(detail::dequant_chunk_rows(DType::bf16, (int64_t(1) << 25) + 16) == 1);
+  CHECK(detail::dequant_chunk_rows(DType::f16, 16) == int64_t(1) << 21);
+  CHECK(detail::dequant_workspace_bytes(DType::bf16, Weights::same, 4096, 6144) == 0);
+  // Llama-3-8B: the projection's 6144 rows in one chunk; the FFN's 28672 in four of 8192.
+  CHECK(detail::dequant_workspace_bytes(DType::bf16, Weights::e4m3, 4096, 6144) ==
+        size_t(6144) * 4096 * 2);
+  CHECK(detail::dequant_workspace_bytes(DType::bf16, Weights::e4m3, 4096, 28672) == size_t(64)
+                                                                                        << 20);
+  CHECK(detail::dequant_workspace_bytes(DType::bf16, Weights::e4m3, 4096, 0) == 0);
 }
 
 TEST_CASE("projection: a call without a driver fails with one clear message, after checking") {

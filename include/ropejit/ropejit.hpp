@@ -417,7 +417,8 @@ void qkv_projection(const QkvProjSpec& spec, const QkvProjArgs& args);
 
 // Bytes of workspace the unfused path needs for args.tokens and args.hidden: the normalized
 // activation (none without a norm), 256-byte aligned, with e4m3 weights a chunk of dequantized
-// weight rows (up to 32 MiB), plus 32 MiB for cuBLASLt. Needs no GPU.
+// weight rows (the whole weight, (q_heads + 2 kv_heads) · head_dim rows, up to 64 MiB; so e4m3
+// weights also need args.q_heads and args.kv_heads here), plus 32 MiB for cuBLASLt. Needs no GPU.
 size_t qkv_projection_workspace_bytes(const QkvProjSpec& spec, const QkvProjArgs& args);
 
 // The path a call with these arguments takes on its GPU: args.path when not automatic, else the
@@ -491,8 +492,8 @@ struct FfnArgs {
 
 void ffn_gate_up(const FfnSpec& spec, const FfnArgs& args);
 // The unfused path's workspace: the normalized activation (none without a norm), the two
-// products and with e4m3 weights a chunk of dequantized weight rows (up to 32 MiB), each 256-byte
-// aligned, plus 32 MiB for cuBLASLt. Needs no GPU.
+// products and with e4m3 weights a chunk of dequantized weight rows (the whole 2 · intermediate
+// rows up to 64 MiB), each 256-byte aligned, plus 32 MiB for cuBLASLt. Needs no GPU.
 size_t ffn_gate_up_workspace_bytes(const FfnSpec& spec, const FfnArgs& args);
 // As qkv_projection_path(): the path a call takes, the workspace not looked at.
 ProjPath ffn_gate_up_path(const FfnSpec& spec, const FfnArgs& args);
