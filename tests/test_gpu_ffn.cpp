@@ -189,11 +189,11 @@ TEST_SUITE("gpu") {
   }
 
   TEST_CASE("FFN gate/up, e4m3 weights on the unfused path: the weight dequantized in chunks") {
-    // Rows of 32800 elements: 1016 dequantized rows per chunk of the workspace. Merged, the
-    // 1280 gate and up rows take two chunks, the first ending inside the up half; separate,
+    // Rows of 16400 elements: 2040 dequantized rows per chunk of the workspace (64 MiB). Merged,
+    // the 2560 gate and up rows take two chunks, the first ending inside the up half; separate,
     // each half is one chunk. Against float64 with the dequantization's roundings.
     testing::use_primary_context();
-    REQUIRE(detail::dequant_chunk_rows(DType::bf16, 32800) == 1016);
+    REQUIRE(detail::dequant_chunk_rows(DType::bf16, 16400) == 2040);
     int n = 0;
     for (const DType dt : {DType::bf16, DType::f16})
       for (const bool packed : {true, false}) {
@@ -203,8 +203,8 @@ TEST_SUITE("gpu") {
         s.weights = Weights::e4m3;
         autotune::FfnSizes z;
         z.tokens = 2 + n;
-        z.hidden = 32800;
-        z.intermediate = 640;
+        z.hidden = 16400;
+        z.intermediate = 1280;
         z.packed = packed;
         z.weight_gap = n == 4 ? 16 : 0;
         z.path = ProjPath::unfused;

@@ -214,13 +214,15 @@ TEST_SUITE("gpu") {
     // The key's first use at one token: fused, and prepares the unfused path.
     CHECK(warm_then_capture(s, z, 1, "96 tokens") == ProjPath::unfused);
     // e4m3 weights on the unfused path, forced (automatic is fused at 40 tokens): the first use at
-    // one token loads the dequantization kernel; 40 tokens are then captured: the 1024 rows of
-    // 32800 codes take two chunks of the workspace (1016 rows and 8), each a dequantization launch
-    // and a GEMM planned in the capture.
+    // one token loads the dequantization kernel; 40 tokens are then captured: the 2048 rows (28 q
+    // and 2 + 2 kv heads of 64) of 16400 codes take two chunks of the workspace (2040 rows and 8),
+    // each a dequantization launch and a GEMM planned in the capture.
     QkvProjSpec s8 = s;
     s8.weights = Weights::e4m3;
     z.tokens = 40;
-    z.hidden = 32800;
+    z.hidden = 16400;
+    z.q_heads = 28;
+    z.kv_heads = 2;
     z.path = ProjPath::unfused;
     CHECK(warm_then_capture(s8, z, 1, "e4m3 weights, 40 tokens") == ProjPath::unfused);
   }
@@ -318,12 +320,13 @@ TEST_SUITE("gpu") {
   }
 
   TEST_CASE("projection, e4m3 weights on the unfused path: the weight dequantized in chunks") {
-    // Rows of 32800 elements: a chunk of the workspace holds 1016 dequantized rows (64 MiB of
-    // 65600-byte rows, a multiple of 8), so the 1536 rows of 16 q and 4 + 4 kv heads of 64 take
-    // two chunks, the second partial, its GEMM writing from column 1016 on; three outputs take
-    // one each (q's 1024 rows: two chunks). Against float64 with the dequantization's roundings.
+    // Rows of 16400 elements (the RMSNorm key takes up to 32768): a chunk of the workspace holds
+    // 2040 dequantized rows (64 MiB of 32800-byte rows, a multiple of 8), so the 3072 rows of 40 q
+    // and 4 + 4 kv heads of 64 take two chunks, the second partial, its GEMM writing from column
+    // 2040 on; three outputs take one GEMM each (q's 2560 rows: two chunks). Against float64 with
+    // the dequantization's roundings.
     testing::use_primary_context();
-    REQUIRE(detail::dequant_chunk_rows(DType::bf16, 32800) == 1016);
+    REQUIRE(detail::dequant_chunk_rows(DType::bf16, 16400) == 2040);
     int n = 0;
     for (const DType dt : {DType::bf16, DType::f16})
       for (const bool packed : {true, false}) {
@@ -333,8 +336,8 @@ TEST_SUITE("gpu") {
         s.weights = Weights::e4m3;
         autotune::ProjSizes z;
         z.tokens = 3 + n;
-        z.hidden = 32800;
-        z.q_heads = 16;
+        z.hidden = 16400;
+        z.q_heads = 40;
         z.kv_heads = 4;
         z.packed_out = packed;
         z.weight_gap = n == 3 ? 16 : 0;
