@@ -1,7 +1,6 @@
 // The public C++ entry points over the engine.
 #include <cstdlib>
 #include <future>
-#include <utility>
 
 #include "api/engine.hpp"
 #include "autotune/policy.hpp"
@@ -51,13 +50,7 @@ size_t qkv_projection_workspace_bytes(const QkvProjSpec& spec, const QkvProjArgs
   if (args.hidden < 8 || args.hidden % 8 != 0 || args.hidden > (int64_t(1) << 24))
     detail::invalid("args.hidden (", args.hidden, ") must be a multiple of 8 in [8, 2^24]");
   // e4m3 weights: the workspace holds a chunk of their dequantized rows, sized by the heads.
-  if (c.weights == Weights::e4m3)
-    for (const auto& [name, heads] :
-         {std::pair{"args.q_heads", args.q_heads}, std::pair{"args.kv_heads", args.kv_heads}})
-      if (heads < 1 || heads > 65536)
-        detail::invalid(name, " (", heads,
-                        ") must be in [1, 65536] (e4m3 weights' workspace holds their "
-                        "dequantized rows)");
+  if (c.weights == Weights::e4m3) detail::check_proj_heads(args.q_heads, args.kv_heads);
   return detail::proj_workspace_bytes(c, args.tokens, args.hidden, args.q_heads, args.kv_heads);
 }
 

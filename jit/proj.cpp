@@ -148,6 +148,13 @@ size_t proj_norm_bytes(const QkvProjSpec& c, int64_t tokens, int64_t hidden) {
   return norm_workspace_bytes(c.dtype, c.norm, tokens, hidden);
 }
 
+void check_proj_heads(int64_t q_heads, int64_t kv_heads) {
+  if (q_heads < 1 || q_heads > kMaxHeads)
+    invalid("args.q_heads (", q_heads, ") must be in [1, ", kMaxHeads, "]");
+  if (kv_heads < 1 || kv_heads > kMaxHeads)
+    invalid("args.kv_heads (", kv_heads, ") must be in [1, ", kMaxHeads, "]");
+}
+
 size_t proj_chunk_bytes(const QkvProjSpec& c, int64_t hidden, int64_t q_heads, int64_t kv_heads) {
   return dequant_workspace_bytes(c.dtype, c.weights, hidden,
                                  (q_heads + 2 * kv_heads) * int64_t(c.head_dim));
@@ -326,10 +333,7 @@ ProjShape check_proj_call(const QkvProjSpec& c, const QkvProjArgs& a) {
   const bool w8 = c.weights == Weights::e4m3;
   const int64_t welem = w8 ? 1 : elem;
   check_hidden(a.hidden, c.weights);
-  if (a.q_heads < 1 || a.q_heads > kMaxHeads)
-    invalid("args.q_heads (", a.q_heads, ") must be in [1, ", kMaxHeads, "]");
-  if (a.kv_heads < 1 || a.kv_heads > kMaxHeads)
-    invalid("args.kv_heads (", a.kv_heads, ") must be in [1, ", kMaxHeads, "]");
+  check_proj_heads(a.q_heads, a.kv_heads);
   s.tokens = a.tokens;
   s.hidden = a.hidden;
   s.q_heads = int32_t(a.q_heads);

@@ -109,6 +109,8 @@ constexpr size_t kGemmWorkspaceBytes = size_t(32) << 20;
 // The normalized activation's bytes in a workspace (0 without a norm), 256-byte aligned.
 size_t norm_workspace_bytes(DType dtype, Norm norm, int64_t tokens, int64_t hidden);
 size_t proj_norm_bytes(const QkvProjSpec& canonical, int64_t tokens, int64_t hidden);
+// args.q_heads and args.kv_heads each in [1, 65536], else InvalidArgument naming the one.
+void check_proj_heads(int64_t q_heads, int64_t kv_heads);
 // With e4m3 weights, the chunk of dequantized rows for a weight of (q + 2 kv heads) · head_dim
 // rows (jit/dequant.hpp); 0 otherwise.
 size_t proj_chunk_bytes(const QkvProjSpec& canonical, int64_t hidden, int64_t q_heads,
