@@ -22,6 +22,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "autotune/host_threads.hpp"
 #include "autotune/numbers.hpp"
 #include "jit/driver.hpp"
 #include "jit/errors.hpp"
@@ -151,7 +152,10 @@ void FfnProblem::build_reference(bool unfused, Expected* out) {
   // rows, as the scales), made once.
   const std::vector<double> deq =
       w8 && unfused ? dequantized_rows(c.dtype, scale_->host.data(), 2 * I) : std::vector<double>();
-  std::vector<double> a(static_cast<size_t>(K)), amb(static_cast<size_t>(K), 0.0);
+  // Every token's operand a_k (and, unfused, how far its rounding may move) and the factor on its
+  // sums: the fused reference holds rstd · Σ (rstd applied to the sums), the unfused Σ of a_k.
+  std::vector<double> a(static_cast<size_t>(z.tokens * K)),
+      amb(static_cast<size_t>(z.tokens * K), 0.0), post(static_cast<size_t>(z.tokens), 1.0);
   for (int64_t m = 0; m < z.tokens; ++m) {
     const uint8_t* xr = x_->host.data() + m * x_stride_ * e;
     double sumsq = 0;
@@ -161,66 +165,79 @@ void FfnProblem::build_reference(bool unfused, Expected* out) {
     }
     const double rstd =
         c.norm == Norm::none ? 1.0 : 1.0 / std::sqrt(sumsq / double(K) + double(float(z.norm_eps)));
+    if (!unfused) post[size_t(m)] = rstd;
+    double* am = a.data() + m * K;
+    double* ambm = amb.data() + m * K;
     for (int64_t k = 0; k < K; ++k) {
       const double x = load_value(c.dtype, xr + k * e);
       if (c.norm == Norm::none) {
-        a[size_t(k)] = x;
+        am[k] = x;
         continue;
       }
       double w = load_value(c.dtype, norm_->host.data() + k * e);
       if (c.norm == Norm::rms_one_plus) w = double(1.0f + float(w));
       if (!unfused) {
-        a[size_t(k)] = round_to(double(float(x * w)));  // exactly the kernel's operand
+        am[k] = round_to(double(float(x * w)));  // exactly the kernel's operand
       } else {
         const double v = x * rstd * w, slack = (rel_rstd + 3 * u32) * std::fabs(v);
         const double r = round_to(v);
-        a[size_t(k)] = r;
-        amb[size_t(k)] =
-            std::max(std::fabs(round_to(v - slack) - r), std::fabs(round_to(v + slack) - r));
+        am[k] = r;
+        ambm[k] = std::max(std::fabs(round_to(v - slack) - r), std::fabs(round_to(v + slack) - r));
       }
     }
-    // The fused reference holds rstd · Σ (rstd applied to the sums), the unfused Σ of a_k.
-    const double post = unfused ? 1.0 : rstd;
-    for (int64_t n = 0; n < I; ++n) {
-      double sum[2] = {0, 0}, mag[2] = {0, 0}, am[2] = {0, 0};
+  }
+  // Each output column's gate and up rows are read into doubles once, then every token's sums
+  // over them; columns spread over the host's cores.
+  for_each_range(I, [&](int64_t begin, int64_t end) {
+    std::vector<double> wv[2] = {std::vector<double>(static_cast<size_t>(K)),
+                                 std::vector<double>(static_cast<size_t>(K))};
+    for (int64_t n = begin; n < end; ++n) {
       const uint8_t* rows[2] = {gate_rows + n * w_stride_ * we, up_rows + n * w_stride_ * we};
       double row_scale[2] = {1, 1};
       for (int h = 0; h < 2; ++h) {
         // The unfused path multiplies each dequantized weight by its row's scale, the fused
         // kernel the row's sum.
         const double* row_values = deq.empty() ? nullptr : deq.data() + (h * I + n) * 256;
-        for (int64_t k = 0; k < K; ++k) {
-          const double wv = !w8          ? load_value(c.dtype, rows[h] + k * e)
-                            : row_values ? row_values[rows[h][k]]
-                                         : e4m3_value(rows[h][k]);
-          sum[h] += a[size_t(k)] * wv;
-          mag[h] += std::fabs(a[size_t(k)] * wv);
-          am[h] += amb[size_t(k)] * std::fabs(wv);
-        }
+        for (int64_t k = 0; k < K; ++k)
+          wv[h][size_t(k)] = !w8          ? load_value(c.dtype, rows[h] + k * e)
+                             : row_values ? row_values[rows[h][k]]
+                                          : e4m3_value(rows[h][k]);
         if (w8 && !unfused) {
           float scale = 1.0f;
           std::memcpy(&scale, scale_->host.data() + (h * I + n) * 4, 4);
           row_scale[h] = scale;
         }
       }
-      double v[2], err[2];
-      for (int h = 0; h < 2; ++h) {
-        v[h] = post * row_scale[h] * sum[h];
-        err[h] = post * row_scale[h] * (gamma * mag[h] + am[h]);
-        if (!unfused && c.norm != Norm::none) err[h] += (rel_rstd + u32) * std::fabs(v[h]);
-        if (w8 && !unfused) err[h] += u32 * std::fabs(v[h]);  // the fp32 sum · scale
-        if (unfused) err[h] = u_out * std::fabs(v[h]) + (1 + u_out) * err[h];  // rounded product
+      for (int64_t m = 0; m < z.tokens; ++m) {
+        const double* am = a.data() + m * K;
+        const double* ambm = amb.data() + m * K;
+        double sum[2] = {0, 0}, mag[2] = {0, 0}, amg[2] = {0, 0};
+        for (int h = 0; h < 2; ++h)
+          for (int64_t k = 0; k < K; ++k) {
+            const double w = wv[h][size_t(k)];
+            sum[h] += am[k] * w;
+            mag[h] += std::fabs(am[k] * w);
+            amg[h] += ambm[k] * std::fabs(w);
+          }
+        double v[2], err[2];
+        for (int h = 0; h < 2; ++h) {
+          v[h] = post[size_t(m)] * row_scale[h] * sum[h];
+          err[h] = post[size_t(m)] * row_scale[h] * (gamma * mag[h] + amg[h]);
+          if (!unfused && c.norm != Norm::none) err[h] += (rel_rstd + u32) * std::fabs(v[h]);
+          if (w8 && !unfused) err[h] += u32 * std::fabs(v[h]);  // the fp32 sum · scale
+          if (unfused) err[h] = u_out * std::fabs(v[h]) + (1 + u_out) * err[h];  // rounded product
+        }
+        const double act = act_of(c.act, v[0]);
+        const double value = act * v[1];
+        const double act_err = 1.2 * err[0] + 8 * u32 * (std::fabs(act) + 0.5 * std::fabs(v[0]));
+        const double e_total = act_err * (std::fabs(v[1]) + err[1]) + std::fabs(act) * err[1] +
+                               2 * u32 * std::fabs(value);
+        const size_t at = size_t(m * I + n);
+        out->value[at] = value;
+        out->tol[at] = u_out * std::fabs(value) + (1 + u_out) * e_total + abs_floor(c.dtype);
       }
-      const double act = act_of(c.act, v[0]);
-      const double value = act * v[1];
-      const double act_err = 1.2 * err[0] + 8 * u32 * (std::fabs(act) + 0.5 * std::fabs(v[0]));
-      const double e_total = act_err * (std::fabs(v[1]) + err[1]) + std::fabs(act) * err[1] +
-                             2 * u32 * std::fabs(value);
-      const size_t at = size_t(m * I + n);
-      out->value[at] = value;
-      out->tol[at] = u_out * std::fabs(value) + (1 + u_out) * e_total + abs_floor(c.dtype);
     }
-  }
+  });
 }
 
 void FfnProblem::upload() {

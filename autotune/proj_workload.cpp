@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "autotune/host_threads.hpp"
 #include "autotune/numbers.hpp"
 #include "jit/driver.hpp"
 #include "jit/errors.hpp"
@@ -397,33 +398,36 @@ void ProjProblem::build_reference() {
     }
     const double rstd =
         c.norm == Norm::none ? 1.0 : 1.0 / std::sqrt(sumsq / double(K) + double(float(z.norm_eps)));
-    for (int64_t n = 0; n < columns_; ++n) {
-      double s = 0, s_abs = 0, scale = 1, scale_err = 0;
-      if (w8) {
-        const uint8_t* wr = w_->host.data() + n * w_stride_;
-        for (int64_t k = 0; k < K; ++k) {
-          const double t = a[size_t(k)] * e4m3_value(wr[k]);
-          s += t;
-          s_abs += std::fabs(t);
+    // The columns' sums, spread over the host's cores (each column's own arithmetic).
+    for_each_range(columns_, [&](int64_t first, int64_t last) {
+      for (int64_t n = first; n < last; ++n) {
+        double s = 0, s_abs = 0, scale = 1, scale_err = 0;
+        if (w8) {
+          const uint8_t* wr = w_->host.data() + n * w_stride_;
+          for (int64_t k = 0; k < K; ++k) {
+            const double t = a[size_t(k)] * e4m3_value(wr[k]);
+            s += t;
+            s_abs += std::fabs(t);
+          }
+          float f = 0;
+          std::memcpy(&f, scale_->host.data() + n * 4, 4);
+          scale = f;
+          scale_err = u32;  // the fp32 product sum · scale
+        } else {
+          const uint8_t* wr = w_->host.data() + n * w_stride_ * e;
+          for (int64_t k = 0; k < K; ++k) {
+            const double t = a[size_t(k)] * load_value(c.dtype, wr + k * e);
+            s += t;
+            s_abs += std::fabs(t);
+          }
         }
-        float f = 0;
-        std::memcpy(&f, scale_->host.data() + n * 4, 4);
-        scale = f;
-        scale_err = u32;  // the fp32 product sum · scale
-      } else {
-        const uint8_t* wr = w_->host.data() + n * w_stride_ * e;
-        for (int64_t k = 0; k < K; ++k) {
-          const double t = a[size_t(k)] * load_value(c.dtype, wr + k * e);
-          s += t;
-          s_abs += std::fabs(t);
-        }
+        sum[size_t(n)] = rstd * scale * s;
+        // Error of the kernel's fp32 y = rstd · (scale · Σ) (absolute).
+        mag[size_t(n)] =
+            rstd * scale * gamma_dot * s_abs +
+            ((c.norm == Norm::none ? 0.0 : rel_rstd + u32) + scale_err) * std::fabs(sum[size_t(n)]);
       }
-      sum[size_t(n)] = rstd * scale * s;
-      // Error of the kernel's fp32 y = rstd · (scale · Σ) (absolute).
-      mag[size_t(n)] =
-          rstd * scale * gamma_dot * s_abs +
-          ((c.norm == Norm::none ? 0.0 : rel_rstd + u32) + scale_err) * std::fabs(sum[size_t(n)]);
-    }
+    });
     const int64_t pos = positions_[size_t(m)];
     for (int64_t n = 0; n < columns_; ++n) {
       const int64_t head = n / D, el = n % D;
@@ -497,21 +501,23 @@ void ProjProblem::build_unfused_reference() {
       amb[size_t(k)] =
           std::max(std::fabs(round_to(v - slack) - r), std::fabs(round_to(v + slack) - r));
     }
-    for (int64_t n = 0; n < columns_; ++n) {
-      const uint8_t* wr = w_->host.data() + n * w_stride_ * (w8 ? 1 : e);
-      const double* row_values = w8 ? deq.data() + n * 256 : nullptr;
-      double sum = 0, s_abs = 0, s_amb = 0;
-      for (int64_t k = 0; k < K; ++k) {
-        const double wv = w8 ? row_values[wr[k]] : load_value(c.dtype, wr + k * e);
-        const double t = a[size_t(k)] * wv;
-        sum += t;
-        s_abs += std::fabs(t);
-        s_amb += amb[size_t(k)] * std::fabs(wv);
+    for_each_range(columns_, [&](int64_t first, int64_t last) {
+      for (int64_t n = first; n < last; ++n) {
+        const uint8_t* wr = w_->host.data() + n * w_stride_ * (w8 ? 1 : e);
+        const double* row_values = w8 ? deq.data() + n * 256 : nullptr;
+        double sum = 0, s_abs = 0, s_amb = 0;
+        for (int64_t k = 0; k < K; ++k) {
+          const double wv = w8 ? row_values[wr[k]] : load_value(c.dtype, wr + k * e);
+          const double t = a[size_t(k)] * wv;
+          sum += t;
+          s_abs += std::fabs(t);
+          s_amb += amb[size_t(k)] * std::fabs(wv);
+        }
+        const double err = gamma_dot * s_abs + s_amb;  // of the fp32 sum
+        y[size_t(n)] = sum;
+        ey[size_t(n)] = u_out * std::fabs(sum) + (1 + u_out) * err;  // after rounding to the dtype
       }
-      const double err = gamma_dot * s_abs + s_amb;  // of the fp32 sum
-      y[size_t(n)] = sum;
-      ey[size_t(n)] = u_out * std::fabs(sum) + (1 + u_out) * err;  // after rounding to the dtype
-    }
+    });
     const int64_t pos = positions_[size_t(m)];
     for (int64_t n = 0; n < columns_; ++n) {
       const int64_t head = n / D, el = n % D;
