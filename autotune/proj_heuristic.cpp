@@ -83,9 +83,10 @@ detail::ProjVariant proj_heuristic(const QkvProjSpec& canonical, const detail::P
 // the weight chunk by chunk (jit/dequant.hpp) before the same GEMM, which costs it a nearly flat
 // 60 µs at the projection's shape. `ropejit tune` on the H100 (bench/RESULTS.md, "e4m3 weights:
 // where the unfused path takes over"): projection fused 52.9 against unfused 62.1 µs at 64
-// tokens (57.8 with the whole weight in one chunk), 100.3 against 65.7 at 128; the FFN's gate/up (hidden 4096, intermediate 14336) fused 229 against
-// ~240 µs at 64 tokens, 120 against 238 at 32. So fused up to 64 tokens, unfused beyond. `ropejit
-// tune` races both paths, each checked against float64 first, and its file overrides this.
+// tokens (57.8 with the whole weight in one chunk), 100.3 against 65.7 at 128; the FFN's gate/up
+// (hidden 4096, intermediate 14336) fused 229 against ~240 µs at 64 tokens, 120 against 238 at 32.
+// So fused up to 64 tokens, unfused beyond. `ropejit tune` races both paths, each checked against
+// float64 first, and its file overrides this.
 ProjPath proj_heuristic_path(const QkvProjSpec& canonical, const detail::ProjShape& shape,
                              const detail::DeviceInfo& device) {
   (void)device;
