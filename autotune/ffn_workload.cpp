@@ -177,7 +177,9 @@ void FfnProblem::build_reference(bool unfused, Expected* out) {
       double w = load_value(c.dtype, norm_->host.data() + k * e);
       if (c.norm == Norm::rms_one_plus) w = double(1.0f + float(w));
       if (!unfused) {
-        am[k] = round_to(double(float(x * w)));  // exactly the kernel's operand
+        // exactly the kernel's operand: the exact product rounded once (Gemma's form: its fp32
+        // product first)
+        am[k] = round_to(c.norm == Norm::rms_one_plus ? double(float(x * w)) : x * w);
       } else {
         const double v = x * rstd * w, slack = (rel_rstd + 3 * u32) * std::fabs(v);
         const double r = round_to(v);

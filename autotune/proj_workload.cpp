@@ -1,9 +1,9 @@
 // The QKV projection's problem and its float64 reference.
 //
 // The tolerance follows the kernel's arithmetic (templates/proj_kernel.cuh):
-//   - the normalized activation a_k = round(x_k · w_k) (round(x_k · fp32(1 + w_k)) for Gemma's
-//     form) is reproduced exactly: the product of two 16-bit floats is exact in fp32, so the
-//     kernel's fp32 product and cvt.rn give the bits the reference computes here;
+//   - the normalized activation a_k = round(x_k · w_k) is reproduced exactly: the kernel rounds
+//     the exact product once (a packed multiply in the operand dtype), as the reference does
+//     from the exact float64 product; Gemma's form round(fp32(x_k · fp32(1 + w_k))) likewise;
 //   - the dot product of a row: tensor cores with fp32 accumulation, K/16 chained steps, each
 //     allowed two fp32 ulps of the sum of magnitudes, plus the split-K partial sums:
 //     (K/16 + 16) · 2^-22 · Σ|a_k W_nk|;
@@ -392,7 +392,9 @@ void ProjProblem::build_reference() {
       }
       double w = load_value(c.dtype, norm_->host.data() + k * e);
       if (c.norm == Norm::rms_one_plus) w = double(1.0f + float(w));  // fp32, as the kernel
-      const double product = double(float(x * w));                    // the kernel's fp32 multiply
+      // rms: the exact product, rounded once below, as the kernel's packed multiply; rms_one_plus:
+      // the kernel's fp32 multiply first
+      const double product = c.norm == Norm::rms_one_plus ? double(float(x * w)) : x * w;
       a[size_t(k)] =
           c.dtype == DType::bf16 ? bf16_value(bf16_bits(product)) : f16_value(f16_bits(product));
     }

@@ -63,6 +63,13 @@ struct MmaOp<kBF16> {
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
     return r;
   }
+  // The two products a · b, each rounded once from the exact product (+ -0 keeps a product's
+  // sign of zero).
+  static __device__ __forceinline__ u32 mul(u32 a, u32 b) {
+    u32 r;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(0x80008000u));
+    return r;
+  }
 };
 
 template <>
@@ -77,6 +84,11 @@ struct MmaOp<kF16> {
   static __device__ __forceinline__ u32 pack(float lo, float hi) {
     u32 r;
     asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+  }
+  static __device__ __forceinline__ u32 mul(u32 a, u32 b) {
+    u32 r;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(0x80008000u));
     return r;
   }
 };
@@ -134,6 +146,9 @@ __device__ __forceinline__ void cluster_sync() {
   __syncthreads();
 #endif
 }
+
+// A pointer the compiler must keep as it is (not recompute from what it was computed from).
+__device__ __forceinline__ void opaque(const char*& p) { asm("" : "+l"(p)); }
 
 template <class Cfg>
 struct ProjKernel {
@@ -321,6 +336,9 @@ struct ProjKernel {
   }
 
   // One token's 8 activations (as loaded) -> the two k16 steps' B registers, and Σ x².
+  // RMSNorm: each x_k · w_k rounded once, two at a time in the operand dtype (the product of
+  // two 8- or 11-bit significands is exact before that rounding); Gemma's x_k · (1 + w_k) in
+  // fp32 (1 + w_k is not an operand-dtype value), then rounded.
   static __device__ __forceinline__ void operand(uint4 xv, uint4 nv, float& sumsq, u32* b) {
     if (Cfg::kNorm == kProjNormNone) {
       b[0] = xv.x;
@@ -335,15 +353,15 @@ struct ProjKernel {
     for (int i = 0; i < 4; ++i) {
       const float x0 = Elem<Cfg::kDType>::load(Raw(xs[i] & 0xffffu));
       const float x1 = Elem<Cfg::kDType>::load(Raw(xs[i] >> 16));
-      float w0 = Elem<Cfg::kDType>::load(Raw(ns[i] & 0xffffu));
-      float w1 = Elem<Cfg::kDType>::load(Raw(ns[i] >> 16));
-      if (Cfg::kNorm == kProjNormRmsOnePlus) {
-        w0 = 1.0f + w0;
-        w1 = 1.0f + w1;
-      }
       sumsq = fmaf(x0, x0, sumsq);
       sumsq = fmaf(x1, x1, sumsq);
-      b[i] = Mma::pack(x0 * w0, x1 * w1);
+      if (Cfg::kNorm == kProjNormRms) {
+        b[i] = Mma::mul(xs[i], ns[i]);
+      } else {
+        const float w0 = 1.0f + Elem<Cfg::kDType>::load(Raw(ns[i] & 0xffffu));
+        const float w1 = 1.0f + Elem<Cfg::kDType>::load(Raw(ns[i] >> 16));
+        b[i] = Mma::pack(x0 * w0, x1 * w1);
+      }
     }
   }
 
@@ -354,13 +372,14 @@ struct ProjKernel {
 
     __device__ __forceinline__ void load(const ProjParams& p, const char* wa, const char* wb,
                                          const char* const* xrow, const bool* token_in, bool live,
-                                         long long k0, int t) {
+                                         int hidden, int k0, int t) {
       const uint4 zero = make_uint4(0, 0, 0, 0);
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
-        const long long k = k0 + kChunk * u + kLaneK * t;
-        const bool in = k < p.hidden;  // hidden is a multiple of kLaneK: all or none
-        const long long woff = k * kWBytes, off = k * (long long)sizeof(Raw);
+        // 32-bit offsets: hidden <= 2^24 (the host's check)
+        const int k = k0 + kChunk * u + kLaneK * t;
+        const bool in = k < hidden;  // hidden is a multiple of kLaneK: all or none
+        const unsigned woff = unsigned(k) * kWBytes, off = unsigned(k) * unsigned(sizeof(Raw));
         if (kWLoad == 16) {
           a[u] = in && live ? load_stream16(wa + woff) : zero;
           b[u] = in && live ? load_stream16(wb + woff) : zero;
@@ -435,6 +454,15 @@ struct ProjKernel {
       xrow[i] = static_cast<const char*>(p.x) +
                 (token_in[i] ? token : 0) * p.x_stride * (long long)sizeof(Raw);
     }
+    // Kept in registers: left to itself the compiler recomputes them from the parameters in
+    // every iteration (64-bit products, some forty instructions per iteration at two tiles).
+    // Up to four tiles: beyond, these registers would spill.
+    if (kTiles <= 4) {
+      opaque(wa);
+      opaque(wb);
+#pragma unroll
+      for (int i = 0; i < kTiles; ++i) opaque(xrow[i]);
+    }
 
     float acc[kTiles][4];
     float sumsq[kTiles];
@@ -450,12 +478,13 @@ struct ProjKernel {
     // The warp's slice among the cluster's (one block: kSlices = kSplits, rank 0).
     const int rank = kCluster > 1 ? cluster_rank() : 0;
     const int slice = rank * kSplits + warp;  // also the tiles it finishes: slice, + kSlices, ...
-    const long long first = (long long)slice * kChunk * kUnroll;
+    const int first = slice * kChunk * kUnroll;
     Stage cur, next;
     Epilogue ep;
-    cur.load(p, wa, wb, xrow, token_in, live, first, t);
-    for (long long k0 = first; k0 < p.hidden; k0 += kStep) {
-      next.load(p, wa, wb, xrow, token_in, live, k0 + kStep, t);
+    const int hidden = int(p.hidden);
+    cur.load(p, wa, wb, xrow, token_in, live, hidden, first, t);
+    for (int k0 = first; k0 < hidden; k0 += kStep) {
+      next.load(p, wa, wb, xrow, token_in, live, hidden, k0 + kStep, t);
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         if (Cfg::kW8) {
