@@ -366,39 +366,46 @@ struct ProjKernel {
   }
 
   // One loop iteration's operands: kUnroll chunks of the thread's two weight rows, the norm
-  // weight, and the activations of its token in each tile (zero past the end).
+  // weight, and the activations of its token in each tile. A lane whose pair lies past the last
+  // column reads the weight's row 0 instead, and the activations of a token past the end are
+  // token 0's: both reach only sums of their own (that pair's rows, that token's column of the
+  // products and its Σ x²), which are not stored, so every load of a full iteration goes out
+  // unconditionally. A chunk past the end of the hidden dimension (the last iteration only) is
+  // zeros.
   struct Stage {
     uint4 a[kUnroll], b[kUnroll], n[kUnroll][kXv], x[kUnroll][kTiles][kXv];
 
+    // Chunk u at byte offsets woff (weights) and off (activations); `in`: inside the hidden
+    // dimension.
+    __device__ __forceinline__ void chunk(const ProjParams& p, const char* wa, const char* wb,
+                                          const char* const* xrow, int u, unsigned woff,
+                                          unsigned off, bool in) {
+      const uint4 z = make_uint4(0, 0, 0, 0);
+      a[u] = !in ? z : kWLoad == 16 ? load_stream16(wa + woff) : load_stream8(wa + woff);
+      b[u] = !in ? z : kWLoad == 16 ? load_stream16(wb + woff) : load_stream8(wb + woff);
+#pragma unroll
+      for (int v = 0; v < kXv; ++v) {
+        if (Cfg::kNorm != kProjNormNone)
+          n[u][v] = in ? __ldg(reinterpret_cast<const uint4*>(static_cast<const char*>(p.norm_w) +
+                                                              off + 16 * v))
+                       : z;
+#pragma unroll
+        for (int i = 0; i < kTiles; ++i)
+          x[u][i][v] = in ? __ldg(reinterpret_cast<const uint4*>(xrow[i] + off + 16 * v)) : z;
+      }
+    }
+
+    // The iteration whose first chunk starts at k0 (32-bit offsets: hidden <= 2^24, the host's
+    // check). hidden is a multiple of kLaneK, so a lane's chunk is all inside or all outside;
+    // only the last iteration has chunks outside.
     __device__ __forceinline__ void load(const ProjParams& p, const char* wa, const char* wb,
-                                         const char* const* xrow, const bool* token_in, bool live,
-                                         int hidden, int k0, int t) {
-      const uint4 zero = make_uint4(0, 0, 0, 0);
+                                         const char* const* xrow, int hidden, int k0, int t) {
+      const bool full = k0 + kChunk * kUnroll <= hidden;  // the same in every lane of the warp
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
-        // 32-bit offsets: hidden <= 2^24 (the host's check)
         const int k = k0 + kChunk * u + kLaneK * t;
-        const bool in = k < hidden;  // hidden is a multiple of kLaneK: all or none
         const unsigned woff = unsigned(k) * kWBytes, off = unsigned(k) * unsigned(sizeof(Raw));
-        if (kWLoad == 16) {
-          a[u] = in && live ? load_stream16(wa + woff) : zero;
-          b[u] = in && live ? load_stream16(wb + woff) : zero;
-        } else {
-          a[u] = in && live ? load_stream8(wa + woff) : zero;
-          b[u] = in && live ? load_stream8(wb + woff) : zero;
-        }
-#pragma unroll
-        for (int v = 0; v < kXv; ++v) {
-          n[u][v] = in && Cfg::kNorm != kProjNormNone
-                        ? __ldg(reinterpret_cast<const uint4*>(static_cast<const char*>(p.norm_w) +
-                                                               off + 16 * v))
-                        : zero;
-#pragma unroll
-          for (int i = 0; i < kTiles; ++i)
-            x[u][i][v] = in && token_in[i]
-                             ? __ldg(reinterpret_cast<const uint4*>(xrow[i] + off + 16 * v))
-                             : zero;
-        }
+        chunk(p, wa, wb, xrow, u, woff, off, full || k < hidden);
       }
     }
   };
@@ -430,6 +437,46 @@ struct ProjKernel {
         }
     }
   };
+
+  // One iteration's products into the accumulators, and the activations' Σ x².
+  static __device__ __forceinline__ void accumulate(const Stage& cur, float (&acc)[kTiles][4],
+                                                    float (&sumsq)[kTiles]) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (Cfg::kW8) {
+        // Half a lane's codes at a time (8 elements: two k16 steps), all tiles, so that only
+        // those two steps' widened weights are live.
+        const u32 wa[4] = {cur.a[u].x, cur.a[u].y, cur.a[u].z, cur.a[u].w};
+        const u32 wb[4] = {cur.b[u].x, cur.b[u].y, cur.b[u].z, cur.b[u].w};
+#pragma unroll
+        for (int v = 0; v < kXv; ++v) {
+          u32 a8[4], b8[4];  // steps 2v and 2v + 1: A registers (a0, a2) and (a1, a3)
+#pragma unroll
+          for (int q = 0; q < 2; ++q) {
+            a8[2 * q] = widen_e4m3_pair<Cfg::kDType>(__byte_perm(wa[2 * v + q], 0u, 0x1404));
+            a8[2 * q + 1] = widen_e4m3_pair<Cfg::kDType>(__byte_perm(wa[2 * v + q], 0u, 0x3424));
+            b8[2 * q] = widen_e4m3_pair<Cfg::kDType>(__byte_perm(wb[2 * v + q], 0u, 0x1404));
+            b8[2 * q + 1] = widen_e4m3_pair<Cfg::kDType>(__byte_perm(wb[2 * v + q], 0u, 0x3424));
+          }
+#pragma unroll
+          for (int i = 0; i < kTiles; ++i) {
+            u32 b[4];
+            operand(cur.x[u][i][v], cur.n[u][v], sumsq[i], b);
+            Mma::run(acc[i], a8[0], b8[0], a8[1], b8[1], b[0], b[1]);
+            Mma::run(acc[i], a8[2], b8[2], a8[3], b8[3], b[2], b[3]);
+          }
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < kTiles; ++i) {
+          u32 b[4];
+          operand(cur.x[u][i][0], cur.n[u][0], sumsq[i], b);
+          Mma::run(acc[i], cur.a[u].x, cur.b[u].x, cur.a[u].y, cur.b[u].y, b[0], b[1]);
+          Mma::run(acc[i], cur.a[u].z, cur.b[u].z, cur.a[u].w, cur.b[u].w, b[2], b[3]);
+        }
+      }
+    }
+  }
 
   static __device__ void run(const ProjParams& p) {
     __shared__ float partial[kSlices > 1 ? kSplits : 1][kTiles][4][32];
@@ -482,45 +529,13 @@ struct ProjKernel {
     Stage cur, next;
     Epilogue ep;
     const int hidden = int(p.hidden);
-    cur.load(p, wa, wb, xrow, token_in, live, hidden, first, t);
-    for (int k0 = first; k0 < hidden; k0 += kStep) {
-      next.load(p, wa, wb, xrow, token_in, live, hidden, k0 + kStep, t);
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        if (Cfg::kW8) {
-          // Half a lane's codes at a time (8 elements: two k16 steps), all tiles, so that only
-          // those two steps' widened weights are live.
-          const u32 wa[4] = {cur.a[u].x, cur.a[u].y, cur.a[u].z, cur.a[u].w};
-          const u32 wb[4] = {cur.b[u].x, cur.b[u].y, cur.b[u].z, cur.b[u].w};
-#pragma unroll
-          for (int v = 0; v < kXv; ++v) {
-            u32 a8[4], b8[4];  // steps 2v and 2v + 1: A registers (a0, a2) and (a1, a3)
-#pragma unroll
-            for (int q = 0; q < 2; ++q) {
-              a8[2 * q] = widen_e4m3_pair<Cfg::kDType>(__byte_perm(wa[2 * v + q], 0u, 0x1404));
-              a8[2 * q + 1] = widen_e4m3_pair<Cfg::kDType>(__byte_perm(wa[2 * v + q], 0u, 0x3424));
-              b8[2 * q] = widen_e4m3_pair<Cfg::kDType>(__byte_perm(wb[2 * v + q], 0u, 0x1404));
-              b8[2 * q + 1] = widen_e4m3_pair<Cfg::kDType>(__byte_perm(wb[2 * v + q], 0u, 0x3424));
-            }
-#pragma unroll
-            for (int i = 0; i < kTiles; ++i) {
-              u32 b[4];
-              operand(cur.x[u][i][v], cur.n[u][v], sumsq[i], b);
-              Mma::run(acc[i], a8[0], b8[0], a8[1], b8[1], b[0], b[1]);
-              Mma::run(acc[i], a8[2], b8[2], a8[3], b8[3], b[2], b[3]);
-            }
-          }
-        } else {
-#pragma unroll
-          for (int i = 0; i < kTiles; ++i) {
-            u32 b[4];
-            operand(cur.x[u][i][0], cur.n[u][0], sumsq[i], b);
-            Mma::run(acc[i], cur.a[u].x, cur.b[u].x, cur.a[u].y, cur.b[u].y, b[0], b[1]);
-            Mma::run(acc[i], cur.a[u].z, cur.b[u].z, cur.a[u].w, cur.b[u].w, b[2], b[3]);
-          }
-        }
-      }
-      cur = next;
+    cur.load(p, wa, wb, xrow, hidden, first, t);
+    for (int k0 = first; k0 < hidden; k0 += 2 * kStep) {
+      next.load(p, wa, wb, xrow, hidden, k0 + kStep, t);
+      accumulate(cur, acc, sumsq);
+      if (k0 + kStep >= hidden) break;
+      cur.load(p, wa, wb, xrow, hidden, k0 + 2 * kStep, t);
+      accumulate(next, acc, sumsq);
     }
     ep.fetch(p, r, live, first_token, slice, t);
 
