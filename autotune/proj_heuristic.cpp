@@ -25,6 +25,14 @@
 // largest of 2, 4, 8 that keeps the grid within three blocks per SM. The H100 at that shard
 // (bench/RESULTS.md, "Thread-block clusters"): 15.8 against 18.0 µs at one token (c4), 17.7
 // against 30.3 at 16 (c4); at Llama-3-8B (384 blocks) clusters only add a second wave.
+//
+// After the kernel loop's rework (packed norm multiply, unconditional loads, alternating
+// stages; bench/RESULTS.md, "The decode block's kernel loop"), `ropejit tune` on the H100 at
+// Llama-3-8B: the projection with 16-bit weights at four tiles runs four warps of two chunks
+// (m4s4u2 26.5 against m4s8u1 33.2 µs at 32 tokens, and against the unfused path's 29.5, so the
+// fused path now goes to 32 tokens); the FFN with e4m3 weights two chunks at one tile (m1s8u2
+// 47.8 against 50.0 µs) and two warps of two wide chunks at two tiles (m2s2u2w 54.5 against
+// 59.8). The other choices above stayed the tuner's best or within 2.5% of it.
 #include <algorithm>
 
 #include "autotune/policy.hpp"
@@ -32,8 +40,11 @@
 namespace ropejit::autotune {
 namespace {
 
-// The largest token count the heuristic runs fused (proj_heuristic_path says why).
-int64_t fused_up_to(Weights weights) { return weights == Weights::e4m3 ? 64 : 16; }
+// The largest token count the heuristic runs fused (proj_heuristic_path and ffn_heuristic_path
+// say why).
+int64_t fused_up_to(Weights weights, bool ffn) {
+  return weights == Weights::e4m3 ? 64 : ffn ? 16 : 32;
+}
 
 detail::ProjVariant variant_for_tiles(int32_t tiles, int32_t unroll_at_one_tile = 1,
                                       bool fp8_weights = false) {
@@ -48,9 +59,16 @@ detail::ProjVariant variant_for_tiles(int32_t tiles, int32_t unroll_at_one_tile 
   return v;
 }
 
-// Two chunks per iteration at one token tile, for 16-bit weights.
-int32_t proj_unroll(const QkvProjSpec& canonical) {
-  return canonical.weights == Weights::e4m3 ? 1 : 2;
+// The projection's variant: with 16-bit weights two chunks per iteration at one token tile, and
+// at four tiles four warps with two chunks each.
+detail::ProjVariant proj_variant_for_tiles(const QkvProjSpec& canonical, int32_t tiles) {
+  const bool fp8 = canonical.weights == Weights::e4m3;
+  detail::ProjVariant v = variant_for_tiles(tiles, fp8 ? 1 : 2, fp8);
+  if (!fp8 && tiles == 4) {
+    v.splits = 4;
+    v.unroll = 2;
+  }
+  return v;
 }
 
 // The cluster for a grid of `blocks` (1: none).
@@ -65,9 +83,7 @@ int32_t cluster_for(int64_t blocks, const detail::DeviceInfo& device) {
 
 detail::ProjVariant proj_heuristic(const QkvProjSpec& canonical, const detail::ProjShape& shape,
                                    const detail::DeviceInfo& device) {
-  detail::ProjVariant v =
-      variant_for_tiles(detail::proj_token_tiles(shape.tokens), proj_unroll(canonical),
-                        canonical.weights == Weights::e4m3);
+  detail::ProjVariant v = proj_variant_for_tiles(canonical, detail::proj_token_tiles(shape.tokens));
   v.cluster =
       cluster_for(int64_t(detail::proj_grid_x(shape)) * detail::proj_grid_y(shape, v), device);
   return v;
@@ -76,7 +92,7 @@ detail::ProjVariant proj_heuristic(const QkvProjSpec& canonical, const detail::P
 // The path by token count. The H100 at Llama-3-8B's projection (bench/RESULTS.md): the fused
 // kernel takes 27.7 µs at 16 tokens, cuBLAS's GEMM alone 28.9 µs (plus the RMSNorm and RoPE
 // launches of the unfused path); at 32 tokens the fused kernel takes 39.9 µs against cuBLAS's
-// 28.6 µs. So fused up to 16 tokens, unfused beyond; `ropejit tune --key qkvproj_...` measures the
+// 28.6 µs. So (then) fused up to 16 tokens, unfused beyond; `ropejit tune --key qkvproj_...` measures the
 // crossover of a shape on its GPU and the tuning file overrides this.
 //
 // e4m3 weights: the fused kernel reads half the bytes, while the unfused path first dequantizes
@@ -85,12 +101,16 @@ detail::ProjVariant proj_heuristic(const QkvProjSpec& canonical, const detail::P
 // where the unfused path takes over"): projection fused 52.9 against unfused 62.1 µs at 64
 // tokens (57.8 with the whole weight in one chunk), 100.3 against 65.7 at 128; the FFN's gate/up
 // (hidden 4096, intermediate 14336) fused 229 against ~240 µs at 64 tokens, 120 against 238 at 32.
-// So fused up to 64 tokens, unfused beyond. `ropejit tune` races both paths, each checked against
-// float64 first, and its file overrides this.
+// So fused up to 64 tokens, unfused beyond. With 16-bit weights the projection runs fused up to
+// 32 tokens (the H100 after the loop's rework: 26.5 against 29.5 µs at 32, 41.1 against 29.3 at
+// 64), the FFN up to 16 (at 32 its best fused variant and the unfused path are level, 94.7 and
+// 94.0 µs). `ropejit tune` races both paths, each checked against float64 first, and its file
+// overrides this.
 ProjPath proj_heuristic_path(const QkvProjSpec& canonical, const detail::ProjShape& shape,
                              const detail::DeviceInfo& device) {
   (void)device;
-  return shape.tokens <= fused_up_to(canonical.weights) ? ProjPath::fused : ProjPath::unfused;
+  return shape.tokens <= fused_up_to(canonical.weights, false) ? ProjPath::fused
+                                                               : ProjPath::unfused;
 }
 
 std::vector<detail::ProjVariant> proj_heuristic_variants(const QkvProjSpec& canonical,
@@ -98,8 +118,7 @@ std::vector<detail::ProjVariant> proj_heuristic_variants(const QkvProjSpec& cano
                                                          const detail::DeviceInfo& device) {
   std::vector<detail::ProjVariant> out;
   for (const int32_t tiles : {1, 2, 4, 8}) {
-    const detail::ProjVariant v =
-        variant_for_tiles(tiles, proj_unroll(canonical), canonical.weights == Weights::e4m3);
+    const detail::ProjVariant v = proj_variant_for_tiles(canonical, tiles);
     out.push_back(v);
     if (shape.pairs <= 0) continue;
     // Token counts of this tile count: one row of blocks, or (eight tiles) any number of rows;
@@ -120,10 +139,16 @@ std::vector<detail::ProjVariant> proj_heuristic_variants(const QkvProjSpec& cano
 namespace {
 
 detail::ProjVariant ffn_variant_for_tiles(const FfnSpec& canonical, int32_t tiles) {
-  detail::ProjVariant v = variant_for_tiles(tiles, 1, canonical.weights == Weights::e4m3);
-  if (canonical.weights == Weights::same && tiles <= 2) {
+  const bool fp8 = canonical.weights == Weights::e4m3;
+  detail::ProjVariant v = variant_for_tiles(tiles, 1, fp8);
+  if (!fp8 && tiles <= 2) {
     v.splits = 4;
     v.unroll = tiles == 1 ? 2 : 1;
+  }
+  if (fp8 && tiles == 1) v.unroll = 2;  // two 64-element chunks per iteration
+  if (fp8 && tiles == 2) {              // two warps, two wide chunks each
+    v.splits = 2;
+    v.unroll = 2;
   }
   return v;
 }
@@ -147,7 +172,8 @@ std::vector<detail::ProjVariant> ffn_heuristic_variants(const FfnSpec& canonical
 ProjPath ffn_heuristic_path(const FfnSpec& canonical, const detail::ProjShape& shape,
                             const detail::DeviceInfo& device) {
   (void)device;
-  return shape.tokens <= fused_up_to(canonical.weights) ? ProjPath::fused : ProjPath::unfused;
+  return shape.tokens <= fused_up_to(canonical.weights, true) ? ProjPath::fused
+                                                              : ProjPath::unfused;
 }
 
 }  // namespace ropejit::autotune

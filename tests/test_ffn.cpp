@@ -219,8 +219,8 @@ TEST_CASE("FFN heuristic: four warps at one and two token tiles with 16-bit weig
   CHECK(pick(bf16, 16) == "m2s4u1");
   CHECK(pick(bf16, 32) == "m4s8u1");
   CHECK(pick(bf16, 64) == "m8s4u1");
-  CHECK(pick(fp8, 1) == "m1s8u1");
-  CHECK(pick(fp8, 16) == "m2s4u1w");  // e4m3 codes in 64-element chunks
+  CHECK(pick(fp8, 1) == "m1s8u2");
+  CHECK(pick(fp8, 16) == "m2s2u2w");  // e4m3 codes in 64-element chunks
   CHECK(pick(fp8, 32) == "m4s4u1w");
   // The prepared set holds each tile count's choice, all legal.
   for (const FfnSpec& s : {bf16, fp8}) {

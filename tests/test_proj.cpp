@@ -248,8 +248,8 @@ TEST_CASE("projection variants: names, legality, token tiles") {
     for (const ProjVariant& pv :
          autotune::proj_heuristic_variants(QkvProjSpec{}.canonical(), shard, h100))
       names.push_back(pv.name());
-    CHECK(names == std::vector<std::string>{"m1s8u2", "m1s8u2c4", "m2s8u1", "m2s8u1c4", "m4s8u1",
-                                            "m4s8u1c4", "m8s4u1", "m8s4u1c4"});
+    CHECK(names == std::vector<std::string>{"m1s8u2", "m1s8u2c4", "m2s8u1", "m2s8u1c4", "m4s4u2",
+                                            "m4s4u2c4", "m8s4u1", "m8s4u1c4"});
     CHECK(autotune::proj_heuristic_variants(QkvProjSpec{}.canonical(), shard, a100).size() == 4);
     CHECK(autotune::proj_heuristic_variants(QkvProjSpec{}.canonical(), detail::ProjShape{}, h100)
               .size() == 4);
@@ -919,7 +919,7 @@ TEST_CASE("RMSNorm keys compile for sm_80 and sm_90 (every row-length variant)")
       }
 }
 
-TEST_CASE("projection and FFN heuristic paths: fused up to 16 tokens, e4m3 weights up to 64") {
+TEST_CASE("projection and FFN heuristic paths: fused up to 32 / 16 tokens, e4m3 weights up to 64") {
   detail::DeviceInfo h100;
   h100.cc = 90;
   h100.sm_count = 132;
@@ -927,15 +927,20 @@ TEST_CASE("projection and FFN heuristic paths: fused up to 16 tokens, e4m3 weigh
   FfnSpec f = FfnSpec{}.canonical();
   for (const Weights w : {Weights::same, Weights::e4m3}) {
     p.weights = f.weights = w;
-    // e4m3 weights: the fused kernel reads half the bytes and wins up to 64 tokens.
-    const int64_t last_fused = w == Weights::e4m3 ? 64 : 16;
-    for (const int64_t tokens :
-         {int64_t(1), int64_t(16), int64_t(17), int64_t(64), int64_t(65), int64_t(4096)}) {
-      const ProjPath want = tokens <= last_fused ? ProjPath::fused : ProjPath::unfused;
+    // e4m3 weights: the fused kernel reads half the bytes and wins up to 64 tokens; 16-bit
+    // weights: the projection up to 32, the FFN up to 16.
+    const int64_t last_proj = w == Weights::e4m3 ? 64 : 32;
+    const int64_t last_ffn = w == Weights::e4m3 ? 64 : 16;
+    for (const int64_t tokens : {int64_t(1), int64_t(16), int64_t(17), int64_t(32), int64_t(33),
+                                 int64_t(64), int64_t(65), int64_t(4096)}) {
       const detail::ProjShape proj{tokens, 4096, 32, 8, (32 + 2 * 8) * 128 / 2};
-      CHECK_MESSAGE(autotune::proj_heuristic_path(p, proj, h100) == want, p.key(), " ", tokens);
+      CHECK_MESSAGE(autotune::proj_heuristic_path(p, proj, h100) ==
+                        (tokens <= last_proj ? ProjPath::fused : ProjPath::unfused),
+                    p.key(), " ", tokens);
       const detail::ProjShape ffn{tokens, 4096, 0, 0, 14336};
-      CHECK_MESSAGE(autotune::ffn_heuristic_path(f, ffn, h100) == want, f.key(), " ", tokens);
+      CHECK_MESSAGE(autotune::ffn_heuristic_path(f, ffn, h100) ==
+                        (tokens <= last_ffn ? ProjPath::fused : ProjPath::unfused),
+                    f.key(), " ", tokens);
     }
   }
 }
