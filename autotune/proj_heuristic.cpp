@@ -92,8 +92,8 @@ detail::ProjVariant proj_heuristic(const QkvProjSpec& canonical, const detail::P
 // The path by token count. The H100 at Llama-3-8B's projection (bench/RESULTS.md): the fused
 // kernel takes 27.7 µs at 16 tokens, cuBLAS's GEMM alone 28.9 µs (plus the RMSNorm and RoPE
 // launches of the unfused path); at 32 tokens the fused kernel takes 39.9 µs against cuBLAS's
-// 28.6 µs. So (then) fused up to 16 tokens, unfused beyond; `ropejit tune --key qkvproj_...` measures the
-// crossover of a shape on its GPU and the tuning file overrides this.
+// 28.6 µs. So (then) fused up to 16 tokens, unfused beyond; `ropejit tune --key qkvproj_...`
+// measures the crossover of a shape on its GPU and the tuning file overrides this.
 //
 // e4m3 weights: the fused kernel reads half the bytes, while the unfused path first dequantizes
 // the weight chunk by chunk (jit/dequant.hpp) before the same GEMM, which costs it a nearly flat
@@ -172,8 +172,7 @@ std::vector<detail::ProjVariant> ffn_heuristic_variants(const FfnSpec& canonical
 ProjPath ffn_heuristic_path(const FfnSpec& canonical, const detail::ProjShape& shape,
                             const detail::DeviceInfo& device) {
   (void)device;
-  return shape.tokens <= fused_up_to(canonical.weights, true) ? ProjPath::fused
-                                                              : ProjPath::unfused;
+  return shape.tokens <= fused_up_to(canonical.weights, true) ? ProjPath::fused : ProjPath::unfused;
 }
 
 }  // namespace ropejit::autotune
