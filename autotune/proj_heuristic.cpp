@@ -32,7 +32,9 @@
 // (m4s4u2 26.5 against m4s8u1 33.2 µs at 32 tokens, and against the unfused path's 29.5, so the
 // fused path now goes to 32 tokens); the FFN with e4m3 weights two chunks at one tile (m1s8u2
 // 47.8 against 50.0 µs) and two warps of two wide chunks at two tiles (m2s2u2w 54.5 against
-// 59.8). The other choices above stayed the tuner's best or within 2.5% of it.
+// 59.8); with e4m3 weights at 64 tokens both run m4s2u1w (four tiles, two warps of wide chunks:
+// projection 35.1 against m8s4u1's 44.2 µs, FFN 148.3 against 170.6). The other choices above
+// stayed the tuner's best or within 2.5% of it.
 #include <algorithm>
 
 #include "autotune/policy.hpp"
@@ -46,6 +48,9 @@ int64_t fused_up_to(Weights weights, bool ffn) {
   return weights == Weights::e4m3 ? 64 : ffn ? 16 : 32;
 }
 
+// The variant for calls of `tiles` token tiles (detail::proj_token_tiles). e4m3 weights from 33
+// tokens on run four tiles per block (two rows of blocks at 64 tokens) with two warps of wide
+// chunks: eight tiles of 32-element chunks need registers the wide ones leave free.
 detail::ProjVariant variant_for_tiles(int32_t tiles, int32_t unroll_at_one_tile = 1,
                                       bool fp8_weights = false) {
   detail::ProjVariant v;
@@ -54,6 +59,11 @@ detail::ProjVariant variant_for_tiles(int32_t tiles, int32_t unroll_at_one_tile 
   v.unroll = tiles == 1 ? unroll_at_one_tile : 1;
   if (fp8_weights && (tiles == 2 || tiles == 4)) {
     v.splits = 4;
+    v.wide = true;
+  }
+  if (fp8_weights && tiles == 8) {
+    v.token_tiles = 4;
+    v.splits = 2;
     v.wide = true;
   }
   return v;

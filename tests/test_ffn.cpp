@@ -222,6 +222,7 @@ TEST_CASE("FFN heuristic: four warps at one and two token tiles with 16-bit weig
   CHECK(pick(fp8, 1) == "m1s8u2");
   CHECK(pick(fp8, 16) == "m2s2u2w");  // e4m3 codes in 64-element chunks
   CHECK(pick(fp8, 32) == "m4s4u1w");
+  CHECK(pick(fp8, 64) == "m4s2u1w");  // four tiles per block from 33 tokens, two rows at 64
   // The prepared set holds each tile count's choice, all legal.
   for (const FfnSpec& s : {bf16, fp8}) {
     const std::vector<detail::ProjVariant> all = autotune::ffn_heuristic_variants(s, h100);

@@ -151,10 +151,10 @@ TEST_SUITE("gpu") {
 
   TEST_CASE("projection: the automatic path follows the heuristic, the workspace and the layout") {
     testing::use_primary_context();
-    testing::ScopedEnv off("ROPEJIT_TUNING", "off");  // the heuristic: fused up to 16 tokens
+    testing::ScopedEnv off("ROPEJIT_TUNING", "off");  // the heuristic: fused up to 32 tokens
     const QkvProjSpec s =
         spec_of(DType::bf16, 128, 128, Style::neox, Positions::ids, Freqs::table, Norm::rms);
-    for (const int64_t tokens : {8, 16, 17, 64, 200}) {
+    for (const int64_t tokens : {8, 32, 33, 64, 200}) {
       autotune::ProjSizes z;
       z.tokens = tokens;
       z.hidden = 1032;  // a shape no other test plans
@@ -164,7 +164,7 @@ TEST_SUITE("gpu") {
       z.seed = uint64_t(tokens);
       autotune::ProjProblem p(s, z);
       p.upload();
-      const ProjPath want = tokens <= 16 ? ProjPath::fused : ProjPath::unfused;
+      const ProjPath want = tokens <= 32 ? ProjPath::fused : ProjPath::unfused;
       CHECK(qkv_projection_path(s, p.args()) == want);
       qkv_projection(s, p.args());
       expect_ok(p, "automatic, tokens " + std::to_string(tokens));
@@ -379,9 +379,9 @@ TEST_SUITE("gpu") {
             z.bad_slots = z.tokens > 4 ? 1 + n % 3 : 0;
             z.seed = uint64_t(7000 + n);
             autotune::ProjProblem p(s, z);
-            // Up to 16 tokens the automatic path is the fused one (beyond, it would be the
+            // Up to 32 tokens the automatic path is the fused one (beyond, it would be the
             // unfused one given a workspace; without one it runs fused).
-            check_call_and_variant(p, s, 1 + n % 4, 1 + n % 2, z.tokens <= 16,
+            check_call_and_variant(p, s, 1 + n % 4, 1 + n % 2, z.tokens <= 32,
                                    s.key() + " tokens " + std::to_string(z.tokens) + " page " +
                                        std::to_string(z.cache_page_size) +
                                        (z.cache_only ? " cache only" : ""));
@@ -463,7 +463,8 @@ TEST_SUITE("gpu") {
     // decode step's and a chunk's, in the dtype and e4m3, forced and automatic; every other
     // cache byte untouched.
     testing::use_primary_context();
-    testing::ScopedEnv off("ROPEJIT_TUNING", "off");  // the heuristic: unfused from 17 tokens
+    testing::ScopedEnv off("ROPEJIT_TUNING",
+                           "off");  // the heuristic: unfused from 33 tokens (e4m3: 65)
     const int32_t dims[][2] = {{128, 128}, {64, 32}, {80, 80}};
     const int64_t tokens[] = {3, 16, 40, 64, 130};
     int n = 0;
@@ -487,7 +488,7 @@ TEST_SUITE("gpu") {
             z.bad_slots = n % 3;
             z.seed = uint64_t(9000 + n);
             autotune::ProjProblem p(s, z);
-            check_call_and_variant(p, s, 1 + n % 4, 1 + n % 2, z.tokens <= 16,
+            check_call_and_variant(p, s, 1 + n % 4, 1 + n % 2, z.tokens <= 32,
                                    s.key() + " chunk of " + std::to_string(z.tokens) + " in " +
                                        std::to_string(z.cache_sequences) + " sequences, page " +
                                        std::to_string(z.cache_page_size));
@@ -505,9 +506,9 @@ TEST_SUITE("gpu") {
             z.position_offset = 0;
             s.cache = mode;
             s.cache_store = n % 2 ? Store::e4m3 : Store::same;
-            z.tokens = n % 3 == 0 ? 17 : n % 3 == 1 ? 64 : 130;
+            z.tokens = n % 3 == 0 ? 40 : n % 3 == 1 ? 64 : 130;
             // e4m3 weights where the unfused path is forced, and at 130 tokens automatic (the
-            // heuristic keeps them fused up to 64).
+            // heuristic keeps them fused up to 64; 16-bit weights up to 32).
             if ((n % 2 == 1 && n % 3 != 0) || n % 3 == 2) s.weights = Weights::e4m3;
             z.hidden = n % 2 ? (s.weights == Weights::e4m3 ? 272 : 264) : 512;
             z.packed_out = n % 4 != 1;

@@ -256,6 +256,14 @@ TEST_CASE("projection variants: names, legality, token tiles") {
     detail::ProjShape llama = shard;  // 384 blocks
     llama.pairs = 3072;
     CHECK(autotune::proj_heuristic(QkvProjSpec{}.canonical(), llama, h100).name() == "m2s8u1");
+    llama.tokens = 32;
+    CHECK(autotune::proj_heuristic(QkvProjSpec{}.canonical(), llama, h100).name() == "m4s4u2");
+    QkvProjSpec fp8 = QkvProjSpec{}.canonical();
+    fp8.weights = Weights::e4m3;
+    llama.tokens = 64;  // e4m3: four tiles per block (two rows), two warps of wide chunks
+    CHECK(autotune::proj_heuristic(fp8, llama, h100).name() == "m4s2u1w");
+    for (const ProjVariant& pv : autotune::proj_heuristic_variants(fp8, llama, h100))
+      CHECK_MESSAGE(detail::proj_variant_problem(pv, true).empty(), pv.name());
   }
   CHECK(ProjVariant{1, 8, 1}.min_blocks(true) == 3);
   CHECK(ProjVariant{2, 8, 1}.min_blocks(true) == 4);

@@ -492,7 +492,7 @@ def test_qkv_projection_appends_to_a_kv_cache(tokens, fp8, write_kv, mode):
     v_cache = k_cache.clone()
     skipped = torch.zeros(1, dtype=torch.int32, device="cuda")
     k_scale, v_scale = (4.0, 8.0) if fp8 else (1.0, 1.0)
-    # The fused path both times (from 17 tokens the automatic choice with k and v written is the
+    # The fused path both times (from 33 tokens the automatic choice with k and v written is the
     # unfused one, whose roundings differ; test_qkv_projection_chunk_into_a_cache covers it).
     kw = dict(q_heads=qh, kv_heads=kvh, head_dim=d, norm_weight=nw, position_ids=ids,
               k_cache=k_cache, v_cache=v_cache, k_scale=k_scale, v_scale=v_scale, path="fused",
