@@ -301,7 +301,7 @@ def plot_proj(rows, torch_rows, gpu, path, path_rows=None,
         tokens = list(floor)
         styles = {"fused": ("o-", "tab:blue", "ropejit fused kernel"),
                   "unfused": ("D-", "tab:purple", unfused_label),
-                  "auto": ("x--", "black", "ropejit automatic (tuned choice)")}
+                  "auto": ("x--", "black", "ropejit automatic (tuning file or heuristic)")}
         for name, (marker, color, label) in styles.items():
             if name in paths:
                 t = list(paths[name])
