@@ -27,8 +27,8 @@
 // against 30.3 at 16 (c4); at Llama-3-8B (384 blocks) clusters only add a second wave.
 //
 // After the kernel loop's rework (packed norm multiply, unconditional loads, alternating
-// stages; bench/RESULTS.md, "The decode block's kernel loop"), `ropejit tune` on the H100 at
-// Llama-3-8B: the projection with 16-bit weights at four tiles runs four warps of two chunks
+// stages; bench/RESULTS.md, "The decode block's kernel loop, reworked"), `ropejit tune` on the H100
+// at Llama-3-8B: the projection with 16-bit weights at four tiles runs four warps of two chunks
 // (m4s4u2 26.5 against m4s8u1 33.2 µs at 32 tokens, and against the unfused path's 29.5, so the
 // fused path now goes to 32 tokens); the FFN with e4m3 weights two chunks at one tile (m1s8u2
 // 47.8 against 50.0 µs) and two warps of two wide chunks at two tiles (m2s2u2w 54.5 against
