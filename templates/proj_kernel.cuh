@@ -493,13 +493,11 @@ struct ProjKernel {
     const char* wb = static_cast<const char*>(Cfg::kGlu ? p.w2 : p.w) +
                      r.col_b * p.w_stride * (long long)kWBytes;
     const char* xrow[kTiles];
-    bool token_in[kTiles];
 #pragma unroll
-    for (int i = 0; i < kTiles; ++i) {
+    for (int i = 0; i < kTiles; ++i) {  // a token past the end reads token 0 (Stage says why)
       const long long token = first_token + i * 8 + g;
-      token_in[i] = token < p.tokens;
       xrow[i] = static_cast<const char*>(p.x) +
-                (token_in[i] ? token : 0) * p.x_stride * (long long)sizeof(Raw);
+                (token < p.tokens ? token : 0) * p.x_stride * (long long)sizeof(Raw);
     }
     // Kept in registers: left to itself the compiler recomputes them from the parameters in
     // every iteration (64-bit products, some forty instructions per iteration at two tiles).

@@ -344,10 +344,9 @@ QkvProjSpec parse_qkv_proj_key(const std::string& key);
 // How a projection call computes (QkvProjArgs::path).
 enum class ProjPath : int32_t {
   // The tuning file's choice for this token count and shape (`ropejit tune --key qkvproj_...`
-  // measures the
-  // crossover), else the heuristic's: fused for up to 32 tokens (the FFN: 16; e4m3 weights:
-  // 64), unfused beyond. Unfused needs
-  // the workspace and outputs whose heads are contiguous; without them the call runs fused.
+  // measures the crossover), else the heuristic's: fused for up to 32 tokens (the FFN: 16; e4m3
+  // weights: 64), unfused beyond. Unfused needs the workspace and outputs whose heads are
+  // contiguous; without them the call runs fused.
   automatic = 0,
   fused = 1,  // one kernel (templates/proj_kernel.cuh)
   // RMSNorm key -> cuBLASLt GEMM (loaded with dlopen) -> RoPE key, as torch's unfused sequence
