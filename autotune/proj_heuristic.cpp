@@ -78,6 +78,7 @@ detail::ProjVariant proj_variant_for_tiles(const QkvProjSpec& canonical, int32_t
     v.splits = 4;
     v.unroll = 2;
   }
+  if (!fp8 && tiles >= 2) v.swap = true;
   return v;
 }
 
@@ -155,6 +156,7 @@ detail::ProjVariant ffn_variant_for_tiles(const FfnSpec& canonical, int32_t tile
     v.splits = 4;
     v.unroll = tiles == 1 ? 2 : 1;
   }
+  if (!fp8 && tiles >= 2) v.swap = true;
   if (fp8 && tiles == 1) v.unroll = 2;  // two 64-element chunks per iteration
   if (fp8 && tiles == 2) {              // two warps, two wide chunks each
     v.splits = 2;

@@ -119,6 +119,7 @@ void search_variants(Problem& problem, bool checked, CUstream stream, const std:
   for (size_t i = 0; i < candidates.size(); ++i) {
     const detail::ProjVariant& v = candidates[i];
     const double us = timer.time([&] { launch(v); }, kWarmup, kReps).median_us;
+    report->timed.emplace_back(v, us);
     if (i == 0) report->heuristic_us = us;
     if (i == 0 || us < best_us) {
       best_us = us;
@@ -155,6 +156,7 @@ std::vector<detail::ProjVariant> proj_fused_candidates(const detail::ProjVariant
   for (const int32_t tiles : {most, most / 2}) {
     if (tiles < 1) continue;
     for (const bool wide : {false, true})  // e4m3 codes in 64-element chunks at 2 and 4 tiles
+      for (const bool swap : {false, true})  // 16-bit weights: tokens as the 16-row operand
       for (const int32_t splits : {2, 4, 8})
         for (const int32_t unroll : {1, 2, 4})
           for (const int32_t cluster : {1, 2, 4}) {
@@ -162,6 +164,7 @@ std::vector<detail::ProjVariant> proj_fused_candidates(const detail::ProjVariant
             detail::ProjVariant v{tiles, splits, unroll};
             v.cluster = cluster;
             v.wide = wide;
+            v.swap = swap;
             if (!detail::proj_variant_problem(v, fp8_weights).empty()) continue;
             if (std::find(out.begin(), out.end(), v) == out.end()) out.push_back(v);
           }

@@ -50,6 +50,8 @@ struct ProjTuneReport {
   // heuristic variant's time in the same search.
   size_t candidates = 0;
   double heuristic_us = 0;
+  // Every searched variant's median, in candidate order (empty where none were searched).
+  std::vector<std::pair<detail::ProjVariant, double>> timed;
 };
 
 // The fused kernel's variants tune_proj() and tune_ffn() race at a bucket whose heuristic variant

@@ -113,6 +113,16 @@ void print_top(const autotune::TuneReport& r, int32_t top) {
                 ok[i]->median_us / ok[0]->median_us);
 }
 
+// The `top` fastest of the fused variants a path tuner searched, slowest last.
+void print_top(const autotune::ProjTuneReport& r, int32_t top) {
+  std::vector<std::pair<detail::ProjVariant, double>> t = r.timed;
+  std::stable_sort(t.begin(), t.end(),
+                   [](const auto& a, const auto& b) { return a.second < b.second; });
+  for (size_t i = 0; i < t.size() && i < size_t(top); ++i)
+    std::printf("    %-24s %8.2f us  %.3fx best\n", t[i].first.name().c_str(), t[i].second,
+                t[i].second / t[0].second);
+}
+
 // The two path tuners' shared part: the token buckets, the dry run's lines, progress as each
 // bucket is timed, the table, the tuning file.
 int tune_paths(const TuneOptions& o, const char* what, const std::vector<std::string>& keys,
@@ -153,6 +163,7 @@ int tune_paths(const TuneOptions& o, const char* what, const std::vector<std::st
                   rows.size(), total, keys[i].c_str(), static_cast<long long>(b),
                   r.variant.name().c_str(), r.fused_us, searched.c_str(), unfused.c_str(),
                   to_string(r.best.path), r.checked ? "" : " (too large for the float64 check)");
+      if (o.top > 0) print_top(r, o.top);
       std::fflush(stdout);
     }
   const double seconds =

@@ -146,6 +146,7 @@ RenderedKernel render(const FfnSpec& c, const ProjVariant& v) {
       {"glu", "true"},
       {"w8", w8 ? "true" : "false"},
       {"wide", v.wide ? "true" : "false"},
+      {"swap", v.swap ? "true" : "false"},
       {"cache", "0"},
       {"cache_e4m3", "false"},
       {"token_tiles", std::to_string(v.token_tiles)},

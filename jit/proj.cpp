@@ -79,7 +79,7 @@ void check_workspace(const void* workspace, size_t bytes, const Range* others, s
 }
 
 std::string ProjVariant::name() const {
-  return concat('m', token_tiles, 's', splits, 'u', unroll) + (wide ? "w" : "") +
+  return concat('m', token_tiles, 's', splits, 'u', unroll) + (wide ? "w" : "") + (swap ? "t" : "") +
          (cluster > 1 ? concat('c', cluster) : std::string());
 }
 
@@ -102,6 +102,10 @@ bool parse_proj_variant(const std::string& name, ProjVariant* out) {
     v.wide = true;
     ++at;
   }
+  if (at < name.size() && name[at] == 't') {
+    v.swap = true;
+    ++at;
+  }
   const bool clustered = at < name.size();
   if (clustered && !field('c', &v.cluster)) return false;
   if (at != name.size() || (clustered && v.cluster == 1)) return false;  // name() never writes c1
@@ -121,6 +125,9 @@ std::string proj_variant_problem(const ProjVariant& v, bool fp8_weights) {
   if (v.wide && v.token_tiles != 2 && v.token_tiles != 4)
     return concat("wide needs 2 or 4 token tiles (", v.token_tiles,
                   "): one tile always reads 64-element chunks of e4m3 codes");
+  if (v.swap && fp8_weights) return "swap (tokens as the 16-row operand) needs 16-bit weights";
+  if (v.swap && v.token_tiles == 1)
+    return "swap needs 2, 4 or 8 token tiles (the 16-row operand takes two)";
   // A stage's activations: token_tiles * unroll vectors of 16 bytes per lane, at most 16
   // (e4m3 weights with one token tile, or wide: twice as many, each chunk 64 elements).
   const bool chunk64 = fp8_weights && (v.token_tiles == 1 || v.wide);
@@ -586,6 +593,7 @@ RenderedKernel render(const QkvProjSpec& c, const ProjVariant& v) {
       {"unroll", std::to_string(v.unroll)},
       {"cluster", std::to_string(v.cluster)},
       {"wide", flag(v.wide)},
+      {"swap", flag(v.swap)},
       {"neox", flag(c.style == Style::neox)},
       {"pos_ids", flag(c.positions == Positions::ids)},
       {"idx64", flag(c.index_type == IndexType::i64)},

@@ -26,6 +26,11 @@ struct ProjVariant {
   // e4m3 weights at two or four token tiles: 64-element chunks (16 codes, 16 bytes per lane and
   // row), as one tile always reads, instead of 32-element ones (8 bytes). Name suffix `w`.
   bool wide = false;
+  // 16-bit weights at an even number of token tiles: the tokens as the mma's 16-row operand (two
+  // tiles each) and the weights as its 8-column one, whose registers are then the loads' own
+  // (weights as the 16-row operand take a move per register to interleave a lane's two rows).
+  // Name suffix `t`.
+  bool swap = false;
 
   int32_t threads() const { return 32 * splits; }
   // Blocks the kernel is compiled to keep resident per SM (__launch_bounds__), in threads'
@@ -48,14 +53,14 @@ struct ProjVariant {
                                                  : 512;
     return std::max(1, worth / threads());
   }
-  std::string name() const;  // "m2s4u2", "m1s8u2c4", "m2s8u1w"
+  std::string name() const;  // "m2s4u2", "m1s8u2c4", "m2s8u1w", "m2s8u1t"
   friend bool operator==(const ProjVariant& a, const ProjVariant& b) {
     return a.token_tiles == b.token_tiles && a.splits == b.splits && a.unroll == b.unroll &&
-           a.cluster == b.cluster && a.wide == b.wide;
+           a.cluster == b.cluster && a.wide == b.wide && a.swap == b.swap;
   }
 };
 
-// The variant a name() spells ("m<tiles>s<splits>u<unroll>[w][c<cluster>]", decimal numbers
+// The variant a name() spells ("m<tiles>s<splits>u<unroll>[w][t][c<cluster>]", decimal numbers
 // without leading zeros); false for anything else (legality is proj_variant_problem's).
 bool parse_proj_variant(const std::string& name, ProjVariant* out);
 

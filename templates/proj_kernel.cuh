@@ -11,6 +11,14 @@
 // v's in consecutive twos): the accumulator fragment then gives every thread both columns of
 // its pair, and RoPE is applied in registers on the fp32 sums, rounded once at the store.
 //
+// Swapped operands (Cfg::kSwap, 16-bit weights, an even number of token tiles): tiles 2m and
+// 2m + 1 form the 16-row operand (tokens g and g + 8 of the lane's group) and the weights the
+// 8-column one, two n-tiles of 8 weight rows per block (pairs 0-3 and 4-7, a pair's two columns
+// adjacent). A lane's 16-byte load of one weight row then holds both k16 steps' B registers as
+// they are, where the weights as the 16-row operand need its two rows interleaved (a move per
+// register); the accumulator gives a lane both columns of pair t of each n-tile for tokens g and
+// g + 8. The same loads, sums and epilogue otherwise.
+//
 // The hidden dimension is read in a permuted order, the same for both operands: thread
 // (group g, lane-in-group t) loads 8 consecutive elements at k0 + 8t of its two weight rows
 // and of token g's activations, and feeds elements 0..3 to the first k16 step and 4..7 to the
@@ -160,6 +168,7 @@ struct ProjKernel {
     kTiles = Cfg::kTokenTiles,  // 8 tokens each
     kSplits = Cfg::kSplits,     // warps per block, each a slice of the hidden dimension
     kUnroll = Cfg::kUnroll,     // chunks per warp per iteration
+    kSwap = Cfg::kSwap,  // tokens as the 16-row operand (pairs of tiles), weights as the 8-column
     kW8Wide = Cfg::kW8 && (kTiles == 1 || Cfg::kWide),  // 16 codes per lane and chunk (else 8)
     kChunk = kW8Wide ? 64 : 32,                         // elements of a chunk
     kLaneK = kChunk / 4,                                // a lane's consecutive elements in a chunk
@@ -410,31 +419,50 @@ struct ProjKernel {
     }
   };
 
-  // What the epilogue needs besides the sums: cos and sin of
-  // the thread's pair at each token it finishes (tile warp + m * kSplits, tokens 2t and
-  // 2t + 1), and the FP8 column scales.
+  // The accumulator tiles ("units") a lane finishes, and what each holds. Not swapped: unit i is
+  // token tile i, and the lane holds the two columns (rows g and g + 8) of its pair g for tokens
+  // 2t and 2t + 1 (c[h] and c[2 + h]). Swapped: unit i is n-tile i % 2 of token pair-tile i / 2,
+  // and the lane holds the two columns (2t, 2t + 1) of pair 4 (i % 2) + t for tokens g and g + 8
+  // (c[2h] and c[2h + 1]).
+  static __device__ __forceinline__ long long unit_pair(int i, int g, int t) {
+    return (long long)blockIdx.x * 8 + (kSwap ? 4 * (i & 1) + t : g);
+  }
+  static __device__ __forceinline__ int unit_token(int i, int g, int t, int h) {
+    return kSwap ? (i >> 1) * 16 + 8 * h + g : i * 8 + 2 * t + h;
+  }
+
+  // What the epilogue needs besides the sums: cos and sin of the pair at each token the lane
+  // finishes (units slice + m * kSlices), and the FP8 column scales.
   struct Epilogue {
     float c[kMine][2], s[kMine][2];
     float scale_a, scale_b;
 
     __device__ __forceinline__ void fetch(const ProjParams& p, const Pair& r, bool live,
-                                          long long first_token, int finisher, int t) {
+                                          long long first_token, int finisher, int g, int t) {
       scale_a = scale_b = 1.0f;
       if (Cfg::kW8 && live) {
         scale_a = __ldg(p.w_scale + r.col);
         scale_b = __ldg((Cfg::kGlu ? p.w2_scale : p.w_scale) + r.col_b);
       }
 #pragma unroll
-      for (int m = 0; m < kMine; ++m)
+      for (int m = 0; m < kMine; ++m) {
+        const int i = finisher + m * kSlices;
+        Pair ri = r;
+        bool live_i = live;
+        if (kSwap) {
+          const long long pair = unit_pair(i, g, t);
+          live_i = pair < p.pairs;
+          ri = locate(p, live_i ? pair : 0);
+        }
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           c[m][h] = 1.0f;
           s[m][h] = 0.0f;
-          const int i = finisher + m * kSlices;
-          const long long token = first_token + i * 8 + 2 * t + h;
-          if (!Cfg::kGlu && live && r.rotate && i < kTiles && token < p.tokens)
-            angle(p, r.j, position(p, token), &c[m][h], &s[m][h]);
+          const long long token = first_token + unit_token(i, g, t, h);
+          if (!Cfg::kGlu && live_i && ri.rotate && i < kTiles && token < p.tokens)
+            angle(p, ri.j, position(p, token), &c[m][h], &s[m][h]);
         }
+      }
     }
   };
 
@@ -466,6 +494,20 @@ struct ProjKernel {
             Mma::run(acc[i], a8[2], b8[2], a8[3], b8[3], b[2], b[3]);
           }
         }
+      } else if (kSwap) {
+        // Tiles 2m and 2m + 1 are the A operand's rows g and g + 8; the weight rows of the
+        // lane's two loads are column g of n-tiles 2m (acc[2m]) and 2m + 1 (acc[2m + 1]), each
+        // k16 step's two registers already adjacent in the load's.
+#pragma unroll
+        for (int m = 0; m < kTiles / 2; ++m) {
+          u32 x0[4], x1[4];
+          operand(cur.x[u][2 * m][0], cur.n[u][0], sumsq[2 * m], x0);
+          operand(cur.x[u][2 * m + 1][0], cur.n[u][0], sumsq[2 * m + 1], x1);
+          Mma::run(acc[2 * m], x0[0], x1[0], x0[1], x1[1], cur.a[u].x, cur.a[u].y);
+          Mma::run(acc[2 * m], x0[2], x1[2], x0[3], x1[3], cur.a[u].z, cur.a[u].w);
+          Mma::run(acc[2 * m + 1], x0[0], x1[0], x0[1], x1[1], cur.b[u].x, cur.b[u].y);
+          Mma::run(acc[2 * m + 1], x0[2], x1[2], x0[3], x1[3], cur.b[u].z, cur.b[u].w);
+        }
       } else {
 #pragma unroll
         for (int i = 0; i < kTiles; ++i) {
@@ -478,6 +520,9 @@ struct ProjKernel {
     }
   }
 
+  static_assert(!kSwap || (kTiles % 2 == 0 && !Cfg::kW8),
+                "swapped operands take pairs of token tiles and 16-bit weights");
+
   static __device__ void run(const ProjParams& p) {
     __shared__ float partial[kSlices > 1 ? kSplits : 1][kTiles][4][32];
     __shared__ float sums[kSplits][kTiles * 8];
@@ -489,9 +534,21 @@ struct ProjKernel {
     const bool live = pair < p.pairs;
     const Pair r = locate(p, live ? pair : 0);
     const long long first_token = (long long)blockIdx.y * kTiles * 8;  // this block's tokens
-    const char* wa = static_cast<const char*>(p.w) + r.col * p.w_stride * (long long)kWBytes;
-    const char* wb = static_cast<const char*>(Cfg::kGlu ? p.w2 : p.w) +
-                     r.col_b * p.w_stride * (long long)kWBytes;
+    // The lane's two weight rows: its pair's two columns, or (swapped) column g of both n-tiles:
+    // member g % 2 of pairs g / 2 and 4 + g / 2 (GLU: member 1 is the up row, of w2).
+    const char* wa;
+    const char* wb;
+    if (kSwap) {
+      const long long pa = (long long)blockIdx.x * 8 + (g >> 1), pb = pa + 4;
+      const Pair ra = locate(p, pa < p.pairs ? pa : 0), rb = locate(p, pb < p.pairs ? pb : 0);
+      const char* base = static_cast<const char*>(Cfg::kGlu && (g & 1) ? p.w2 : p.w);
+      wa = base + ((g & 1) ? ra.col_b : ra.col) * p.w_stride * (long long)kWBytes;
+      wb = base + ((g & 1) ? rb.col_b : rb.col) * p.w_stride * (long long)kWBytes;
+    } else {
+      wa = static_cast<const char*>(p.w) + r.col * p.w_stride * (long long)kWBytes;
+      wb = static_cast<const char*>(Cfg::kGlu ? p.w2 : p.w) +
+           r.col_b * p.w_stride * (long long)kWBytes;
+    }
     const char* xrow[kTiles];
 #pragma unroll
     for (int i = 0; i < kTiles; ++i) {  // a token past the end reads token 0 (Stage says why)
@@ -535,7 +592,7 @@ struct ProjKernel {
       cur.load(p, wa, wb, xrow, hidden, k0 + 2 * kStep, t);
       accumulate(next, acc, sumsq);
     }
-    ep.fetch(p, r, live, first_token, slice, t);
+    ep.fetch(p, r, live, first_token, slice, g, t);
 
     // Σ x² of token i * 8 + g: the group's four lanes hold disjoint parts of each slice.
     if (Cfg::kNorm != kProjNormNone) {
@@ -557,7 +614,7 @@ struct ProjKernel {
       cluster_sync();  // every block's partial sums visible to the cluster
     else if (kSplits > 1 || Cfg::kNorm != kProjNormNone)
       __syncthreads();
-    if (live) finish_tiles(p, r, acc, partial, sums, ep, first_token, slice, lane, t);
+    if (live || kSwap) finish_tiles(p, r, acc, partial, sums, ep, first_token, slice, lane);
     // A cluster's blocks stay until every finisher has read their shared memory.
     if (kCluster > 1) cluster_sync();
   }
@@ -568,13 +625,19 @@ struct ProjKernel {
       const ProjParams& p, const Pair& r, const float (&acc)[kTiles][4],
       float (&partial)[kSlices > 1 ? kSplits : 1][kTiles][4][32],
       float (&sums)[kSplits][kTiles * 8], const Epilogue& ep, long long first_token, int slice,
-      int lane, int t) {
-    // The accumulator fragment: lane (g, t) holds columns (row g, row g + 8) = (a, b) of its
-    // pair for tokens 2t and 2t + 1 of each tile. Slice w finishes tiles w, w + kSlices, ...
-    // (the loop is unrolled so that acc[] stays in registers)
+      int lane) {
+    // Slice w finishes units w, w + kSlices, ... (unit_pair says what a unit holds; the loop is
+    // unrolled so that acc[] stays in registers).
+    const int g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int i = 0; i < kTiles; ++i) {
       if (i % kSlices != slice) continue;
+      Pair ri = r;
+      if (kSwap) {
+        const long long pair = unit_pair(i, g, t);
+        if (pair >= p.pairs) continue;
+        ri = locate(p, pair);
+      }
       float c[4];
       if (kSlices > 1) {
 #pragma unroll
@@ -593,7 +656,7 @@ struct ProjKernel {
       }
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int local = i * 8 + 2 * t + h;
+        const int local = unit_token(i, g, t, h);
         const long long token = first_token + local;
         if (token >= p.tokens) continue;
         float rstd = 1.0f;
@@ -606,9 +669,9 @@ struct ProjKernel {
               s += kCluster > 1 ? cluster_load(&sums[w][local], b) : sums[w][local];
           rstd = 1.0f / sqrtf(s / float(p.hidden) + p.norm_eps);
         }
-        const float ya = Cfg::kW8 ? c[h] * ep.scale_a : c[h];
-        const float yb = Cfg::kW8 ? c[2 + h] * ep.scale_b : c[2 + h];
-        finish(p, r, token, ya, yb, rstd, ep.c[i / kSlices][h], ep.s[i / kSlices][h]);
+        const float ya = kSwap ? c[2 * h] : Cfg::kW8 ? c[h] * ep.scale_a : c[h];
+        const float yb = kSwap ? c[2 * h + 1] : Cfg::kW8 ? c[2 + h] * ep.scale_b : c[2 + h];
+        finish(p, ri, token, ya, yb, rstd, ep.c[i / kSlices][h], ep.s[i / kSlices][h]);
       }
     }
   }

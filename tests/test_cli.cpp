@@ -222,8 +222,8 @@ TEST_CASE("ropejit tune takes projection keys: the path per token bucket") {
   INFO(r.output);
   CHECK(r.status == 0);
   CHECK(has(r, (key + "  bucket 1  hidden 4096  heads 32/8: fused (m1s8u2) vs unfused").c_str()));
-  CHECK(has(r, (key + "  bucket 32  hidden 4096  heads 32/8: fused (m4s4u2) vs unfused").c_str()));
-  CHECK(has(r, (key + "  bucket 64  hidden 4096  heads 32/8: fused (m8s4u1) vs unfused").c_str()));
+  CHECK(has(r, (key + "  bucket 32  hidden 4096  heads 32/8: fused (m4s4u2t) vs unfused").c_str()));
+  CHECK(has(r, (key + "  bucket 64  hidden 4096  heads 32/8: fused (m8s4u1t) vs unfused").c_str()));
   // The fused variants raced where the fused path competes: the heuristic's first, then its
   // token tiles and half as many, clusters on sm_90.
   CHECK(

@@ -216,9 +216,9 @@ TEST_CASE("FFN heuristic: four warps at one and two token tiles with 16-bit weig
     return autotune::ffn_heuristic(s, detail::ProjShape{tokens, 4096, 0, 0, 14336}, h100).name();
   };
   CHECK(pick(bf16, 1) == "m1s4u2");
-  CHECK(pick(bf16, 16) == "m2s4u1");
-  CHECK(pick(bf16, 32) == "m4s8u1");
-  CHECK(pick(bf16, 64) == "m8s4u1");
+  CHECK(pick(bf16, 16) == "m2s4u1t");  // tokens as the 16-row operand from two tiles on
+  CHECK(pick(bf16, 32) == "m4s8u1t");
+  CHECK(pick(bf16, 64) == "m8s4u1t");
   CHECK(pick(fp8, 1) == "m1s8u2");
   CHECK(pick(fp8, 16) == "m2s2u2w");  // e4m3 codes in 64-element chunks
   CHECK(pick(fp8, 32) == "m4s4u1w");

@@ -232,7 +232,7 @@ TEST_SUITE("gpu") {
     const std::string key = "qkvproj_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_nrms";
     const testing::CommandResult r =
         testing::run_command(std::string(ROPEJIT_CLI_PATH) + " tune --key " + key +
-                             " --heads 4,2 --hidden 512 --tokens 8,64 --out " + file);
+                             " --heads 4,2 --hidden 512 --tokens 8,64 --top 3 --out " + file);
     INFO(r.output);
     REQUIRE(r.status == 0);
     CHECK(r.output.find("[2/2] " + key + "  bucket 64: fused ") != std::string::npos);
@@ -244,6 +244,8 @@ TEST_SUITE("gpu") {
     // and the winner recorded; a call then launches it.
     CHECK(r.output.find("bucket 8: fused m1") != std::string::npos);
     CHECK(r.output.find("variants; the heuristic's") != std::string::npos);
+    // --top: the three fastest of the searched variants under the bucket's line, the best first.
+    CHECK(r.output.find("us  1.000x best\n") != std::string::npos);
     const detail::DeviceInfo& device = api::engine().device_info(testing::use_primary_context());
     const autotune::TuningCache tuned =
         autotune::TuningCache::load(file, autotune::current_fingerprint());
@@ -655,8 +657,10 @@ TEST_SUITE("gpu") {
       const detail::ProjShape shape = detail::check_proj_call(c, p.args());
       for (const int32_t tiles : {1, 2, 4, 8})
         for (const int32_t splits : {1, 2, 4, 8})
-          for (const int32_t unroll : {1, 2, 4}) {
-            const detail::ProjVariant v{tiles, splits, unroll};
+          for (const int32_t unroll : {1, 2, 4})
+            for (const bool swap : {false, true}) {  // tokens as the 16-row operand
+            detail::ProjVariant v{tiles, splits, unroll};
+            v.swap = swap;
             if (!detail::proj_variant_problem(v).empty()) continue;
             p.upload();
             api::engine().launch_proj(c, p.args(), shape, &v);
@@ -702,6 +706,8 @@ TEST_SUITE("gpu") {
             v.cluster = cluster;
             // e4m3 codes in 64-element chunks at 2 and 4 tiles, every other such case.
             v.wide = w == Weights::e4m3 && (tiles == 2 || tiles == 4) && n % 2 == 0;
+            // Tokens as the 16-row operand (16-bit weights, two tiles or more), every other case.
+            v.swap = w == Weights::same && tiles >= 2 && n % 2 == 1;
             REQUIRE(detail::proj_variant_problem(v, w == Weights::e4m3).empty());
             api::engine().launch_proj(c, p.args(), shape, &v);
             expect_ok(p, s.key() + " " + v.name() + " tokens " + std::to_string(z.tokens) +

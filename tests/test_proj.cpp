@@ -68,20 +68,23 @@ TEST_CASE("projection variants: names parse back, and nothing else does") {
     for (int32_t splits = 1; splits <= 8; ++splits)
       for (const int32_t unroll : {1, 2, 4})
         for (const int32_t cluster : {1, 2, 4, 8})
-          for (const bool wide : {false, true}) {
-            detail::ProjVariant v{tiles, splits, unroll};
-            v.cluster = cluster;
-            v.wide = wide;
-            detail::ProjVariant back;
-            REQUIRE_MESSAGE(detail::parse_proj_variant(v.name(), &back), v.name());
-            CHECK(back == v);
-            ++n;
-          }
-  CHECK(n == 768);
+          for (const bool wide : {false, true})
+            for (const bool swap : {false, true}) {
+              detail::ProjVariant v{tiles, splits, unroll};
+              v.cluster = cluster;
+              v.wide = wide;
+              v.swap = swap;
+              detail::ProjVariant back;
+              REQUIRE_MESSAGE(detail::parse_proj_variant(v.name(), &back), v.name());
+              CHECK(back == v);
+              ++n;
+            }
+  CHECK(n == 1536);
   detail::ProjVariant v;
   for (const char* bad :
        {"", "m", "m1", "m1s4", "m1s4u", "m1s4u2c", "m1s4u2c1", "m01s4u2", "m1s4u2x", "s4m1u2",
-        "m1s4u2c4c4", "m-1s4u2", "m1s4u200", "M1S4U2", "m2s4u1ww", "m2s4u1c4w", "m2s4uw1"})
+        "m1s4u2c4c4", "m-1s4u2", "m1s4u200", "M1S4U2", "m2s4u1ww", "m2s4u1c4w", "m2s4uw1",
+        "m2s4u1tw", "m2s4u1tt", "m2s4u1c2t"})
     CHECK_FALSE_MESSAGE(detail::parse_proj_variant(bad, &v), bad);
   // Parsed but illegal: proj_variant_problem's to say.
   REQUIRE(detail::parse_proj_variant("m3s9u3c3", &v));
@@ -96,6 +99,17 @@ TEST_CASE("projection variants: names parse back, and nothing else does") {
   REQUIRE(detail::parse_proj_variant("m4s4u1w", &v));
   CHECK(detail::proj_variant_problem(v, true).empty());
   CHECK(v.min_blocks(true) == 3);
+  // swap: 16-bit weights at two token tiles or more (the 16-row operand takes two).
+  REQUIRE(detail::parse_proj_variant("m2s8u1t", &v));
+  CHECK(v.swap);
+  CHECK(detail::proj_variant_problem(v).empty());
+  CHECK(contains(detail::proj_variant_problem(v, true), "swap (tokens as the 16-row operand)"));
+  REQUIRE(detail::parse_proj_variant("m1s8u2t", &v));
+  CHECK(contains(detail::proj_variant_problem(v), "swap needs 2, 4 or 8 token tiles"));
+  REQUIRE(detail::parse_proj_variant("m2s8u1wtc2", &v));
+  CHECK(v.wide);
+  CHECK(v.swap);
+  CHECK(v.cluster == 2);
   REQUIRE(detail::parse_proj_variant("m4s4u4w", &v));
   CHECK(contains(detail::proj_variant_problem(v, true), "must be <= 16"));
   for (const char* other : {"m1s8u1w", "m8s4u1w"}) {
@@ -237,7 +251,7 @@ TEST_CASE("projection variants: names, legality, token tiles") {
     shard.pairs = 640;
     CHECK(autotune::proj_heuristic(QkvProjSpec{}.canonical(), shard, h100).name() == "m1s8u2c4");
     shard.tokens = 16;
-    CHECK(autotune::proj_heuristic(QkvProjSpec{}.canonical(), shard, h100).name() == "m2s8u1c4");
+    CHECK(autotune::proj_heuristic(QkvProjSpec{}.canonical(), shard, h100).name() == "m2s8u1tc4");
     detail::DeviceInfo a100 = h100;
     a100.cc = 80;
     a100.sm_count = 108;
@@ -248,16 +262,16 @@ TEST_CASE("projection variants: names, legality, token tiles") {
     for (const ProjVariant& pv :
          autotune::proj_heuristic_variants(QkvProjSpec{}.canonical(), shard, h100))
       names.push_back(pv.name());
-    CHECK(names == std::vector<std::string>{"m1s8u2", "m1s8u2c4", "m2s8u1", "m2s8u1c4", "m4s4u2",
-                                            "m4s4u2c4", "m8s4u1", "m8s4u1c4"});
+    CHECK(names == std::vector<std::string>{"m1s8u2", "m1s8u2c4", "m2s8u1t", "m2s8u1tc4",
+                                            "m4s4u2t", "m4s4u2tc4", "m8s4u1t", "m8s4u1tc4"});
     CHECK(autotune::proj_heuristic_variants(QkvProjSpec{}.canonical(), shard, a100).size() == 4);
     CHECK(autotune::proj_heuristic_variants(QkvProjSpec{}.canonical(), detail::ProjShape{}, h100)
               .size() == 4);
     detail::ProjShape llama = shard;  // 384 blocks
     llama.pairs = 3072;
-    CHECK(autotune::proj_heuristic(QkvProjSpec{}.canonical(), llama, h100).name() == "m2s8u1");
+    CHECK(autotune::proj_heuristic(QkvProjSpec{}.canonical(), llama, h100).name() == "m2s8u1t");
     llama.tokens = 32;
-    CHECK(autotune::proj_heuristic(QkvProjSpec{}.canonical(), llama, h100).name() == "m4s4u2");
+    CHECK(autotune::proj_heuristic(QkvProjSpec{}.canonical(), llama, h100).name() == "m4s4u2t");
     QkvProjSpec fp8 = QkvProjSpec{}.canonical();
     fp8.weights = Weights::e4m3;
     llama.tokens = 64;  // e4m3: four tiles per block (two rows), two warps of wide chunks
