@@ -35,6 +35,13 @@
 // 59.8); with e4m3 weights at 64 tokens both run m4s2u1w (four tiles, two warps of wide chunks:
 // projection 35.1 against m8s4u1's 44.2 µs, FFN 148.3 against 170.6). The other choices above
 // stayed the tuner's best or within 2.5% of it.
+//
+// With 16-bit weights, from two token tiles on, the tokens are the mma's 16-row operand (`swap`,
+// name suffix `t`; templates/proj_kernel.cuh says why it saves a move per weight register). The
+// H100 (bench/RESULTS.md, "Swapped operands"): the projection at 32 tokens 25.6-26.2 against
+// 26.1-27.2 µs (m4s4u2t against m4s4u2, alternated builds), fused at 48 and 64 tokens 38.0-38.4
+// against 39.9 (the unfused path's 28-29 µs still wins there), 16 tokens and the FFN level
+// (m2s8u1t 23.1-23.5 against m2s8u1 23.3; the tuner, with a clean L2, 23.4 against 23.9).
 #include <algorithm>
 
 #include "autotune/policy.hpp"

@@ -146,8 +146,9 @@ bool worth_searching(const ProjTuneReport& r) {
 // The fused kernel's candidates at a bucket: the heuristic's variant first, then its token tiles
 // and half as many (two rows of blocks, each reading the weight: the second read may come from
 // L2), each with 2, 4 or 8 warps splitting the hidden dimension, 1 or 2 chunks per iteration (4
-// too at one tile), on sm_90+ clusters of 2 and 4 blocks splitting it further, and for e4m3
-// weights at 2 and 4 tiles 64-element chunks (`wide`); legal ones.
+// too at one tile), on sm_90+ clusters of 2 and 4 blocks splitting it further, for e4m3 weights
+// at 2 and 4 tiles 64-element chunks (`wide`), for 16-bit weights from 2 tiles the tokens as
+// the 16-row operand (`swap`); legal ones.
 std::vector<detail::ProjVariant> proj_fused_candidates(const detail::ProjVariant& heuristic,
                                                        bool fp8_weights,
                                                        const detail::DeviceInfo& device) {

@@ -56,8 +56,9 @@ struct ProjTuneReport {
 
 // The fused kernel's variants tune_proj() and tune_ffn() race at a bucket whose heuristic variant
 // is `heuristic`: that one first, then its token tiles and half as many with 2/4/8 warps, 1/2/4
-// chunks per iteration, clusters of 2 and 4 on sm_90+, and e4m3 codes in 64-element chunks
-// (`wide`) at 2 and 4 tiles; legal ones only. Needs no GPU.
+// chunks per iteration, clusters of 2 and 4 on sm_90+, e4m3 codes in 64-element chunks (`wide`)
+// at 2 and 4 tiles, and with 16-bit weights the tokens as the 16-row operand (`swap`) from 2
+// tiles; legal ones only. Needs no GPU.
 std::vector<detail::ProjVariant> proj_fused_candidates(const detail::ProjVariant& heuristic,
                                                        bool fp8_weights,
                                                        const detail::DeviceInfo& device);
