@@ -156,19 +156,19 @@ std::vector<detail::ProjVariant> proj_fused_candidates(const detail::ProjVariant
   const int32_t most = heuristic.token_tiles;
   for (const int32_t tiles : {most, most / 2}) {
     if (tiles < 1) continue;
-    for (const bool wide : {false, true})  // e4m3 codes in 64-element chunks at 2 and 4 tiles
+    for (const bool wide : {false, true})    // e4m3 codes in 64-element chunks at 2 and 4 tiles
       for (const bool swap : {false, true})  // 16-bit weights: tokens as the 16-row operand
-      for (const int32_t splits : {2, 4, 8})
-        for (const int32_t unroll : {1, 2, 4})
-          for (const int32_t cluster : {1, 2, 4}) {
-            if ((unroll == 4 && tiles > 1) || (cluster > 1 && device.cc < 90)) continue;
-            detail::ProjVariant v{tiles, splits, unroll};
-            v.cluster = cluster;
-            v.wide = wide;
-            v.swap = swap;
-            if (!detail::proj_variant_problem(v, fp8_weights).empty()) continue;
-            if (std::find(out.begin(), out.end(), v) == out.end()) out.push_back(v);
-          }
+        for (const int32_t splits : {2, 4, 8})
+          for (const int32_t unroll : {1, 2, 4})
+            for (const int32_t cluster : {1, 2, 4}) {
+              if ((unroll == 4 && tiles > 1) || (cluster > 1 && device.cc < 90)) continue;
+              detail::ProjVariant v{tiles, splits, unroll};
+              v.cluster = cluster;
+              v.wide = wide;
+              v.swap = swap;
+              if (!detail::proj_variant_problem(v, fp8_weights).empty()) continue;
+              if (std::find(out.begin(), out.end(), v) == out.end()) out.push_back(v);
+            }
   }
   return out;
 }

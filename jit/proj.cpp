@@ -79,8 +79,8 @@ void check_workspace(const void* workspace, size_t bytes, const Range* others, s
 }
 
 std::string ProjVariant::name() const {
-  return concat('m', token_tiles, 's', splits, 'u', unroll) + (wide ? "w" : "") + (swap ? "t" : "") +
-         (cluster > 1 ? concat('c', cluster) : std::string());
+  return concat('m', token_tiles, 's', splits, 'u', unroll) + (wide ? "w" : "") +
+         (swap ? "t" : "") + (cluster > 1 ? concat('c', cluster) : std::string());
 }
 
 bool parse_proj_variant(const std::string& name, ProjVariant* out) {

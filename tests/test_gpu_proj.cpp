@@ -659,13 +659,13 @@ TEST_SUITE("gpu") {
         for (const int32_t splits : {1, 2, 4, 8})
           for (const int32_t unroll : {1, 2, 4})
             for (const bool swap : {false, true}) {  // tokens as the 16-row operand
-            detail::ProjVariant v{tiles, splits, unroll};
-            v.swap = swap;
-            if (!detail::proj_variant_problem(v).empty()) continue;
-            p.upload();
-            api::engine().launch_proj(c, p.args(), shape, &v);
-            expect_ok(p, s.key() + " " + v.name() + " tokens " + std::to_string(tokens));
-          }
+              detail::ProjVariant v{tiles, splits, unroll};
+              v.swap = swap;
+              if (!detail::proj_variant_problem(v).empty()) continue;
+              p.upload();
+              api::engine().launch_proj(c, p.args(), shape, &v);
+              expect_ok(p, s.key() + " " + v.name() + " tokens " + std::to_string(tokens));
+            }
       p.upload();
       qkv_projection(s, p.args());  // the heuristic's choice
       expect_ok(p, s.key() + " default, tokens " + std::to_string(tokens));
