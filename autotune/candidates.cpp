@@ -22,6 +22,21 @@ std::vector<detail::LaunchConfig> candidates(const Spec& c, const detail::CallSh
   const int32_t vec = detail::max_vec(c, shape.align_bytes);
   const int32_t x = detail::chunks(c, vec);
   const int32_t heads = std::max(shape.q_heads + shape.k_heads + shape.v_heads, 1);
+  // Fused kernels of one or two heads per thread and 16-byte vectors also with a ring of passes
+  // loaded ahead: prefill sizes 2..4 slots, decode sizes (fewer passes per thread) the
+  // heuristic's three only.
+  const bool rings = c.fused() && vec * detail::element_bytes(c.dtype) == 16;
+  const bool prefill =
+      detail::token_bucket(shape.tokens) > 4 * int64_t(std::max(device.sm_count, 1));
+  auto add_rings = [&](const detail::LaunchConfig& cfg) {
+    if (!rings || cfg.kernel.heads_per_thread > 2) return;
+    for (int32_t ring : {2, 3, 4}) {
+      if (!prefill && ring != detail::kPrefillRing) continue;
+      detail::LaunchConfig r = cfg;
+      r.kernel.ring = ring;
+      add(r);
+    }
+  };
   for (int32_t hpt : {1, 2, 4, 8}) {
     const int32_t full = (heads + hpt - 1) / hpt;  // rows that cover every head in one pass
     for (int32_t threads : {128, 256, 512}) {
@@ -44,6 +59,7 @@ std::vector<detail::LaunchConfig> candidates(const Spec& c, const detail::CallSh
           if (persistent && hpt > 2) continue;
           detail::set_persistent(cfg, persistent);
           add(cfg);
+          add_rings(cfg);
         }
       }
     }

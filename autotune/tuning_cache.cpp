@@ -45,7 +45,7 @@ const char* const kConfigFields[] = {"vec",  "heads_per_thread", "max_threads",
                                      "rows", "tokens_per_block", "blocks_per_sm"};
 // Fields added later: absent in older files, which keep loading, and written only when they
 // differ from the default, so that files without them are written as before.
-const char* const kOptionalConfigFields[] = {"head_groups"};
+const char* const kOptionalConfigFields[] = {"head_groups", "ring"};
 
 bool is_pow2(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
 
@@ -179,6 +179,7 @@ bool read_entry(const json& j, TuningEntry* e, std::string* why) {
   config.int32("tokens_per_block", &c.tokens_per_block);
   config.int32("blocks_per_sm", &c.blocks_per_sm);
   config.optional_int32("head_groups", &c.head_groups);
+  config.optional_int32("ring", &c.kernel.ring);
   c.kernel.grid_stride = c.blocks_per_sm > 0;  // implied: only persistent grids loop
   return config.ok() && (*why = invalid_entry_reason(*e)).empty();
 }
@@ -539,6 +540,7 @@ json TuningCache::to_json() const {
     config["tokens_per_block"] = e.config.tokens_per_block;
     config["blocks_per_sm"] = e.config.blocks_per_sm;
     if (e.config.head_groups != 1) config["head_groups"] = e.config.head_groups;
+    if (e.config.kernel.ring != 0) config["ring"] = e.config.kernel.ring;
     json j = json::object();
     j["key"] = e.key;
     j["bucket"] = e.bucket;

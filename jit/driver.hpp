@@ -22,7 +22,7 @@ namespace ropejit::detail {
   X(StreamCreate) X(StreamDestroy) X(StreamSynchronize) X(StreamBeginCapture)                     \
   X(StreamEndCapture) X(GraphInstantiateWithFlags) X(GraphLaunch) X(GraphExecDestroy)             \
   X(GraphDestroy) X(EventCreate) X(EventDestroy) X(EventRecord) X(EventSynchronize)               \
-  X(EventElapsedTime) X(CtxSynchronize) X(LaunchKernelEx)
+  X(EventElapsedTime) X(CtxSynchronize) X(LaunchKernelEx) X(FuncSetAttribute)
 // clang-format on
 
 struct Driver {

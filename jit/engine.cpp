@@ -153,7 +153,8 @@ size_t Engine::FunctionKeyHash::operator()(const FunctionKey& k) const {
   mix(h, uint64_t(uint32_t(k.variant.vec)) << 40 |
              uint64_t(uint32_t(k.variant.heads_per_thread)) << 20 |
              uint64_t(k.variant.table_vec) << 60 | uint64_t(k.variant.grid_stride) << 61 |
-             uint64_t(k.variant.narrow) << 62 | uint32_t(k.variant.max_threads));
+             uint64_t(k.variant.narrow) << 62 | uint32_t(k.variant.max_threads) |
+             uint64_t(uint32_t(k.variant.ring)) << 12);
   return size_t(h);
 }
 
@@ -318,6 +319,7 @@ const DeviceInfo& Engine::device_info(CUcontext ctx) {
             attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
   info.sm_count = attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
   info.max_threads_per_sm = attr(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR);
+  info.max_shared_per_block = attr(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN);
   char name[256] = {};
   check(d.DeviceGetName(name, sizeof name, dev), "cuDeviceGetName");
   info.name = name;
@@ -335,7 +337,7 @@ const DeviceInfo& Engine::device_info(CUcontext ctx) {
 void Engine::load_once(FunctionSlot* slot, CUstream stream,
                        const std::function<std::string()>& what,
                        const std::function<const CacheEntry&()>& image,
-                       const std::function<std::string()>& entry) {
+                       const std::function<std::string()>& entry, int shared_optin) {
   std::call_once(slot->once, [&] {
     const Driver& d = driver();
     CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
@@ -353,6 +355,16 @@ void Engine::load_once(FunctionSlot* slot, CUstream stream,
           "cuFuncGetAttribute");
     check(d.FuncGetAttribute(&slot->loaded.regs, CU_FUNC_ATTRIBUTE_NUM_REGS, slot->loaded.fn),
           "cuFuncGetAttribute");
+    if (shared_optin > 0) {
+      // Past 48 KB of dynamic shared memory a kernel must ask: up to what the device allows a
+      // block, less the kernel's static shared memory.
+      int static_bytes = 0;
+      check(d.FuncGetAttribute(&static_bytes, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, slot->loaded.fn),
+            "cuFuncGetAttribute");
+      check(d.FuncSetAttribute(slot->loaded.fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                               shared_optin - static_bytes),
+            "cuFuncSetAttribute");
+    }
     std::lock_guard<std::mutex> lock(stats_mutex_);
     ++stats_.module_loads;
   });
@@ -376,7 +388,8 @@ const Engine::LoadedFunction& Engine::function(CUcontext ctx, const Spec& c,
   load_once(
       slot, stream, [&] { return concat(c.key(), " (", variant.name(), ")"); },
       [&]() -> const CacheEntry& { return image(c, variant, target_for(device_info(ctx).cc)); },
-      [&] { return entry_name(c.key(), variant); });
+      [&] { return entry_name(c.key(), variant); },
+      variant.ring > 0 ? device_info(ctx).max_shared_per_block : 0);
   return slot->loaded;
 }
 

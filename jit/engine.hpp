@@ -150,7 +150,7 @@ class Engine {
   // (refused during a graph capture; `what()` names the kernel in that message).
   void load_once(FunctionSlot* slot, CUstream stream, const std::function<std::string()>& what,
                  const std::function<const CacheEntry&()>& image,
-                 const std::function<std::string()>& entry);
+                 const std::function<std::string()>& entry, int shared_optin = 0);
 
   // The projection's plans: per context, key, token bucket (proj_path_bucket), hidden size and
   // head counts, the path, the fused kernel's variant and its function.

@@ -9,7 +9,8 @@ namespace ropejit::detail {
 
 std::string KernelVariant::name() const {
   return concat('v', vec, 'h', heads_per_thread, 't', max_threads, table_vec ? "" : "s",
-                grid_stride ? "p" : "", narrow ? "n" : "");
+                grid_stride ? "p" : "", narrow ? "n" : "",
+                ring ? concat('a', ring) : std::string());
 }
 
 std::string LaunchConfig::name() const {
@@ -85,6 +86,15 @@ std::string variant_problem(const Spec& c, const KernelVariant& k) {
     return concat("heads_per_thread (", k.heads_per_thread, ") must be in 1..8");
   if (k.max_threads < 32 || k.max_threads > 1024 || k.max_threads % 32)
     return concat("max_threads (", k.max_threads, ") must be a multiple of 32 in 32..1024");
+  if (k.ring != 0) {
+    if (k.ring < 2 || k.ring > 4) return concat("ring (", k.ring, ") must be 0 or 2..4");
+    if (!c.fused()) return concat("ring (", k.ring, ") is for fused keys");
+    if (k.heads_per_thread > 2)
+      return concat("ring (", k.ring, ") needs one or two heads per thread, not ",
+                    k.heads_per_thread);
+    if (k.vec * elem != 16)
+      return concat("ring (", k.ring, ") needs 16-byte vectors, not ", k.vec * elem);
+  }
   return {};
 }
 
@@ -110,9 +120,9 @@ std::string launch_problem(const Spec& c, const LaunchConfig& cfg) {
   const int64_t threads = int64_t(chunks(c, k.vec)) * cfg.rows * cfg.tokens_per_block;
   if (threads > k.max_threads)
     return concat(threads, " threads per block exceed max_threads (", k.max_threads, ")");
-  if (shared_bytes(c, cfg) > kMaxSharedBytes)
+  if (shared_bytes(c, cfg) > shared_limit(k))
     return concat(cfg.tokens_per_block, " tokens per block need ", shared_bytes(c, cfg),
-                  " bytes of shared memory, more than ", kMaxSharedBytes);
+                  " bytes of shared memory, more than ", shared_limit(k));
   return {};
 }
 
@@ -140,9 +150,12 @@ std::string illegal_reason(const Spec& c, const CallShape& shape, const LaunchCo
   if (c.norm == Norm::rms_all_heads && cfg.rows * k.heads_per_thread < qk)
     return concat("a norm over all heads needs every q and k head in one pass: rows (", cfg.rows,
                   ") x heads per thread (", k.heads_per_thread, ") < ", qk, " heads");
-  if (shared_bytes(c, cfg, qk) > kMaxSharedBytes)
+  const int64_t limit = k.ring > 0 ? std::min<int64_t>(shared_limit(k), device.max_shared_per_block)
+                                   : kMaxSharedBytes;
+  if (shared_bytes(c, cfg, qk) > limit)
     return concat(cfg.tokens_per_block, " tokens per block need ", shared_bytes(c, cfg, qk),
-                  " bytes of shared memory, more than ", kMaxSharedBytes);
+                  " bytes of shared memory, more than ", limit,
+                  k.ring > 0 ? " (this GPU's most per block)" : "");
   const int64_t threads = int64_t(chunks(c, k.vec)) * cfg.rows * cfg.tokens_per_block;
   if (cfg.blocks_per_sm > 0 && threads * cfg.blocks_per_sm > device.max_threads_per_sm)
     return "persistent blocks do not fit on one SM";
@@ -185,7 +198,11 @@ KernelVariant prefill_variant(const Spec& c, int32_t align_bytes, int32_t table_
   // pass's heads loaded ahead, two heads beat four on the H100's FP8 serving step (93.5% of a
   // copy against 92.4% at 4096 tokens) and one with dynamic scales (91-94% of a copy at 4096 and
   // 32768 tokens against 85-86%: twice the bytes in flight per thread; 256 tokens 3.83 -> 3.93 us).
-  return variant_with(c, align_bytes, table_align, 2, fused_256 ? 256 : 512);
+  KernelVariant v = variant_with(c, align_bytes, table_align, 2, fused_256 ? 256 : 512);
+  // Where the vectors are 16 bytes wide, their later passes' heads in flight through a ring of
+  // three slots (bench/RESULTS.md, "A cp.async ring").
+  if (fused_256 && v.vec * element_bytes(c.dtype) == 16) v.ring = kPrefillRing;
+  return v;
 }
 
 // One head per thread: fewer registers and less code before the first load, 9% faster per
@@ -212,11 +229,19 @@ std::vector<KernelVariant> default_variants(const Spec& c, int32_t align_bytes,
   return out;
 }
 
+int64_t shared_limit(const KernelVariant& k) {
+  return k.ring > 0 ? kMaxOptinSharedBytes : kMaxSharedBytes;
+}
+
 int64_t shared_bytes(const Spec& c, const LaunchConfig& cfg, int32_t qk_heads) {
   // Computed frequencies: each token's (cos, sin) pairs, shared by the block.
   int64_t bytes =
       c.freqs == Freqs::table ? 0 : int64_t(cfg.tokens_per_block) * (c.rotary_dim / 2) * 8;
   if (!c.fused()) return bytes;
+  // The ring: 16 bytes per slot, head, half (lo, hi) and thread (templates/rope_fused.cuh).
+  if (cfg.kernel.ring > 0)
+    bytes += int64_t(cfg.kernel.ring) * cfg.kernel.heads_per_thread * 2 *
+             chunks(c, cfg.kernel.vec) * cfg.rows * cfg.tokens_per_block * 16;
   // Fused: partial sums of heads wider than a warp, and per-head sums for a norm over all heads.
   const int32_t lanes = chunks(c, cfg.kernel.vec);
   if (lanes > 32)

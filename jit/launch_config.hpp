@@ -24,12 +24,16 @@ struct KernelVariant {
   bool narrow = false;           // fused keys: 32-bit offsets inside the tensors and cache pages,
                                  // for calls whose offsets all fit (CallShape::narrow); decided
                                  // per call like table_vec, never tuned. Name ends in "n"
+  int32_t ring = 0;              // fused keys, one or two heads per thread, 16-byte vectors:
+                                 // passes loaded ahead through a shared-memory ring of this many
+                                 // slots (cp.async), 0 (none: the next pass into registers) or
+                                 // 2..4. Name ends in "a" and the slots
 
-  std::string name() const;  // "v8h2t256", "v8h2t256s", "v8h2t256p", "v8h1t512n"
+  std::string name() const;  // "v8h2t256", "v8h2t256s", "v8h2t256p", "v8h1t512n", "v8h2t256na3"
   friend bool operator==(const KernelVariant& a, const KernelVariant& b) {
     return a.vec == b.vec && a.heads_per_thread == b.heads_per_thread &&
            a.max_threads == b.max_threads && a.table_vec == b.table_vec &&
-           a.grid_stride == b.grid_stride && a.narrow == b.narrow;
+           a.grid_stride == b.grid_stride && a.narrow == b.narrow && a.ring == b.ring;
   }
 };
 
@@ -72,6 +76,7 @@ struct DeviceInfo {
                      // 120 for compute_120; 0 when NVRTC has none for it
   int sm_count = 1;
   int max_threads_per_sm = 2048;
+  int max_shared_per_block = 48 * 1024;  // bytes a block may ask for (the opt-in maximum)
   double memory_gbps = 0;  // peak DRAM bandwidth (memory clock x bus width); 0: unknown or MIG
   std::string name;
 };
@@ -132,11 +137,19 @@ std::vector<KernelVariant> default_variants(const Spec& canonical, int32_t align
 std::vector<KernelVariant> offset_forms(const Spec& canonical, const KernelVariant& v);
 
 // Dynamic shared memory of a launch: computed frequencies share each token's (cos, sin) pairs
-// across the block, 8 bytes per pair per token slot; fused kernels add reduction scratch, which
-// for a norm over all heads grows with the q + k heads of the call (`qk_heads`).
+// across the block, 8 bytes per pair per token slot; fused kernels add a ring variant's slots and
+// float norm weights, and reduction scratch, which for a norm over all heads grows with the
+// q + k heads of the call (`qk_heads`).
 int64_t shared_bytes(const Spec& canonical, const LaunchConfig& cfg, int32_t qk_heads = 0);
+// The most a variant's launch may ask for whatever the GPU: kMaxSharedBytes, or for a ring
+// variant (whose kernel asks for more when it loads) kMaxOptinSharedBytes.
+int64_t shared_limit(const KernelVariant& variant);
+constexpr int32_t kPrefillRing = 3;  // the ring of fused prefill variants (prefill_variant)
 constexpr int64_t kMaxSharedBytes = 48 * 1024;  // available without an opt-in attribute
-constexpr int32_t kMaxHeadGroups = 64;          // more would leave blocks of a row or two
+// What ring variants may ask for with the opt-in attribute on the largest GPUs (sm_90: 227 KB);
+// each GPU's own maximum is checked per call (DeviceInfo::max_shared_per_block).
+constexpr int64_t kMaxOptinSharedBytes = 227 * 1024;
+constexpr int32_t kMaxHeadGroups = 64;  // more would leave blocks of a row or two
 
 // Sets blocks_per_sm and the kernel variant that goes with it (grid_stride when > 0).
 void set_persistent(LaunchConfig& cfg, int32_t blocks_per_sm);

@@ -74,6 +74,7 @@ RenderedKernel render(const Spec& c, const KernelVariant& v) {
       {"table_vec", flag(v.table_vec)},
       {"grid_stride", flag(v.grid_stride)},
       {"narrow", flag(v.narrow)},
+      {"ring", std::to_string(v.ring)},
       {"lanes", std::to_string(chunks(c, v.vec))},
       {"header", c.fused() ? "rope_fused.cuh" : "rope_kernel.cuh"},
       {"kernel", c.fused() ? "FusedKernel" : "RopeKernel"},

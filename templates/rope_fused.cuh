@@ -94,13 +94,21 @@ struct FusedKernel {
     kNorm = Cfg::kNorm,
     kCache = Cfg::kCache,
     kDynamic = Cfg::kOutDynamic || Cfg::kCacheDynamic,
-    // Whether a prefill kernel loads the next pass's heads before it finishes the current ones:
-    // with one or two heads per thread (four already keep enough loads in flight, and have no
-    // registers left). Two passes ahead measured no faster (dynamic FP8 at 4096 tokens on the
-    // H100, one head per thread: 40.8 us either way).
-    kAhead = kHpt <= 2,
+    // Passes loaded ahead through shared memory (the variant's "a" suffix, 0: none): each
+    // thread's cp.async copies of the next kRing - 1 passes' heads are in flight while it
+    // finishes the current pass, and hold no registers. Prefill kernels of one or two heads per
+    // thread (bench/RESULTS.md, "A cp.async ring").
+    kRing = Cfg::kRing,
+    // Without the ring, whether a prefill kernel loads the next pass's heads into registers
+    // before it finishes the current ones: with one or two heads per thread (four already keep
+    // enough loads in flight, and have no registers left). Two passes ahead in registers
+    // measured no faster (dynamic FP8 at 4096 tokens on the H100, one head per thread: 40.8 us
+    // either way).
+    kAhead = kHpt <= 2 && kRing == 0,
   };
   typedef typename Elem<kOutDType>::Raw OutRaw;
+  static_assert(kRing == 0 || (kRing >= 2 && kHpt <= 2 && sizeof(Vec) == 16),
+                "a ring of two to four passes, for one or two heads of 16-byte vectors");
   static_assert(kLanes >= kChunks, "a lane for every chunk");
   static_assert(kLanes <= 32 ? (kLanes & (kLanes - 1)) == 0 : kLanes % 32 == 0,
                 "lanes: a power of two up to a warp, else whole warps");
@@ -441,22 +449,90 @@ struct FusedKernel {
   static __device__ __forceinline__ int grid_row() { return blockIdx.y * blockDim.y + threadIdx.y; }
   static __device__ __forceinline__ int grid_rows() { return gridDim.y * blockDim.y; }
 
-  // Loads the batch of heads starting at hb + grid_row(): kHpt heads, grid_rows() apart.
-  static __device__ __forceinline__ void load_batch(int hb, const Rows& q, const Rows& k,
-                                                    const Rows& v, bool loadable, bool in_head,
-                                                    int col, bool two, int hq, int hk, int total,
-                                                    RawSlice (&x)[kHpt], int (&kind)[kHpt],
-                                                    int (&idx)[kHpt], bool (&act)[kHpt]) {
+  // The batch of heads starting at hb + grid_row(), kHpt heads grid_rows() apart: their kinds,
+  // indices within their kind and whether this thread holds them.
+  static __device__ __forceinline__ void batch_heads(int hb, bool loadable, bool in_head, int hq,
+                                                     int hk, int total, int (&kind)[kHpt],
+                                                     int (&idx)[kHpt], bool (&act)[kHpt]) {
 #pragma unroll
     for (int j = 0; j < kHpt; ++j) {
       const int h = hb + grid_row() + j * grid_rows();
       act[j] = loadable && in_head && h < total;
       kind[j] = h < hq ? 0 : h < hq + hk ? 1 : 2;
       idx[j] = h - (kind[j] == 0 ? 0 : kind[j] == 1 ? hq : hq + hk);
+    }
+  }
+
+  // Where this lane's slice of head `idx` of a kind starts.
+  static __device__ __forceinline__ const char* slice_at(const Rows& q, const Rows& k,
+                                                         const Rows& v, int kind, int idx,
+                                                         int col) {
+    const Rows& r = kind == 0 ? q : kind == 1 ? k : v;
+    return r.at + (Off(unsigned(idx)) * r.head + Off(col * int(sizeof(Raw))));
+  }
+
+  // Loads the batch of heads starting at hb into registers.
+  static __device__ __forceinline__ void load_batch(int hb, const Rows& q, const Rows& k,
+                                                    const Rows& v, bool loadable, bool in_head,
+                                                    int col, bool two, int hq, int hk, int total,
+                                                    RawSlice (&x)[kHpt], int (&kind)[kHpt],
+                                                    int (&idx)[kHpt], bool (&act)[kHpt]) {
+    batch_heads(hb, loadable, in_head, hq, hk, total, kind, idx, act);
+#pragma unroll
+    for (int j = 0; j < kHpt; ++j)
+      if (act[j]) load_slice(slice_at(q, k, v, kind[j], idx[j], col), two, x[j]);
+  }
+
+  // The ring (kRing > 0): slots of one pass each, [slot][head j][lo, hi][thread of the block],
+  // 16 bytes apiece, so that a warp's accesses are consecutive (no bank conflicts). A thread
+  // reads back only what it copied itself: waiting for its own copies is all the ordering it needs.
+  static __device__ __forceinline__ uint4* ring_at(uint4* ring, int slot, int j, int half,
+                                                   unsigned flat, unsigned threads) {
+    return ring + (unsigned((slot * kHpt + j) * 2 + half) * threads + flat);
+  }
+  static __device__ __forceinline__ void copy16_async(uint4* dst, const char* src) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
+                     unsigned(__cvta_generic_to_shared(dst))),
+                 "l"(src));
+#else
+    *dst = *reinterpret_cast<const uint4*>(src);  // sm_75: an ordinary load and store
+#endif
+  }
+  // Copies the batch of heads starting at hb into ring slot `slot`, as one group of copies
+  // (empty past the last pass, so that every pass commits exactly one group).
+  static __device__ __forceinline__ void ring_issue(int hb, int slot, uint4* ring, unsigned flat,
+                                                    unsigned threads, const Rows& q, const Rows& k,
+                                                    const Rows& v, bool loadable, bool in_head,
+                                                    int col, bool two, int hq, int hk, int total) {
+    int kind[kHpt], idx[kHpt];
+    bool act[kHpt];
+    batch_heads(hb, loadable, in_head, hq, hk, total, kind, idx, act);
+#pragma unroll
+    for (int j = 0; j < kHpt; ++j) {
       if (act[j]) {
-        const Rows& r = kind[j] == 0 ? q : kind[j] == 1 ? k : v;
-        load_slice(r.at + (Off(unsigned(idx[j])) * r.head + Off(col * int(sizeof(Raw)))), two,
-                   x[j]);
+        const char* src = slice_at(q, k, v, kind[j], idx[j], col);
+        copy16_async(ring_at(ring, slot, j, 0, flat, threads), src);
+        if (two)
+          copy16_async(ring_at(ring, slot, j, 1, flat, threads), src + kPairs * int(sizeof(Raw)));
+      }
+    }
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::);
+#endif
+  }
+  // Waits for the oldest group in flight (the pass in `slot`) and reads it into registers.
+  static __device__ __forceinline__ void ring_read(int slot, uint4* ring, unsigned flat,
+                                                   unsigned threads, bool two,
+                                                   RawSlice (&x)[kHpt]) {
+    if constexpr (kRing > 0) {  // (16-byte vectors: compiled only for ring kernels)
+#if __CUDA_ARCH__ >= 800
+      asm volatile("cp.async.wait_group %0;\n" ::"n"(kRing - 1) : "memory");
+#endif
+#pragma unroll
+      for (int j = 0; j < kHpt; ++j) {
+        x[j].lo.w = *ring_at(ring, slot, j, 0, flat, threads);
+        if (two) x[j].hi.w = *ring_at(ring, slot, j, 1, flat, threads);
       }
     }
   }
@@ -527,16 +603,23 @@ struct FusedKernel {
     const int hq = p.q.heads, hk = p.k.heads, hv = fp.v.heads;
     const int total = hq + hk + hv;
     const int step = grid_rows() * kHpt;
+    // A ring kernel launched with a token's heads in one pass (a decode-sized launch) loads them
+    // straight into registers: through the ring they would take one more hop (the same for
+    // every thread of the grid).
+    const bool ringed = kRing > 0 && step < total;
     // A norm over all heads: 1 / elements of the q (k) heads, for their mean.
     const float q_per_element =
         kNorm == kNormRmsAllHeads ? __frcp_rn(float(hq * Cfg::kHeadDim)) : 0.0f;
     const float k_per_element =
         kNorm == kNormRmsAllHeads ? __frcp_rn(float((hk > 0 ? hk : 1) * Cfg::kHeadDim)) : 0.0f;
 
-    // Dynamic shared memory: shared angles (computed frequencies), the reduction scratch of
-    // heads wider than a warp, and per-head sums of squares (norm over all heads).
-    extern __shared__ float2 fused_shared[];
-    float2* angles_base = fused_shared;
+    // Dynamic shared memory, in this order (the host sizes it alike, jit/launch_config.cpp):
+    // the ring, shared angles (computed frequencies), the reduction scratch of heads wider than
+    // a warp, and per-head sums of squares (norm over all heads).
+    extern __shared__ __align__(16) float2 fused_shared[];
+    uint4* ring = reinterpret_cast<uint4*>(fused_shared);
+    float2* angles_base =
+        reinterpret_cast<float2*>(ring + (kRing > 0 ? kRing * kHpt * 2 * block_threads : 0));
     const int angle_slots = Cfg::kComputed ? int(blockDim.z) * kPairs : 0;
     float* scratch = reinterpret_cast<float*>(angles_base + angle_slots);
     const int scratch_floats = kLanes > 32 ? int(blockDim.y * blockDim.z) * kWarpsPerRow * kHpt : 0;
@@ -546,6 +629,8 @@ struct FusedKernel {
     // Per-head norm weights for this lane's slice, loaded once for every token and head.
     // Unconditional loads from addresses inside the weights (lanes past the head read element
     // 0, no k heads read q's weights): a conditional load's merge would be a use of it.
+    // (Read from shared memory as floats instead, filled at the block's start, ring kernels
+    // were slower: bench/RESULTS.md, "A cp.async ring".)
     RawSlice wq, wk;
     if (kNorm == kNormRms || kNorm == kNormRmsOnePlus) {
       const Raw* wq_ptr = static_cast<const Raw*>(fp.q_norm_w);
@@ -617,7 +702,14 @@ struct FusedKernel {
       RawSlice xr[kHpt];
       int kind[kHpt], idx[kHpt];  // 0 q, 1 k, 2 v; index within its kind
       bool act[kHpt];
-      load_batch(0, q, k, v, loadable, in_head, col, two, hq, hk, total, xr, kind, idx, act);
+      if (kRing > 0 && ringed) {  // the first kRing - 1 passes' copies (the loop issues the rest)
+#pragma unroll
+        for (int s = 0; s < kRing - 1; ++s)
+          ring_issue(s * step, s, ring, flat, block_threads, q, k, v, loadable, in_head, col, two,
+                     hq, hk, total);
+      } else {
+        load_batch(0, q, k, v, loadable, in_head, col, two, hq, hk, total, xr, kind, idx, act);
+      }
 
       // Step 2. A position loaded in step 1 gives its cos/sin loads first: they wait on that
       // load alone, not on the sequence check (a token that turns out to be outside every
@@ -668,12 +760,18 @@ struct FusedKernel {
         if (bad && fp.cache.skipped && threadIdx.x == 0 && threadIdx.y == 0 && blockIdx.y == 0)
           atomicAdd(fp.cache.skipped, 1);
       }
-      // With kAhead, the next pass's heads load before this one is finished: a thread of a
-      // prefill kernel makes several passes, each otherwise a full memory round trip with
-      // nothing in flight behind it.
+      // With the ring or kAhead, later passes' heads load before this one is finished: a thread
+      // of a prefill kernel makes several passes, each otherwise a full memory round trip with
+      // nothing in flight behind it. The ring issues pass + kRing - 1, then waits for this one.
       Batch next;
-      for (int hb = 0; hb < total; hb += step) {  // the same trip count in every thread
-        if (!kAhead) {
+      int pass = 0;
+      for (int hb = 0; hb < total; hb += step, ++pass) {  // the same trip count in every thread
+        if (kRing > 0 && ringed) {
+          ring_issue(hb + (kRing - 1) * step, (pass + kRing - 1) % kRing, ring, flat, block_threads,
+                     q, k, v, loadable, in_head, col, two, hq, hk, total);
+          ring_read(pass % kRing, ring, flat, block_threads, two, xr);
+          batch_heads(hb, loadable, in_head, hq, hk, total, kind, idx, act);
+        } else if (!kAhead) {  // (a ring kernel's single pass is loaded already)
           if (hb > 0)
             load_batch(hb, q, k, v, loadable, in_head, col, two, hq, hk, total, xr, kind, idx, act);
         } else if (hb + step < total) {

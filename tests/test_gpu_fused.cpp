@@ -274,6 +274,107 @@ TEST_SUITE("gpu") {
         }
   }
 
+  // The ring of passes loaded ahead (cp.async into shared memory): every depth, in the
+  // 128-thread bound (five blocks per SM) and the 256-thread one, with one to three rows, so
+  // that a token makes from two to ten passes (the slots wrap, and the prologue's copies can
+  // reach past the last pass), one or four tokens per block, and persistent grids whose blocks
+  // loop over tokens (the slots are reused by the next token). Norms (shared float weights),
+  // partial rotary (tail lanes), fp32 (four-element vectors), FP8 outputs and caches.
+  TEST_CASE("fused: the ring of passes loaded ahead, every depth, wrapping and looping") {
+    testing::use_primary_context();
+    const detail::DeviceInfo& device = api::engine().device_info(testing::use_primary_context());
+    struct Form {
+      DType dtype;
+      int32_t dim, rotary;
+      Norm norm;
+      Store out, cache_store;
+      KvCache cache;
+    };
+    const Form forms[] = {
+        {DType::bf16, 128, 128, Norm::rms, Store::e4m3_dynamic, Store::e4m3_dynamic,
+         KvCache::paged},
+        {DType::bf16, 128, 64, Norm::rms_one_plus, Store::e4m3, Store::e4m3, KvCache::slots},
+        {DType::f16, 64, 64, Norm::none, Store::same, Store::same, KvCache::paged},
+        {DType::f32, 128, 128, Norm::rms, Store::same, Store::e4m3_dynamic, KvCache::contiguous},
+        {DType::bf16, 256, 256, Norm::rms, Store::e4m3_dynamic, Store::same, KvCache::none},
+    };
+    int n = 0;
+    for (const Form& f : forms) {
+      ++n;
+      Spec s;
+      s.layout = n % 2 ? Layout::thd : Layout::bshd;
+      s.dtype = f.dtype;
+      s.head_dim = f.dim;
+      s.rotary_dim = f.rotary;
+      s.style = n % 3 == 2 ? Style::gptj : Style::neox;
+      s.positions = Positions::ids;
+      s.freqs = n % 4 == 3 ? Freqs::computed : Freqs::table;
+      s.norm = f.norm;
+      s.fusion = f.cache == KvCache::none ? Fusion::qk : (n % 2 ? Fusion::q : Fusion::qk);
+      s.cache = f.cache;
+      s.cache_store = f.cache_store;
+      s.in_place = false;
+      s.out_store = f.out;
+      autotune::Sizes z;
+      z.seed = uint64_t(5100 + n);
+      // More tokens than one persistent block per SM covers: those blocks loop.
+      const int64_t tokens = 4 * int64_t(device.sm_count) + 72;
+      z.batch = 2;
+      z.seq_len = tokens / 2;
+      z.seq_lens = {tokens / 2 - 9, tokens / 2 + 9};
+      z.q_heads = 5 + n % 2;
+      z.k_heads = 2;
+      z.with_v = f.cache != KvCache::none;
+      z.packed_qkv = n % 2 == 0;
+      z.page_size = n % 2 ? 16 : 5;
+      z.cache_hnd = n % 3 == 1;
+      z.bad_tokens = n % 3 == 0 ? 1 : 0;
+      z.max_position = 4095;
+      z.out_quant_scale = 4.0f;
+      z.k_quant_scale = 8.7f;
+      z.v_quant_scale = 0.5f;
+      if (s.freqs == Freqs::computed) z.base = 500000.0;
+      const std::string what = s.key() + " tokens " + std::to_string(tokens);
+      autotune::Workload w(s, z);
+      w.upload();
+      apply(w.spec(), w.args());
+      autotune::CheckReport r = w.check();
+      CHECK_MESSAGE(r.ok, what, " (heuristic): ", r.first_failure);
+      const Spec c = w.spec().canonical();
+      const Args args = w.args();
+      const detail::CallShape shape = detail::check_call(c, args);
+      const detail::LaunchConfig heuristic = autotune::heuristic_config(c, shape, device);
+      CHECK_MESSAGE(heuristic.kernel.ring == detail::kPrefillRing, what, " ", heuristic.name());
+      int launches = 0;
+      for (const int32_t ring : {2, 3, 4})
+        for (const int32_t threads : {128, 256})
+          for (const int32_t rows : {1, 2, 3})
+            for (const int32_t tokens_per_block : {1, 4})
+              for (const int32_t persistent : {0, 1}) {
+                detail::LaunchConfig cfg;
+                cfg.kernel = detail::prefill_variant(c, shape.align_bytes, shape.table_align);
+                REQUIRE(cfg.kernel.heads_per_thread == 2);
+                cfg.kernel.ring = ring;
+                cfg.kernel.max_threads = threads;
+                cfg.kernel.narrow = shape.narrow;
+                cfg.rows = rows;
+                cfg.tokens_per_block = tokens_per_block;
+                detail::set_persistent(cfg, persistent);
+                // Keep the count of launches down: persistent grids at one token per block.
+                if (persistent && tokens_per_block > 1) continue;
+                if (!detail::illegal_reason(c, shape, cfg, device).empty()) continue;
+                ++launches;
+                w.upload();
+                api::engine().launch(c, args, shape, &cfg);
+                r = w.check();
+                CHECK_MESSAGE(r.ok, what, " ", cfg.name(), ": ", r.first_failure, " (",
+                              r.mismatches, " mismatches)");
+                CHECK(r.checked > 0);
+              }
+      CHECK_MESSAGE(launches >= 12, what, ": ", launches, " legal ring launches");
+    }
+  }
+
   TEST_CASE("fused: a Qwen3-style decode step into an FP8 paged cache, captured and replayed") {
     testing::use_primary_context();
     const detail::Driver& d = detail::driver();

@@ -23,6 +23,7 @@ detail::DeviceInfo fake_gpu(const char* name) {
   detail::DeviceInfo d;
   d.cc = 90;
   d.sm_count = 7;
+  d.max_shared_per_block = 227 * 1024;  // as an H100's opt-in maximum
   d.name = name;
   return d;
 }
@@ -183,10 +184,14 @@ TEST_CASE("heuristic: two kernel variants for every shape and the decode and pre
   with_v.tokens = 64;
   CHECK(autotune::heuristic_config(fused, with_v, dev).name() == "v8h1t512_r10_z1_g0_y5");
   with_v.tokens = 65;  // bucket 128: the two-head kernel, a token's heads in one block
-  CHECK(autotune::heuristic_config(fused, with_v, dev).name() == "v8h2t256_r24_z1_g0");
-  with_v.tokens = 4096;  // prefill: the 256-thread two-head kernel in blocks of 128 threads
-  CHECK(autotune::heuristic_config(fused, with_v, dev).name() == "v8h2t256_r2_z8_g0");
+  CHECK(autotune::heuristic_config(fused, with_v, dev).name() == "v8h2t256a3_r24_z1_g0");
+  with_v.tokens = 4096;  // prefill: the 256-thread two-head kernel in blocks of 128 threads,
+                         // later passes through a ring of three slots
+  CHECK(autotune::heuristic_config(fused, with_v, dev).name() == "v8h2t256a3_r2_z8_g0");
   CHECK(detail::prefill_variant(fused, 16).max_threads == 256);
+  CHECK(detail::prefill_variant(fused, 16).ring == detail::kPrefillRing);
+  CHECK(detail::prefill_variant(fused, 8).ring == 0);  // 8-byte vectors: no ring
+  CHECK(detail::prefill_variant(c, 16).ring == 0);     // plain keys: none
   // q stored as static FP8, or with dynamic FP8 scales: the two-head kernel at prefill, as bf16
   // (the tuner's winner on the H100 once the next pass's heads load ahead).
   const Spec fp8_q =
@@ -195,12 +200,12 @@ TEST_CASE("heuristic: two kernel variants for every shape and the decode and pre
           .canonical();
   detail::CallShape fp8_shape = shape_of(4096, 32, 8);
   fp8_shape.v_heads = 8;
-  CHECK(autotune::heuristic_config(fp8_q, fp8_shape, dev).name() == "v8h2t256_r2_z8_g0");
+  CHECK(autotune::heuristic_config(fp8_q, fp8_shape, dev).name() == "v8h2t256a3_r2_z8_g0");
   const Spec fp8_dyn = parse_key(
                            "rope_thd_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_q-nrms-oe4m3dyn-"
                            "cpaged-e4m3dyn_fwd_oop")
                            .canonical();
-  CHECK(autotune::heuristic_config(fp8_dyn, fp8_shape, dev).name() == "v8h2t256_r2_z8_g0");
+  CHECK(autotune::heuristic_config(fp8_dyn, fp8_shape, dev).name() == "v8h2t256a3_r2_z8_g0");
   CHECK(detail::decode_variant(fused, 16).max_threads == 512);
   Spec all_heads = c;
   all_heads.norm = Norm::rms_all_heads;
@@ -255,6 +260,20 @@ TEST_CASE("heuristic: fused keys' launches are legal and use the two default var
       }
     }
   }
+  // A GPU granting a block only 48 KB: a 256-thread ring launch (48 KB of slots, and here shared
+  // angles and the wide heads' reduction scratch) is refused there, and the heuristic takes the
+  // same launch without the ring.
+  const Spec wide =
+      parse_key("rope_bshd_f32_d512_r512_neox_pos-offset_comp_qk-nrms1p_fwd_ip").canonical();
+  const detail::CallShape shape = shape_of(65, 32, 8);
+  const detail::LaunchConfig ringed = autotune::heuristic_config(wide, shape, dev);
+  CHECK(ringed.name() == "v4h2t256a3_r4_z1_g0");
+  detail::DeviceInfo small = dev;
+  small.max_shared_per_block = 48 * 1024;
+  CHECK(detail::illegal_reason(wide, shape, ringed, small) ==
+        "1 tokens per block need 51264 bytes of shared memory, more than 49152 (this GPU's most "
+        "per block)");
+  CHECK(autotune::heuristic_config(wide, shape, small).name() == "v4h2t256_r4_z1_g0");
 }
 
 TEST_CASE("peak memory bandwidth from the driver's clock and bus width, unknown on MIG") {

@@ -246,6 +246,45 @@ TEST_CASE("fused kernels keep their per-thread arrays in registers") {
   }
 }
 
+TEST_CASE("a ring kernel copies its passes through cp.async, and waits for all but ring - 1") {
+  // sm_80+: each pass's heads go to shared memory by cp.async, one group per pass, and a pass
+  // is read after waiting for all groups but the ring's other slots. sm_75 has no cp.async: the
+  // same kernel with ordinary loads and stores.
+  const Spec s = parse_key(
+                     "rope_thd_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_q-nrms-oe4m3dyn-cpaged-"
+                     "e4m3dyn_fwd_oop")
+                     .canonical();
+  for (int32_t ring : {2, 3, 4}) {
+    detail::KernelVariant v = detail::prefill_variant(s, 16);
+    v.ring = ring;
+    REQUIRE(detail::variant_problem(s, v).empty());
+    const detail::RenderedKernel r = detail::render(s, v);
+    const std::string ptx = ptx_of(r, "compute_80");
+    CHECK_MESSAGE(ptx.find("cp.async.cg.shared.global") != std::string::npos, v.name());
+    CHECK_MESSAGE(ptx.find("cp.async.commit_group") != std::string::npos, v.name());
+    CHECK_MESSAGE(
+        ptx.find("cp.async.wait_group " + std::to_string(ring - 1) + ";") != std::string::npos,
+        v.name());
+    CHECK(ptx_of(r, "compute_75").find("cp.async") == std::string::npos);
+    CHECK(ptx_of(r, "compute_90").find("__local_depot") == std::string::npos);
+  }
+  // Legality: fused keys, one or two heads per thread, 16-byte vectors, 2..4 slots.
+  detail::KernelVariant v = detail::prefill_variant(s, 16);
+  v.ring = 5;
+  CHECK(detail::variant_problem(s, v) == "ring (5) must be 0 or 2..4");
+  v.ring = 3;
+  v.heads_per_thread = 4;
+  CHECK(detail::variant_problem(s, v) == "ring (3) needs one or two heads per thread, not 4");
+  v.heads_per_thread = 2;
+  v.vec = 4;
+  CHECK(detail::variant_problem(s, v) == "ring (3) needs 16-byte vectors, not 8");
+  const Spec plain = parse_key("rope_bshd_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_qk_fwd_ip");
+  v = detail::prefill_variant(plain, 16);
+  v.ring = 2;
+  CHECK(detail::variant_problem(plain, v) == "ring (2) is for fused keys");
+  CHECK(v.name() == "v8h2t512a2");
+}
+
 TEST_CASE("an NVRTC failure carries the key, the options and the full log") {
   Spec s;
   const KernelVariant bad{3, 1, 256};  // 3 elements do not divide the 64 neox pairs
@@ -289,6 +328,7 @@ void compile_covering(const std::vector<std::vector<int>>& rows,
     other.table_vec = jobs.size() % 3 != 0;    // the element-by-element table path too
     other.grid_stride = jobs.size() % 2 == 0;  // and the persistent-grid token loop
     other.narrow = s.fused();                  // 32-bit offsets (calls whose offsets fit)
+    other.ring = 0;  // (a ring needs 16-byte vectors; the default variant has it where legal)
     if (!(other == v)) jobs.emplace_back(s, other);
   }
   std::atomic<size_t> next{0}, failures{0};

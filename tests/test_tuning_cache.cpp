@@ -512,6 +512,8 @@ TEST_CASE("tuning cache: invalid entries are ignored and the rest kept") {
       {set_config("head_groups", 11),
        "config.head_groups (11) leave blocks without heads: 40 heads in rows of 4"},
       {set_config("head_groups", 1.5), "field 'config.head_groups' must be an integer, got number"},
+      {set_config("ring", 7), "config.ring (7) must be 0 or 2..4"},
+      {set_config("ring", 2), "config.ring (2) is for fused keys"},
       {set_config("rows", 32), "config: 512 threads per block exceed max_threads (256)"},
       {[](json& e) {
          e["q_heads"] = 2;
@@ -696,4 +698,34 @@ TEST_CASE(
   const TuningCache back = TuningCache::parse(c.to_json().dump(), h200());
   CHECK(back.warnings().empty());
   CHECK(back.entries().size() == 1);
+}
+
+TEST_CASE("tuning cache: a ring variant's slots round trip, written only when used") {
+  ScopedEnv quiet("ROPEJIT_QUIET", "1");
+  const std::string key =
+      parse_key(
+          "rope_thd_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_q-nrms-oe4m3dyn-cpaged-"
+          "e4m3dyn_fwd_oop")
+          .canonical()
+          .key();
+  TuningCache c;
+  c.set_fingerprint(h200());
+  TuningEntry ringed = entry(key, 32768, 32, 8, 8, 2, 128, 2, 8, 0, 170.0, 1800.0, 172.0);
+  ringed.config.kernel.ring = 4;
+  CHECK(invalid_entry_reason(ringed) == "");
+  c.put(ringed);
+  c.put(entry(key, 4096, 32, 8, 8, 2, 256, 2, 8, 0, 29.0, 1700.0, 29.0));
+  const json doc = c.to_json();
+  for (const json& e : doc.at("entries"))
+    CHECK(e.at("config").contains("ring") == (e.at("bucket") == 32768));
+  const TuningCache back = TuningCache::parse(doc.dump(), h200());
+  CHECK(back.warnings().empty());
+  const TuningEntry* e = back.find(key, 32768, 32, 8);
+  REQUIRE(e != nullptr);
+  CHECK(e->config.kernel.ring == 4);
+  CHECK(e->config.name() == "v8h2t128a4_r2_z8_g0");
+  REQUIRE(back.find(key, 4096, 32, 8) != nullptr);
+  CHECK(back.find(key, 4096, 32, 8)->config.kernel.ring == 0);
+  ringed.config.kernel.ring = 1;
+  CHECK(invalid_entry_reason(ringed) == "config.ring (1) must be 0 or 2..4");
 }
