@@ -128,9 +128,11 @@ detail::LaunchConfig heuristic_config(const Spec& c, const detail::CallShape& sh
                                       const detail::DeviceInfo& device) {
   detail::LaunchConfig cfg = shaped_config(c, shape, device);
   cfg.kernel.narrow = shape.narrow;  // 32-bit offsets wherever the call's fit (fused keys)
-  // A GPU that grants a block less shared memory than the ring's launch asks for (every GPU
-  // ropejit targets grants at least 64 KB): the same launch without the ring.
-  if (cfg.kernel.ring > 0 && !detail::illegal_reason(c, shape, cfg, device).empty())
+  // The same launch without the ring on a GPU without cp.async (sm_75: each copy would be a
+  // load the thread waits for) or that grants a block less shared memory than the ring's
+  // launch asks for (every GPU ropejit targets grants at least 64 KB).
+  if (cfg.kernel.ring > 0 &&
+      (device.cc < 80 || !detail::illegal_reason(c, shape, cfg, device).empty()))
     cfg.kernel.ring = 0;
   return cfg;
 }

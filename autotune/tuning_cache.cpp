@@ -354,6 +354,8 @@ std::string invalid_entry_reason(const TuningEntry& e) {
   shape.align_bytes = 16;
   detail::DeviceInfo device;
   device.max_threads_per_sm = 2048;
+  // Any GPU's shared-memory grant: each call checks its own GPU's before using the entry.
+  device.max_shared_per_block = int(detail::kMaxOptinSharedBytes);
   detail::LaunchConfig config = e.config;
   config.kernel.narrow = false;  // not part of an entry: each call decides
   if (const std::string why = detail::illegal_reason(spec, shape, config, device); !why.empty()) {

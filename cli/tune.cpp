@@ -306,7 +306,8 @@ int run_tune(const TuneOptions& o) {
     detail::DeviceInfo h100;  // a typical sm_90 part; legality rules are per device
     h100.cc = 90;
     h100.sm_count = 132;
-    h100.memory_gbps = 3352;  // H100 SXM: the heuristic's one-pass prefill
+    h100.memory_gbps = 3352;                 // H100 SXM: the heuristic's one-pass prefill
+    h100.max_shared_per_block = 227 * 1024;  // sm_90's opt-in maximum (ring launches)
     for (const Job& j : jobs)
       for (int64_t b : buckets) {
         detail::CallShape shape;

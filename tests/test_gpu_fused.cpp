@@ -275,11 +275,11 @@ TEST_SUITE("gpu") {
   }
 
   // The ring of passes loaded ahead (cp.async into shared memory): every depth, in the
-  // 128-thread bound (five blocks per SM) and the 256-thread one, with one to three rows, so
-  // that a token makes from two to ten passes (the slots wrap, and the prologue's copies can
-  // reach past the last pass), one or four tokens per block, and persistent grids whose blocks
-  // loop over tokens (the slots are reused by the next token). Norms (shared float weights),
-  // partial rotary (tail lanes), fp32 (four-element vectors), FP8 outputs and caches.
+  // 128-thread bound and the 256-thread one, with one to three rows, so that a token makes from
+  // two to five passes (the slots wrap, and the prologue's copies can reach past the last pass),
+  // one or four tokens per block, and persistent grids whose blocks loop over tokens (the slots
+  // are reused by the next token); 256 threads of four slots ask for more than 48 KB. Norms,
+  // gptj pairs, partial rotary (tail lanes), fp32 (four-element vectors), FP8 outputs and caches.
   TEST_CASE("fused: the ring of passes loaded ahead, every depth, wrapping and looping") {
     testing::use_primary_context();
     const detail::DeviceInfo& device = api::engine().device_info(testing::use_primary_context());

@@ -274,6 +274,10 @@ TEST_CASE("heuristic: fused keys' launches are legal and use the two default var
         "1 tokens per block need 51264 bytes of shared memory, more than 49152 (this GPU's most "
         "per block)");
   CHECK(autotune::heuristic_config(wide, shape, small).name() == "v4h2t256_r4_z1_g0");
+  // A GPU without cp.async (sm_75): no ring either.
+  detail::DeviceInfo turing = dev;
+  turing.cc = 75;
+  CHECK(autotune::heuristic_config(wide, shape, turing).name() == "v4h2t256_r4_z1_g0");
 }
 
 TEST_CASE("peak memory bandwidth from the driver's clock and bus width, unknown on MIG") {

@@ -726,6 +726,12 @@ TEST_CASE("tuning cache: a ring variant's slots round trip, written only when us
   CHECK(e->config.name() == "v8h2t128a4_r2_z8_g0");
   REQUIRE(back.find(key, 4096, 32, 8) != nullptr);
   CHECK(back.find(key, 4096, 32, 8)->config.kernel.ring == 0);
+  // Past 48 KB (256 threads of four slots: 64 KB): valid in the file; each call checks its own
+  // GPU's grant before using it.
+  TuningEntry large = entry(key, 65536, 32, 8, 8, 2, 256, 4, 8, 0, 340.0, 1800.0, 345.0);
+  large.config.kernel.ring = 4;
+  CHECK(detail::shared_bytes(parse_key(key), large.config) == 65536);
+  CHECK(invalid_entry_reason(large) == "");
   ringed.config.kernel.ring = 1;
   CHECK(invalid_entry_reason(ringed) == "config.ring (1) must be 0 or 2..4");
 }
