@@ -158,6 +158,19 @@ std::vector<detail::KernelVariant> policy_variants(const Spec& c, const detail::
                                                    const detail::DeviceInfo& device) {
   std::vector<detail::KernelVariant> out =
       detail::default_variants(c, shape.align_bytes, shape.table_align);
+  // Where heuristic_config() drops the prefill variant's ring (no cp.async; or a GPU granting
+  // a block less than the 64 KB its launches can ask for), the variant it runs instead.
+  const bool no_ring = device.cc < 80;
+  const bool both = !no_ring && device.max_shared_per_block < 64 * 1024;
+  for (size_t i = 0, n = out.size(); i < n; ++i) {
+    if (out[i].ring == 0 || !(no_ring || both)) continue;
+    detail::KernelVariant plain = out[i];
+    plain.ring = 0;
+    if (no_ring)
+      out[i] = plain;
+    else if (std::find(out.begin(), out.end(), plain) == out.end())
+      out.push_back(plain);
+  }
   if (tuning_mode() == TuningMode::off) return out;
   for (const TuningEntry& e : TuningStore::instance().entries_for(device, c.key())) {
     // The entry's own call, at this call's alignment: what select_config() would accept.

@@ -278,6 +278,22 @@ TEST_CASE("heuristic: fused keys' launches are legal and use the two default var
   detail::DeviceInfo turing = dev;
   turing.cc = 75;
   CHECK(autotune::heuristic_config(wide, shape, turing).name() == "v4h2t256_r4_z1_g0");
+  // The variants a key's first use prepares hold the launch the heuristic takes there, so a
+  // later shape (inside a graph capture too) loads nothing: on sm_75 the prefill variant
+  // without its ring; on a GPU granting under 64 KB, with and without it.
+  ScopedEnv off("ROPEJIT_TUNING", "off");
+  for (const detail::DeviceInfo& gpu : {dev, small, turing}) {
+    const std::vector<detail::KernelVariant> prepared = autotune::policy_variants(wide, shape, gpu);
+    for (int64_t tokens : {int64_t(1), int64_t(65), int64_t(4096), int64_t(1) << 20}) {
+      const detail::LaunchConfig cfg =
+          autotune::heuristic_config(wide, shape_of(tokens, 32, 8), gpu);
+      CHECK_MESSAGE(std::find(prepared.begin(), prepared.end(), cfg.kernel) != prepared.end(),
+                    gpu.cc, " ", gpu.max_shared_per_block, " ", tokens, ": ", cfg.name());
+    }
+    for (const detail::KernelVariant& v : prepared) CHECK((gpu.cc >= 80 || v.ring == 0));
+  }
+  CHECK(autotune::policy_variants(wide, shape, dev).size() == 4);    // both widths, two variants
+  CHECK(autotune::policy_variants(wide, shape, small).size() == 6);  // and the prefill's ringless
 }
 
 TEST_CASE("peak memory bandwidth from the driver's clock and bus width, unknown on MIG") {
