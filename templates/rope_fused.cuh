@@ -702,7 +702,7 @@ struct FusedKernel {
       RawSlice xr[kHpt];
       int kind[kHpt], idx[kHpt];  // 0 q, 1 k, 2 v; index within its kind
       bool act[kHpt];
-      if (kRing > 0 && ringed) {  // the first kRing - 1 passes' copies (the loop issues the rest)
+      if (ringed) {  // the first kRing - 1 passes' copies (the loop issues the rest)
 #pragma unroll
         for (int s = 0; s < kRing - 1; ++s)
           ring_issue(s * step, s, ring, flat, block_threads, q, k, v, loadable, in_head, col, two,
@@ -766,7 +766,7 @@ struct FusedKernel {
       Batch next;
       int pass = 0;
       for (int hb = 0; hb < total; hb += step, ++pass) {  // the same trip count in every thread
-        if (kRing > 0 && ringed) {
+        if (ringed) {
           ring_issue(hb + (kRing - 1) * step, (pass + kRing - 1) % kRing, ring, flat, block_threads,
                      q, k, v, loadable, in_head, col, two, hq, hk, total);
           ring_read(pass % kRing, ring, flat, block_threads, two, xr);
