@@ -132,6 +132,30 @@ std::string run_case(const Case& c, const detail::DeviceInfo& device) {
   return "";
 }
 
+// The sizes the prefill-sized cases below share: positions within a 4096-row table, FP8
+// scales (a power of two for q, others for the cache), a computed-frequency base.
+void prefill_constants(const Spec& s, autotune::Sizes* z) {
+  z->max_position = 4095;
+  z->out_quant_scale = 4.0f;
+  z->k_quant_scale = 8.7f;
+  z->v_quant_scale = 0.5f;
+  if (s.freqs == Freqs::computed) z->base = 500000.0;
+}
+
+// Uploads fresh inputs (outputs poisoned), runs the call through `cfg` (nullptr: apply(), the
+// heuristic's launch) and checks it against the float64 chain.
+autotune::CheckReport run_checked(autotune::Workload& w, const detail::LaunchConfig* cfg) {
+  w.upload();
+  if (cfg) {
+    const Spec c = w.spec().canonical();
+    const Args args = w.args();
+    api::engine().launch(c, args, detail::check_call(c, args), cfg);
+  } else {
+    apply(w.spec(), w.args());
+  }
+  return w.check();
+}
+
 }  // namespace
 
 TEST_SUITE("gpu") {
@@ -237,16 +261,10 @@ TEST_SUITE("gpu") {
           z.page_size = n % 2 ? 16 : 5;
           z.cache_hnd = n % 4 == 2;
           z.bad_tokens = n % 5 == 0 ? 1 : 0;
-          z.max_position = 4095;
-          z.out_quant_scale = 4.0f;
-          z.k_quant_scale = 8.7f;
-          z.v_quant_scale = 0.5f;
-          if (s.freqs == Freqs::computed) z.base = 500000.0;
+          prefill_constants(s, &z);
           const std::string what = s.key() + " tokens " + std::to_string(tokens);
           autotune::Workload w(s, z);
-          w.upload();
-          apply(w.spec(), w.args());
-          autotune::CheckReport r = w.check();
+          autotune::CheckReport r = run_checked(w, nullptr);
           CHECK_MESSAGE(r.ok, what, " (heuristic): ", r.first_failure);
           const Spec c = w.spec().canonical();
           const Args args = w.args();
@@ -261,9 +279,7 @@ TEST_SUITE("gpu") {
               cfg.tokens_per_block = tokens_per_block;
               if (!detail::illegal_reason(c, shape, cfg, device).empty()) continue;
               ++launches;
-              w.upload();
-              api::engine().launch(c, args, shape, &cfg);
-              r = w.check();
+              r = run_checked(w, &cfg);
               CHECK_MESSAGE(r.ok, what, " ", cfg.name(), ": ", r.first_failure, " (", r.mismatches,
                             " mismatches)");
               CHECK(r.checked > 0);
@@ -329,16 +345,10 @@ TEST_SUITE("gpu") {
       z.page_size = n % 2 ? 16 : 5;
       z.cache_hnd = n % 3 == 1;
       z.bad_tokens = n % 3 == 0 ? 1 : 0;
-      z.max_position = 4095;
-      z.out_quant_scale = 4.0f;
-      z.k_quant_scale = 8.7f;
-      z.v_quant_scale = 0.5f;
-      if (s.freqs == Freqs::computed) z.base = 500000.0;
+      prefill_constants(s, &z);
       const std::string what = s.key() + " tokens " + std::to_string(tokens);
       autotune::Workload w(s, z);
-      w.upload();
-      apply(w.spec(), w.args());
-      autotune::CheckReport r = w.check();
+      autotune::CheckReport r = run_checked(w, nullptr);
       CHECK_MESSAGE(r.ok, what, " (heuristic): ", r.first_failure);
       const Spec c = w.spec().canonical();
       const Args args = w.args();
@@ -364,9 +374,7 @@ TEST_SUITE("gpu") {
                 if (persistent && tokens_per_block > 1) continue;
                 if (!detail::illegal_reason(c, shape, cfg, device).empty()) continue;
                 ++launches;
-                w.upload();
-                api::engine().launch(c, args, shape, &cfg);
-                r = w.check();
+                r = run_checked(w, &cfg);
                 CHECK_MESSAGE(r.ok, what, " ", cfg.name(), ": ", r.first_failure, " (",
                               r.mismatches, " mismatches)");
                 CHECK(r.checked > 0);

@@ -122,6 +122,15 @@ json sample_json() {
   return c.to_json().at("entries").at(0);
 }
 
+// A fused key: Qwen3's serving step with dynamic FP8 scales into a paged cache.
+std::string qwen3_dynamic_fp8_key() {
+  return parse_key(
+             "rope_thd_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_q-nrms-oe4m3dyn-cpaged-"
+             "e4m3dyn_fwd_oop")
+      .canonical()
+      .key();
+}
+
 }  // namespace
 
 TEST_CASE("tuning cache: token buckets are powers of two") {
@@ -682,12 +691,7 @@ TEST_CASE(
     "tuning cache: a fused key's entry is valid whatever its narrow flag (each call decides)") {
   // The tuner times a fused key with the narrow variant its buffers allow; its entry must be
   // accepted and written without the flag, which is not part of the file.
-  const std::string key =
-      parse_key(
-          "rope_thd_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_q-nrms-oe4m3dyn-cpaged-"
-          "e4m3dyn_fwd_oop")
-          .canonical()
-          .key();
+  const std::string key = qwen3_dynamic_fp8_key();
   TuningEntry e = entry(key, 4096, 32, 8, 8, 1, 256, 2, 8, 0, 40.3, 1767.6, 40.3);
   CHECK(invalid_entry_reason(e) == "");
   e.config.kernel.narrow = true;
@@ -702,12 +706,7 @@ TEST_CASE(
 
 TEST_CASE("tuning cache: a ring variant's slots round trip, written only when used") {
   ScopedEnv quiet("ROPEJIT_QUIET", "1");
-  const std::string key =
-      parse_key(
-          "rope_thd_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_q-nrms-oe4m3dyn-cpaged-"
-          "e4m3dyn_fwd_oop")
-          .canonical()
-          .key();
+  const std::string key = qwen3_dynamic_fp8_key();
   TuningCache c;
   c.set_fingerprint(h200());
   TuningEntry ringed = entry(key, 32768, 32, 8, 8, 2, 128, 2, 8, 0, 170.0, 1800.0, 172.0);
