@@ -132,9 +132,13 @@ std::string run_case(const Case& c, const detail::DeviceInfo& device) {
   return "";
 }
 
-// The sizes the prefill-sized cases below share: positions within a 4096-row table, FP8
-// scales (a power of two for q, others for the cache), a computed-frequency base.
-void prefill_constants(const Spec& s, autotune::Sizes* z) {
+// The sizes the prefill-sized cases below share: `tokens` in two sequences of unequal length,
+// positions within a 4096-row table, FP8 scales (a power of two for q, others for the cache), a
+// computed-frequency base.
+void prefill_sizes(const Spec& s, int64_t tokens, autotune::Sizes* z) {
+  z->batch = 2;
+  z->seq_len = tokens / 2;
+  z->seq_lens = {tokens / 2 - 9, tokens / 2 + 9};
   z->max_position = 4095;
   z->out_quant_scale = 4.0f;
   z->k_quant_scale = 8.7f;
@@ -252,16 +256,13 @@ TEST_SUITE("gpu") {
           z.seed = uint64_t(4400 + n);
           // A decode size above 64 tokens, or a prefill size (above 4 blocks per SM).
           const int64_t tokens = n % 2 ? 100 : 4 * int64_t(device.sm_count) + 72;
-          z.batch = 2;
-          z.seq_len = tokens / 2;
-          z.seq_lens = {tokens / 2 - 9, tokens / 2 + 9};
           z.q_heads = 4 + n % 3;
           z.k_heads = 2;
           z.packed_qkv = n % 3 == 2;
           z.page_size = n % 2 ? 16 : 5;
           z.cache_hnd = n % 4 == 2;
           z.bad_tokens = n % 5 == 0 ? 1 : 0;
-          prefill_constants(s, &z);
+          prefill_sizes(s, tokens, &z);
           const std::string what = s.key() + " tokens " + std::to_string(tokens);
           autotune::Workload w(s, z);
           autotune::CheckReport r = run_checked(w, nullptr);
@@ -335,9 +336,6 @@ TEST_SUITE("gpu") {
       z.seed = uint64_t(5100 + n);
       // More tokens than one persistent block per SM covers: those blocks loop.
       const int64_t tokens = 4 * int64_t(device.sm_count) + 72;
-      z.batch = 2;
-      z.seq_len = tokens / 2;
-      z.seq_lens = {tokens / 2 - 9, tokens / 2 + 9};
       z.q_heads = 5 + n % 2;
       z.k_heads = 2;
       z.with_v = f.cache != KvCache::none;
@@ -345,7 +343,7 @@ TEST_SUITE("gpu") {
       z.page_size = n % 2 ? 16 : 5;
       z.cache_hnd = n % 3 == 1;
       z.bad_tokens = n % 3 == 0 ? 1 : 0;
-      prefill_constants(s, &z);
+      prefill_sizes(s, tokens, &z);
       const std::string what = s.key() + " tokens " + std::to_string(tokens);
       autotune::Workload w(s, z);
       autotune::CheckReport r = run_checked(w, nullptr);
