@@ -40,6 +40,8 @@ constexpr double kTwoPassGbpsPerSm = 30;       // DRAM GB/s per SM from which pr
 constexpr int32_t kDecodeGroupRows = 10;       // heads per block when decode deals them over blocks
 constexpr int64_t kFusedGroupedTokens = 64;    // fused keys: head groups up to this token bucket
 constexpr int32_t kFusedPrefillThreads = 128;  // fused keys' prefill blocks: tokens to fill this
+constexpr int32_t kFusedRingPasses = 6;        // passes per token a ring kernel's rows aim at
+constexpr int32_t kFusedRingMaxRows = 4;
 
 // Decode-sized calls, plain and fused alike (not a norm over all heads, which needs every head
 // of a token in one block): the one-head kernel, one token per block, the token's heads dealt
@@ -74,12 +76,24 @@ detail::LaunchConfig decode_config(const Spec& c, const detail::CallShape& shape
 // FP8, 91-94% with dynamic FP8 scales). Balancing the rows of a decode-sized call over its
 // passes (12 rows of 2 heads for Qwen3's 48 heads, not 16 with a half-empty second pass)
 // measured the same at 256 tokens.
+// With the ring of passes in shared memory (prefill_variant's), more rows: as many as make about
+// six passes per token, two to four. Nothing is held in registers ahead any more, and a token's
+// passes are fewer: `ropejit tune` on the H100 put four rows first for the Qwen3 step at 4096
+// and 32768 tokens (dynamic FP8 2.9% and 2.7% ahead of two rows, static FP8 at 32768 1.9%,
+// bf16 at 4096 1.5%), and two rows still first for 24 heads of d64 (bench/RESULTS.md, "Rows of
+// a ring kernel").
 detail::LaunchConfig fused_config(const Spec& c, const detail::CallShape& shape,
                                   detail::LaunchConfig cfg, bool decode) {
   const int32_t x = detail::chunks(c, cfg.kernel.vec);
   const int32_t heads = std::max(shape.q_heads + shape.k_heads + shape.v_heads, 1);
   const int32_t max_rows = std::max(1, cfg.kernel.max_threads / x);
-  cfg.rows = decode ? std::min(max_rows, (heads + 1) / 2) : std::min({2, max_rows, heads});
+  const int32_t prefill_rows = cfg.kernel.ring > 0
+                                   ? std::clamp((heads + kHeadsPerThread * kFusedRingPasses - 1) /
+                                                    (kHeadsPerThread * kFusedRingPasses),
+                                                2, kFusedRingMaxRows)
+                                   : 2;
+  cfg.rows =
+      decode ? std::min(max_rows, (heads + 1) / 2) : std::min({prefill_rows, max_rows, heads});
   cfg.tokens_per_block =
       decode ? 1 : std::max(1, std::min(64, kFusedPrefillThreads / (x * cfg.rows)));
   detail::set_persistent(cfg, 0);

@@ -2,6 +2,7 @@
 #include "autotune/tuner.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <set>
 #include <thread>
 
@@ -29,9 +30,10 @@ CUcontext current_context() {
   return ctx;
 }
 
-// NVRTC is thread-safe: compile every distinct kernel variant at once before timing.
-void compile_variants(const Spec& c, const std::vector<detail::LaunchConfig>& cands,
-                      const std::string& target) {
+// NVRTC is thread-safe: compile every distinct kernel variant at once before timing. Returns
+// how many there were.
+size_t compile_variants(const Spec& c, const std::vector<detail::LaunchConfig>& cands,
+                        const std::string& target) {
   std::vector<detail::KernelVariant> variants;
   std::set<std::string> seen;
   for (const detail::LaunchConfig& cfg : cands)
@@ -49,6 +51,7 @@ void compile_variants(const Spec& c, const std::vector<detail::LaunchConfig>& ca
   for (std::thread& t : threads) t.join();
   for (const std::string& e : errors)
     if (!e.empty()) detail::fail(ErrorCode::compile, "tuning ", c.key(), ": ", e);
+  return variants.size();
 }
 
 }  // namespace
@@ -66,7 +69,13 @@ Fingerprint current_fingerprint() {
   return f;
 }
 
-TuneReport tune(const Spec& c, int64_t bucket, int32_t q_heads, int32_t k_heads) {
+TuneReport tune(const Spec& c, int64_t bucket, int32_t q_heads, int32_t k_heads,
+                const std::function<void(const TuneProgress&)>& progress) {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point t0 = Clock::now();
+  const auto since = [](Clock::time_point t) {
+    return std::chrono::duration<double>(Clock::now() - t).count();
+  };
   const detail::Driver& d = detail::driver();
   detail::Engine& engine = detail::Engine::instance();
   const detail::DeviceInfo device = engine.device_info(current_context());
@@ -96,7 +105,14 @@ TuneReport tune(const Spec& c, int64_t bucket, int32_t q_heads, int32_t k_heads)
   // configuration).
   const detail::LaunchConfig def = heuristic_config(c, shape, device);
   const std::vector<detail::LaunchConfig> cands = candidates(c, shape, device);
-  compile_variants(c, cands, detail::target_for(device.cc));
+  TuneProgress status;
+  status.total = cands.size();
+  const Clock::time_point compile_start = Clock::now();
+  status.variants = compile_variants(c, cands, detail::target_for(device.cc));
+  status.compile_s = since(compile_start);
+  status.elapsed_s = since(t0);
+  if (progress) progress(status);
+  Clock::time_point last_report = Clock::now();
   engine.launch(c, args, shape, &def);
   if (bucket <= kMaxReferenceTokens) {
     const CheckReport r = w.check();
@@ -122,8 +138,18 @@ TuneReport tune(const Spec& c, int64_t bucket, int32_t q_heads, int32_t k_heads)
       res.median_us =
           timer.time([&] { engine.launch(c, args, shape, &cfg); }, kWarmup, kReps).median_us;
       if (cfg == def) default_us = res.median_us;
+      if (status.best.empty() || res.median_us < status.best_us) {
+        status.best = cfg.name();
+        status.best_us = res.median_us;
+      }
     }
     report.results.push_back(res);
+    status.done = report.results.size();
+    if (progress && status.done < status.total && since(last_report) >= TuneProgress::kEvery) {
+      status.elapsed_s = since(t0);
+      progress(status);
+      last_report = Clock::now();
+    }
   }
   const CandidateResult* best = nullptr;
   for (const CandidateResult& r : report.results)

@@ -2,6 +2,7 @@
 // picks the fastest whose output is bit-identical to the default configuration's.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -28,10 +29,25 @@ struct TuneReport {
 // The environment fingerprint of the GPU owning the current context.
 Fingerprint current_fingerprint();
 
+// Where a long tuning run stands, for a caller that shows it: after the compile, then at most
+// every `TuneProgress::kEvery` seconds while candidates are checked and timed.
+struct TuneProgress {
+  static constexpr double kEvery = 5.0;
+  size_t variants = 0;   // distinct kernels the candidates need
+  double compile_s = 0;  // their compile (or disk-cache load), all at once
+  size_t done = 0;       // candidates checked and timed so far
+  size_t total = 0;      // candidates in all
+  double elapsed_s = 0;  // since the call began (the inputs' setup included)
+  std::string best;      // the fastest eligible candidate so far ("" before the first)
+  double best_us = 0;
+};
+
 // Tunes `canonical` for `bucket` tokens (one sequence; thd: one packed sequence) and the
 // given head counts, on buffers this function owns; never touches callers' data. Needs a
-// current CUDA context. Deterministic tie-break: the earlier candidate wins.
-TuneReport tune(const Spec& canonical, int64_t bucket, int32_t q_heads, int32_t k_heads);
+// current CUDA context. Deterministic tie-break: the earlier candidate wins. `progress`, when
+// set, is called from this thread as described at TuneProgress.
+TuneReport tune(const Spec& canonical, int64_t bucket, int32_t q_heads, int32_t k_heads,
+                const std::function<void(const TuneProgress&)>& progress = {});
 
 // The decode block's projection: the fused kernel (the heuristic's variant) and the unfused
 // path (RMSNorm key -> cuBLASLt GEMM -> RoPE key), both checked against float64 where the host

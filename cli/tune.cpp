@@ -334,7 +334,22 @@ int run_tune(const TuneOptions& o) {
   const size_t total = jobs.size() * buckets.size();
   for (const Job& j : jobs)
     for (int64_t b : buckets) {
-      const autotune::TuneReport r = autotune::tune(j.spec, b, j.q_heads, j.k_heads);
+      // Progress on stderr (stdout keeps the results): a prefill bucket of a fused key races
+      // hundreds of launches, each checked bit for bit against the default's output.
+      const std::string where = detail::concat("[", rows.size() + 1, "/", total, "] bucket ", b);
+      const autotune::TuneReport r =
+          autotune::tune(j.spec, b, j.q_heads, j.k_heads, [&](const autotune::TuneProgress& p) {
+            if (p.done == 0)
+              std::fprintf(stderr, "%s: %zu kernel variants ready in %.1f s; timing %zu launches\n",
+                           where.c_str(), p.variants, p.compile_s, p.total);
+            else if (p.best.empty())
+              std::fprintf(stderr, "%s: %zu/%zu launches checked (%.0f s), none eligible yet\n",
+                           where.c_str(), p.done, p.total, p.elapsed_s);
+            else
+              std::fprintf(stderr,
+                           "%s: %zu/%zu launches timed (%.0f s), fastest so far %s %.2f us\n",
+                           where.c_str(), p.done, p.total, p.elapsed_s, p.best.c_str(), p.best_us);
+          });
       cache.put(r.best);
       rows.push_back({r.best, r.copy_us});
       std::printf(

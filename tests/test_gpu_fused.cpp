@@ -527,6 +527,14 @@ TEST_SUITE("gpu") {
     INFO(r.output);
     REQUIRE(r.status == 0);
     CHECK(r.output.find("invalid") == std::string::npos);
+    // Progress on stderr once each bucket's kernels are ready, before its launches are timed.
+    for (const char* bucket : {"[1/2] bucket 1: ", "[2/2] bucket 64: "}) {
+      const size_t at = r.output.find(bucket);
+      REQUIRE_MESSAGE(at != std::string::npos, bucket);
+      const std::string line = r.output.substr(at, r.output.find('\n', at) - at);
+      CHECK_MESSAGE(line.find("kernel variants ready in") != std::string::npos, line);
+      CHECK_MESSAGE(line.find(" launches") != std::string::npos, line);
+    }
     testing::use_primary_context();
     const autotune::TuningCache tuned =
         autotune::TuningCache::load(file, autotune::current_fingerprint());

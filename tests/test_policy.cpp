@@ -170,7 +170,7 @@ TEST_CASE("heuristic: two kernel variants for every shape and the decode and pre
   CHECK(autotune::heuristic_config(c, shape_of(64, 64, 64), dev).name() ==
         "v8h1t512_r10_z1_g0_y13");
   // Fused keys' decode takes head groups too, except a norm over all heads (every head of a
-  // token in one block); their prefill keeps two rows and fills the block with tokens.
+  // token in one block); their prefill takes two to four rows and fills the block with tokens.
   detail::LaunchConfig grouped = autotune::heuristic_config(c, shape_of(64, 32, 8), dev);
   Spec fused = c;
   fused.norm = Norm::rms;
@@ -186,8 +186,18 @@ TEST_CASE("heuristic: two kernel variants for every shape and the decode and pre
   with_v.tokens = 65;  // bucket 128: the two-head kernel, a token's heads in one block
   CHECK(autotune::heuristic_config(fused, with_v, dev).name() == "v8h2t256a3_r24_z1_g0");
   with_v.tokens = 4096;  // prefill: the 256-thread two-head kernel in blocks of 128 threads,
-                         // later passes through a ring of three slots
-  CHECK(autotune::heuristic_config(fused, with_v, dev).name() == "v8h2t256a3_r2_z8_g0");
+                         // later passes through a ring of three slots, rows for six passes
+  CHECK(autotune::heuristic_config(fused, with_v, dev).name() == "v8h2t256a3_r4_z4_g0");
+  detail::CallShape few = shape_of(4096, 16, 4);  // 24 heads: two rows make the six passes
+  few.v_heads = 4;
+  CHECK(autotune::heuristic_config(fused, few, dev).name() == "v8h2t256a3_r2_z8_g0");
+  detail::CallShape many = shape_of(4096, 64, 16);  // 96 heads: at most four rows
+  many.v_heads = 16;
+  CHECK(autotune::heuristic_config(fused, many, dev).name() == "v8h2t256a3_r4_z4_g0");
+  with_v.align_bytes = 8;  // 8-byte vectors have no ring: two rows, as before the ring
+  CHECK(autotune::heuristic_config(fused, with_v, dev).rows == 2);
+  CHECK(autotune::heuristic_config(fused, with_v, dev).kernel.ring == 0);
+  with_v.align_bytes = 16;
   CHECK(detail::prefill_variant(fused, 16).max_threads == 256);
   CHECK(detail::prefill_variant(fused, 16).ring == detail::kPrefillRing);
   CHECK(detail::prefill_variant(fused, 8).ring == 0);  // 8-byte vectors: no ring
@@ -200,12 +210,12 @@ TEST_CASE("heuristic: two kernel variants for every shape and the decode and pre
           .canonical();
   detail::CallShape fp8_shape = shape_of(4096, 32, 8);
   fp8_shape.v_heads = 8;
-  CHECK(autotune::heuristic_config(fp8_q, fp8_shape, dev).name() == "v8h2t256a3_r2_z8_g0");
+  CHECK(autotune::heuristic_config(fp8_q, fp8_shape, dev).name() == "v8h2t256a3_r4_z4_g0");
   const Spec fp8_dyn = parse_key(
                            "rope_thd_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_q-nrms-oe4m3dyn-"
                            "cpaged-e4m3dyn_fwd_oop")
                            .canonical();
-  CHECK(autotune::heuristic_config(fp8_dyn, fp8_shape, dev).name() == "v8h2t256a3_r2_z8_g0");
+  CHECK(autotune::heuristic_config(fp8_dyn, fp8_shape, dev).name() == "v8h2t256a3_r4_z4_g0");
   CHECK(detail::decode_variant(fused, 16).max_threads == 512);
   Spec all_heads = c;
   all_heads.norm = Norm::rms_all_heads;
