@@ -129,7 +129,7 @@ TuneReport tune(const Spec& c, int64_t bucket, int32_t q_heads, int32_t k_heads,
   for (const detail::LaunchConfig& cfg : cands) {
     CandidateResult res;
     res.config = cfg;
-    w.upload();  // fresh inputs, poisoned outputs
+    w.reset();  // fresh inputs, poisoned outputs (a device-side copy after the first)
     engine.launch(c, args, shape, &cfg);
     if (w.download() != expected) {
       res.rejected = "output differs from the default configuration's";

@@ -48,6 +48,7 @@ Workload::~Workload() {
   const detail::Driver* d = detail::try_driver(&why);
   for (Buffer* b : buffers_) {
     if (b->device && d) d->MemFree(b->device);
+    if (b->initial && d) d->MemFree(b->initial);
     delete b;
   }
 }
@@ -300,6 +301,37 @@ void Workload::upload() {
   // on the legacy stream: neither orders itself before a launch on a non-blocking stream
   // (the tuner's and the benchmark's), so wait for both here.
   detail::check(d.CtxSynchronize(), "uploading the workload (cuCtxSynchronize)");
+}
+
+void Workload::reset() {
+  const detail::Driver& d = detail::driver();
+  const bool have = !buffers_.empty() && buffers_.front()->initial != 0;
+  if (!have) {
+    upload();
+    if (initial_failed_) return;
+    for (Buffer* b : buffers_) {
+      if (d.MemAlloc(&b->initial, b->host.size()) != CUDA_SUCCESS) {
+        b->initial = 0;
+        initial_failed_ = true;
+        break;
+      }
+      detail::check(d.MemcpyDtoDAsync(b->initial, b->device, b->host.size(), nullptr),
+                    "cuMemcpyDtoDAsync");
+    }
+    if (initial_failed_) {  // no room for a second copy: each reset uploads
+      for (Buffer* b : buffers_)
+        if (b->initial) {
+          d.MemFree(b->initial);
+          b->initial = 0;
+        }
+    }
+  } else {
+    for (Buffer* b : buffers_)
+      detail::check(d.MemcpyDtoDAsync(b->device, b->initial, b->host.size(), nullptr),
+                    "cuMemcpyDtoDAsync");
+  }
+  // The copies run on the legacy stream: done before a launch on the tuner's own stream.
+  detail::check(d.CtxSynchronize(), "resetting the workload (cuCtxSynchronize)");
 }
 
 Args Workload::args(void* stream) const {

@@ -100,6 +100,12 @@ class Workload {
   // Allocates device buffers and uploads inputs, with outputs poisoned (NaN bytes). Calling
   // it again restores the inputs (and the cache's initial bytes) and re-poisons the outputs.
   void upload();
+  // The same state as upload() leaves, restored from a device-side copy of it taken on the first
+  // call (which uploads): a device-to-device copy per buffer instead of host transfers, at the
+  // cost of twice the device memory. Where that copy cannot be allocated, it uploads instead.
+  // The tuner's reset before each candidate (at 32768 tokens of a fused key, ~400 MB of inputs
+  // from pageable host memory per candidate).
+  void reset();
   // Arguments pointing at the device buffers.
   Args args(void* stream = nullptr) const;
   // Copies outputs back and compares every byte of every output allocation (guards, gaps and
@@ -115,7 +121,8 @@ class Workload {
  private:
   struct Buffer {
     std::vector<uint8_t> host;
-    unsigned long long device = 0;  // CUdeviceptr
+    unsigned long long device = 0;   // CUdeviceptr
+    unsigned long long initial = 0;  // reset()'s copy of the device bytes upload() leaves
   };
   // What check() compares: a buffer, its element kind (a DType value, kE4m3 or kI32), and
   // whether its device copy starts poisoned (outputs) or as the host bytes (in-place inputs,
@@ -155,6 +162,7 @@ class Workload {
   std::vector<std::vector<double>> expect_, tol_;
   std::vector<std::vector<uint8_t>> downloaded_;
   std::vector<double> short_factor_, long_factor_;  // what args.scaling points to
+  bool initial_failed_ = false;  // reset() could not allocate its copies: it uploads
 };
 
 }  // namespace ropejit::autotune

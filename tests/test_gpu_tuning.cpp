@@ -40,7 +40,15 @@ TEST_SUITE("gpu") {
         // q and k are this workload's only buffers, so they are uploaded last: before uploads
         // were awaited, 7 (H100) and 16 (H200) of its candidates here read inputs still in
         // flight and were rejected.
-        {"rope_bshd_bf16_d128_r128_neox_pos-offset_comp_qk_fwd_ip", 256}};
+        {"rope_bshd_bf16_d128_r128_neox_pos-offset_comp_qk_fwd_ip", 256},
+        // Fused keys: before each candidate the tuner restores, from its device-side copy, the
+        // inputs an in-place candidate rotated and the cache every candidate appended to (a
+        // restore that missed either would reject candidates here); at 4096 tokens the ring
+        // launches with four rows too.
+        {"rope_thd_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_q-nrms-cpaged_fwd_ip", 256},
+        {"rope_thd_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_q-nrms-oe4m3dyn-cpaged-e4m3dyn_"
+         "fwd_oop",
+         4096}};
     for (const auto& [key, tokens] : cases) {
       const autotune::TuneReport r = autotune::tune(parse_key(key), tokens, 32, 8);
       INFO(key, " at ", tokens, " tokens");
