@@ -78,10 +78,11 @@ detail::LaunchConfig decode_config(const Spec& c, const detail::CallShape& shape
 // measured the same at 256 tokens.
 // With the ring of passes in shared memory (prefill_variant's), more rows: as many as make about
 // six passes per token, two to four. Nothing is held in registers ahead any more, and a token's
-// passes are fewer: `ropejit tune` on the H100 put four rows first for the Qwen3 step at 4096
-// and 32768 tokens (dynamic FP8 2.9% and 2.7% ahead of two rows, static FP8 at 32768 1.9%,
-// bf16 at 4096 1.5%), and two rows still first for 24 heads of d64 (bench/RESULTS.md, "Rows of
-// a ring kernel").
+// passes are fewer. For the Qwen3 step on the H100, `ropejit tune` put four rows first with
+// dynamic FP8 at 4096 and 32768 tokens and bf16 at 4096, six or eight rows (then four) for
+// static FP8 and bf16 at 32768, two rows for static FP8 at 4096 and for 24 heads of d64; in a
+// same-run benchmark four rows beat two in all six Qwen3 rows, by 0.7-4.7 points of copy
+// bandwidth (bench/RESULTS.md, "Rows of a ring kernel"). Without the ring, two rows.
 detail::LaunchConfig fused_config(const Spec& c, const detail::CallShape& shape,
                                   detail::LaunchConfig cfg, bool decode) {
   const int32_t x = detail::chunks(c, cfg.kernel.vec);
@@ -104,10 +105,13 @@ detail::LaunchConfig fused_config(const Spec& c, const detail::CallShape& shape,
 
 namespace {
 
+// `ring`: whether the prefill kernel may keep its ring (heuristic_config's second call, for a
+// GPU that cannot run it, chooses the whole launch without one).
 detail::LaunchConfig shaped_config(const Spec& c, const detail::CallShape& shape,
-                                   const detail::DeviceInfo& device) {
+                                   const detail::DeviceInfo& device, bool ring) {
   detail::LaunchConfig cfg;
   cfg.kernel = detail::prefill_variant(c, shape.align_bytes, shape.table_align);
+  if (!ring) cfg.kernel.ring = 0;
   const int32_t x = detail::chunks(c, cfg.kernel.vec);
   const int32_t max_rows = std::max(1, cfg.kernel.max_threads / x);
   const int32_t heads = std::max(shape.q_heads + shape.k_heads + shape.v_heads, 1);
@@ -140,14 +144,16 @@ detail::LaunchConfig shaped_config(const Spec& c, const detail::CallShape& shape
 
 detail::LaunchConfig heuristic_config(const Spec& c, const detail::CallShape& shape,
                                       const detail::DeviceInfo& device) {
-  detail::LaunchConfig cfg = shaped_config(c, shape, device);
+  detail::LaunchConfig cfg = shaped_config(c, shape, device, true);
   cfg.kernel.narrow = shape.narrow;  // 32-bit offsets wherever the call's fit (fused keys)
-  // The same launch without the ring on a GPU without cp.async (sm_75: each copy would be a
-  // load the thread waits for) or that grants a block less shared memory than the ring's
-  // launch asks for (every GPU ropejit targets grants at least 64 KB).
+  // The launch of a kernel without the ring (whose rows may differ) on a GPU without cp.async
+  // (sm_75: each copy would be a load the thread waits for) or that grants a block less shared
+  // memory than the ring's launch asks for (every GPU ropejit targets grants at least 64 KB).
   if (cfg.kernel.ring > 0 &&
-      (device.cc < 80 || !detail::illegal_reason(c, shape, cfg, device).empty()))
-    cfg.kernel.ring = 0;
+      (device.cc < 80 || !detail::illegal_reason(c, shape, cfg, device).empty())) {
+    cfg = shaped_config(c, shape, device, false);
+    cfg.kernel.narrow = shape.narrow;
+  }
   return cfg;
 }
 

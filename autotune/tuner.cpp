@@ -157,6 +157,7 @@ TuneReport tune(const Spec& c, int64_t bucket, int32_t q_heads, int32_t k_heads,
   if (!best)
     detail::fail(ErrorCode::internal, "tuning ", c.key(), ": every candidate was rejected");
 
+  w.drop_reset_copy();  // room for the copy below
   // A device copy of the same bytes, timed the same way, for the % of copy bandwidth.
   CUdeviceptr src = 0, dst = 0;
   const size_t half = size_t(report.bytes / 2);

@@ -318,13 +318,7 @@ void Workload::reset() {
       detail::check(d.MemcpyDtoDAsync(b->initial, b->device, b->host.size(), nullptr),
                     "cuMemcpyDtoDAsync");
     }
-    if (initial_failed_) {  // no room for a second copy: each reset uploads
-      for (Buffer* b : buffers_)
-        if (b->initial) {
-          d.MemFree(b->initial);
-          b->initial = 0;
-        }
-    }
+    if (initial_failed_) drop_reset_copy();  // no room for a second copy: each reset uploads
   } else {
     for (Buffer* b : buffers_)
       detail::check(d.MemcpyDtoDAsync(b->device, b->initial, b->host.size(), nullptr),
@@ -332,6 +326,15 @@ void Workload::reset() {
   }
   // The copies run on the legacy stream: done before a launch on the tuner's own stream.
   detail::check(d.CtxSynchronize(), "resetting the workload (cuCtxSynchronize)");
+}
+
+void Workload::drop_reset_copy() {
+  const detail::Driver& d = detail::driver();
+  for (Buffer* b : buffers_)
+    if (b->initial) {
+      d.MemFree(b->initial);
+      b->initial = 0;
+    }
 }
 
 Args Workload::args(void* stream) const {

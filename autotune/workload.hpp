@@ -106,6 +106,8 @@ class Workload {
   // The tuner's reset before each candidate (at 32768 tokens of a fused key, ~400 MB of inputs
   // from pageable host memory per candidate).
   void reset();
+  // Frees reset()'s device-side copy (the next reset() takes a new one).
+  void drop_reset_copy();
   // Arguments pointing at the device buffers.
   Args args(void* stream = nullptr) const;
   // Copies outputs back and compares every byte of every output allocation (guards, gaps and

@@ -194,6 +194,9 @@ TEST_CASE("heuristic: two kernel variants for every shape and the decode and pre
   detail::CallShape many = shape_of(4096, 64, 16);  // 96 heads: at most four rows
   many.v_heads = 16;
   CHECK(autotune::heuristic_config(fused, many, dev).name() == "v8h2t256a3_r4_z4_g0");
+  detail::DeviceInfo turing = dev;  // no cp.async: the ringless launch, with its two rows
+  turing.cc = 75;
+  CHECK(autotune::heuristic_config(fused, with_v, turing).name() == "v8h2t256_r2_z8_g0");
   with_v.align_bytes = 8;  // 8-byte vectors have no ring: two rows, as before the ring
   CHECK(autotune::heuristic_config(fused, with_v, dev).rows == 2);
   CHECK(autotune::heuristic_config(fused, with_v, dev).kernel.ring == 0);
