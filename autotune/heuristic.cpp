@@ -83,12 +83,22 @@ detail::LaunchConfig decode_config(const Spec& c, const detail::CallShape& shape
 // static FP8 and bf16 at 32768, two rows for static FP8 at 4096 and for 24 heads of d64; in a
 // same-run benchmark four rows beat two in all six Qwen3 rows, by 0.7-4.7 points of copy
 // bandwidth (bench/RESULTS.md, "Rows of a ring kernel"). Without the ring, two rows.
+// Dynamic FP8 scales on a GPU with more DRAM bandwidth per SM (the H200) keep two rows: that
+// kernel issues the most instructions per byte, and there each row's share of a token's work
+// (its cos/sin row, its cache slot, its loop) counts. The H200's tuner put two rows first in all
+// its twelve fastest launches at 4096 and 32768 tokens, where four rows measured 80-81% of a copy
+// (bench/RESULTS.md, "Dynamic FP8 on the H200: two rows").
 detail::LaunchConfig fused_config(const Spec& c, const detail::CallShape& shape,
-                                  detail::LaunchConfig cfg, bool decode) {
+                                  const detail::DeviceInfo& device, detail::LaunchConfig cfg,
+                                  bool decode) {
   const int32_t x = detail::chunks(c, cfg.kernel.vec);
   const int32_t heads = std::max(shape.q_heads + shape.k_heads + shape.v_heads, 1);
   const int32_t max_rows = std::max(1, cfg.kernel.max_threads / x);
-  const int32_t prefill_rows = cfg.kernel.ring > 0
+  const bool dynamic = c.out_store == Store::e4m3_dynamic || c.cache_store == Store::e4m3_dynamic;
+  const bool ring_rows =
+      cfg.kernel.ring > 0 &&
+      !(dynamic && device.memory_gbps / std::max(device.sm_count, 1) >= kTwoPassGbpsPerSm);
+  const int32_t prefill_rows = ring_rows
                                    ? std::clamp((heads + kHeadsPerThread * kFusedRingPasses - 1) /
                                                     (kHeadsPerThread * kFusedRingPasses),
                                                 2, kFusedRingMaxRows)
@@ -121,7 +131,8 @@ detail::LaunchConfig shaped_config(const Spec& c, const detail::CallShape& shape
   if (decode && c.norm != Norm::rms_all_heads &&
       (!c.fused() || detail::token_bucket(shape.tokens) <= kFusedGroupedTokens))
     return decode_config(c, shape, cfg);
-  if (c.fused() && c.norm != Norm::rms_all_heads) return fused_config(c, shape, cfg, decode);
+  if (c.fused() && c.norm != Norm::rms_all_heads)
+    return fused_config(c, shape, device, cfg, decode);
   // A norm over all heads needs every q and k head in the block's first pass.
   const bool two_passes = c.norm != Norm::rms_all_heads &&
                           device.memory_gbps / std::max(device.sm_count, 1) >= kTwoPassGbpsPerSm &&

@@ -105,6 +105,11 @@ struct FusedKernel {
     // measured no faster (dynamic FP8 at 4096 tokens on the H100, one head per thread: 40.8 us
     // either way).
     kAhead = kHpt <= 2 && kRing == 0,
+    // Where every store of q and k is FP8, the norm's 1/rms moves out of the elements into the
+    // store's multiplier (one multiply per element fewer): it commutes with the rotation, and
+    // a dynamic scale's amax of x * inv is inv times the amax of x, rounded alike, since
+    // rounding is monotonic.
+    kFold = kNorm != kNormNone && Cfg::kOutE4m3 && (Cfg::kCacheE4m3 || kCache == kCacheNone),
   };
   typedef typename Elem<kOutDType>::Raw OutRaw;
   static_assert(kRing == 0 || (kRing >= 2 && kHpt <= 2 && sizeof(Vec) == 16),
@@ -365,14 +370,17 @@ struct FusedKernel {
     }
   }
 
-  // x * inv * w, element by element.
+  // x * inv * w, element by element (x * w where kFold leaves inv to the stores).
+  static __device__ __forceinline__ float normed(float x, float inv, float w) {
+    return kFold ? x * w : x * inv * w;
+  }
   static __device__ __forceinline__ void scale_slice(Slice& x, float inv, const Slice& w,
                                                      bool two) {
 #pragma unroll
-    for (int m = 0; m < kVec; ++m) x.lo[m] = x.lo[m] * inv * w.lo[m];
+    for (int m = 0; m < kVec; ++m) x.lo[m] = normed(x.lo[m], inv, w.lo[m]);
     if (two) {
 #pragma unroll
-      for (int m = 0; m < kVec; ++m) x.hi[m] = x.hi[m] * inv * w.hi[m];
+      for (int m = 0; m < kVec; ++m) x.hi[m] = normed(x.hi[m], inv, w.hi[m]);
     }
   }
 
@@ -382,11 +390,11 @@ struct FusedKernel {
                                                      const RawSlice& wk, bool is_q, bool two) {
 #pragma unroll
     for (int m = 0; m < kVec; ++m)
-      x.lo[m] = x.lo[m] * inv * weight(is_q ? wq.lo.get(m) : wk.lo.get(m));
+      x.lo[m] = normed(x.lo[m], inv, weight(is_q ? wq.lo.get(m) : wk.lo.get(m)));
     if (two) {
 #pragma unroll
       for (int m = 0; m < kVec; ++m)
-        x.hi[m] = x.hi[m] * inv * weight(is_q ? wq.hi.get(m) : wk.hi.get(m));
+        x.hi[m] = normed(x.hi[m], inv, weight(is_q ? wq.hi.get(m) : wk.hi.get(m)));
     }
   }
 
@@ -400,21 +408,28 @@ struct FusedKernel {
 
   // One head's slice, widened in `x`, as it is stored: for q and k normalized and rotated. `ss`:
   // the head's sum of squares (per-head norms); q_inv / k_inv: the norm over all heads.
-  static __device__ __forceinline__ void finish(const FusedParams& fp, int kind, int idx, int col,
-                                                bool rot, bool two, float ss, float q_inv,
-                                                float k_inv, const RawSlice& wq, const RawSlice& wk,
-                                                const float* cs, const float* sn, Slice& x) {
+  // Returns the factor the stores still apply: the norm's 1/rms where kFold leaves it to them,
+  // else 1.
+  static __device__ __forceinline__ float finish(const FusedParams& fp, int kind, int idx, int col,
+                                                 bool rot, bool two, float ss, float q_inv,
+                                                 float k_inv, const RawSlice& wq,
+                                                 const RawSlice& wk, const float* cs,
+                                                 const float* sn, Slice& x) {
+    float left = 1.0f;
     if (kNorm != kNormNone && kind < 2) {
       const bool is_q = kind == 0;
       if (kNorm == kNormRmsAllHeads) {
         Slice w;  // a weight per element of the projection: this head's row
         load_weight(is_q ? fp.q_norm_w : fp.k_norm_w, (long long)idx * Cfg::kHeadDim + col, two, w);
-        scale_slice(x, is_q ? q_inv : k_inv, w, two);
+        left = is_q ? q_inv : k_inv;
+        scale_slice(x, left, w, two);
       } else {
-        scale_slice(x, inv_rms(ss, 1.0f / float(Cfg::kHeadDim), fp.norm_eps), wq, wk, is_q, two);
+        left = inv_rms(ss, 1.0f / float(Cfg::kHeadDim), fp.norm_eps);
+        scale_slice(x, left, wq, wk, is_q, two);
       }
     }
     if (rot && kind < 2) rotate(x, cs, sn);
+    return kFold ? left : 1.0f;
   }
 
   // Whether a head of this kind gets a dynamic FP8 scale: q when its output is dynamic, k when
@@ -840,10 +855,11 @@ struct FusedKernel {
           if (!act[j] && !kDynamic) continue;
           Slice x;
           float amax[1] = {0.0f};
+          float left = 1.0f;  // what the stores multiply in besides their scale (kFold)
           if (act[j]) {
             widen(xr[j], two, x);
-            finish(fp, kind[j], idx[j], col, rot, two, kNorm != kNormNone ? ss[j] : 0.0f, q_inv,
-                   k_inv, wq, wk, cs, sn, x);
+            left = finish(fp, kind[j], idx[j], col, rot, two, kNorm != kNormNone ? ss[j] : 0.0f,
+                          q_inv, k_inv, wq, wk, cs, sn, x);
             if (kDynamic && scaled(kind[j])) amax[0] = slice_amax(x, two);
           }
           if (kDynamic) {
@@ -854,7 +870,7 @@ struct FusedKernel {
           // divisions rounded to nearest whatever the compiler's flags.
           float dyn_mul = 1.0f, dyn_scale = 1.0f;
           if (kDynamic && scaled(kind[j])) {
-            const float a = fmaxf(amax[0], 0x1p-9f);
+            const float a = fmaxf(kFold ? amax[0] * left : amax[0], 0x1p-9f);
             dyn_mul = __fdiv_rn(448.0f, a);
             dyn_scale = e4m3_scale_of(a);
           }
@@ -868,7 +884,7 @@ struct FusedKernel {
                             : (kind[j] == 0 ? q_out : k_out) +
                                   (Off(unsigned(idx[j])) * Off(o.out_stride_head) + Off(elem_off)) *
                                       Off(sizeof(OutRaw));
-            store_slice<kOutDType>(dst, two, x, Cfg::kOutDynamic ? dyn_mul : fp.out_scale);
+            store_slice<kOutDType>(dst, two, x, (Cfg::kOutDynamic ? dyn_mul : fp.out_scale) * left);
             if (Cfg::kOutDynamic && lane == 0)
               *scale_at(kind[j] == 0 ? fp.q_scale : fp.k_scale, tp, t, idx[j]) = dyn_scale;
           }
@@ -879,9 +895,10 @@ struct FusedKernel {
                 dest.offset + (Off(unsigned(idx[j])) * Off(fp.cache.stride_head) + Off(elem_off));
             store_slice<kCacheDType>(base_ptr + off * int(sizeof(typename Elem<kCacheDType>::Raw)),
                                      two, x,
-                                     Cfg::kCacheDynamic ? dyn_mul
-                                     : is_k             ? fp.cache.k_scale
-                                                        : fp.cache.v_scale);
+                                     (Cfg::kCacheDynamic ? dyn_mul
+                                      : is_k             ? fp.cache.k_scale
+                                                         : fp.cache.v_scale) *
+                                         left);
             if (Cfg::kCacheDynamic && lane == 0)
               (is_k ? fp.cache.k_scales
                     : fp.cache.v_scales)[dest.scale_offset +

@@ -219,6 +219,11 @@ TEST_CASE("heuristic: two kernel variants for every shape and the decode and pre
                            "cpaged-e4m3dyn_fwd_oop")
                            .canonical();
   CHECK(autotune::heuristic_config(fp8_dyn, fp8_shape, dev).name() == "v8h2t256a3_r4_z4_g0");
+  // On the H200 (37 GB/s of DRAM per SM) dynamic scales keep two rows; bf16 and static FP8 take
+  // four there too.
+  CHECK(autotune::heuristic_config(fp8_dyn, fp8_shape, h200).name() == "v8h2t256a3_r2_z8_g0");
+  CHECK(autotune::heuristic_config(fp8_q, fp8_shape, h200).name() == "v8h2t256a3_r4_z4_g0");
+  CHECK(autotune::heuristic_config(fused, with_v, h200).name() == "v8h2t256a3_r4_z4_g0");
   CHECK(detail::decode_variant(fused, 16).max_threads == 512);
   Spec all_heads = c;
   all_heads.norm = Norm::rms_all_heads;
