@@ -15,6 +15,12 @@ JSON (bf16, and --fp8's): the fused step against the unfused sequence it replace
 fastest on the host, alone and as one graph (unfused_us.png).
 
     python3 bench/plot.py --unfused unfused.json unfused_fp8.json --outdir DIR
+
+Given compare_proj_torch.py's JSON alone, the decode block's projection and FFN from that
+harness's own rows (torch's and ropejit's paths, graph replay, one flush): proj_us.png and
+ffn_us.png. `--prefix h200_` names the files of another GPU's run (h200_proj_us.png, ...).
+
+    python3 bench/plot.py --proj-torch proj_torch.json --prefix h200_ --outdir bench/plots
 """
 
 import argparse
@@ -289,6 +295,18 @@ def proj_path_rows(bench, prefix="proj_path"):
     return {k: dict(sorted(v.items())) for k, v in paths.items()}, dict(sorted(floor.items()))
 
 
+def torch_harness_paths(torch_rows):
+    """The path rows of compare_proj_torch.py's own ropejit columns (graph replay, same flush as
+    torch's rows), in proj_path_rows' form; ({}, {}) when it ran with --no-ropejit."""
+    paths, floor = {}, {}
+    for r in torch_rows or []:
+        for p in ("fused", "unfused", "auto"):
+            if f"ropejit_{p}_graph_us" in r:
+                paths.setdefault(p, {})[r["tokens"]] = r[f"ropejit_{p}_graph_us"]
+        floor[r["tokens"]] = (r["floor_us"], None)
+    return paths, floor if paths else {}
+
+
 def plot_proj(rows, torch_rows, gpu, path, path_rows=None,
               title="Llama-3-8B QKV projection (4096 → 6144, bf16)",
               unfused_label="ropejit unfused (RMSNorm key, cuBLASLt, RoPE key)"):
@@ -349,7 +367,10 @@ def main():
     parser.add_argument("--peers", help="JSON written by bench/compare_peers.py")
     parser.add_argument("--proj", help="ropejit_bench JSON with the proj/ rows "
                                        "(bench/run_gpu.sh proj writes proj.json)")
-    parser.add_argument("--proj-torch", help="JSON written by bench/compare_proj_torch.py")
+    parser.add_argument("--proj-torch", help="JSON written by bench/compare_proj_torch.py (alone: "
+                                             "its own ropejit columns are the ropejit curves)")
+    parser.add_argument("--prefix", default="",
+                        help="prepended to the file names written (e.g. h200_)")
     parser.add_argument("--fused-peers", help="JSON written by bench/compare_fused_peers.py")
     parser.add_argument("--vllm", help="JSON written by bench/compare_vllm.py")
     parser.add_argument("--unfused", nargs="+",
@@ -358,8 +379,8 @@ def main():
     args = parser.parse_args()
     os.makedirs(args.outdir, exist_ok=True)
 
-    if not (args.bench or args.compare or args.peers or args.proj or args.fused_peers or
-            args.vllm or args.unfused):
+    if not (args.bench or args.compare or args.peers or args.proj or args.proj_torch or
+            args.fused_peers or args.vllm or args.unfused):
         parser.error("nothing to plot: give a benchmark JSON, --compare, --peers, --proj, "
                      "--fused-peers, --vllm or --unfused")
     written = []
@@ -368,7 +389,7 @@ def main():
         for name in args.unfused:
             with open(name) as f:
                 runs.append(json.load(f))
-        path = os.path.join(args.outdir, "unfused_us.png")
+        path = os.path.join(args.outdir, args.prefix + "unfused_us.png")
         plot_unfused(runs, path)
         written.append(path)
     if args.fused_peers or args.vllm:
@@ -378,7 +399,7 @@ def main():
             if name:
                 with open(name) as f:
                     loaded[-1] = json.load(f)
-        path = os.path.join(args.outdir, "fused_peers_us.png")
+        path = os.path.join(args.outdir, args.prefix + "fused_peers_us.png")
         plot_fused(*loaded, path)
         written.append(path)
     if args.bench:
@@ -386,26 +407,26 @@ def main():
             bench = json.load(f)
         rows = llama_rows(bench)
         if rows:
-            path = os.path.join(args.outdir, "llama_bf16_gbps.png")
+            path = os.path.join(args.outdir, args.prefix + "llama_bf16_gbps.png")
             plot_bandwidth(rows, bench.get("context", {}).get("gpu"), path)
             written.append(path)
         else:
             print(f"plot: no usable rope/llama_bf16_t<N> rows in {args.bench}", file=sys.stderr)
         sweep = sweep_rows(bench)
         if sweep:
-            path = os.path.join(args.outdir, "sweep_sbhd_gbps.png")
+            path = os.path.join(args.outdir, args.prefix + "sweep_sbhd_gbps.png")
             plot_sweep(sweep, bench.get("context", {}).get("gpu"), path)
             written.append(path)
     if args.peers:
         with open(args.peers) as f:
             peers = json.load(f)
-        path = os.path.join(args.outdir, "peers_us.png")
+        path = os.path.join(args.outdir, args.prefix + "peers_us.png")
         plot_peers(peers, path)
         written.append(path)
     if args.compare:
         with open(args.compare) as f:
             compare = json.load(f)
-        path = os.path.join(args.outdir, "compare_us.png")
+        path = os.path.join(args.outdir, args.prefix + "compare_us.png")
         plot_compare(compare, path)
         written.append(path)
     if args.proj:
@@ -430,7 +451,7 @@ def main():
                 best = min(x for x in (f, u) if x is not None)
                 print(f"| {t} | {f:.1f} | {u:.1f} | {auto:.1f} | {auto / best:.3f} |")
         if ffn_path_rows[0]:
-            path = os.path.join(args.outdir, "ffn_us.png")
+            path = os.path.join(args.outdir, args.prefix + "ffn_us.png")
             ffn_torch = None
             if args.proj_torch:
                 with open(args.proj_torch) as f:
@@ -440,11 +461,26 @@ def main():
                       unfused_label="ropejit unfused (RMSNorm key, cuBLASLt, GLU key)")
             written.append(path)
         if rows or paths:
-            path = os.path.join(args.outdir, "proj_us.png")
+            path = os.path.join(args.outdir, args.prefix + "proj_us.png")
             plot_proj(rows, torch_rows, bench.get("context", {}).get("gpu"), path, path_rows)
             written.append(path)
         else:
             print(f"plot: no proj/llama3_8b_m<M> rows in {args.proj}", file=sys.stderr)
+    if args.proj_torch and not args.proj:
+        with open(args.proj_torch) as f:
+            harness = json.load(f)
+        for rows_key, name, title, label in (
+                ("rows", "proj_us.png", "Llama-3-8B QKV projection (4096 → 6144, bf16)",
+                 "ropejit unfused (RMSNorm key, cuBLASLt, RoPE key)"),
+                ("ffn_rows", "ffn_us.png", "Llama-3-8B FFN gate/up (4096 → 2 × 14336, bf16, SiLU)",
+                 "ropejit unfused (RMSNorm key, cuBLASLt, GLU key)")):
+            found = harness.get(rows_key)
+            if not found:
+                continue
+            path = os.path.join(args.outdir, args.prefix + name)
+            plot_proj({}, found, harness.get("gpu"), path, torch_harness_paths(found),
+                      title=title, unfused_label=label)
+            written.append(path)
     for path in written:
         print(f"wrote {path}")
     if not written:
