@@ -85,9 +85,11 @@ detail::LaunchConfig decode_config(const Spec& c, const detail::CallShape& shape
 // bandwidth (bench/RESULTS.md, "Rows of a ring kernel"). Without the ring, two rows.
 // Dynamic FP8 scales on a GPU with more DRAM bandwidth per SM (the H200) keep two rows: that
 // kernel issues the most instructions per byte, and there each row's share of a token's work
-// (its cos/sin row, its cache slot, its loop) counts. The H200's tuner put two rows first in all
-// its twelve fastest launches at 4096 and 32768 tokens, where four rows measured 80-81% of a copy
-// (bench/RESULTS.md, "Dynamic FP8 on the H200: two rows").
+// (its cos/sin row, its cache slot, its loop) counts. The H200's tuner put two rows (or one) in
+// all its twelve fastest launches at 4096 and 32768 tokens; in a benchmark four rows took 5-10%
+// more time than two there, 80-85% of a copy against 87.5-90% (bench/RESULTS.md, "Dynamic FP8
+// on the H200: two rows"). Measured with dynamic q and cache scales; keys with one of the two
+// dynamic follow them.
 detail::LaunchConfig fused_config(const Spec& c, const detail::CallShape& shape,
                                   const detail::DeviceInfo& device, detail::LaunchConfig cfg,
                                   bool decode) {

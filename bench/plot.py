@@ -304,7 +304,7 @@ def torch_harness_paths(torch_rows):
             if f"ropejit_{p}_graph_us" in r:
                 paths.setdefault(p, {})[r["tokens"]] = r[f"ropejit_{p}_graph_us"]
         floor[r["tokens"]] = (r["floor_us"], None)
-    return paths, floor if paths else {}
+    return (paths, floor) if paths else ({}, {})
 
 
 def plot_proj(rows, torch_rows, gpu, path, path_rows=None,
@@ -315,6 +315,7 @@ def plot_proj(rows, torch_rows, gpu, path, path_rows=None,
     replay and eager), cuBLAS's F.linear alone, and the weight-read floor."""
     fig, ax = plt.subplots(figsize=(9.5, 4.5))
     paths, floor = path_rows or ({}, {})
+    tokens = []
     if paths:
         tokens = list(floor)
         styles = {"fused": ("o-", "tab:blue", "ropejit fused kernel"),
@@ -330,7 +331,7 @@ def plot_proj(rows, torch_rows, gpu, path, path_rows=None,
         else:
             ax.plot(tokens, [floor[t][0] for t in tokens], "k:",
                     label="weight-read floor (copy bandwidth)")
-    else:
+    elif rows:
         tokens = list(rows)
         ax.plot(tokens, [rows[t][0] for t in tokens], "o-", color="tab:blue",
                 label="ropejit fused (RMSNorm + QKV + RoPE)")
@@ -382,7 +383,7 @@ def main():
     if not (args.bench or args.compare or args.peers or args.proj or args.proj_torch or
             args.fused_peers or args.vllm or args.unfused):
         parser.error("nothing to plot: give a benchmark JSON, --compare, --peers, --proj, "
-                     "--fused-peers, --vllm or --unfused")
+                     "--proj-torch, --fused-peers, --vllm or --unfused")
     written = []
     if args.unfused:
         runs = []

@@ -107,8 +107,12 @@ struct FusedKernel {
     kAhead = kHpt <= 2 && kRing == 0,
     // Where every store of q and k is FP8, the norm's 1/rms moves out of the elements into the
     // store's multiplier (one multiply per element fewer): it commutes with the rotation, and
-    // a dynamic scale's amax of x * inv is inv times the amax of x, rounded alike, since
-    // rounding is monotonic.
+    // the amax of the head's values times inv is the amax of the values, times inv (rounding
+    // is monotonic). Not bit-identical to multiplying each element: x * w skips a rounding and
+    // scale * inv adds one (the reference's error budget counts it, autotune/reference.cpp).
+    // Faster on the H200 (dynamic FP8 at 32768 tokens: 180.2 -> 174.1 us with two rows in the
+    // tuner, 188.4 -> 182.0 with four in a benchmark), level on the H100 (bench/RESULTS.md,
+    // "Dynamic FP8 on the H200: two rows").
     kFold = kNorm != kNormNone && Cfg::kOutE4m3 && (Cfg::kCacheE4m3 || kCache == kCacheNone),
   };
   typedef typename Elem<kOutDType>::Raw OutRaw;
