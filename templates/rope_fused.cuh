@@ -648,8 +648,10 @@ struct FusedKernel {
     // Per-head norm weights for this lane's slice, loaded once for every token and head.
     // Unconditional loads from addresses inside the weights (lanes past the head read element
     // 0, no k heads read q's weights): a conditional load's merge would be a use of it.
-    // (Read from shared memory as floats instead, filled at the block's start, ring kernels
-    // were slower: bench/RESULTS.md, "A cp.async ring".)
+    // (Read from shared memory as floats instead, ring kernels were slower: filled at the
+    // block's start, bench/RESULTS.md, "A cp.async ring"; filled after its first loads, 3 points
+    // of a copy slower on the H200's dynamic FP8 step, "Three more levers for dynamic FP8 on the
+    // H200".)
     RawSlice wq, wk;
     if (kNorm == kNormRms || kNorm == kNormRmsOnePlus) {
       const Raw* wq_ptr = static_cast<const Raw*>(fp.q_norm_w);
