@@ -477,8 +477,8 @@ struct FusedKernel {
     for (int j = 0; j < kHpt; ++j) {
       const int h = hb + grid_row() + j * grid_rows();
       act[j] = loadable && in_head && h < total;
-      kind[j] = h < hq ? 0 : h < hq + hk ? 1 : 2;
-      idx[j] = h - (kind[j] == 0 ? 0 : kind[j] == 1 ? hq : hq + hk);
+      kind[j] = kind_of(h, hq, hk);
+      idx[j] = index_in_kind(h, kind[j], hq, hk);
     }
   }
 
@@ -502,38 +502,80 @@ struct FusedKernel {
       if (act[j]) load_slice(slice_at(q, k, v, kind[j], idx[j], col), two, x[j]);
   }
 
+  // The kind of head h (0 q, 1 k, 2 v) and its index within that kind.
+  static __device__ __forceinline__ int kind_of(int h, int hq, int hk) {
+    return h < hq ? 0 : h < hq + hk ? 1 : 2;
+  }
+  static __device__ __forceinline__ int index_in_kind(int h, int kind, int hq, int hk) {
+    return h - (kind == 0 ? 0 : kind == 1 ? hq : hq + hk);
+  }
+
+  // Where this lane's slice of head h of the token starts. `one_row`: q, k and v are one row
+  // of heads (a packed QKV projection's), so head h is h rows from q's head 0 whatever its kind.
+  static __device__ __forceinline__ const char* head_at(const Rows& q, const Rows& k, const Rows& v,
+                                                        bool one_row, int h, int hq, int hk,
+                                                        int col) {
+    // (64-bit: the narrow offsets are checked inside each of q, k and v, not across them.)
+    if (one_row) return q.at + col * int(sizeof(Raw)) + (long long)h * q.head;
+    const int kind = kind_of(h, hq, hk);
+    return slice_at(q, k, v, kind, index_in_kind(h, kind, hq, hk), col);
+  }
+
   // The ring (kRing > 0): slots of one pass each, [slot][head j][lo, hi][thread of the block],
   // 16 bytes apiece, so that a warp's accesses are consecutive (no bank conflicts). A thread
   // reads back only what it copied itself: waiting for its own copies is all the ordering it needs.
-  static __device__ __forceinline__ uint4* ring_at(uint4* ring, int slot, int j, int half,
-                                                   unsigned flat, unsigned threads) {
-    return ring + (unsigned((slot * kHpt + j) * 2 + half) * threads + flat);
+  // Addressed in the shared window (32 bits) from `mine`, the thread's entry of slot 0, head 0:
+  // converted from a generic pointer at each access, every copy and read re-derived the block's
+  // window base (bench/RESULTS.md, "Kind-uniform passes").
+  static __device__ __forceinline__ unsigned ring_at(unsigned mine, int slot, int j, int half,
+                                                     unsigned threads) {
+    return mine + unsigned((slot * kHpt + j) * 2 + half) * threads * unsigned(sizeof(uint4));
   }
-  static __device__ __forceinline__ void copy16_async(uint4* dst, const char* src) {
+  static __device__ __forceinline__ void copy16_async(unsigned dst, const char* src) {
 #if __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
-                     unsigned(__cvta_generic_to_shared(dst))),
-                 "l"(src));
-#else
-    *dst = *reinterpret_cast<const uint4*>(src);  // sm_75: an ordinary load and store
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+#else  // sm_75: an ordinary load and store
+    const uint4 w = *reinterpret_cast<const uint4*>(src);
+    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(w.x), "r"(w.y),
+                 "r"(w.z), "r"(w.w)
+                 : "memory");
 #endif
+  }
+  static __device__ __forceinline__ uint4 ring_load(unsigned at) {
+    uint4 w;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(w.x), "=r"(w.y), "=r"(w.z), "=r"(w.w)
+                 : "r"(at)
+                 : "memory");
+    return w;
+  }
+  // Copies this lane's slice of a head (at src) into head j of ring slot `slot`.
+  static __device__ __forceinline__ void ring_copy(int slot, int j, unsigned mine, unsigned threads,
+                                                   bool two, const char* src) {
+    copy16_async(ring_at(mine, slot, j, 0, threads), src);
+    if (two) copy16_async(ring_at(mine, slot, j, 1, threads), src + kPairs * int(sizeof(Raw)));
   }
   // Copies the batch of heads starting at hb into ring slot `slot`, as one group of copies
   // (empty past the last pass, so that every pass commits exactly one group).
-  static __device__ __forceinline__ void ring_issue(int hb, int slot, uint4* ring, unsigned flat,
+  static __device__ __forceinline__ void ring_issue(int hb, int slot, unsigned mine,
                                                     unsigned threads, const Rows& q, const Rows& k,
-                                                    const Rows& v, bool loadable, bool in_head,
-                                                    int col, bool two, int hq, int hk, int total) {
-    int kind[kHpt], idx[kHpt];
-    bool act[kHpt];
-    batch_heads(hb, loadable, in_head, hq, hk, total, kind, idx, act);
+                                                    const Rows& v, bool one_row, bool loadable,
+                                                    bool in_head, int col, bool two, int hq, int hk,
+                                                    int total) {
+    // (One test of one_row per pass, not per head.)
+    if (one_row) {
 #pragma unroll
-    for (int j = 0; j < kHpt; ++j) {
-      if (act[j]) {
-        const char* src = slice_at(q, k, v, kind[j], idx[j], col);
-        copy16_async(ring_at(ring, slot, j, 0, flat, threads), src);
-        if (two)
-          copy16_async(ring_at(ring, slot, j, 1, flat, threads), src + kPairs * int(sizeof(Raw)));
+      for (int j = 0; j < kHpt; ++j) {
+        const int h = hb + grid_row() + j * grid_rows();
+        if (loadable && in_head && h < total)
+          ring_copy(slot, j, mine, threads, two, head_at(q, k, v, true, h, hq, hk, col));
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < kHpt; ++j) {
+        const int h = hb + grid_row() + j * grid_rows();
+        if (loadable && in_head && h < total)
+          ring_copy(slot, j, mine, threads, two, head_at(q, k, v, false, h, hq, hk, col));
       }
     }
 #if __CUDA_ARCH__ >= 800
@@ -541,17 +583,16 @@ struct FusedKernel {
 #endif
   }
   // Waits for the oldest group in flight (the pass in `slot`) and reads it into registers.
-  static __device__ __forceinline__ void ring_read(int slot, uint4* ring, unsigned flat,
-                                                   unsigned threads, bool two,
-                                                   RawSlice (&x)[kHpt]) {
+  static __device__ __forceinline__ void ring_read(int slot, unsigned mine, unsigned threads,
+                                                   bool two, RawSlice (&x)[kHpt]) {
     if constexpr (kRing > 0) {  // (16-byte vectors: compiled only for ring kernels)
 #if __CUDA_ARCH__ >= 800
       asm volatile("cp.async.wait_group %0;\n" ::"n"(kRing - 1) : "memory");
 #endif
 #pragma unroll
       for (int j = 0; j < kHpt; ++j) {
-        x[j].lo.w = *ring_at(ring, slot, j, 0, flat, threads);
-        if (two) x[j].hi.w = *ring_at(ring, slot, j, 1, flat, threads);
+        x[j].lo.w = ring_load(ring_at(mine, slot, j, 0, threads));
+        if (two) x[j].hi.w = ring_load(ring_at(mine, slot, j, 1, threads));
       }
     }
   }
@@ -637,6 +678,7 @@ struct FusedKernel {
     // a warp, and per-head sums of squares (norm over all heads).
     extern __shared__ __align__(16) float2 fused_shared[];
     uint4* ring = reinterpret_cast<uint4*>(fused_shared);
+    const unsigned mine = unsigned(__cvta_generic_to_shared(ring + flat));
     float2* angles_base =
         reinterpret_cast<float2*>(ring + (kRing > 0 ? kRing * kHpt * 2 * block_threads : 0));
     const int angle_slots = Cfg::kComputed ? int(blockDim.z) * kPairs : 0;
@@ -720,14 +762,17 @@ struct FusedKernel {
           k_out = out_row(p.k, tp, t);
         }
       }
+      const bool one_row = q.head == k.head && k.head == v.head &&
+                           q.at + (long long)hq * q.head == k.at &&
+                           k.at + (long long)hk * k.head == v.at;
       RawSlice xr[kHpt];
       int kind[kHpt], idx[kHpt];  // 0 q, 1 k, 2 v; index within its kind
       bool act[kHpt];
       if (ringed) {  // the first kRing - 1 passes' copies (the loop issues the rest)
 #pragma unroll
         for (int s = 0; s < kRing - 1; ++s)
-          ring_issue(s * step, s, ring, flat, block_threads, q, k, v, loadable, in_head, col, two,
-                     hq, hk, total);
+          ring_issue(s * step, s, mine, block_threads, q, k, v, one_row, loadable, in_head, col,
+                     two, hq, hk, total);
       } else {
         load_batch(0, q, k, v, loadable, in_head, col, two, hq, hk, total, xr, kind, idx, act);
       }
@@ -785,12 +830,13 @@ struct FusedKernel {
       // of a prefill kernel makes several passes, each otherwise a full memory round trip with
       // nothing in flight behind it. The ring issues pass + kRing - 1, then waits for this one.
       Batch next;
-      int pass = 0;
-      for (int hb = 0; hb < total; hb += step, ++pass) {  // the same trip count in every thread
+      int slot = 0;  // the ring slot of this pass; the one before it was freed by the last pass
+      for (int hb = 0; hb < total; hb += step) {  // the same trip count in every thread
         if (ringed) {
-          ring_issue(hb + (kRing - 1) * step, (pass + kRing - 1) % kRing, ring, flat, block_threads,
-                     q, k, v, loadable, in_head, col, two, hq, hk, total);
-          ring_read(pass % kRing, ring, flat, block_threads, two, xr);
+          ring_issue(hb + (kRing - 1) * step, slot == 0 ? kRing - 1 : slot - 1, mine, block_threads,
+                     q, k, v, one_row, loadable, in_head, col, two, hq, hk, total);
+          ring_read(slot, mine, block_threads, two, xr);
+          slot = slot == kRing - 1 ? 0 : slot + 1;
           batch_heads(hb, loadable, in_head, hq, hk, total, kind, idx, act);
         } else if (!kAhead) {  // (a ring kernel's single pass is loaded already)
           if (hb > 0)
