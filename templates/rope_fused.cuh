@@ -526,7 +526,7 @@ struct FusedKernel {
   // reads back only what it copied itself: waiting for its own copies is all the ordering it needs.
   // Addressed in the shared window (32 bits) from `mine`, the thread's entry of slot 0, head 0:
   // converted from a generic pointer at each access, every copy and read re-derived the block's
-  // window base (bench/RESULTS.md, "Kind-uniform passes").
+  // window base (bench/RESULTS.md, "Kind-uniform passes? No: the ring's addressing").
   static __device__ __forceinline__ unsigned ring_at(unsigned mine, int slot, int j, int half,
                                                      unsigned threads) {
     return mine + unsigned((slot * kHpt + j) * 2 + half) * threads * unsigned(sizeof(uint4));
