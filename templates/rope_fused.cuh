@@ -555,6 +555,19 @@ struct FusedKernel {
     copy16_async(ring_at(mine, slot, j, 0, threads), src);
     if (two) copy16_async(ring_at(mine, slot, j, 1, threads), src + kPairs * int(sizeof(Raw)));
   }
+  // The copies of the batch of heads starting at hb into ring slot `slot` (kOneRow: see head_at).
+  template <bool kOneRow>
+  static __device__ __forceinline__ void ring_copies(int hb, int slot, unsigned mine,
+                                                     unsigned threads, const Rows& q, const Rows& k,
+                                                     const Rows& v, bool loadable, bool in_head,
+                                                     int col, bool two, int hq, int hk, int total) {
+#pragma unroll
+    for (int j = 0; j < kHpt; ++j) {
+      const int h = hb + grid_row() + j * grid_rows();
+      if (loadable && in_head && h < total)
+        ring_copy(slot, j, mine, threads, two, head_at(q, k, v, kOneRow, h, hq, hk, col));
+    }
+  }
   // Copies the batch of heads starting at hb into ring slot `slot`, as one group of copies
   // (empty past the last pass, so that every pass commits exactly one group).
   static __device__ __forceinline__ void ring_issue(int hb, int slot, unsigned mine,
@@ -563,21 +576,12 @@ struct FusedKernel {
                                                     bool in_head, int col, bool two, int hq, int hk,
                                                     int total) {
     // (One test of one_row per pass, not per head.)
-    if (one_row) {
-#pragma unroll
-      for (int j = 0; j < kHpt; ++j) {
-        const int h = hb + grid_row() + j * grid_rows();
-        if (loadable && in_head && h < total)
-          ring_copy(slot, j, mine, threads, two, head_at(q, k, v, true, h, hq, hk, col));
-      }
-    } else {
-#pragma unroll
-      for (int j = 0; j < kHpt; ++j) {
-        const int h = hb + grid_row() + j * grid_rows();
-        if (loadable && in_head && h < total)
-          ring_copy(slot, j, mine, threads, two, head_at(q, k, v, false, h, hq, hk, col));
-      }
-    }
+    if (one_row)
+      ring_copies<true>(hb, slot, mine, threads, q, k, v, loadable, in_head, col, two, hq, hk,
+                        total);
+    else
+      ring_copies<false>(hb, slot, mine, threads, q, k, v, loadable, in_head, col, two, hq, hk,
+                         total);
 #if __CUDA_ARCH__ >= 800
     asm volatile("cp.async.commit_group;\n" ::);
 #endif
