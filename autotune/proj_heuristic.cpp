@@ -103,7 +103,7 @@ detail::ProjVariant proj_heuristic(const QkvProjSpec& canonical, const detail::P
                                    const detail::DeviceInfo& device) {
   detail::ProjVariant v = proj_variant_for_tiles(canonical, detail::proj_token_tiles(shape.tokens));
   v.cluster =
-      cluster_for(int64_t(detail::proj_grid_x(shape)) * detail::proj_grid_y(shape, v), device);
+      cluster_for(int64_t(detail::proj_grid_x(shape, v)) * detail::proj_grid_y(shape, v), device);
   return v;
 }
 
@@ -141,7 +141,7 @@ std::vector<detail::ProjVariant> proj_heuristic_variants(const QkvProjSpec& cano
     if (shape.pairs <= 0) continue;
     // Token counts of this tile count: one row of blocks, or (eight tiles) any number of rows;
     // the cluster shrinks as the rows grow and is 1 from a grid of sm_count blocks on.
-    const int64_t columns = detail::proj_grid_x(shape);
+    const int64_t columns = detail::proj_grid_x(shape, v);
     for (int64_t rows = 1; tiles == 8 || rows == 1; ++rows) {
       detail::ProjVariant c = v;
       c.cluster = cluster_for(columns * rows, device);

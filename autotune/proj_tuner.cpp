@@ -148,7 +148,10 @@ bool worth_searching(const ProjTuneReport& r) {
 // L2), each with 2, 4 or 8 warps splitting the hidden dimension, 1 or 2 chunks per iteration (4
 // too at one tile), on sm_90+ clusters of 2 and 4 blocks splitting it further, for e4m3 weights
 // at 2 and 4 tiles 64-element chunks (`wide`), for 16-bit weights from 2 tiles the tokens as
-// the 16-row operand (`swap`); legal ones.
+// the 16-row operand (`swap`); from 2 tiles also blocks of 2, 4 or 8 row groups sharing staged
+// activations (`rows`), 4 or 8 warps in all, 1, 2 or 4 chunks, clusters of 1, 2 or 4 (fewer,
+// wider blocks: at Llama-3-8B's 64 tokens on the H100 eight groups in clusters of four were the
+// fastest of them, bench/RESULTS.md); legal ones.
 std::vector<detail::ProjVariant> proj_fused_candidates(const detail::ProjVariant& heuristic,
                                                        bool fp8_weights,
                                                        const detail::DeviceInfo& device) {
@@ -165,6 +168,21 @@ std::vector<detail::ProjVariant> proj_fused_candidates(const detail::ProjVariant
               detail::ProjVariant v{tiles, splits, unroll};
               v.cluster = cluster;
               v.wide = wide;
+              v.swap = swap;
+              if (!detail::proj_variant_problem(v, fp8_weights).empty()) continue;
+              if (std::find(out.begin(), out.end(), v) == out.end()) out.push_back(v);
+            }
+    if (tiles < 2) continue;
+    for (const bool swap : {false, true})
+      for (const int32_t rows : {2, 4, 8})
+        for (const int32_t splits : {1, 2, 4})
+          for (const int32_t unroll : {1, 2, 4})
+            for (const int32_t cluster : {1, 2, 4}) {
+              const int32_t warps = rows * splits;
+              if ((warps != 4 && warps != 8) || (cluster > 1 && device.cc < 90)) continue;
+              detail::ProjVariant v{tiles, splits, unroll};
+              v.rows = rows;
+              v.cluster = cluster;
               v.swap = swap;
               if (!detail::proj_variant_problem(v, fp8_weights).empty()) continue;
               if (std::find(out.begin(), out.end(), v) == out.end()) out.push_back(v);

@@ -377,6 +377,18 @@ void register_proj_benchmarks() {
           v.wide = wide;
           if (detail::proj_variant_problem(v).empty()) variants.push_back(v);
           if (detail::proj_variant_problem(v, true).empty()) fp8_variants.push_back(v);
+          // Row groups sharing staged activations (4 or 8 warps; swapped with 16-bit weights).
+          // Clusters of 2 and 4 too: fewer, wider blocks need them to fill the GPU.
+          for (const int32_t rows : {2, 4, 8})
+            for (const int32_t cluster : {1, 2, 4}) {
+              if (wide || (splits * rows != 4 && splits * rows != 8)) continue;
+              detail::ProjVariant r = v;
+              r.rows = rows;
+              r.cluster = cluster;
+              if (detail::proj_variant_problem(r, true).empty()) fp8_variants.push_back(r);
+              r.swap = tiles >= 2;
+              if (detail::proj_variant_problem(r).empty()) variants.push_back(r);
+            }
         }
   for (const Weights w : {Weights::same, Weights::e4m3})
     for (const int64_t m : {1, 16, 32, 64})

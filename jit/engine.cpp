@@ -582,8 +582,8 @@ void launch_proj_kernel(CUfunction fn, const ProjShape& shape, const ProjVariant
                         CUstream stream, void** kernel_args) {
   const Driver& d = driver();
   if (v.cluster <= 1) {
-    check(d.LaunchKernel(fn, proj_grid_x(shape), proj_grid_y(shape, v), 1, unsigned(v.threads()), 1,
-                         1, 0, stream, kernel_args, nullptr),
+    check(d.LaunchKernel(fn, proj_grid_x(shape, v), proj_grid_y(shape, v), 1, unsigned(v.threads()),
+                         1, 1, 0, stream, kernel_args, nullptr),
           "cuLaunchKernel");
     return;
   }
@@ -593,7 +593,7 @@ void launch_proj_kernel(CUfunction fn, const ProjShape& shape, const ProjVariant
   attr.value.clusterDim.y = 1;
   attr.value.clusterDim.z = unsigned(v.cluster);
   CUlaunchConfig config{};
-  config.gridDimX = proj_grid_x(shape);
+  config.gridDimX = proj_grid_x(shape, v);
   config.gridDimY = proj_grid_y(shape, v);
   config.gridDimZ = unsigned(v.cluster);
   config.blockDimX = unsigned(v.threads());

@@ -147,6 +147,7 @@ RenderedKernel render(const FfnSpec& c, const ProjVariant& v) {
       {"w8", w8 ? "true" : "false"},
       {"wide", v.wide ? "true" : "false"},
       {"swap", v.swap ? "true" : "false"},
+      {"rows", std::to_string(v.rows)},
       {"cache", "0"},
       {"cache_e4m3", "false"},
       {"token_tiles", std::to_string(v.token_tiles)},

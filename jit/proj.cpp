@@ -80,7 +80,8 @@ void check_workspace(const void* workspace, size_t bytes, const Range* others, s
 
 std::string ProjVariant::name() const {
   return concat('m', token_tiles, 's', splits, 'u', unroll) + (wide ? "w" : "") +
-         (swap ? "t" : "") + (cluster > 1 ? concat('c', cluster) : std::string());
+         (swap ? "t" : "") + (rows > 1 ? concat('r', rows) : std::string()) +
+         (cluster > 1 ? concat('c', cluster) : std::string());
 }
 
 bool parse_proj_variant(const std::string& name, ProjVariant* out) {
@@ -106,6 +107,8 @@ bool parse_proj_variant(const std::string& name, ProjVariant* out) {
     v.swap = true;
     ++at;
   }
+  if (at < name.size() && name[at] == 'r' && (!field('r', &v.rows) || v.rows == 1))
+    return false;  // name() never writes r1
   const bool clustered = at < name.size();
   if (clustered && !field('c', &v.cluster)) return false;
   if (at != name.size() || (clustered && v.cluster == 1)) return false;  // name() never writes c1
@@ -128,10 +131,34 @@ std::string proj_variant_problem(const ProjVariant& v, bool fp8_weights) {
   if (v.swap && fp8_weights) return "swap (tokens as the 16-row operand) needs 16-bit weights";
   if (v.swap && v.token_tiles == 1)
     return "swap needs 2, 4 or 8 token tiles (the 16-row operand takes two)";
-  // A stage's activations: token_tiles * unroll vectors of 16 bytes per lane, at most 16
-  // (e4m3 weights with one token tile, or wide: twice as many, each chunk 64 elements).
   const bool chunk64 = fp8_weights && (v.token_tiles == 1 || v.wide);
-  const int32_t vectors = v.token_tiles * v.unroll * (chunk64 ? 2 : 1);
+  if (!power_of_two(v.rows) || v.rows > 8)
+    return concat("rows (", v.rows, ") must be 1, 2, 4 or 8");
+  if (v.rows > 1) {
+    if (chunk64)
+      return "rows (staged activations) needs 32-element chunks: not e4m3 weights at one token "
+             "tile, nor wide";
+    if (v.splits * v.rows > 8)
+      return concat("splits (", v.splits, ") x rows (", v.rows, ") must be <= 8 (warps)");
+    if (!power_of_two(v.splits) || v.unroll * v.splits > 8)
+      return concat(
+          "unroll (", v.unroll, ") x splits (", v.splits,
+          ") must be a power of two <= 8 with rows (a token's staged vectors in one warp)");
+    if ((v.token_tiles * v.unroll) % v.rows != 0)
+      return concat("token_tiles (", v.token_tiles, ") x unroll (", v.unroll,
+                    ") must be a multiple of rows (", v.rows, "): whole vectors per thread");
+    // Shared memory (48 KB static): two stages of operands, later the warps' partial sums.
+    const int64_t ring = 1024 * int64_t(v.token_tiles) * v.unroll * v.splits;
+    const int64_t part = 512 * int64_t(v.token_tiles) * v.splits * v.rows;
+    if (std::max(ring, part) > 32768)
+      return concat("token_tiles (", v.token_tiles, "), unroll (", v.unroll, "), splits (",
+                    v.splits, ") and rows (", v.rows, ") need ", std::max(ring, part),
+                    " bytes of shared memory; at most 32768");
+  }
+  // A stage's activations: token_tiles * unroll vectors of 16 bytes per lane, at most 16
+  // (e4m3 weights with one token tile, or wide: twice as many, each chunk 64 elements); staged,
+  // token_tiles * unroll / rows per thread.
+  const int32_t vectors = v.token_tiles * v.unroll * (chunk64 ? 2 : 1) / v.rows;
   if (vectors > 16)
     return concat("token_tiles (", v.token_tiles, ") x unroll (", v.unroll, ") must be <= 16",
                   " (registers)");
@@ -314,7 +341,10 @@ std::string proj_split_problem(const QkvProjSpec& c, const QkvProjArgs& a, const
   return "";
 }
 
-uint32_t proj_grid_x(const ProjShape& s) { return uint32_t((s.pairs + 7) / 8); }
+uint32_t proj_grid_x(const ProjShape& s, const ProjVariant& v) {
+  const int64_t per_block = 8 * int64_t(v.rows);  // pairs
+  return uint32_t((s.pairs + per_block - 1) / per_block);
+}
 
 uint32_t proj_grid_y(const ProjShape& s, const ProjVariant& v) {
   const int64_t per_block = int64_t(v.token_tiles) * 8;
@@ -594,6 +624,7 @@ RenderedKernel render(const QkvProjSpec& c, const ProjVariant& v) {
       {"cluster", std::to_string(v.cluster)},
       {"wide", flag(v.wide)},
       {"swap", flag(v.swap)},
+      {"rows", std::to_string(v.rows)},
       {"neox", flag(c.style == Style::neox)},
       {"pos_ids", flag(c.positions == Positions::ids)},
       {"idx64", flag(c.index_type == IndexType::i64)},

@@ -31,8 +31,14 @@ struct ProjVariant {
   // (weights as the 16-row operand take a move per register to interleave a lane's two rows).
   // Name suffix `t`.
   bool swap = false;
+  // 16-row weight groups per block, `splits` warps each: 1, 2, 4 or 8. From 2 the block's
+  // tokens' activations are staged in shared memory once per iteration, their norm products
+  // formed once, and shared by the groups: a block of `rows` groups reads them once where
+  // `rows` blocks of one group read them `rows` times (at 32-64 tokens that traffic, every
+  // block's from L2, outgrows the weight's). Name suffix `r<rows>`.
+  int32_t rows = 1;
 
-  int32_t threads() const { return 32 * splits; }
+  int32_t threads() const { return 32 * splits * rows; }
   // Blocks the kernel is compiled to keep resident per SM (__launch_bounds__), in threads'
   // worth: 1024 for one token tile (64 registers at 8 warps; a Llama-sized grid of 384 blocks
   // runs in one wave on 132 SMs), 768 with e4m3 weights there (a stage holds 64-element chunks:
@@ -46,22 +52,23 @@ struct ProjVariant {
   int32_t min_blocks(bool fp8_weights = false, bool glu = false) const {
     const bool one_wide = fp8_weights && token_tiles == 1;
     const bool proj16 = !fp8_weights && !glu;
-    int32_t worth = wide                         ? (token_tiles == 2 ? 512 : 384)
+    int32_t worth = rows > 1                     ? 512
+                    : wide                       ? (token_tiles == 2 ? 512 : 384)
                     : token_tiles == 1           ? (one_wide ? 768 : 1024)
                     : token_tiles == 2           ? (proj16 ? 768 : 1024)
                     : token_tiles == 8 && proj16 ? 384
                                                  : 512;
     return std::max(1, worth / threads());
   }
-  std::string name() const;  // "m2s4u2", "m1s8u2c4", "m2s8u1w", "m2s8u1t"
+  std::string name() const;  // "m2s4u2", "m1s8u2c4", "m2s8u1w", "m2s8u1t", "m8s2u1tr4c2"
   friend bool operator==(const ProjVariant& a, const ProjVariant& b) {
     return a.token_tiles == b.token_tiles && a.splits == b.splits && a.unroll == b.unroll &&
-           a.cluster == b.cluster && a.wide == b.wide && a.swap == b.swap;
+           a.cluster == b.cluster && a.wide == b.wide && a.swap == b.swap && a.rows == b.rows;
   }
 };
 
-// The variant a name() spells ("m<tiles>s<splits>u<unroll>[w][t][c<cluster>]", decimal numbers
-// without leading zeros); false for anything else (legality is proj_variant_problem's).
+// The variant a name() spells ("m<tiles>s<splits>u<unroll>[w][t][r<rows>][c<cluster>]", decimal
+// numbers without leading zeros); false for anything else (legality is proj_variant_problem's).
 bool parse_proj_variant(const std::string& name, ProjVariant* out);
 
 // "" when `v` may be compiled (for e4m3 weights when `fp8_weights`), else the reason, starting
@@ -150,7 +157,7 @@ std::string proj_unfused_key(const QkvProjSpec& canonical, const QkvProjArgs& ar
 int64_t proj_path_bucket(int64_t tokens);
 
 // Grid of a launch: blocks of 8 column pairs (x) by groups of token_tiles * 8 tokens (y).
-uint32_t proj_grid_x(const ProjShape& shape);
+uint32_t proj_grid_x(const ProjShape& shape, const ProjVariant& v);
 uint32_t proj_grid_y(const ProjShape& shape, const ProjVariant& v);
 
 RenderedKernel render(const QkvProjSpec& canonical, const ProjVariant& variant);

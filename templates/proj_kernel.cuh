@@ -178,8 +178,25 @@ struct ProjKernel {
     kCluster = Cfg::kCluster,      // blocks of a cluster, each a slice of the hidden dimension
     kSlices = kSplits * kCluster,  // warps of the cluster, each a slice
     kStep = kChunk * kUnroll * kSlices,
-    kMine = (kTiles + kSlices - 1) / kSlices  // tiles a warp finishes
+    kMine = (kTiles + kSlices - 1) / kSlices,  // tiles a warp finishes
+    // Row groups (Cfg::kRows > 1): the block's 16 * kRows weight rows, kSplits warps each, share
+    // its tokens' activations, staged in shared memory once per iteration.
+    kRows = Cfg::kRows,
+    kStaged = kRows > 1,
+    kThreads = 32 * kSplits * kRows,
+    kBlockW = kChunk * kUnroll * kSplits,  // hidden elements a block covers per iteration
+    kTokens = kTiles * 8,                  // tokens of a block
+    kTokenVecs = kBlockW / 8,              // 16-byte vectors of one token per iteration
+    kStageVecs = kTokens * kTokenVecs,     // vectors of a stage
+    kStagePer = kStaged ? kStageVecs / kThreads : 1,  // vectors a thread stages
+    kPartRows = kSlices > 1 ? kSplits* kRows : 1,     // warps whose partial sums are shared
+    kSumRows = kStaged ? 1 : kSplits,                 // rows of Σ x² in shared memory
+    kSharedFloats = kStaged && 8 * kStageVecs > kPartRows* kTiles * 128 ? 8 * kStageVecs
+                                                                        : kPartRows* kTiles * 128
   };
+  static_assert(!kStaged || (kXv == 1 && kStageVecs % kThreads == 0 && 32 % kTokenVecs == 0),
+                "staged activations: one 16-byte vector per lane and chunk, whole vectors per "
+                "thread, a token's vectors within one warp");
 
   // The two output columns of the thread's pair, and where they go.
   struct Pair {
@@ -382,7 +399,8 @@ struct ProjKernel {
   // unconditionally. A chunk past the end of the hidden dimension (the last iteration only) is
   // zeros.
   struct Stage {
-    uint4 a[kUnroll], b[kUnroll], n[kUnroll][kXv], x[kUnroll][kTiles][kXv];
+    enum : int { kXu = kStaged ? 1 : kUnroll, kXt = kStaged ? 1 : kTiles };  // (staged: unused)
+    uint4 a[kUnroll], b[kUnroll], n[kXu][kXv], x[kXu][kXt][kXv];
 
     // Chunk u at byte offsets woff (weights) and off (activations); `in`: inside the hidden
     // dimension.
@@ -392,15 +410,17 @@ struct ProjKernel {
       const uint4 z = make_uint4(0, 0, 0, 0);
       a[u] = !in ? z : kWLoad == 16 ? load_stream16(wa + woff) : load_stream8(wa + woff);
       b[u] = !in ? z : kWLoad == 16 ? load_stream16(wb + woff) : load_stream8(wb + woff);
+      if constexpr (!kStaged) {  // (staged: the activations come from shared memory)
 #pragma unroll
-      for (int v = 0; v < kXv; ++v) {
-        if (Cfg::kNorm != kProjNormNone)
-          n[u][v] = in ? __ldg(reinterpret_cast<const uint4*>(static_cast<const char*>(p.norm_w) +
-                                                              off + 16 * v))
-                       : z;
+        for (int v = 0; v < kXv; ++v) {
+          if (Cfg::kNorm != kProjNormNone)
+            n[u][v] = in ? __ldg(reinterpret_cast<const uint4*>(static_cast<const char*>(p.norm_w) +
+                                                                off + 16 * v))
+                         : z;
 #pragma unroll
-        for (int i = 0; i < kTiles; ++i)
-          x[u][i][v] = in ? __ldg(reinterpret_cast<const uint4*>(xrow[i] + off + 16 * v)) : z;
+          for (int i = 0; i < kTiles; ++i)
+            x[u][i][v] = in ? __ldg(reinterpret_cast<const uint4*>(xrow[i] + off + 16 * v)) : z;
+        }
       }
     }
 
@@ -419,13 +439,91 @@ struct ProjKernel {
     }
   };
 
+  // Staged activations (kStaged): every iteration the block's threads load its tokens' kBlockW
+  // activations, form the operand once (the norm products, and Σ x²) and store it in shared
+  // memory as [chunk][token][32 elements], where a warp's lanes (g, t) read tile i's 8 tokens as
+  // 512 consecutive bytes (no bank conflicts). Thread `tid` stages vectors tid + j * kThreads:
+  // token (tid + j * kThreads) / kTokenVecs, at element 8 * (tid % kTokenVecs) of every iteration
+  // (kThreads is a multiple of kTokenVecs), so its Σ x² stay with their tokens.
+  struct Staging {
+    const char* row[kStagePer];  // the tokens' activation rows
+    uint4 x[kStagePer], n;
+    float sumsq[kStagePer];
+    int vec;  // the thread's vector within a token's kBlockW elements
+
+    __device__ __forceinline__ void init(const ProjParams& p, long long first_token, int tid) {
+      vec = tid % kTokenVecs;
+#pragma unroll
+      for (int j = 0; j < kStagePer; ++j) {  // a token past the end reads token 0 (Stage says why)
+        const long long token = first_token + (tid + j * kThreads) / kTokenVecs;
+        row[j] = static_cast<const char*>(p.x) +
+                 (token < p.tokens ? token : 0) * p.x_stride * (long long)sizeof(Raw);
+        if (kStagePer <= 4) opaque(row[j]);
+        sumsq[j] = 0.0f;
+      }
+    }
+
+    // The vectors of the iteration whose block slice starts at `base`; zeros past the end.
+    __device__ __forceinline__ void load(const ProjParams& p, int hidden, int base) {
+      const uint4 z = make_uint4(0, 0, 0, 0);
+      const int k = base + 8 * vec;
+      const bool in = k < hidden;  // hidden is a multiple of 8
+      const unsigned off = unsigned(k) * unsigned(sizeof(Raw));
+      n = Cfg::kNorm != kProjNormNone && in
+              ? __ldg(reinterpret_cast<const uint4*>(static_cast<const char*>(p.norm_w) + off))
+              : z;
+#pragma unroll
+      for (int j = 0; j < kStagePer; ++j)
+        x[j] = in ? __ldg(reinterpret_cast<const uint4*>(row[j] + off)) : z;
+    }
+
+    // The loaded vectors' operands into `plane` (kStageVecs vectors).
+    __device__ __forceinline__ void publish(uint4* plane, int tid) {
+#pragma unroll
+      for (int j = 0; j < kStagePer; ++j) {
+        u32 b[4];
+        operand(x[j], n, sumsq[j], b);
+        const int token = (tid + j * kThreads) / kTokenVecs;
+        plane[((vec >> 2) * kTokens + token) * 4 + (vec & 3)] = make_uint4(b[0], b[1], b[2], b[3]);
+      }
+    }
+
+    // Σ x² of each staged token into sums[token]: its kTokenVecs threads are adjacent lanes,
+    // added in a fixed butterfly order.
+    __device__ __forceinline__ void reduce(float* sums, int tid) const {
+#pragma unroll
+      for (int j = 0; j < kStagePer; ++j) {
+        float s = sumsq[j];
+#pragma unroll
+        for (int o = 1; o < kTokenVecs; o <<= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (vec == 0) sums[(tid + j * kThreads) / kTokenVecs] = s;
+      }
+    }
+  };
+
+  // The lane's operand of token tile i in chunk u (vector v of a 64-element chunk) of the
+  // current iteration: formed from its own loads, or (staged) read from shared memory, where
+  // `lane` points at its first chunk's tile 0.
+  static __device__ __forceinline__ void products(const Stage& cur, const uint4* lane, int u, int i,
+                                                  int v, float& sumsq, u32* b) {
+    if constexpr (kStaged) {
+      const uint4 q = lane[(u * kTokens + i * 8) * 4];
+      b[0] = q.x;
+      b[1] = q.y;
+      b[2] = q.z;
+      b[3] = q.w;
+    } else {
+      operand(cur.x[u][i][v], cur.n[u][v], sumsq, b);
+    }
+  }
+
   // The accumulator tiles ("units") a lane finishes, and what each holds. Not swapped: unit i is
   // token tile i, and the lane holds the two columns (rows g and g + 8) of its pair g for tokens
   // 2t and 2t + 1 (c[h] and c[2 + h]). Swapped: unit i is n-tile i % 2 of token pair-tile i / 2,
   // and the lane holds the two columns (2t, 2t + 1) of pair 4 (i % 2) + t for tokens g and g + 8
-  // (c[2h] and c[2h + 1]).
-  static __device__ __forceinline__ long long unit_pair(int i, int g, int t) {
-    return (long long)blockIdx.x * 8 + (kSwap ? 4 * (i & 1) + t : g);
+  // (c[2h] and c[2h + 1]). `group`: the first of the warp's 8 pairs.
+  static __device__ __forceinline__ long long unit_pair(long long group, int i, int g, int t) {
+    return group + (kSwap ? 4 * (i & 1) + t : g);
   }
   static __device__ __forceinline__ int unit_token(int i, int g, int t, int h) {
     return kSwap ? (i >> 1) * 16 + 8 * h + g : i * 8 + 2 * t + h;
@@ -438,7 +536,8 @@ struct ProjKernel {
     float scale_a, scale_b;
 
     __device__ __forceinline__ void fetch(const ProjParams& p, const Pair& r, bool live,
-                                          long long first_token, int finisher, int g, int t) {
+                                          long long group, long long first_token, int finisher,
+                                          int g, int t) {
       scale_a = scale_b = 1.0f;
       if (Cfg::kW8 && live) {
         scale_a = __ldg(p.w_scale + r.col);
@@ -450,7 +549,7 @@ struct ProjKernel {
         Pair ri = r;
         bool live_i = live;
         if (kSwap) {
-          const long long pair = unit_pair(i, g, t);
+          const long long pair = unit_pair(group, i, g, t);
           live_i = pair < p.pairs;
           ri = locate(p, live_i ? pair : 0);
         }
@@ -467,7 +566,8 @@ struct ProjKernel {
   };
 
   // One iteration's products into the accumulators, and the activations' Σ x².
-  static __device__ __forceinline__ void accumulate(const Stage& cur, float (&acc)[kTiles][4],
+  static __device__ __forceinline__ void accumulate(const Stage& cur, const uint4* lane,
+                                                    float (&acc)[kTiles][4],
                                                     float (&sumsq)[kTiles]) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -489,7 +589,7 @@ struct ProjKernel {
 #pragma unroll
           for (int i = 0; i < kTiles; ++i) {
             u32 b[4];
-            operand(cur.x[u][i][v], cur.n[u][v], sumsq[i], b);
+            products(cur, lane, u, i, v, sumsq[i], b);
             Mma::run(acc[i], a8[0], b8[0], a8[1], b8[1], b[0], b[1]);
             Mma::run(acc[i], a8[2], b8[2], a8[3], b8[3], b[2], b[3]);
           }
@@ -501,8 +601,8 @@ struct ProjKernel {
 #pragma unroll
         for (int m = 0; m < kTiles / 2; ++m) {
           u32 x0[4], x1[4];
-          operand(cur.x[u][2 * m][0], cur.n[u][0], sumsq[2 * m], x0);
-          operand(cur.x[u][2 * m + 1][0], cur.n[u][0], sumsq[2 * m + 1], x1);
+          products(cur, lane, u, 2 * m, 0, sumsq[2 * m], x0);
+          products(cur, lane, u, 2 * m + 1, 0, sumsq[2 * m + 1], x1);
           Mma::run(acc[2 * m], x0[0], x1[0], x0[1], x1[1], cur.a[u].x, cur.a[u].y);
           Mma::run(acc[2 * m], x0[2], x1[2], x0[3], x1[3], cur.a[u].z, cur.a[u].w);
           Mma::run(acc[2 * m + 1], x0[0], x1[0], x0[1], x1[1], cur.b[u].x, cur.b[u].y);
@@ -512,7 +612,7 @@ struct ProjKernel {
 #pragma unroll
         for (int i = 0; i < kTiles; ++i) {
           u32 b[4];
-          operand(cur.x[u][i][0], cur.n[u][0], sumsq[i], b);
+          products(cur, lane, u, i, 0, sumsq[i], b);
           Mma::run(acc[i], cur.a[u].x, cur.b[u].x, cur.a[u].y, cur.b[u].y, b[0], b[1]);
           Mma::run(acc[i], cur.a[u].z, cur.b[u].z, cur.a[u].w, cur.b[u].w, b[2], b[3]);
         }
@@ -524,13 +624,19 @@ struct ProjKernel {
                 "swapped operands take pairs of token tiles and 16-bit weights");
 
   static __device__ void run(const ProjParams& p) {
-    __shared__ float partial[kSlices > 1 ? kSplits : 1][kTiles][4][32];
-    __shared__ float sums[kSplits][kTiles * 8];
+    // The warps' partial sums after the loop; staged: first the ring of two stages' operands.
+    __shared__ __align__(16) float shared[kSharedFloats];
+    __shared__ float sums[kSumRows][kTiles * 8];
+    float(&partial)[kPartRows][kTiles][4][32] =
+        *reinterpret_cast<float(*)[kPartRows][kTiles][4][32]>(shared);
     const int lane = int(threadIdx.x) & 31;
     const int warp = int(threadIdx.x) >> 5;
+    const int split = kStaged ? warp % kSplits : warp;  // the warp's slice within the block
     const int g = lane >> 2;  // row group: the pair, and the token whose activations it loads
     const int t = lane & 3;   // lane in group: which 8 elements of a 32-element chunk
-    const long long pair = (long long)blockIdx.x * 8 + g;
+    // The first of the warp's 8 pairs: row group warp / kSplits of the block's kRows.
+    const long long group = ((long long)blockIdx.x * kRows + (kStaged ? warp / kSplits : 0)) * 8;
+    const long long pair = group + g;
     const bool live = pair < p.pairs;
     const Pair r = locate(p, live ? pair : 0);
     const long long first_token = (long long)blockIdx.y * kTiles * 8;  // this block's tokens
@@ -539,7 +645,7 @@ struct ProjKernel {
     const char* wa;
     const char* wb;
     if (kSwap) {
-      const long long pa = (long long)blockIdx.x * 8 + (g >> 1), pb = pa + 4;
+      const long long pa = group + (g >> 1), pb = pa + 4;
       const Pair ra = locate(p, pa < p.pairs ? pa : 0), rb = locate(p, pb < p.pairs ? pb : 0);
       const char* base = static_cast<const char*>(Cfg::kGlu && (g & 1) ? p.w2 : p.w);
       wa = base + ((g & 1) ? ra.col_b : ra.col) * p.w_stride * (long long)kWBytes;
@@ -549,21 +655,21 @@ struct ProjKernel {
       wb = static_cast<const char*>(Cfg::kGlu ? p.w2 : p.w) +
            r.col_b * p.w_stride * (long long)kWBytes;
     }
-    const char* xrow[kTiles];
+    const char* xrow[kStaged ? 1 : kTiles];  // (staged: the Staging's rows instead)
 #pragma unroll
-    for (int i = 0; i < kTiles; ++i) {  // a token past the end reads token 0 (Stage says why)
-      const long long token = first_token + i * 8 + g;
+    for (int i = 0; i < (kStaged ? 0 : kTiles); ++i) {  // a token past the end reads token 0
+      const long long token = first_token + i * 8 + g;  // (Stage says why)
       xrow[i] = static_cast<const char*>(p.x) +
                 (token < p.tokens ? token : 0) * p.x_stride * (long long)sizeof(Raw);
     }
     // Kept in registers: left to itself the compiler recomputes them from the parameters in
     // every iteration (64-bit products, some forty instructions per iteration at two tiles).
     // Up to four tiles: beyond, these registers would spill.
-    if (kTiles <= 4) {
+    if (kTiles <= 4 || kStaged) {
       opaque(wa);
       opaque(wb);
 #pragma unroll
-      for (int i = 0; i < kTiles; ++i) opaque(xrow[i]);
+      for (int i = 0; i < (kStaged ? 0 : kTiles); ++i) opaque(xrow[i]);
     }
 
     float acc[kTiles][4];
@@ -578,24 +684,51 @@ struct ProjKernel {
     // fetched after the loop: fetching them before it (under the weight stream) measured no
     // faster at 1-8 tokens and slower beyond, its registers spilling (bench/RESULTS.md).
     // The warp's slice among the cluster's (one block: kSlices = kSplits, rank 0).
+    // Staged, the loop runs over the block's iterations (`base`, the same in every warp, as the
+    // barriers need), each warp kChunk * kUnroll elements from its `skip`; otherwise over the
+    // warp's own chunks from its slice's first.
     const int rank = kCluster > 1 ? cluster_rank() : 0;
-    const int slice = rank * kSplits + warp;  // also the tiles it finishes: slice, + kSlices, ...
-    const int first = slice * kChunk * kUnroll;
+    const int slice = rank * kSplits + split;  // also the tiles it finishes: slice, + kSlices, ...
+    const int first = kStaged ? rank * kBlockW : slice * kChunk * kUnroll;
+    const int skip = kStaged ? split * kChunk * kUnroll : 0;
     Stage cur, next;
+    Staging st;
+    uint4* const ring = reinterpret_cast<uint4*>(shared);  // staged: two stages of kStageVecs
+    const uint4* const mine = ring + (split * kUnroll * kTokens + g) * 4 + t;  // lane's operand
     Epilogue ep;
     const int hidden = int(p.hidden);
-    cur.load(p, wa, wb, xrow, hidden, first, t);
-    for (int k0 = first; k0 < hidden; k0 += 2 * kStep) {
-      next.load(p, wa, wb, xrow, hidden, k0 + kStep, t);
-      accumulate(cur, acc, sumsq);
-      if (k0 + kStep >= hidden) break;
-      cur.load(p, wa, wb, xrow, hidden, k0 + 2 * kStep, t);
-      accumulate(next, acc, sumsq);
+    const int tid = int(threadIdx.x);
+    cur.load(p, wa, wb, xrow, hidden, first + skip, t);
+    if constexpr (kStaged) {
+      st.init(p, first_token, tid);
+      st.load(p, hidden, first);
+      st.publish(ring, tid);
+      __syncthreads();
     }
-    ep.fetch(p, r, live, first_token, slice, g, t);
+    for (int k0 = first; k0 < hidden; k0 += 2 * kStep) {
+      next.load(p, wa, wb, xrow, hidden, k0 + kStep + skip, t);
+      if constexpr (kStaged) st.load(p, hidden, k0 + kStep);
+      accumulate(cur, mine, acc, sumsq);
+      if constexpr (kStaged) {  // the next stage into the other half, read after the barrier
+        st.publish(ring + kStageVecs, tid);
+        __syncthreads();
+      }
+      if (k0 + kStep >= hidden) break;
+      cur.load(p, wa, wb, xrow, hidden, k0 + 2 * kStep + skip, t);
+      if constexpr (kStaged) st.load(p, hidden, k0 + 2 * kStep);
+      accumulate(next, mine + kStageVecs, acc, sumsq);
+      if constexpr (kStaged) {
+        st.publish(ring, tid);
+        __syncthreads();
+      }
+    }
+    ep.fetch(p, r, live, group, first_token, slice, g, t);
 
-    // Σ x² of token i * 8 + g: the group's four lanes hold disjoint parts of each slice.
-    if (Cfg::kNorm != kProjNormNone) {
+    // Σ x² of token i * 8 + g: the group's four lanes hold disjoint parts of each slice (staged:
+    // the threads that staged each token's vectors).
+    if constexpr (kStaged) {
+      if (Cfg::kNorm != kProjNormNone) st.reduce(sums[0], tid);
+    } else if (Cfg::kNorm != kProjNormNone) {
 #pragma unroll
       for (int i = 0; i < kTiles; ++i) {
         float s = sumsq[i];
@@ -614,7 +747,8 @@ struct ProjKernel {
       cluster_sync();  // every block's partial sums visible to the cluster
     else if (kSplits > 1 || Cfg::kNorm != kProjNormNone)
       __syncthreads();
-    if (live || kSwap) finish_tiles(p, r, acc, partial, sums, ep, first_token, slice, lane);
+    if (live || kSwap)
+      finish_tiles(p, r, acc, partial, sums, ep, group, first_token, warp - split, slice, lane);
     // A cluster's blocks stay until every finisher has read their shared memory.
     if (kCluster > 1) cluster_sync();
   }
@@ -623,9 +757,9 @@ struct ProjKernel {
   // sums added in rank and warp order, then norm, scales, RoPE and the stores.
   static __device__ __forceinline__ void finish_tiles(
       const ProjParams& p, const Pair& r, const float (&acc)[kTiles][4],
-      float (&partial)[kSlices > 1 ? kSplits : 1][kTiles][4][32],
-      float (&sums)[kSplits][kTiles * 8], const Epilogue& ep, long long first_token, int slice,
-      int lane) {
+      float (&partial)[kPartRows][kTiles][4][32], float (&sums)[kSumRows][kTiles * 8],
+      const Epilogue& ep, long long group, long long first_token, int row0, int slice, int lane) {
+    // row0: the first warp of the lane's row group (its kSplits warps' partial sums).
     // Slice w finishes units w, w + kSlices, ... (unit_pair says what a unit holds; the loop is
     // unrolled so that acc[] stays in registers).
     const int g = lane >> 2, t = lane & 3;
@@ -634,7 +768,7 @@ struct ProjKernel {
       if (i % kSlices != slice) continue;
       Pair ri = r;
       if (kSwap) {
-        const long long pair = unit_pair(i, g, t);
+        const long long pair = unit_pair(group, i, g, t);
         if (pair >= p.pairs) continue;
         ri = locate(p, pair);
       }
@@ -647,7 +781,8 @@ struct ProjKernel {
           for (int b = 0; b < kCluster; ++b)
 #pragma unroll
             for (int w = 0; w < kSplits; ++w)
-              s += kCluster > 1 ? cluster_load(&partial[w][i][e][lane], b) : partial[w][i][e][lane];
+              s += kCluster > 1 ? cluster_load(&partial[row0 + w][i][e][lane], b)
+                                : partial[row0 + w][i][e][lane];
           c[e] = s;
         }
       } else {
@@ -665,7 +800,7 @@ struct ProjKernel {
 #pragma unroll
           for (int b = 0; b < kCluster; ++b)
 #pragma unroll
-            for (int w = 0; w < kSplits; ++w)
+            for (int w = 0; w < kSumRows; ++w)
               s += kCluster > 1 ? cluster_load(&sums[w][local], b) : sums[w][local];
           rstd = 1.0f / sqrtf(s / float(p.hidden) + p.norm_eps);
         }

@@ -233,8 +233,9 @@ TEST_CASE("ropejit tune takes projection keys: the path per token bucket") {
   r = run("tune --key " + key + "_we4m3 --heads 32,8 --hidden 4096 --tokens 16 --dry-run");
   INFO(r.output);
   CHECK(r.status == 0);
-  CHECK(has(r, "fused (m2s4u1w) vs unfused (e4m3 weights dequantized); 63 fused variants"));
+  CHECK(has(r, "fused (m2s4u1w) vs unfused (e4m3 weights dequantized); 93 fused variants"));
   CHECK(has(r, " m2s8u2wc4 "));
+  CHECK(has(r, " m2s1u2r4c2 "));  // row groups sharing staged activations, from two tiles
   r = run("tune --key " + key + " --heads 32,8 --dry-run");
   CHECK(r.status != 0);
   CHECK(has(r, "--hidden (0) must be a multiple of 8"));

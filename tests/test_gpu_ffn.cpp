@@ -126,16 +126,18 @@ TEST_SUITE("gpu") {
         for (const int32_t splits : {1, 2, 4, 8})
           for (const int32_t unroll : {1, 2, 4})
             for (int32_t cluster = 1; cluster <= max_cluster; cluster *= 4)
-              for (const bool swap : {false, true}) {  // tokens as the 16-row operand
-                if (cluster > 1 && splits != 4) continue;
-                detail::ProjVariant v{tiles, splits, unroll};
-                v.cluster = cluster;
-                v.swap = swap;
-                if (!detail::proj_variant_problem(v).empty()) continue;
-                p.upload();
-                api::engine().launch_ffn(c, p.args(), shape, &v);
-                expect_ok(p, s.key() + " " + v.name() + " tokens " + std::to_string(tokens));
-              }
+              for (const bool swap : {false, true})     // tokens as the 16-row operand
+                for (const int32_t rows : {1, 2, 4}) {  // staged activations from 2
+                  if (cluster > 1 && splits != 4) continue;
+                  detail::ProjVariant v{tiles, splits, unroll};
+                  v.cluster = cluster;
+                  v.swap = swap;
+                  v.rows = rows;
+                  if (!detail::proj_variant_problem(v).empty()) continue;
+                  p.upload();
+                  api::engine().launch_ffn(c, p.args(), shape, &v);
+                  expect_ok(p, s.key() + " " + v.name() + " tokens " + std::to_string(tokens));
+                }
     }
   }
 

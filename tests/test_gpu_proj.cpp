@@ -71,8 +71,8 @@ MatrixCase matrix_case(int n, const int32_t (&d)[2], DType dt, Norm norm,
 }
 
 // The library's call (and, when `fused_only`, the check that it takes the fused path), then
-// another split of the hidden dimension and unroll of the same key on the same problem, each
-// checked against float64.
+// another split of the hidden dimension and unroll of the same key on the same problem, and the
+// same with staged activations (4 or 2 row groups, where legal), each checked against float64.
 void check_call_and_variant(autotune::ProjProblem& p, const QkvProjSpec& s, int32_t splits,
                             int32_t unroll, bool fused_only, const std::string& what) {
   p.upload();
@@ -86,6 +86,17 @@ void check_call_and_variant(autotune::ProjProblem& p, const QkvProjSpec& s, int3
   p.upload();
   api::engine().launch_proj(c, p.args(), shape, &other);
   expect_ok(p, what + " " + other.name());
+  const bool fp8 = s.weights == Weights::e4m3;
+  for (const int32_t rows : {4, 2}) {
+    detail::ProjVariant staged{tiles, splits, tiles <= 2 ? 2 : 1};
+    staged.rows = rows;
+    staged.swap = !fp8 && tiles >= 2 && splits % 2 == 0;
+    if (!detail::proj_variant_problem(staged, fp8).empty()) continue;
+    p.upload();
+    api::engine().launch_proj(c, p.args(), shape, &staged);
+    expect_ok(p, what + " " + staged.name());
+    break;
+  }
 }
 
 // The key's first use outside a capture (`warm_tokens` of the same shape, another seed), then a
@@ -631,12 +642,14 @@ TEST_SUITE("gpu") {
       for (const int32_t tiles : {1, 2, 4, 8})
         for (const int32_t splits : {1, 2, 4, 8})
           for (const int32_t unroll : {1, 2, 4})
-            for (const bool wide : {false, true}) {  // 64-element chunks at 2 and 4 tiles
-              detail::ProjVariant v{tiles, splits, unroll};
-              v.wide = wide;
-              if (!detail::proj_variant_problem(v, true).empty()) continue;
-              run_and_compare(&v, s.key() + " " + v.name());
-            }
+            for (const bool wide : {false, true})     // 64-element chunks at 2 and 4 tiles
+              for (const int32_t rows : {1, 2, 4}) {  // staged activations from 2
+                detail::ProjVariant v{tiles, splits, unroll};
+                v.wide = wide;
+                v.rows = rows;
+                if (!detail::proj_variant_problem(v, true).empty()) continue;
+                run_and_compare(&v, s.key() + " " + v.name());
+              }
     }
   }
 
@@ -658,14 +671,16 @@ TEST_SUITE("gpu") {
       for (const int32_t tiles : {1, 2, 4, 8})
         for (const int32_t splits : {1, 2, 4, 8})
           for (const int32_t unroll : {1, 2, 4})
-            for (const bool swap : {false, true}) {  // tokens as the 16-row operand
-              detail::ProjVariant v{tiles, splits, unroll};
-              v.swap = swap;
-              if (!detail::proj_variant_problem(v).empty()) continue;
-              p.upload();
-              api::engine().launch_proj(c, p.args(), shape, &v);
-              expect_ok(p, s.key() + " " + v.name() + " tokens " + std::to_string(tokens));
-            }
+            for (const bool swap : {false, true})        // tokens as the 16-row operand
+              for (const int32_t rows : {1, 2, 4, 8}) {  // staged activations from 2
+                detail::ProjVariant v{tiles, splits, unroll};
+                v.swap = swap;
+                v.rows = rows;
+                if (!detail::proj_variant_problem(v).empty()) continue;
+                p.upload();
+                api::engine().launch_proj(c, p.args(), shape, &v);
+                expect_ok(p, s.key() + " " + v.name() + " tokens " + std::to_string(tokens));
+              }
       p.upload();
       qkv_projection(s, p.args());  // the heuristic's choice
       expect_ok(p, s.key() + " default, tokens " + std::to_string(tokens));
@@ -708,6 +723,11 @@ TEST_SUITE("gpu") {
             v.wide = w == Weights::e4m3 && (tiles == 2 || tiles == 4) && n % 2 == 0;
             // Tokens as the 16-row operand (16-bit weights, two tiles or more), every other case.
             v.swap = w == Weights::same && tiles >= 2 && n % 2 == 1;
+            // Staged activations (two row groups) where legal, every third case.
+            detail::ProjVariant staged = v;
+            staged.rows = 2;
+            if (n % 3 == 2 && detail::proj_variant_problem(staged, w == Weights::e4m3).empty())
+              v = staged;
             REQUIRE(detail::proj_variant_problem(v, w == Weights::e4m3).empty());
             api::engine().launch_proj(c, p.args(), shape, &v);
             expect_ok(p, s.key() + " " + v.name() + " tokens " + std::to_string(z.tokens) +

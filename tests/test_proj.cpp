@@ -69,22 +69,25 @@ TEST_CASE("projection variants: names parse back, and nothing else does") {
       for (const int32_t unroll : {1, 2, 4})
         for (const int32_t cluster : {1, 2, 4, 8})
           for (const bool wide : {false, true})
-            for (const bool swap : {false, true}) {
-              detail::ProjVariant v{tiles, splits, unroll};
-              v.cluster = cluster;
-              v.wide = wide;
-              v.swap = swap;
-              detail::ProjVariant back;
-              REQUIRE_MESSAGE(detail::parse_proj_variant(v.name(), &back), v.name());
-              CHECK(back == v);
-              ++n;
-            }
-  CHECK(n == 1536);
+            for (const bool swap : {false, true})
+              for (const int32_t rows : {1, 2, 4, 8}) {
+                detail::ProjVariant v{tiles, splits, unroll};
+                v.cluster = cluster;
+                v.wide = wide;
+                v.swap = swap;
+                v.rows = rows;
+                detail::ProjVariant back;
+                REQUIRE_MESSAGE(detail::parse_proj_variant(v.name(), &back), v.name());
+                CHECK(back == v);
+                ++n;
+              }
+  CHECK(n == 6144);
   detail::ProjVariant v;
   for (const char* bad :
-       {"",         "m",         "m1",      "m1s4",       "m1s4u",    "m1s4u2c",  "m1s4u2c1",
-        "m01s4u2",  "m1s4u2x",   "s4m1u2",  "m1s4u2c4c4", "m-1s4u2",  "m1s4u200", "M1S4U2",
-        "m2s4u1ww", "m2s4u1c4w", "m2s4uw1", "m2s4u1tw",   "m2s4u1tt", "m2s4u1c2t"})
+       {"",         "m",         "m1",         "m1s4",       "m1s4u",    "m1s4u2c",   "m1s4u2c1",
+        "m01s4u2",  "m1s4u2x",   "s4m1u2",     "m1s4u2c4c4", "m-1s4u2",  "m1s4u200",  "M1S4U2",
+        "m2s4u1ww", "m2s4u1c4w", "m2s4uw1",    "m2s4u1tw",   "m2s4u1tt", "m2s4u1c2t", "m2s4u1r1",
+        "m2s4u1r",  "m2s4u1rt",  "m2s4u1r4r4", "m2s4u1c2r4", "m2s4u1r04"})
     CHECK_FALSE_MESSAGE(detail::parse_proj_variant(bad, &v), bad);
   // Parsed but illegal: proj_variant_problem's to say.
   REQUIRE(detail::parse_proj_variant("m3s9u3c3", &v));
@@ -116,6 +119,30 @@ TEST_CASE("projection variants: names parse back, and nothing else does") {
     REQUIRE(detail::parse_proj_variant(other, &v));
     CHECK(contains(detail::proj_variant_problem(v, true), "wide needs 2 or 4 token tiles"));
   }
+  // rows: row groups sharing staged activations, 32-element chunks, at most 8 warps, whole
+  // vectors per thread, 32 KB of shared memory.
+  REQUIRE(detail::parse_proj_variant("m8s2u1tr4c2", &v));
+  CHECK(v.rows == 4);
+  CHECK(v.swap);
+  CHECK(v.cluster == 2);
+  CHECK(v.threads() == 256);
+  CHECK(v.min_blocks() == 2);
+  CHECK(detail::proj_variant_problem(v).empty());
+  REQUIRE(detail::parse_proj_variant("m8s2u1r4", &v));
+  CHECK(detail::proj_variant_problem(v, true).empty());  // e4m3: 8 codes per lane from 2 tiles
+  REQUIRE(detail::parse_proj_variant("m1s8u2r2", &v));
+  CHECK(contains(detail::proj_variant_problem(v, true), "needs 32-element chunks"));
+  REQUIRE(detail::parse_proj_variant("m4s4u1wr2", &v));
+  CHECK(contains(detail::proj_variant_problem(v, true), "needs 32-element chunks"));
+  REQUIRE(detail::parse_proj_variant("m8s4u1r4", &v));
+  CHECK(contains(detail::proj_variant_problem(v), "splits (4) x rows (4) must be <= 8"));
+  REQUIRE(detail::parse_proj_variant("m2s1u1r4", &v));
+  CHECK(contains(detail::proj_variant_problem(v), "must be a multiple of rows (4)"));
+  REQUIRE(detail::parse_proj_variant("m8s4u2r2", &v));
+  CHECK(contains(detail::proj_variant_problem(v), "65536 bytes of shared memory"));
+  v = detail::ProjVariant{8, 2, 1};
+  v.rows = 3;
+  CHECK(contains(detail::proj_variant_problem(v), "rows (3) must be 1, 2, 4 or 8"));
 }
 
 TEST_CASE("projection spec: validation names the field and value") {
@@ -298,7 +325,12 @@ TEST_CASE("projection variants: names, legality, token tiles") {
   detail::ProjShape shape;
   shape.tokens = 100;
   shape.pairs = 3072;
-  CHECK(detail::proj_grid_x(shape) == 384);
+  CHECK(detail::proj_grid_x(shape, ProjVariant{}) == 384);
+  ProjVariant staged{8, 2, 1};
+  staged.rows = 4;  // 32 pairs per block
+  CHECK(detail::proj_grid_x(shape, staged) == 96);
+  shape.pairs = 3073;
+  CHECK(detail::proj_grid_x(shape, staged) == 97);
   CHECK(detail::proj_grid_y(shape, ProjVariant{8, 4, 1}) == 2);
 }
 
@@ -805,6 +837,12 @@ TEST_CASE("projection keys compile for sm_80 and sm_90 (every default variant)")
         for (const std::string& path : paths) CHECK_MESSAGE(!path.empty(), s.key(), " ", arch);
       // A variant the heuristic does not pick: unrolled, two warps.
       CHECK_NOTHROW(api::engine().image(s.canonical(), ProjVariant{4, 2, 2},
+                                        detail::target_for(detail::parse_arch(arch, "arch"))));
+      // Staged activations: four row groups of two warps (swapped with 16-bit weights).
+      ProjVariant staged{4, 2, 1};
+      staged.rows = 4;
+      staged.swap = s.weights != Weights::e4m3;
+      CHECK_NOTHROW(api::engine().image(s.canonical(), staged,
                                         detail::target_for(detail::parse_arch(arch, "arch"))));
       if (s.weights == Weights::e4m3) {  // 64-element chunks at two tiles
         ProjVariant wide{2, 8, 1};
