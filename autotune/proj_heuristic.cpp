@@ -42,6 +42,13 @@
 // 26.1-27.2 µs (m4s4u2t against m4s4u2, alternated builds), fused at 48 and 64 tokens 38.0-38.4
 // against 39.9 (the unfused path's 28-29 µs still wins there), 16 tokens and the FFN level
 // (m2s8u1t 23.1-23.5 against m2s8u1 23.3; the tuner, with a clean L2, 23.4 against 23.9).
+//
+// At four token tiles (17-32 tokens) on sm_90+, a projection with 16-bit weights whose grid stays
+// wide runs eight row groups of one warp each, sharing staged activations, in clusters of four
+// (`m4s1u2r8c4`: 64 pairs per block, the hidden dimension over four blocks). `ropejit tune` chose
+// it at Llama-3-8B's 32 tokens on both GPUs (bench/RESULTS.md, "Row groups sharing staged
+// activations"): 25.1 against 26.2-26.5 µs on the H100, 21.3-21.7 against 23.8 on the H200. It
+// needs as many blocks as SMs: a narrower projection keeps m4s4u2t and the cluster rule.
 #include <algorithm>
 
 #include "autotune/policy.hpp"
@@ -97,11 +104,27 @@ int32_t cluster_for(int64_t blocks, const detail::DeviceInfo& device) {
   return c;
 }
 
+// The staged variant at four token tiles, where the call's projection is wide enough for it (see
+// the top of this file); false where the rule does not apply.
+bool staged_at_four_tiles(const QkvProjSpec& canonical, const detail::ProjShape& shape,
+                          const detail::DeviceInfo& device, detail::ProjVariant* out) {
+  detail::ProjVariant v{4, 1, 2};
+  v.rows = 8;
+  v.cluster = 4;
+  if (canonical.weights == Weights::e4m3 || device.cc < 90 || shape.pairs <= 0) return false;
+  if (int64_t(detail::proj_grid_x(shape, v)) * v.cluster < device.sm_count) return false;
+  *out = v;
+  return true;
+}
+
 }  // namespace
 
 detail::ProjVariant proj_heuristic(const QkvProjSpec& canonical, const detail::ProjShape& shape,
                                    const detail::DeviceInfo& device) {
-  detail::ProjVariant v = proj_variant_for_tiles(canonical, detail::proj_token_tiles(shape.tokens));
+  const int32_t tiles = detail::proj_token_tiles(shape.tokens);
+  detail::ProjVariant staged;
+  if (tiles == 4 && staged_at_four_tiles(canonical, shape, device, &staged)) return staged;
+  detail::ProjVariant v = proj_variant_for_tiles(canonical, tiles);
   v.cluster =
       cluster_for(int64_t(detail::proj_grid_x(shape, v)) * detail::proj_grid_y(shape, v), device);
   return v;
@@ -148,6 +171,9 @@ std::vector<detail::ProjVariant> proj_heuristic_variants(const QkvProjSpec& cano
       if (c.cluster == 1) break;
       if (std::find(out.begin(), out.end(), c) == out.end()) out.push_back(c);
     }
+    detail::ProjVariant staged;
+    if (tiles == 4 && staged_at_four_tiles(canonical, shape, device, &staged))
+      out.push_back(staged);
   }
   return out;
 }

@@ -753,6 +753,23 @@ TEST_SUITE("gpu") {
         qkv_projection(s, p.args());
         expect_ok(p, s.key() + " default (" + v.name() + ") tokens " + std::to_string(t));
       }
+      // Llama-3-8B at 17-32 tokens: staged row groups in clusters of four, where the GPU has
+      // at most as many SMs as that grid's 192 blocks.
+      for (const int64_t t : {17, 24, 32}) {
+        autotune::ProjSizes z;
+        z.tokens = t;
+        z.hidden = 4096;
+        z.q_heads = 32;
+        z.kv_heads = 8;
+        z.seed = uint64_t(170 + t);
+        autotune::ProjProblem p(s, z);
+        p.upload();
+        const detail::ProjShape shape = detail::check_proj_call(s.canonical(), p.args());
+        const detail::ProjVariant v = autotune::proj_heuristic(s.canonical(), shape, device);
+        if (device.sm_count <= 192) CHECK_MESSAGE(v.rows == 8, v.name());
+        qkv_projection(s, p.args());
+        expect_ok(p, s.key() + " default (" + v.name() + ") tokens " + std::to_string(t));
+      }
     }
   }
 
