@@ -298,8 +298,7 @@ TEST_CASE("projection variants: names, legality, token tiles") {
     llama.pairs = 3072;
     CHECK(autotune::proj_heuristic(QkvProjSpec{}.canonical(), llama, h100).name() == "m2s8u1t");
     llama.tokens = 32;  // sm_90, 48 blocks of 64 pairs x 4: eight staged row groups, clusters
-    CHECK(autotune::proj_heuristic(QkvProjSpec{}.canonical(), llama, h100).name() ==
-          "m4s1u2r8c4");
+    CHECK(autotune::proj_heuristic(QkvProjSpec{}.canonical(), llama, h100).name() == "m4s1u2r8c4");
     CHECK(autotune::proj_heuristic(QkvProjSpec{}.canonical(), llama, a100).name() == "m4s4u2t");
     shard.tokens = 32;  // too narrow for it: 10 blocks x 4
     CHECK(autotune::proj_heuristic(QkvProjSpec{}.canonical(), shard, h100).name() == "m4s4u2tc4");
@@ -307,8 +306,8 @@ TEST_CASE("projection variants: names, legality, token tiles") {
     for (const ProjVariant& pv :
          autotune::proj_heuristic_variants(QkvProjSpec{}.canonical(), llama, h100))
       names.push_back(pv.name());
-    CHECK(names == std::vector<std::string>{"m1s8u2", "m2s8u1t", "m4s4u2t", "m4s1u2r8c4",
-                                            "m8s4u1t"});
+    CHECK(names ==
+          std::vector<std::string>{"m1s8u2", "m2s8u1t", "m4s4u2t", "m4s1u2r8c4", "m8s4u1t"});
     QkvProjSpec fp8 = QkvProjSpec{}.canonical();
     fp8.weights = Weights::e4m3;
     llama.tokens = 32;  // e4m3 weights: never staged (64-element chunks)
