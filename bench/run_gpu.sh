@@ -6,6 +6,8 @@
 #   bench/run_gpu.sh OUTDIR cands ["NVRTC OPTIONS"]   every tuning candidate's time for the bench
 #     shapes (and again compiled with the options)
 #   bench/run_gpu.sh OUTDIR roofline   plain SM copies and bulk copies against the driver's copy
+#   bench/run_gpu.sh OUTDIR weightread   one launch reading the projection's 50 MB weight: the
+#     library's read pass, one-step reads, the projection kernel's order, bulk copies
 #   bench/run_gpu.sh OUTDIR graphcfg   graph-replayed decode per forced launch configuration
 #   bench/run_gpu.sh OUTDIR graphcfg-fused   the same for the fused Qwen3-style step
 #   bench/run_gpu.sh OUTDIR profile "CASE[:tuned] ..."   Nsight Compute reports (ncu_*.txt)
@@ -26,7 +28,7 @@
 # plots/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out=${1:?usage: bench/run_gpu.sh OUTDIR [tests|bench|all|none|cands|profile|roofline|graphcfg|flags OPTIONS]}
+out=${1:?usage: bench/run_gpu.sh OUTDIR [tests|bench|all|none|cands|profile|roofline|weightread|graphcfg|flags OPTIONS]}
 what=${2:-all}
 mkdir -p "$out"
 build=build-gpu
@@ -219,6 +221,10 @@ fi
 if [ "$what" = roofline ]; then
   # What plain SM kernels and bulk copies move next to the driver's copy (bench/sm_roofline.cu).
   nvcc -O3 -arch=sm_90 -std=c++17 bench/sm_roofline.cu -o $build/sm_roofline && $build/sm_roofline | tee "$out/roofline.txt"
+fi
+if [ "$what" = weightread ]; then
+  # How fast one launch reads Llama-3-8B's projection weight from a cold L2 (bench/weight_read.cu).
+  nvcc -O3 -arch=sm_90 -std=c++17 bench/weight_read.cu -o $build/weight_read && $build/weight_read | tee "$out/weight_read.txt"
 fi
 if [ "$what" = graphcfg ]; then
   # Graph-replayed decode with forced launch configurations (bench/graph_configs.py).
