@@ -76,15 +76,20 @@ __global__ void __launch_bounds__(256) one_step(const uint4* p) {
 // owns 16 weight rows, lane (g, t) of warp w loads 16 bytes of rows g and g + 8 at 8t elements
 // into each 32-element chunk, the warp kUnroll chunks per iteration, the block's 8 warps
 // adjacent chunks, two iterations in flight (loaded one ahead, as the kernel's stages are).
-// 384 blocks; kMinBlocks resident per SM as the kernel's launch bounds ask.
-template <int kUnroll, int kMinBlocks>
+// 384 blocks, or (kSplitK > 1) kSplitK blocks per 16 rows, each a slice of the hidden
+// dimension, as a cluster's blocks take them; kMinBlocks resident per SM as the kernel's launch
+// bounds ask.
+template <int kUnroll, int kMinBlocks, int kSplitK = 1>
 __global__ void __launch_bounds__(256, kMinBlocks) projection_order(const char* w) {
   constexpr int kChunkBytes = 64;
   constexpr int kStep = 8 * kUnroll * kChunkBytes;  // a row's bytes per block iteration
-  constexpr int kIters = kRowBytes / kStep;
+  constexpr int kSliceBytes = kRowBytes / kSplitK;
+  constexpr int kIters = kSliceBytes / kStep;
+  static_assert(kIters >= 1, "a slice holds at least one iteration");
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  const char* ra =
-      w + ((long long)blockIdx.x * 16 + g) * kRowBytes + warp * kUnroll * kChunkBytes + 16 * t;
+  const long long group = blockIdx.x / kSplitK, slice = blockIdx.x % kSplitK;
+  const char* ra = w + (group * 16 + g) * kRowBytes + slice * kSliceBytes +
+                   warp * kUnroll * kChunkBytes + 16 * t;
   const char* rb = ra + 8 * kRowBytes;
   uint4 stage[2][2 * kUnroll];
   auto load = [&](uint4* s, int it) {
@@ -235,6 +240,12 @@ int main() {
        [&] { projection_order<4, 3><<<kRows / 16, 256>>>(w); }},
       {"projection order: u8, 2 blocks/SM",
        [&] { projection_order<8, 2><<<kRows / 16, 256>>>(w); }},
+      {"projection order: u2, hidden over 2 blocks",
+       [&] { projection_order<2, 4, 2><<<kRows / 16 * 2, 256>>>(w); }},
+      {"projection order: u2, hidden over 4 blocks",
+       [&] { projection_order<2, 4, 4><<<kRows / 16 * 4, 256>>>(w); }},
+      {"projection order: u1, hidden over 8 blocks",
+       [&] { projection_order<1, 4, 8><<<kRows / 16 * 8, 256>>>(w); }},
       {"bulk: 2 stages of 8 KiB", bulk(bulk_ring<2, 8192>, 2 * 8192)},
       {"bulk: 4 stages of 8 KiB", bulk(bulk_ring<4, 8192>, 4 * 8192)},
       {"bulk: 3 stages of 16 KiB", bulk(bulk_ring<3, 16384>, 3 * 16384)},
