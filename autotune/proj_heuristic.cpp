@@ -10,10 +10,10 @@
 // 64 tokens four warps beat eight (58.9 against 70.4 µs): the activations of eight token tiles
 // then need the registers. e4m3 weights at one tile already read 64-element chunks (two of them
 // spill). The FFN with 16-bit weights (a 1792-block grid of several waves at Llama-3-8B's
-// 14336 columns) runs four warps at one and two token tiles, two chunks per iteration at one:
-// `ropejit tune` measured 82.6 against 85.3 µs at one token (eight warps, one chunk) and 90.7
-// against 92.9 at 16 (bench/RESULTS.md, "Tuning the fused variants"); with e4m3 weights it keeps
-// the projection's choice (52.4 against 52.6 µs: level).
+// 14336 columns) runs four warps of two chunks at one token tile: `ropejit tune` measured 82.6
+// against 85.3 µs at one token (eight warps, one chunk; bench/RESULTS.md, "Tuning the fused
+// variants"); at two tiles, staged row groups (below, at the FFN's functions). With e4m3 weights
+// it keeps the projection's choice (52.4 against 52.6 µs: level).
 //
 // e4m3 weights at two and four token tiles read 64-element chunks (`wide`, four warps, compiled
 // for two resident 8-warp blocks' worth): 21.3 against 22.5 µs at 16 tokens and 29.7 against
@@ -179,15 +179,26 @@ std::vector<detail::ProjVariant> proj_heuristic_variants(const QkvProjSpec& cano
 }
 
 // The FFN's gate/up runs the same kernel with another epilogue: the same variants by token
-// tiles, and the same crossover until `ropejit tune --key ffnglu_...` measures its own.
+// tiles, and the same crossover until `ropejit tune --key ffnglu_...` measures its own. With
+// 16-bit weights at two token tiles (9-16 tokens) it runs two row groups of two warps sharing
+// staged activations (`m2s2u4tr2`), the H100 tuner's choice at Llama-3-8B's 16 tokens. Against
+// the earlier `m2s4u1t` (bench/RESULTS.md, "The FFN's default at two tiles"): the H100 84.5-85.0
+// against 86.1-86.4 µs, the H200 level (66.6-67.6 against 66.5-66.9). The H200's tuner chose
+// four groups of one warp (`m2s1u4r4`, 63.7-65.3 µs there), which the H100 ran 3% slower than
+// `m2s4u1t`; its tuning file keeps it.
 namespace {
 
 detail::ProjVariant ffn_variant_for_tiles(const FfnSpec& canonical, int32_t tiles) {
   const bool fp8 = canonical.weights == Weights::e4m3;
   detail::ProjVariant v = variant_for_tiles(tiles, 1, fp8);
-  if (!fp8 && tiles <= 2) {
+  if (!fp8 && tiles == 1) {
     v.splits = 4;
-    v.unroll = tiles == 1 ? 2 : 1;
+    v.unroll = 2;
+  }
+  if (!fp8 && tiles == 2) {  // two row groups of two warps, four chunks each, sharing activations
+    v.splits = 2;
+    v.unroll = 4;
+    v.rows = 2;
   }
   if (!fp8 && tiles >= 2) v.swap = true;
   if (fp8 && tiles == 1) v.unroll = 2;  // two 64-element chunks per iteration

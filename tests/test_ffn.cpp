@@ -205,7 +205,7 @@ TEST_CASE("FFN calls: every bad argument is named, a good one passes") {
   CHECK(contains(error_of([&] { ffn_gate_up(f.spec, f.args); }), "args.hidden (12)"));
 }
 
-TEST_CASE("FFN heuristic: four warps at one and two token tiles with 16-bit weights") {
+TEST_CASE("FFN heuristic: four warps at one token tile, staged row groups at two (16-bit)") {
   detail::DeviceInfo h100;
   h100.cc = 90;
   h100.sm_count = 132;
@@ -216,7 +216,8 @@ TEST_CASE("FFN heuristic: four warps at one and two token tiles with 16-bit weig
     return autotune::ffn_heuristic(s, detail::ProjShape{tokens, 4096, 0, 0, 14336}, h100).name();
   };
   CHECK(pick(bf16, 1) == "m1s4u2");
-  CHECK(pick(bf16, 16) == "m2s4u1t");  // tokens as the 16-row operand from two tiles on
+  CHECK(pick(bf16, 9) == "m2s2u4tr2");  // two row groups sharing staged activations
+  CHECK(pick(bf16, 16) == "m2s2u4tr2");
   CHECK(pick(bf16, 32) == "m4s8u1t");
   CHECK(pick(bf16, 64) == "m8s4u1t");
   CHECK(pick(fp8, 1) == "m1s8u2");
