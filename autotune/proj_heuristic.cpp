@@ -180,25 +180,31 @@ std::vector<detail::ProjVariant> proj_heuristic_variants(const QkvProjSpec& cano
 
 // The FFN's gate/up runs the same kernel with another epilogue: the same variants by token
 // tiles, and the same crossover until `ropejit tune --key ffnglu_...` measures its own. With
-// 16-bit weights at two token tiles (9-16 tokens) it runs two row groups of two warps sharing
-// staged activations (`m2s2u4tr2`), the H100 tuner's choice at Llama-3-8B's 16 tokens. Against
-// the earlier `m2s4u1t` (bench/RESULTS.md, "The FFN's default at two tiles"): the H100 84.5-85.0
-// against 86.1-86.4 µs, the H200 level (66.6-67.6 against 66.5-66.9). The H200's tuner chose
-// four groups of one warp (`m2s1u4r4`, 63.7-65.3 µs there), which the H100 ran 3% slower than
-// `m2s4u1t`; its tuning file keeps it.
+// 16-bit weights at two token tiles (9-16 tokens) it runs row groups sharing staged
+// activations, as each GPU's tuner chose at Llama-3-8B's 16 tokens, against the earlier
+// `m2s4u1t` (bench/RESULTS.md, "The FFN's default at two tiles"): where an SM has less DRAM
+// bandwidth (the H100's 25 GB/s), two groups of two warps (`m2s2u4tr2`: 84.5-85.0 against
+// 86.1-86.4 µs; level on the H200); from 30 GB/s per SM (the H200's 37), four groups of one
+// warp (`m2s1u4r4`: 63.7-65.3 against 66.5-66.9 µs; 3% slower than `m2s4u1t` on the H100).
 namespace {
 
-detail::ProjVariant ffn_variant_for_tiles(const FfnSpec& canonical, int32_t tiles) {
+constexpr double kWideFfnGbpsPerSm = 30;  // DRAM GB/s per SM from which m2s1u4r4 runs
+
+detail::ProjVariant ffn_variant_for_tiles(const FfnSpec& canonical, int32_t tiles,
+                                          const detail::DeviceInfo& device) {
   const bool fp8 = canonical.weights == Weights::e4m3;
   detail::ProjVariant v = variant_for_tiles(tiles, 1, fp8);
   if (!fp8 && tiles == 1) {
     v.splits = 4;
     v.unroll = 2;
   }
-  if (!fp8 && tiles == 2) {  // two row groups of two warps, four chunks each, sharing activations
-    v.splits = 2;
+  if (!fp8 && tiles == 2) {  // row groups of four chunks per warp, sharing activations
+    const bool wide = device.memory_gbps / std::max(device.sm_count, 1) >= kWideFfnGbpsPerSm;
+    v.splits = wide ? 1 : 2;
     v.unroll = 4;
-    v.rows = 2;
+    v.rows = wide ? 4 : 2;
+    v.swap = !wide;
+    return v;
   }
   if (!fp8 && tiles >= 2) v.swap = true;
   if (fp8 && tiles == 1) v.unroll = 2;  // two 64-element chunks per iteration
@@ -213,15 +219,14 @@ detail::ProjVariant ffn_variant_for_tiles(const FfnSpec& canonical, int32_t tile
 
 detail::ProjVariant ffn_heuristic(const FfnSpec& canonical, const detail::ProjShape& shape,
                                   const detail::DeviceInfo& device) {
-  (void)device;
-  return ffn_variant_for_tiles(canonical, detail::proj_token_tiles(shape.tokens));
+  return ffn_variant_for_tiles(canonical, detail::proj_token_tiles(shape.tokens), device);
 }
 
 std::vector<detail::ProjVariant> ffn_heuristic_variants(const FfnSpec& canonical,
                                                         const detail::DeviceInfo& device) {
-  (void)device;
   std::vector<detail::ProjVariant> out;
-  for (const int32_t tiles : {1, 2, 4, 8}) out.push_back(ffn_variant_for_tiles(canonical, tiles));
+  for (const int32_t tiles : {1, 2, 4, 8})
+    out.push_back(ffn_variant_for_tiles(canonical, tiles, device));
   return out;
 }
 

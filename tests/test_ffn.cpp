@@ -209,6 +209,7 @@ TEST_CASE("FFN heuristic: four warps at one token tile, staged row groups at two
   detail::DeviceInfo h100;
   h100.cc = 90;
   h100.sm_count = 132;
+  h100.memory_gbps = 3352.3;
   const FfnSpec bf16 = FfnSpec{}.canonical();
   FfnSpec fp8 = bf16;
   fp8.weights = Weights::e4m3;
@@ -218,6 +219,17 @@ TEST_CASE("FFN heuristic: four warps at one token tile, staged row groups at two
   CHECK(pick(bf16, 1) == "m1s4u2");
   CHECK(pick(bf16, 9) == "m2s2u4tr2");  // two row groups sharing staged activations
   CHECK(pick(bf16, 16) == "m2s2u4tr2");
+  // From 30 GB/s of DRAM per SM (the H200's 37), four groups of one warp; unknown bandwidth
+  // (0: MIG, or no attribute) takes the H100's choice.
+  detail::DeviceInfo h200 = h100;
+  h200.memory_gbps = 4916.7;
+  detail::DeviceInfo unknown = h100;
+  unknown.memory_gbps = 0;
+  const detail::ProjShape sixteen{16, 4096, 0, 0, 14336};
+  CHECK(autotune::ffn_heuristic(bf16, sixteen, h200).name() == "m2s1u4r4");
+  CHECK(autotune::ffn_heuristic(bf16, sixteen, unknown).name() == "m2s2u4tr2");
+  CHECK(autotune::ffn_heuristic(fp8, sixteen, h200).name() == "m2s2u2w");  // e4m3: as before
+  CHECK(autotune::ffn_heuristic_variants(bf16, h200)[1].name() == "m2s1u4r4");
   CHECK(pick(bf16, 32) == "m4s8u1t");
   CHECK(pick(bf16, 64) == "m8s4u1t");
   CHECK(pick(fp8, 1) == "m1s8u2");
