@@ -73,8 +73,9 @@ __global__ void __launch_bounds__(256) one_step(const uint4* p) {
 }
 
 // The one-tile projection kernel's order (templates/proj_kernel.cuh, m1s8u<kUnroll>): block b
-// owns 16 weight rows, lane (g, t) of warp w loads 16 bytes of rows g and g + 8 at 8t elements
-// into each 32-element chunk, the warp kUnroll chunks per iteration, the block's 8 warps
+// owns 16 weight rows, lane (g, t) of warp w loads 16 bytes of two of them (here rows g and
+// g + 8; in the kernel a rotary pair's two columns) at 8t elements into each 32-element chunk,
+// the warp kUnroll chunks per iteration, the block's 8 warps
 // adjacent chunks, two iterations in flight (loaded one ahead, as the kernel's stages are).
 // 384 blocks, or (kSplitK > 1) kSplitK blocks per 16 rows, each a slice of the hidden
 // dimension, as a cluster's blocks take them; kMinBlocks resident per SM as the kernel's launch
