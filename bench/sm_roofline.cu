@@ -6,22 +6,13 @@
 // as big as one token of q). Standalone (nvcc, runtime API); bench/run_gpu.sh roofline builds
 // and runs it:
 //     nvcc -O3 -arch=sm_90 -std=c++17 bench/sm_roofline.cu -o sm_roofline && ./sm_roofline
-#include <cuda_runtime.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <vector>
 
-#define CHECK(x)                                                                       \
-  do {                                                                                 \
-    cudaError_t e_ = (x);                                                              \
-    if (e_ != cudaSuccess) {                                                           \
-      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                    \
-    }                                                                                  \
-  } while (0)
+#include "probe_common.cuh"
 
 namespace {
 
@@ -47,10 +38,6 @@ __global__ void __launch_bounds__(kThreads)
     }
 }
 
-__device__ __forceinline__ unsigned smem_addr(const void* p) {
-  return unsigned(__cvta_generic_to_shared(p));
-}
-
 // One kRowBytes row per block: bulk load into shared memory, every thread rewrites its words
 // (in place: the same buffer), bulk store.
 __global__ void __launch_bounds__(128) bulk_rows(const char* src, char* dst, unsigned flip) {
@@ -59,23 +46,11 @@ __global__ void __launch_bounds__(128) bulk_rows(const char* src, char* dst, uns
   const char* s = src + (long long)blockIdx.x * kRowBytes;
   char* d = dst + (long long)blockIdx.x * kRowBytes;
   if (threadIdx.x == 0) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&bar)));
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(&bar)),
-                 "r"(kRowBytes)
-                 : "memory");
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
-            "r"(smem_addr(row)),
-        "l"(s), "r"(kRowBytes), "r"(smem_addr(&bar))
-        : "memory");
+    mbar_init(&bar);
+    bulk_load(row, s, kRowBytes, &bar);
   }
   __syncthreads();  // the barrier is initialised before anyone waits on it
-  asm volatile(
-      "{\n .reg .pred done;\n WAIT_%=:\n"
-      " mbarrier.try_wait.parity.shared::cta.b64 done, [%0], 0;\n"
-      " @!done bra WAIT_%=;\n}" ::"r"(smem_addr(&bar))
-      : "memory");
+  mbar_wait(&bar, 0);
   for (int i = threadIdx.x; i < kRowBytes / 16; i += blockDim.x) row[i].x ^= flip;
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   __syncthreads();

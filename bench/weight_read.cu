@@ -8,8 +8,6 @@
 // ropejit_bench's floor_us. Standalone (nvcc, runtime API); bench/run_gpu.sh weightread builds
 // and runs it:
 //     nvcc -O3 -arch=sm_90 -std=c++17 bench/weight_read.cu -o weight_read && ./weight_read
-#include <cuda_runtime.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -17,14 +15,7 @@
 #include <string>
 #include <vector>
 
-#define CHECK(x)                                                                       \
-  do {                                                                                 \
-    cudaError_t e_ = (x);                                                              \
-    if (e_ != cudaSuccess) {                                                           \
-      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                    \
-    }                                                                                  \
-  } while (0)
+#include "probe_common.cuh"
 
 namespace {
 
@@ -115,23 +106,6 @@ __global__ void __launch_bounds__(256, kMinBlocks) projection_order(const char* 
   if (acc == kNever) g_sink = acc;
 }
 
-__device__ __forceinline__ unsigned smem_addr(const void* p) {
-  return unsigned(__cvta_generic_to_shared(p));
-}
-
-// Thread 0 asks for stage `s` (kStageBytes from `src`) to arrive on barrier `bar`.
-template <int kStageBytes>
-__device__ __forceinline__ void bulk_load(void* stage, const char* src, unsigned long long* bar) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)),
-               "r"(kStageBytes)
-               : "memory");
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
-          "r"(smem_addr(stage)),
-      "l"(src), "r"(kStageBytes), "r"(smem_addr(bar))
-      : "memory");
-}
-
 // Bulk copies (sm_90 TMA, no registers in flight): block b streams its 128 KB (the 16 rows the
 // projection's block owns) through kStages stages of kStageBytes in shared memory, thread 0
 // issuing each stage's copy, every thread folding its words once the stage has arrived.
@@ -143,29 +117,22 @@ __global__ void __launch_bounds__(256) bulk_ring(const char* w) {
   __shared__ __align__(8) unsigned long long bars[kStages];
   const char* src = w + (long long)blockIdx.x * kBlockBytes;
   if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s)
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&bars[s])));
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    for (int s = 0; s < kStages; ++s) mbar_init(&bars[s]);
     for (int s = 0; s < kStages && s < kCount; ++s)
-      bulk_load<kStageBytes>(ring + s * (kStageBytes / 16), src + (long long)s * kStageBytes,
-                             &bars[s]);
+      bulk_load(ring + s * (kStageBytes / 16), src + (long long)s * kStageBytes, kStageBytes,
+                &bars[s]);
   }
   __syncthreads();  // the barriers are initialised before anyone waits on them
   unsigned acc = 0;
   for (int i = 0; i < kCount; ++i) {
     const int s = i % kStages;
-    asm volatile(
-        "{\n .reg .pred done;\n WAIT_%=:\n"
-        " mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-        " @!done bra WAIT_%=;\n}" ::"r"(smem_addr(&bars[s])),
-        "r"((i / kStages) & 1)
-        : "memory");
+    mbar_wait(&bars[s], (i / kStages) & 1);
     const uint4* stage = ring + s * (kStageBytes / 16);
     for (int j = threadIdx.x; j < kStageBytes / 16; j += 256) acc ^= fold(stage[j]);
     __syncthreads();  // every thread is done with stage s before it is refilled
     if (threadIdx.x == 0 && i + kStages < kCount)
-      bulk_load<kStageBytes>(ring + s * (kStageBytes / 16),
-                             src + (long long)(i + kStages) * kStageBytes, &bars[s]);
+      bulk_load(ring + s * (kStageBytes / 16), src + (long long)(i + kStages) * kStageBytes,
+                kStageBytes, &bars[s]);
   }
   if (acc == kNever) g_sink = acc;
 }
