@@ -1,12 +1,15 @@
 // What the standalone nvcc probes (bench/sm_roofline.cu, bench/weight_read.cu) share: the
-// runtime-API error check, and the Hopper bulk-copy steps through shared memory (an mbarrier
-// set up by one thread, a copy that completes on it, the wait).
+// runtime-API error check, the timing, and the Hopper bulk-copy steps through shared memory
+// (an mbarrier set up by one thread, a copy that completes on it, the wait).
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
+#include <vector>
 
 #define CHECK(x)                                                                       \
   do {                                                                                 \
@@ -16,6 +19,30 @@
       std::exit(1);                                                                    \
     }                                                                                  \
   } while (0)
+
+// The median µs of 30 calls of `work` (after 3 untimed ones), CUDA events around it alone, with
+// `flush` (emptying the L2) before each.
+inline double median_us(const std::function<void()>& flush, const std::function<void()>& work) {
+  cudaEvent_t a, b;
+  CHECK(cudaEventCreate(&a));
+  CHECK(cudaEventCreate(&b));
+  std::vector<double> t;
+  for (int i = 0; i < 33; ++i) {
+    flush();
+    CHECK(cudaEventRecord(a));
+    work();
+    CHECK(cudaEventRecord(b));
+    CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    CHECK(cudaEventElapsedTime(&ms, a, b));
+    if (i >= 3) t.push_back(1e3 * ms);
+  }
+  CHECK(cudaGetLastError());
+  CHECK(cudaEventDestroy(a));
+  CHECK(cudaEventDestroy(b));
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
   return unsigned(__cvta_generic_to_shared(p));

@@ -137,11 +137,6 @@ __global__ void __launch_bounds__(256) bulk_ring(const char* w) {
   if (acc == kNever) g_sink = acc;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 }  // namespace
 
 int main() {
@@ -157,23 +152,13 @@ int main() {
   CHECK(cudaMalloc(&flush, flush_bytes));
   CHECK(cudaMemset(w, 1, kWeightBytes));
   CHECK(cudaMemset(flush, 2, flush_bytes));
-  cudaEvent_t a, b;
-  CHECK(cudaEventCreate(&a));
-  CHECK(cudaEventCreate(&b));
+  // The L2 emptied by reading 256 MB before every timed call.
   auto time = [&](const std::function<void()>& work) {
-    std::vector<double> t;
-    for (int i = 0; i < 33; ++i) {
-      grid_stride<<<sms * 8, 256>>>(reinterpret_cast<const uint4*>(flush), flush_bytes / 16);
-      CHECK(cudaEventRecord(a));
-      work();
-      CHECK(cudaEventRecord(b));
-      CHECK(cudaEventSynchronize(b));
-      float ms = 0;
-      CHECK(cudaEventElapsedTime(&ms, a, b));
-      if (i >= 3) t.push_back(1e3 * ms);
-    }
-    CHECK(cudaGetLastError());
-    return median(t);
+    return median_us(
+        [&] {
+          grid_stride<<<sms * 8, 256>>>(reinterpret_cast<const uint4*>(flush), flush_bytes / 16);
+        },
+        work);
   };
   const uint4* p = reinterpret_cast<const uint4*>(w);
   const unsigned long long n = kWeightBytes / 16;
