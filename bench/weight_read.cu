@@ -29,7 +29,9 @@ __device__ unsigned g_sink;
 
 __device__ __forceinline__ unsigned fold(uint4 v) { return v.x ^ v.y ^ v.z ^ v.w; }
 
-// The projection kernel's weight load: not kept in L1, the L2 asked for the surrounding 256 B.
+// The projection kernel's weight load, templates/proj_kernel.cuh's load_stream16 repeated here
+// (this probe is built by nvcc alone, without the NVRTC templates): not kept in L1, the L2
+// asked for the surrounding 256 B.
 __device__ __forceinline__ uint4 load_stream16(const void* p) {
   uint4 v;
   asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
