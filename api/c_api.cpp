@@ -6,14 +6,30 @@
 #include <utility>
 #include <vector>
 
+#include "api/c_structs.hpp"
 #include "ropejit/ropejit.h"
 #include "ropejit/ropejit.hpp"
 
 namespace {
 
+using ropejit::capi::output_size;
+using ropejit::capi::read_struct;
+using ropejit::capi::write_struct;
+using ropejit::detail::invalid;
+
 thread_local std::string last_error;
 
-ropejit::Spec to_spec(const ropejit_spec& s) {
+// A C int that stands for a bool: only 0 and 1, so that a stray value is caught, not taken as true.
+bool flag(int32_t v, const char* name) {
+  if (v != 0 && v != 1) invalid(name, " (", v, ") must be 0 or 1");
+  return v == 1;
+}
+
+ropejit_spec from_spec(const ropejit::Spec& d);
+
+ropejit::Spec to_spec(const ropejit_spec* p) {
+  if (!ropejit::capi::has_header(p)) return ropejit::capi::spec_v010(p);
+  const ropejit_spec s = read_struct(p, "spec", from_spec(ropejit::Spec()));
   ropejit::Spec o;
   o.layout = ropejit::Layout(s.layout);
   o.dtype = ropejit::DType(s.dtype);
@@ -26,11 +42,7 @@ ropejit::Spec to_spec(const ropejit_spec& s) {
   o.table_dtype = ropejit::DType(s.table_dtype);
   o.table_width = ropejit::TableWidth(s.table_width);
   o.direction = ropejit::Direction(s.direction);
-  if (s.in_place != 0 && s.in_place != 1)
-    throw ropejit::Error(
-        ropejit::ErrorCode::invalid_argument,
-        "ropejit: spec.in_place (" + std::to_string(s.in_place) + ") must be 0 or 1");
-  o.in_place = s.in_place == 1;
+  o.in_place = flag(s.in_place, "spec.in_place");
   o.fusion = ropejit::Fusion(s.fusion);
   o.norm = ropejit::Norm(s.norm);
   o.out_store = ropejit::Store(s.out_store);
@@ -43,7 +55,7 @@ ropejit::Tensor to_tensor(const ropejit_tensor& t) {
   return {t.data, t.heads, t.stride_batch, t.stride_seq, t.stride_head};
 }
 
-ropejit::RopeScaling to_scaling(const ropejit_scaling& c) {
+ropejit::RopeScaling to_scaling(const ropejit_scaling& c, const char* where) {
   ropejit::RopeScaling r;
   r.factor = c.factor;
   r.low_freq_factor = c.low_freq_factor;
@@ -54,10 +66,11 @@ ropejit::RopeScaling to_scaling(const ropejit_scaling& c) {
   r.mscale = c.mscale;
   r.mscale_all_dim = c.mscale_all_dim;
   r.attention_factor = c.attention_factor;
-  r.truncate = c.truncate != 0;
+  r.truncate = flag(c.truncate, (std::string(where) + ".truncate").c_str());
   r.short_factor = c.short_factor;
   r.long_factor = c.long_factor;
   r.seq_len = c.seq_len;
+  r.factor_count = c.factor_count;
   return r;
 }
 
@@ -66,44 +79,50 @@ ropejit_scaling from_scaling(const ropejit::RopeScaling& r) {
       r.factor,           r.low_freq_factor,  r.high_freq_factor, r.original_max_positions,
       r.beta_fast,        r.beta_slow,        r.mscale,           r.mscale_all_dim,
       r.attention_factor, r.truncate ? 1 : 0, r.short_factor,     r.long_factor,
-      r.seq_len};
+      r.seq_len,          r.factor_count};
 }
 
 ropejit_spec from_spec(const ropejit::Spec& d) {
-  return ropejit_spec{int32_t(d.layout),      int32_t(d.dtype),      d.head_dim,
-                      d.rotary_dim,           int32_t(d.style),      int32_t(d.positions),
-                      int32_t(d.index_type),  int32_t(d.freqs),      int32_t(d.table_dtype),
-                      int32_t(d.table_width), int32_t(d.direction),  d.in_place ? 1 : 0,
-                      int32_t(d.fusion),      int32_t(d.norm),       int32_t(d.out_store),
-                      int32_t(d.cache),       int32_t(d.cache_store)};
+  return ropejit_spec{
+      ropejit_header{},   int32_t(d.layout),      int32_t(d.dtype),       d.head_dim,
+      d.rotary_dim,       int32_t(d.style),       int32_t(d.positions),   int32_t(d.index_type),
+      int32_t(d.freqs),   int32_t(d.table_dtype), int32_t(d.table_width), int32_t(d.direction),
+      d.in_place ? 1 : 0, int32_t(d.fusion),      int32_t(d.norm),        int32_t(d.out_store),
+      int32_t(d.cache),   int32_t(d.cache_store)};
 }
 
 // The last model read on this thread: ropejit_model's factor pointers point into it.
 thread_local ropejit::ModelRope last_model;
 
+ropejit_model from_model(const ropejit::ModelRope& r) {
+  return ropejit_model{ropejit_header{},
+                       r.head_dim,
+                       r.rotary_dim,
+                       r.rotary_offset,
+                       r.q_heads,
+                       r.kv_heads,
+                       int32_t(r.style),
+                       int32_t(r.freqs),
+                       r.base,
+                       from_scaling(r.scaling),
+                       r.mrope ? 1 : 0,
+                       {r.mrope_section[0], r.mrope_section[1], r.mrope_section[2]},
+                       r.mrope_interleaved ? 1 : 0,
+                       int32_t(r.norm),
+                       r.max_positions,
+                       r.norm_eps,
+                       r.local_base,
+                       r.softmax_scale_multiplier};
+}
+
 void model_out(ropejit::ModelRope m, int32_t dtype, ropejit_spec* spec, ropejit_model* model) {
+  // Sizes first: nothing is written when either struct was not initialised.
+  const uint32_t spec_size = output_size(spec, "spec");
+  const uint32_t model_size = model ? output_size(model, "model") : 0;
   const ropejit::Spec s = ropejit::spec_from_model(m, ropejit::DType(dtype));
   last_model = std::move(m);
-  const ropejit::ModelRope& r = last_model;
-  *spec = from_spec(s);
-  if (model)
-    *model = ropejit_model{r.head_dim,
-                           r.rotary_dim,
-                           r.rotary_offset,
-                           r.q_heads,
-                           r.kv_heads,
-                           int32_t(r.style),
-                           int32_t(r.freqs),
-                           r.base,
-                           from_scaling(r.scaling),
-                           r.mrope ? 1 : 0,
-                           {r.mrope_section[0], r.mrope_section[1], r.mrope_section[2]},
-                           r.mrope_interleaved ? 1 : 0,
-                           int32_t(r.norm),
-                           r.max_positions,
-                           r.norm_eps,
-                           r.local_base,
-                           r.softmax_scale_multiplier};
+  write_struct(spec, spec_size, from_spec(s));
+  if (model) write_struct(model, model_size, from_model(last_model));
 }
 
 ropejit::KvCacheArgs to_cache(const ropejit_kv_cache& a) {
@@ -132,7 +151,23 @@ ropejit::KvCacheArgs to_cache(const ropejit_kv_cache& a) {
   return c;
 }
 
-ropejit::Args to_args(const ropejit_args& a) {
+ropejit_args default_args() {
+  ropejit_args args{};
+  const ropejit::Args d;
+  args.batch = d.batch;
+  args.base = d.base;
+  args.scaling = from_scaling(d.scaling);
+  args.norm_eps = d.norm_eps;
+  args.out_quant_scale = d.out_quant_scale;
+  args.cache.k_quant_scale = d.cache.k_quant_scale;
+  args.cache.v_quant_scale = d.cache.v_quant_scale;
+  return args;
+}
+
+ropejit::Args to_args(const ropejit_spec* spec, const ropejit_args* p) {
+  // Both structs come from one header: a 0.1.0 spec means 0.1.0 args.
+  if (!ropejit::capi::has_header(spec)) return ropejit::capi::args_v010(p);
+  const ropejit_args a = read_struct(p, "args", default_args());
   ropejit::Args o;
   o.batch = a.batch;
   o.seq_len = a.seq_len;
@@ -150,9 +185,9 @@ ropejit::Args to_args(const ropejit_args& a) {
   o.table_rows = a.table_rows;
   o.base = a.base;
   o.stream = a.stream;
-  o.scaling = to_scaling(a.scaling);
+  o.scaling = to_scaling(a.scaling, "args.scaling");
   for (int i = 0; i < 3; ++i) o.mrope_section[i] = a.mrope_section[i];
-  o.mrope_interleaved = a.mrope_interleaved != 0;
+  o.mrope_interleaved = flag(a.mrope_interleaved, "args.mrope_interleaved");
   o.v = to_tensor(a.v);
   o.q_norm_weight = a.q_norm_weight;
   o.k_norm_weight = a.k_norm_weight;
@@ -162,6 +197,22 @@ ropejit::Args to_args(const ropejit_args& a) {
   o.q_out_scale = to_tensor(a.q_out_scale);
   o.k_out_scale = to_tensor(a.k_out_scale);
   return o;
+}
+
+ropejit_table_spec from_table(const ropejit::TableSpec& d) {
+  return ropejit_table_spec{ropejit_header{},        int32_t(d.freqs), d.base,
+                            from_scaling(d.scaling), d.rows,           d.row_stride};
+}
+
+ropejit::TableSpec to_table(const ropejit_table_spec* p) {
+  const ropejit_table_spec c = read_struct(p, "table", from_table(ropejit::TableSpec()));
+  ropejit::TableSpec t;
+  t.freqs = ropejit::Freqs(c.freqs);
+  t.base = c.base;
+  t.scaling = to_scaling(c.scaling, "table.scaling");
+  t.rows = c.rows;
+  t.row_stride = c.row_stride;
+  return t;
 }
 
 template <class Fn>
@@ -195,25 +246,31 @@ ropejit_status null_argument(const char* name) {
   return ROPEJIT_ERROR_INVALID_ARGUMENT;
 }
 
+// An _init_sized function: checks the caller's size, then writes the defaults and the header.
+template <class T>
+ropejit_status init_sized(T* p, size_t size, const char* name, const T& defaults) {
+  if (!p) return null_argument(name);
+  return guarded([&] { write_struct(p, ropejit::capi::checked_size<T>(size, name), defaults); });
+}
+
 }  // namespace
 
 extern "C" {
 
-void ropejit_spec_init(ropejit_spec* spec) {
-  if (spec) *spec = from_spec(ropejit::Spec());
+ropejit_status ropejit_spec_init_sized(ropejit_spec* spec, size_t size) {
+  return init_sized(spec, size, "spec", from_spec(ropejit::Spec()));
 }
 
-void ropejit_args_init(ropejit_args* args) {
-  if (!args) return;
-  std::memset(args, 0, sizeof *args);
-  const ropejit::Args d;
-  args->batch = d.batch;
-  args->base = d.base;
-  args->scaling = from_scaling(d.scaling);
-  args->norm_eps = d.norm_eps;
-  args->out_quant_scale = d.out_quant_scale;
-  args->cache.k_quant_scale = d.cache.k_quant_scale;
-  args->cache.v_quant_scale = d.cache.v_quant_scale;
+ropejit_status ropejit_args_init_sized(ropejit_args* args, size_t size) {
+  return init_sized(args, size, "args", default_args());
+}
+
+ropejit_status ropejit_table_spec_init_sized(ropejit_table_spec* table, size_t size) {
+  return init_sized(table, size, "table", from_table(ropejit::TableSpec()));
+}
+
+ropejit_status ropejit_model_init_sized(ropejit_model* model, size_t size) {
+  return init_sized(model, size, "model", from_model(ropejit::ModelRope()));
 }
 
 void ropejit_struct_sizes(size_t* spec, size_t* args) {
@@ -251,65 +308,49 @@ ropejit_tensor ropejit_contiguous(int32_t layout, void* data, int64_t batch, int
 ropejit_status ropejit_apply(const ropejit_spec* spec, const ropejit_args* args) {
   if (!spec) return null_argument("spec");
   if (!args) return null_argument("args");
-  return guarded([&] { ropejit::apply(to_spec(*spec), to_args(*args)); });
+  return guarded([&] { ropejit::apply(to_spec(spec), to_args(spec, args)); });
 }
 
 ropejit_status ropejit_key(const ropejit_spec* spec, char* buf, size_t size) {
   if (!spec) return null_argument("spec");
   if (!buf) return null_argument("buf");
-  return guarded([&] { copy_key(to_spec(*spec).key(), buf, size); });
+  return guarded([&] { copy_key(to_spec(spec).key(), buf, size); });
 }
 
 ropejit_status ropejit_precompile(const ropejit_spec* spec, const char* arch) {
   if (!spec) return null_argument("spec");
   if (!arch) return null_argument("arch");
-  return guarded([&] { ropejit::precompile(to_spec(*spec), arch); });
-}
-
-void ropejit_table_spec_init(ropejit_table_spec* table) {
-  if (!table) return;
-  const ropejit::TableSpec d;
-  *table =
-      ropejit_table_spec{int32_t(d.freqs), d.base, from_scaling(d.scaling), d.rows, d.row_stride};
+  return guarded([&] { ropejit::precompile(to_spec(spec), arch); });
 }
 
 ropejit_status ropejit_build_tables(const ropejit_spec* spec, const ropejit_table_spec* table,
                                     void* cos, void* sin) {
   if (!spec) return null_argument("spec");
   if (!table) return null_argument("table");
-  return guarded([&] {
-    ropejit::TableSpec t;
-    t.freqs = ropejit::Freqs(table->freqs);
-    t.base = table->base;
-    t.scaling = to_scaling(table->scaling);
-    t.rows = table->rows;
-    t.row_stride = table->row_stride;
-    ropejit::build_tables(to_spec(*spec), t, cos, sin);
-  });
+  return guarded([&] { ropejit::build_tables(to_spec(spec), to_table(table), cos, sin); });
 }
 
-ropejit_status ropejit_inverse_frequencies(int32_t freqs, int32_t rotary_dim, double base,
-                                           const ropejit_scaling* scaling, double* out,
-                                           size_t count) {
-  if (!scaling) return null_argument("scaling");
+ropejit_status ropejit_inverse_frequencies(const ropejit_table_spec* table, int32_t rotary_dim,
+                                           double* out, size_t count) {
+  if (!table) return null_argument("table");
   if (!out) return null_argument("out");
   return guarded([&] {
+    const ropejit::TableSpec t = to_table(table);
     const std::vector<double> inv =
-        ropejit::inverse_frequencies(ropejit::Freqs(freqs), rotary_dim, base, to_scaling(*scaling));
+        ropejit::inverse_frequencies(t.freqs, rotary_dim, t.base, t.scaling);
     if (count < inv.size())
-      throw ropejit::Error(ropejit::ErrorCode::invalid_argument,
-                           "ropejit: count (" + std::to_string(count) + ") is smaller than " +
-                               "rotary_dim / 2 (" + std::to_string(inv.size()) + ")");
+      invalid("count (", count, ") is smaller than rotary_dim / 2 (", inv.size(), ")");
     std::memcpy(out, inv.data(), inv.size() * sizeof(double));
   });
 }
 
-ropejit_status ropejit_attention_factor(int32_t freqs, int32_t rotary_dim,
-                                        const ropejit_scaling* scaling, double* out) {
-  if (!scaling) return null_argument("scaling");
+ropejit_status ropejit_attention_factor(const ropejit_table_spec* table, int32_t rotary_dim,
+                                        double* out) {
+  if (!table) return null_argument("table");
   if (!out) return null_argument("out");
   return guarded([&] {
-    *out = ropejit::attention_factor(ropejit::Freqs(freqs), rotary_dim, to_scaling(*scaling));
+    const ropejit::TableSpec t = to_table(table);
+    *out = ropejit::attention_factor(t.freqs, rotary_dim, t.scaling);
   });
 }
 
@@ -335,7 +376,27 @@ const char* ropejit_version(void) { return ropejit::kVersion; }
 
 namespace {
 
-ropejit::QkvProjSpec to_proj_spec(const ropejit_qkv_proj_spec& s) {
+ropejit_qkv_proj_spec from_proj_spec(const ropejit::QkvProjSpec& d) {
+  return ropejit_qkv_proj_spec{
+      ropejit_header{},       int32_t(d.dtype),      d.head_dim,
+      d.rotary_dim,           int32_t(d.style),      int32_t(d.positions),
+      int32_t(d.index_type),  int32_t(d.freqs),      int32_t(d.table_dtype),
+      int32_t(d.table_width), int32_t(d.norm),       int32_t(d.weights),
+      int32_t(d.cache),       int32_t(d.cache_store)};
+}
+
+ropejit_qkv_proj_args default_proj_args() {
+  const ropejit::QkvProjArgs d;
+  ropejit_qkv_proj_args args{};
+  args.norm_eps = d.norm_eps;
+  args.base = d.base;
+  args.cache.k_quant_scale = d.cache.k_quant_scale;
+  args.cache.v_quant_scale = d.cache.v_quant_scale;
+  return args;
+}
+
+ropejit::QkvProjSpec to_proj_spec(const ropejit_qkv_proj_spec* p) {
+  const ropejit_qkv_proj_spec s = read_struct(p, "spec", from_proj_spec(ropejit::QkvProjSpec()));
   ropejit::QkvProjSpec o;
   o.dtype = ropejit::DType(s.dtype);
   o.head_dim = s.head_dim;
@@ -353,7 +414,8 @@ ropejit::QkvProjSpec to_proj_spec(const ropejit_qkv_proj_spec& s) {
   return o;
 }
 
-ropejit::QkvProjArgs to_proj_args(const ropejit_qkv_proj_args& a) {
+ropejit::QkvProjArgs to_proj_args(const ropejit_qkv_proj_args* p) {
+  const ropejit_qkv_proj_args a = read_struct(p, "args", default_proj_args());
   ropejit::QkvProjArgs o;
   o.tokens = a.tokens;
   o.hidden = a.hidden;
@@ -388,33 +450,19 @@ ropejit::QkvProjArgs to_proj_args(const ropejit_qkv_proj_args& a) {
 
 }  // namespace
 
-void ropejit_qkv_proj_spec_init(ropejit_qkv_proj_spec* spec) {
-  if (!spec) return;
-  const ropejit::QkvProjSpec d;
-  *spec = ropejit_qkv_proj_spec{int32_t(d.dtype),       d.head_dim,
-                                d.rotary_dim,           int32_t(d.style),
-                                int32_t(d.positions),   int32_t(d.index_type),
-                                int32_t(d.freqs),       int32_t(d.table_dtype),
-                                int32_t(d.table_width), int32_t(d.norm),
-                                int32_t(d.weights),     int32_t(d.cache),
-                                int32_t(d.cache_store)};
+ropejit_status ropejit_qkv_proj_spec_init_sized(ropejit_qkv_proj_spec* spec, size_t size) {
+  return init_sized(spec, size, "spec", from_proj_spec(ropejit::QkvProjSpec()));
 }
 
-void ropejit_qkv_proj_args_init(ropejit_qkv_proj_args* args) {
-  if (!args) return;
-  const ropejit::QkvProjArgs d;
-  *args = ropejit_qkv_proj_args{};
-  args->norm_eps = d.norm_eps;
-  args->base = d.base;
-  args->cache.k_quant_scale = d.cache.k_quant_scale;
-  args->cache.v_quant_scale = d.cache.v_quant_scale;
+ropejit_status ropejit_qkv_proj_args_init_sized(ropejit_qkv_proj_args* args, size_t size) {
+  return init_sized(args, size, "args", default_proj_args());
 }
 
 ropejit_status ropejit_qkv_projection(const ropejit_qkv_proj_spec* spec,
                                       const ropejit_qkv_proj_args* args) {
   if (!spec) return null_argument("spec");
   if (!args) return null_argument("args");
-  return guarded([&] { ropejit::qkv_projection(to_proj_spec(*spec), to_proj_args(*args)); });
+  return guarded([&] { ropejit::qkv_projection(to_proj_spec(spec), to_proj_args(args)); });
 }
 
 ropejit_status ropejit_qkv_projection_workspace_bytes(const ropejit_qkv_proj_spec* spec,
@@ -424,7 +472,7 @@ ropejit_status ropejit_qkv_projection_workspace_bytes(const ropejit_qkv_proj_spe
   if (!args) return null_argument("args");
   if (!bytes) return null_argument("bytes");
   return guarded([&] {
-    *bytes = ropejit::qkv_projection_workspace_bytes(to_proj_spec(*spec), to_proj_args(*args));
+    *bytes = ropejit::qkv_projection_workspace_bytes(to_proj_spec(spec), to_proj_args(args));
   });
 }
 
@@ -434,25 +482,37 @@ ropejit_status ropejit_qkv_projection_path(const ropejit_qkv_proj_spec* spec,
   if (!args) return null_argument("args");
   if (!path) return null_argument("path");
   return guarded([&] {
-    *path = int32_t(ropejit::qkv_projection_path(to_proj_spec(*spec), to_proj_args(*args)));
+    *path = int32_t(ropejit::qkv_projection_path(to_proj_spec(spec), to_proj_args(args)));
   });
 }
 
 ropejit_status ropejit_qkv_proj_key(const ropejit_qkv_proj_spec* spec, char* buf, size_t size) {
   if (!spec) return null_argument("spec");
   if (!buf) return null_argument("buf");
-  return guarded([&] { copy_key(to_proj_spec(*spec).key(), buf, size); });
+  return guarded([&] { copy_key(to_proj_spec(spec).key(), buf, size); });
 }
 
 ropejit_status ropejit_qkv_proj_precompile(const ropejit_qkv_proj_spec* spec, const char* arch) {
   if (!spec) return null_argument("spec");
   if (!arch) return null_argument("arch");
-  return guarded([&] { ropejit::precompile(to_proj_spec(*spec), arch); });
+  return guarded([&] { ropejit::precompile(to_proj_spec(spec), arch); });
 }
 
 namespace {
 
-ropejit::FfnSpec to_ffn_spec(const ropejit_ffn_spec& s) {
+ropejit_ffn_spec from_ffn_spec(const ropejit::FfnSpec& d) {
+  return ropejit_ffn_spec{ropejit_header{}, int32_t(d.dtype), int32_t(d.norm), int32_t(d.act),
+                          int32_t(d.weights)};
+}
+
+ropejit_ffn_args default_ffn_args() {
+  ropejit_ffn_args args{};
+  args.norm_eps = ropejit::FfnArgs().norm_eps;
+  return args;
+}
+
+ropejit::FfnSpec to_ffn_spec(const ropejit_ffn_spec* p) {
+  const ropejit_ffn_spec s = read_struct(p, "spec", from_ffn_spec(ropejit::FfnSpec()));
   ropejit::FfnSpec o;
   o.dtype = ropejit::DType(s.dtype);
   o.norm = ropejit::Norm(s.norm);
@@ -461,7 +521,8 @@ ropejit::FfnSpec to_ffn_spec(const ropejit_ffn_spec& s) {
   return o;
 }
 
-ropejit::FfnArgs to_ffn_args(const ropejit_ffn_args& a) {
+ropejit::FfnArgs to_ffn_args(const ropejit_ffn_args* p) {
+  const ropejit_ffn_args a = read_struct(p, "args", default_ffn_args());
   ropejit::FfnArgs o;
   o.tokens = a.tokens;
   o.hidden = a.hidden;
@@ -486,23 +547,18 @@ ropejit::FfnArgs to_ffn_args(const ropejit_ffn_args& a) {
 
 }  // namespace
 
-void ropejit_ffn_spec_init(ropejit_ffn_spec* spec) {
-  if (!spec) return;
-  const ropejit::FfnSpec d;
-  *spec = ropejit_ffn_spec{int32_t(d.dtype), int32_t(d.norm), int32_t(d.act), int32_t(d.weights)};
+ropejit_status ropejit_ffn_spec_init_sized(ropejit_ffn_spec* spec, size_t size) {
+  return init_sized(spec, size, "spec", from_ffn_spec(ropejit::FfnSpec()));
 }
 
-void ropejit_ffn_args_init(ropejit_ffn_args* args) {
-  if (!args) return;
-  const ropejit::FfnArgs d;
-  *args = ropejit_ffn_args{};
-  args->norm_eps = d.norm_eps;
+ropejit_status ropejit_ffn_args_init_sized(ropejit_ffn_args* args, size_t size) {
+  return init_sized(args, size, "args", default_ffn_args());
 }
 
 ropejit_status ropejit_ffn_gate_up(const ropejit_ffn_spec* spec, const ropejit_ffn_args* args) {
   if (!spec) return null_argument("spec");
   if (!args) return null_argument("args");
-  return guarded([&] { ropejit::ffn_gate_up(to_ffn_spec(*spec), to_ffn_args(*args)); });
+  return guarded([&] { ropejit::ffn_gate_up(to_ffn_spec(spec), to_ffn_args(args)); });
 }
 
 ropejit_status ropejit_ffn_gate_up_workspace_bytes(const ropejit_ffn_spec* spec,
@@ -510,9 +566,8 @@ ropejit_status ropejit_ffn_gate_up_workspace_bytes(const ropejit_ffn_spec* spec,
   if (!spec) return null_argument("spec");
   if (!args) return null_argument("args");
   if (!bytes) return null_argument("bytes");
-  return guarded([&] {
-    *bytes = ropejit::ffn_gate_up_workspace_bytes(to_ffn_spec(*spec), to_ffn_args(*args));
-  });
+  return guarded(
+      [&] { *bytes = ropejit::ffn_gate_up_workspace_bytes(to_ffn_spec(spec), to_ffn_args(args)); });
 }
 
 ropejit_status ropejit_ffn_gate_up_path(const ropejit_ffn_spec* spec, const ropejit_ffn_args* args,
@@ -521,17 +576,17 @@ ropejit_status ropejit_ffn_gate_up_path(const ropejit_ffn_spec* spec, const rope
   if (!args) return null_argument("args");
   if (!path) return null_argument("path");
   return guarded(
-      [&] { *path = int32_t(ropejit::ffn_gate_up_path(to_ffn_spec(*spec), to_ffn_args(*args))); });
+      [&] { *path = int32_t(ropejit::ffn_gate_up_path(to_ffn_spec(spec), to_ffn_args(args))); });
 }
 
 ropejit_status ropejit_ffn_key(const ropejit_ffn_spec* spec, char* buf, size_t size) {
   if (!spec) return null_argument("spec");
   if (!buf) return null_argument("buf");
-  return guarded([&] { copy_key(to_ffn_spec(*spec).key(), buf, size); });
+  return guarded([&] { copy_key(to_ffn_spec(spec).key(), buf, size); });
 }
 
 ropejit_status ropejit_ffn_precompile(const ropejit_ffn_spec* spec, const char* arch) {
   if (!spec) return null_argument("spec");
   if (!arch) return null_argument("arch");
-  return guarded([&] { ropejit::precompile(to_ffn_spec(*spec), arch); });
+  return guarded([&] { ropejit::precompile(to_ffn_spec(spec), arch); });
 }

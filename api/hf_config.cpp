@@ -2,7 +2,10 @@
 // frequency variant and its parameters, mRoPE sections, pair style and QK-norm, read as the
 // transformers library reads them (its config classes' field names, legacy names and defaults
 // for the fields published configs leave out), with every bad field named in the error.
+#include <algorithm>
+#include <cctype>
 #include <cmath>
+#include <cstring>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
@@ -64,6 +67,12 @@ class Fields {
     if (d != std::floor(d) || d > 9.0e15) bad(field, v, "must be a positive integer");
     return int64_t(d);
   }
+  // A RoPE base: > 1, so that the frequencies base^(-2i/d) fall from 1.
+  double base(const std::string& field, const json& v) const {
+    const double b = number(field, v);
+    if (!(b > 1)) bad(field, v, "must be > 1");
+    return b;
+  }
   // A size that must fit the spec's 32-bit fields with room to spare: 1 .. 2^24.
   int32_t size(const std::string& field, const json& v) const {
     const int64_t n = integer(field, v);
@@ -77,10 +86,125 @@ class Fields {
   std::string source_;
 };
 
+// Reads JSON text event by event, keeping the path to the value being read, so that what the
+// parser refuses (NaN and Infinity, which Python's json.dumps writes; 1e400, beyond a double) or
+// reads as 0 (1e-400) is reported with its field and its text: the parser's own message names
+// neither.
+class JsonProblemFinder : public json::json_sax_t {
+ public:
+  explicit JsonProblemFinder(const std::string& text) : text_(text) {}
+
+  // "" when the text parses and every number keeps its value.
+  const std::string& problem() const { return problem_; }
+
+  bool null() override { return value(); }
+  bool boolean(bool) override { return value(); }
+  bool number_integer(number_integer_t) override { return value(); }
+  bool number_unsigned(number_unsigned_t) override { return value(); }
+  bool number_float(number_float_t v, const string_t& raw) override {
+    const std::string field = path(true);
+    // A nonzero digit before the exponent: a value below the smallest double, read as 0.
+    if (v == 0 && raw.find_first_of("123456789") < raw.find_first_of("eE")) {
+      problem_ = detail::concat(field, " (", detail::clipped(raw),
+                                ") is too small for a double (it would read as 0)");
+      return false;
+    }
+    return true;
+  }
+  bool string(string_t&) override { return value(); }
+  bool binary(binary_t&) override { return value(); }
+  bool start_object(std::size_t) override {
+    frames_.push_back({false, path(true)});
+    return true;
+  }
+  bool key(string_t& k) override {
+    frames_.back().key = detail::clipped(k);
+    return true;
+  }
+  bool end_object() override {
+    frames_.pop_back();
+    return true;
+  }
+  bool start_array(std::size_t) override {
+    frames_.push_back({true, path(true)});
+    return true;
+  }
+  bool end_array() override {
+    frames_.pop_back();
+    return true;
+  }
+  bool parse_error(std::size_t at, const std::string&, const json::exception& e) override {
+    const std::string field = path(false);
+    const std::string token = token_at(at);
+    std::string word = token;
+    if (!word.empty() && (word[0] == '-' || word[0] == '+')) word.erase(0, 1);
+    for (char& ch : word) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+    if (word.rfind("nan", 0) == 0 || word.rfind("inf", 0) == 0) {
+      problem_ =
+          detail::concat(field.empty() ? "the document" : field, " (", detail::clipped(token),
+                         ") is not a number JSON can hold: JSON has no NaN or Infinity "
+                         "(Python's json.dumps writes them); give a finite number");
+    } else if (e.id == 406) {  // nlohmann's out_of_range: number overflow
+      problem_ = detail::concat(field.empty() ? "the document" : field, " (",
+                                detail::clipped(token), ") is beyond the range of a double");
+    } else {
+      const std::string what = e.what();
+      const size_t tag = what.find("] ");  // drop nlohmann's "[json.exception...] "
+      problem_ = detail::concat(
+          "invalid JSON: ",
+          detail::clipped_middle(what.substr(tag == std::string::npos ? 0 : tag + 2)),
+          field.empty() ? "" : detail::concat(" (in ", field, ")"));
+    }
+    return false;
+  }
+
+ private:
+  struct Frame {
+    bool array = false;
+    std::string path;  // the container's own
+    std::string key;   // an object's current member, "" between members
+    size_t next = 0;   // an array's next index
+  };
+
+  bool value() {
+    path(true);
+    return true;
+  }
+
+  // The path of the value being read ("rope_scaling.long_factor[3]"); `consume` moves past it.
+  std::string path(bool consume) {
+    if (frames_.empty()) return "";
+    Frame& f = frames_.back();
+    if (f.array)
+      return detail::clipped_middle(detail::concat(f.path, "[", consume ? f.next++ : f.next, "]"));
+    std::string p = f.path.empty() || f.key.empty() ? f.path + f.key : f.path + "." + f.key;
+    if (consume) f.key.clear();
+    return detail::clipped_middle(p);
+  }
+
+  // The whole word around byte `at`, where the parser stopped: "NaN", "-Infinity", "1e400".
+  std::string token_at(size_t at) const {
+    static const char* const kDelimiters = " \t\r\n,:[]{}\"";
+    at = std::min(at, text_.size());
+    size_t begin = at;
+    while (begin > 0 && !std::strchr(kDelimiters, text_[begin - 1])) --begin;
+    size_t end = at;
+    while (end < text_.size() && !std::strchr(kDelimiters, text_[end])) ++end;
+    return text_.substr(begin, end - begin);
+  }
+
+  const std::string& text_;
+  std::vector<Frame> frames_;
+  std::string problem_;
+};
+
 json parse_config(const std::string& text, const std::string& source) {
   if (const size_t depth = detail::json_nesting_depth(text); depth > kMaxConfigDepth)
     detail::invalid(source, ": JSON nested ", depth, " levels deep; at most ", kMaxConfigDepth,
                     " are read");
+  JsonProblemFinder finder(text);
+  json::sax_parse(text, &finder);
+  if (!finder.problem().empty()) detail::invalid(source, ": ", finder.problem());
   json doc;
   try {
     doc = json::parse(text);
@@ -154,10 +278,11 @@ TypeDefaults defaults_for(const std::string& type) {
 
 // Heads, head size and the rotary part of each head.
 void read_dims(const Fields& f, const TypeDefaults& d, ModelRope* m) {
-  const json* heads = f.find("num_attention_heads");
-  if (!heads) heads = f.find("n_head");
+  // Messages name the field the config gives (GPT-2 style configs say n_head and n_embd).
+  const char* heads_field = f.find("num_attention_heads") ? "num_attention_heads" : "n_head";
+  const json* heads = f.find(heads_field);
   if (heads)
-    m->q_heads = f.size("num_attention_heads", *heads);
+    m->q_heads = f.size(heads_field, *heads);
   else if (d.q_heads)
     m->q_heads = int32_t(d.q_heads);
   else
@@ -165,9 +290,14 @@ void read_dims(const Fields& f, const TypeDefaults& d, ModelRope* m) {
   const json* kv = f.find("num_key_value_heads");
   m->kv_heads =
       kv ? f.size("num_key_value_heads", *kv) : int32_t(d.kv_heads ? d.kv_heads : m->q_heads);
-  if (m->kv_heads > m->q_heads)
-    f.bad("num_key_value_heads", json(m->kv_heads),
+  if (m->kv_heads > m->q_heads && kv)
+    f.bad("num_key_value_heads", *kv,
           detail::concat("must be <= num_attention_heads (", m->q_heads, ")").c_str());
+  if (m->kv_heads > m->q_heads && heads)  // the config class's default, more than it gives
+    f.bad(heads_field, *heads,
+          detail::concat("must be >= the ", m->model_type, " default num_key_value_heads (",
+                         m->kv_heads, ")")
+              .c_str());
 
   const json* mla_rope = f.find("qk_rope_head_dim");
   if (mla_rope) {
@@ -183,13 +313,25 @@ void read_dims(const Fields& f, const TypeDefaults& d, ModelRope* m) {
   }
   // head_dim, else the config class's default (Gemma 3: 256, not hidden_size / heads), else
   // hidden_size / num_attention_heads rounded down, as transformers derives it.
+  // `head_dim_from` names where head_dim came from, for the messages below.
+  std::string head_dim_from;
   if (const json* hd = f.find("head_dim")) {
     m->head_dim = f.size("head_dim", *hd);
+    head_dim_from = detail::concat("head_dim (", m->head_dim, ")");
   } else if (d.head_dim) {
     m->head_dim = int32_t(d.head_dim);
-  } else if (const json* hidden =
-                 f.find("hidden_size") ? f.find("hidden_size") : f.find("n_embd")) {
-    m->head_dim = f.size("hidden_size", *hidden) / m->q_heads;
+    head_dim_from = detail::concat("the ", m->model_type, " default head_dim (", m->head_dim, ")");
+  } else if (const char* hidden_field = f.find("hidden_size") ? "hidden_size"
+                                        : f.find("n_embd")    ? "n_embd"
+                                                              : nullptr) {
+    const int32_t hidden = f.size(hidden_field, *f.find(hidden_field));
+    m->head_dim = hidden / m->q_heads;
+    head_dim_from = detail::concat(hidden_field, " (", hidden, ") / ", heads_field, " (",
+                                   m->q_heads, ") = head_dim ", m->head_dim);
+    if (m->head_dim == 0)
+      detail::invalid(f.source(), ": ", hidden_field, " (", hidden, ") / ", heads_field, " (",
+                      m->q_heads, ") gives head_dim 0; give head_dim, or a ", hidden_field,
+                      " of at least ", heads_field);
   } else {
     f.missing("head_dim", "give head_dim, or hidden_size and num_attention_heads");
   }
@@ -208,18 +350,18 @@ void read_dims(const Fields& f, const TypeDefaults& d, ModelRope* m) {
       fractions.emplace_back(std::string(name) + ".partial_rotary_factor",
                              &(*p)["partial_rotary_factor"]);
   double fraction = 1.0;
-  const char* fraction_field = nullptr;
+  std::string fraction_from;
   for (const auto& [name, v] : fractions) {
-    if (!v || v->is_null() || fraction_field) continue;
+    if (!v || v->is_null() || !fraction_from.empty()) continue;
     fraction = f.number(name, *v);
-    fraction_field = name.c_str();
+    fraction_from = detail::concat(name, " (", detail::clipped(v->dump()), ")");
     if (fraction > 1.0) f.bad(name, *v, "must be <= 1");
   }
   m->rotary_dim = int32_t(double(m->head_dim) * fraction);
   if (m->rotary_dim < 2 || m->rotary_dim % 2 != 0)
-    detail::invalid(f.source(), ": ", fraction_field ? fraction_field : "head_dim", " gives ",
-                    "rotary_dim ", m->rotary_dim, " of head_dim ", m->head_dim,
-                    "; RoPE needs an even rotary_dim >= 2");
+    detail::invalid(f.source(), ": ",
+                    fraction_from.empty() ? head_dim_from : fraction_from + " of " + head_dim_from,
+                    " gives rotary_dim ", m->rotary_dim, "; RoPE needs an even rotary_dim >= 2");
 }
 
 // The object holding rope_type and the scaling parameters, and its name for messages:
@@ -348,6 +490,7 @@ void read_scaling(const Fields& f, const json* params, const std::string& where,
       m->long_factor = factor_array(f, params, where, "long_factor", m->rotary_dim / 2);
       s.short_factor = m->short_factor.data();
       s.long_factor = m->long_factor.data();
+      s.factor_count = m->rotary_dim / 2;
       break;
     default:
       break;
@@ -424,9 +567,10 @@ ModelRope describe(const json& doc, const std::string& source) {
   m.model_type = model_type_of(doc);
   const TypeDefaults d = defaults_for(m.model_type);
   read_dims(f, d, &m);
-  const json* mp = f.find("max_position_embeddings");
-  if (!mp) mp = f.find("n_positions");
-  m.max_positions = mp ? f.integer("max_position_embeddings", *mp) : d.max_positions;
+  const char* mp_field =
+      f.find("max_position_embeddings") ? "max_position_embeddings" : "n_positions";
+  const json* mp = f.find(mp_field);
+  m.max_positions = mp ? f.integer(mp_field, *mp) : d.max_positions;
 
   const json* sliding = nullptr;
   const auto [params, where] = rope_params(f, &sliding);
@@ -441,10 +585,7 @@ ModelRope describe(const json& doc, const std::string& source) {
   }
   for (const char* name : {"rope_theta", "rotary_emb_base"})
     if (!theta && (theta = f.find(name))) theta_field = name;
-  if (theta) {
-    m.base = f.number(theta_field, *theta);
-    if (!(m.base > 1)) f.bad(theta_field, *theta, "must be > 1");
-  }
+  if (theta) m.base = f.base(theta_field, *theta);
   m.freqs = freqs_of(f, params, where);
   read_scaling(f, params, where, &m);
   read_mrope(f, params, where, &m);
@@ -455,14 +596,14 @@ ModelRope describe(const json& doc, const std::string& source) {
   // "sliding_attention" entry of rope_parameters; only unscaled frequencies there.
   m.local_base = d.local_base;
   if (const json* lb = f.find("rope_local_base_freq"))
-    m.local_base = f.number("rope_local_base_freq", *lb);
+    m.local_base = f.base("rope_local_base_freq", *lb);
   if (sliding) {
     const std::string sw = where.substr(0, where.find('.')) + ".sliding_attention";
     if (freqs_of(f, sliding, sw) != Freqs::computed)
       f.bad(sw + ".rope_type", (*sliding)["rope_type"],
             "is not supported: sliding-window layers take unscaled frequencies only");
     if (sliding->contains("rope_theta") && !(*sliding)["rope_theta"].is_null())
-      m.local_base = f.number(sw + ".rope_theta", (*sliding)["rope_theta"]);
+      m.local_base = f.base(sw + ".rope_theta", (*sliding)["rope_theta"]);
   }
   // DeepSeek's YaRN moves mscale_all_dim's magnitude term into the softmax scale, squared.
   if (m.rotary_offset > 0 && m.freqs == Freqs::yarn && m.scaling.mscale_all_dim > 0) {
@@ -480,11 +621,11 @@ ModelRope model_from_hf_config(const std::string& json_text) {
 
 ModelRope model_from_hf_config_file(const std::string& path) {
   const detail::FileRead file = detail::read_regular_file(path, kMaxConfigBytes);
+  const std::string source = detail::clipped_path(path);
   if (file.status == detail::ReadStatus::missing)
-    detail::invalid("config file '", detail::clipped(path), "' does not exist");
+    detail::invalid("config file '", source, "' does not exist");
   if (file.status != detail::ReadStatus::ok)
-    detail::invalid("config file '", detail::clipped(path), "': ", file.why);
-  const std::string source = detail::clipped(path);
+    detail::invalid("config file '", source, "': ", file.why);
   return describe(parse_config(file.bytes, source), source);
 }
 

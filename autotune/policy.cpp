@@ -139,7 +139,7 @@ detail::LaunchConfig select_config(const Spec& c, const detail::CallShape& shape
   if (mode == TuningMode::frozen)
     detail::invalid("no tuned configuration for ", key, " at ", bucket, " tokens with ",
                     shape.q_heads, "/", shape.k_heads, " heads in ",
-                    store.path().empty() ? "(no tuning file)" : store.path(),
+                    store.path().empty() ? "(no tuning file)" : detail::clipped_path(store.path()),
                     " and ROPEJIT_TUNING=frozen; run `ropejit tune` for this shape");
   if (mode == TuningMode::autotune && !capturing && shape.align_bytes == 16) {
     const TuneReport report = tune(c, bucket, shape.q_heads, shape.k_heads);

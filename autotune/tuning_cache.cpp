@@ -208,8 +208,8 @@ bool read_proj_entry(const json& j, ProjTuningEntry* e, std::string* why) {
 }
 
 std::string describe(const Fingerprint& f) {
-  return concat(f.gpu_name.empty() ? "an unnamed GPU" : f.gpu_name, " (sm_", f.cc, ", ", f.sm_count,
-                " SMs)");
+  return concat(f.gpu_name.empty() ? "an unnamed GPU" : detail::clipped(f.gpu_name), " (sm_", f.cc,
+                ", ", f.sm_count, " SMs)");
 }
 
 enum class FileState { missing, ok, rejected, other_gpu };
@@ -256,7 +256,9 @@ FileContents parse_tuning_text(const std::string& text, const Fingerprint* here)
   } catch (const json::exception& e) {  // parse_error, and out_of_range for 1e999
     const std::string what = e.what();
     const size_t bracket = what.find("] ");  // drop nlohmann's "[json.exception...] " tag
-    out.why = concat("invalid JSON: ", what.substr(bracket == std::string::npos ? 0 : bracket + 2));
+    out.why =
+        concat("invalid JSON: ",
+               detail::clipped_middle(what.substr(bracket == std::string::npos ? 0 : bracket + 2)));
     return out;
   }
   if (!doc.is_object()) {
@@ -271,7 +273,7 @@ FileContents parse_tuning_text(const std::string& text, const Fingerprint* here)
   }
   const json& schema = doc.at("schema");
   if (!schema.is_number_integer() || schema.get<int64_t>() != kTuningSchemaVersion) {
-    out.why = concat("schema version ", schema.dump(), " (this library reads ",
+    out.why = concat("schema version ", detail::clipped(schema.dump()), " (this library reads ",
                      kTuningSchemaVersion, ")");
     return out;
   }
@@ -417,7 +419,8 @@ std::string invalid_entry_reason(const ProjTuningEntry& e) {
 
 void TuningCache::put(const ProjTuningEntry& e) {
   if (const std::string why = invalid_entry_reason(e); !why.empty())
-    detail::invalid("projection tuning entry for ", e.key, " is invalid: ", why);
+    detail::invalid("projection tuning entry for ", detail::clipped(e.key, 128),
+                    " is invalid: ", why);
   const auto it = std::lower_bound(
       proj_entries_.begin(), proj_entries_.end(), e,
       [](const ProjTuningEntry& a, const ProjTuningEntry& b) { return slot_of(a) < slot_of(b); });
@@ -449,14 +452,16 @@ TuningCache TuningCache::load(const std::string& path, const Fingerprint& here) 
       break;
     case FileState::rejected:
     case FileState::other_gpu:
-      warn(concat("ignoring tuning file ", path, " (", file.why, ")"));
+      warn(concat("ignoring tuning file ", detail::clipped_path(path), " (", file.why, ")"));
       break;
     case FileState::ok:
       cache.fingerprint_ = file.fingerprint;
       for (const auto& [index, why] : file.entry_problems)
-        warn(concat("ignoring entry ", index, " of tuning file ", path, " (", why, ")"));
+        warn(concat("ignoring entry ", index, " of tuning file ", detail::clipped_path(path), " (",
+                    why, ")"));
       for (const auto& [index, why] : file.proj_problems)
-        warn(concat("ignoring projection entry ", index, " of tuning file ", path, " (", why, ")"));
+        warn(concat("ignoring projection entry ", index, " of tuning file ",
+                    detail::clipped_path(path), " (", why, ")"));
       for (const TuningEntry& e : file.entries) cache.put(e);
       for (const ProjTuningEntry& e : file.proj_entries) cache.put(e);
       break;
@@ -480,20 +485,21 @@ TuningCache TuningCache::parse(const std::string& text, const Fingerprint& here)
 
 TuningCache TuningCache::load_as_tuned(const std::string& path) {
   const FileContents file = read_tuning_file(path, nullptr);
-  if (file.state == FileState::missing) detail::invalid("tuning file ", path, " does not exist");
+  if (file.state == FileState::missing)
+    detail::invalid("tuning file ", detail::clipped_path(path), " does not exist");
   if (file.state != FileState::ok)
-    detail::invalid("tuning file ", path, " cannot be used: ", file.why);
+    detail::invalid("tuning file ", detail::clipped_path(path), " cannot be used: ", file.why);
   TuningCache cache;
   cache.fingerprint_ = file.fingerprint;
   for (const auto& [index, why] : file.entry_problems) {
-    const std::string message =
-        concat("ignoring entry ", index, " of tuning file ", path, " (", why, ")");
+    const std::string message = concat("ignoring entry ", index, " of tuning file ",
+                                       detail::clipped_path(path), " (", why, ")");
     cache.warnings_.push_back(message);
     detail::warn_once("tuning:" + message, message);
   }
   for (const auto& [index, why] : file.proj_problems) {
-    const std::string message =
-        concat("ignoring projection entry ", index, " of tuning file ", path, " (", why, ")");
+    const std::string message = concat("ignoring projection entry ", index, " of tuning file ",
+                                       detail::clipped_path(path), " (", why, ")");
     cache.warnings_.push_back(message);
     detail::warn_once("tuning:" + message, message);
   }
@@ -505,7 +511,7 @@ TuningCache TuningCache::load_as_tuned(const std::string& path) {
 void TuningCache::put(const TuningEntry& e) {
   // Checked here too, so that save() never writes what load() would reject.
   if (const std::string why = invalid_entry_reason(e); !why.empty())
-    detail::invalid("tuning entry for ", e.key, " is invalid: ", why);
+    detail::invalid("tuning entry for ", detail::clipped(e.key, 128), " is invalid: ", why);
   const auto it = std::lower_bound(
       entries_.begin(), entries_.end(), e,
       [](const TuningEntry& a, const TuningEntry& b) { return slot_of(a) < slot_of(b); });
@@ -587,7 +593,8 @@ void TuningCache::save(const std::string& path) const {
     for (const ProjTuningEntry& e : old.proj_entries)
       if (!merged.find_proj(e.key, e.bucket, e.hidden, e.columns)) merged.put(e);
   } else if (old.state == FileState::rejected) {
-    const std::string message = concat("replacing unusable tuning file ", path, " (", old.why, ")");
+    const std::string message =
+        concat("replacing unusable tuning file ", detail::clipped_path(path), " (", old.why, ")");
     detail::warn_once("tuning:" + message, message);
   }
 
@@ -596,18 +603,30 @@ void TuningCache::save(const std::string& path) const {
                           : slash == 0               ? "/"
                                                      : path.substr(0, slash);
   std::string why;
+  // Earlier saves killed mid-write left their temp files here; only this file's are touched.
+  detail::remove_stale_temp_files(dir, detail::kStaleTempSeconds, path.substr(slash + 1));
   if (!detail::make_private_dirs(dir, &why) ||
-      !detail::write_file_atomically(path, merged.to_json().dump(2) + "\n", &why))
-    detail::invalid("cannot write tuning file ", path, ": ", why);
+      !detail::write_file_atomically(path, merged.to_json().dump(2) + "\n", &why,
+                                     detail::Links::follow))
+    detail::invalid("cannot write tuning file ", detail::clipped_path(path), ": ",
+                    detail::clipped_middle(why, 160));
 }
 
 std::string default_tuning_path() {
+  auto in_cache_dir = [] {
+    const std::string dir = detail::DiskCache::default_dir();
+    return dir.empty() ? std::string() : dir + "/tuning.json";
+  };
   if (const char* f = std::getenv("ROPEJIT_TUNING_FILE")) {
     const std::string s = f;
-    return s == "off" ? std::string() : s;
+    if (s.empty() || s == "off") return {};
+    if (s[0] == '/') return s;
+    const std::string instead = in_cache_dir();
+    detail::ignore_relative_env("ROPEJIT_TUNING_FILE", s,
+                                instead.empty() ? "no tuning file (no cache directory)" : instead);
+    return instead;
   }
-  const std::string dir = detail::DiskCache::default_dir();
-  return dir.empty() ? std::string() : dir + "/tuning.json";
+  return in_cache_dir();
 }
 
 }  // namespace ropejit::autotune

@@ -123,7 +123,8 @@ std::string invalid_entry_reason(const ProjTuningEntry& e);
 
 // Default tuning-file path: $ROPEJIT_TUNING_FILE if set ("" or "off": no tuning file), else
 // <dir>/tuning.json where <dir> is detail::DiskCache::default_dir(); "" when neither is
-// available.
+// available. A relative ROPEJIT_TUNING_FILE is ignored with one warning (XDG's rule for paths
+// from the environment, detail::ignore_relative_env).
 std::string default_tuning_path();
 
 }  // namespace ropejit::autotune

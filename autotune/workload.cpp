@@ -243,6 +243,7 @@ void Workload::add_scaling() {
     while (int32_t(long_factor_.size()) < pairs) long_factor_.push_back(long_f(rng_));
     s.short_factor = short_factor_.data();
     s.long_factor = long_factor_.data();
+    s.factor_count = pairs;
   }
 }
 

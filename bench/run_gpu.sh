@@ -31,6 +31,7 @@ cd "$(dirname "$0")/.."
 out=${1:?usage: bench/run_gpu.sh OUTDIR [tests|bench|all|none|cands|profile|roofline|weightread|graphcfg|flags OPTIONS]}
 what=${2:-all}
 mkdir -p "$out"
+out=$(cd "$out" && pwd)  # ropejit ignores a relative ROPEJIT_TUNING_FILE
 build=build-gpu
 export ROPEJIT_CACHE_DIR=${ROPEJIT_CACHE_DIR:-/tmp/ropejit-gpu-cache}
 export LD_LIBRARY_PATH=$PWD/.deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}

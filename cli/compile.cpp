@@ -52,7 +52,11 @@ std::vector<Kernel> tuning_file_kernels(const std::string& file,
   const autotune::TuningCache cache = autotune::TuningCache::load_as_tuned(file);
   const autotune::Fingerprint& fp = cache.fingerprint();
   std::vector<std::string> chosen = targets;
-  if (chosen.empty()) chosen.push_back(detail::target_for(fp.cc));
+  if (chosen.empty()) {
+    chosen.push_back(detail::target_for(fp.cc));
+    if (const std::string note = detail::target_note(fp.cc); !note.empty())
+      std::fprintf(stderr, "ropejit: compile: the tuning file's GPU: %s\n", note.c_str());
+  }
   std::vector<Kernel> out;
   std::set<std::string> seen;
   auto add = [&](const Spec& s, const detail::KernelVariant& v, const std::string& target) {
@@ -122,8 +126,13 @@ int run_compile(const CompileOptions& o) {
     detail::invalid(
         "--from-tuning takes the keys from the tuning file; drop --preset, --hf-config and --key");
   std::vector<std::string> targets;
-  for (const std::string& arch : o.archs)
-    targets.push_back(detail::target_for(detail::parse_arch(arch, "--arch")));
+  for (const std::string& arch : o.archs) {
+    const int cc = detail::parse_arch(arch, "--arch");
+    targets.push_back(detail::target_for(cc));
+    // Asked for by name: say when NVRTC builds something else.
+    if (const std::string note = detail::target_note(cc); !note.empty())
+      std::fprintf(stderr, "ropejit: compile: --arch %s\n", note.c_str());
+  }
   std::vector<Kernel> kernels;
   std::vector<QkvProjSpec> proj_specs;
   std::vector<FfnSpec> ffn_specs;
@@ -161,7 +170,7 @@ int run_compile(const CompileOptions& o) {
     for (const std::string& name : o.presets) models.push_back(preset_model(find_preset(name)));
     for (const std::string& file : o.hf_configs) {
       models.push_back(model_from_hf_config_file(file));
-      std::printf("%s: %s\n", file.c_str(), describe(models.back()).c_str());
+      std::printf("%s: %s\n", detail::clipped_path(file).c_str(), describe(models.back()).c_str());
     }
     std::vector<Spec> specs, skipped;
     for (const ModelRope& m : models)

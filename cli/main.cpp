@@ -6,6 +6,7 @@
 
 #include "api/engine.hpp"
 #include "autotune/policy.hpp"
+#include "autotune/tuning_cache.hpp"
 #include "cli/cli.hpp"
 #include "cli/presets.hpp"
 #include "jit/coverage.hpp"
@@ -56,9 +57,27 @@ int run_info() {
   else
     std::printf("driver       none: %s\n", i.driver_status.c_str());
   for (const std::string& d : i.devices) std::printf("gpu          %s\n", d.c_str());
-  std::printf("cache dir    %s (%s)\n", i.cache_dir.empty() ? "-" : i.cache_dir.c_str(),
+  std::printf("cache dir    %s (%s)\n",
+              i.cache_dir.empty() ? "-" : detail::clipped_path(i.cache_dir).c_str(),
               i.cache_status.c_str());
   std::printf("cache files  %zu\n", i.cache_entries);
+  const std::string tuning = autotune::default_tuning_path();
+  std::printf("tuning file  %s\n",
+              tuning.empty() ? "- (off)" : detail::clipped_path(tuning).c_str());
+  // The options every compile passes (the target is each GPU's), then the user's.
+  std::string options = "--gpu-architecture=<per GPU>";
+  for (const std::string& o : detail::base_compile_options()) options += " " + o;
+  std::printf("compile opts %s\n", options.c_str());
+  try {
+    std::string extra;
+    for (const std::string& o : detail::user_compile_options())
+      extra += (extra.empty() ? "" : " ") + o;
+    std::printf("extra opts   %s\n",
+                extra.empty() ? "- (ROPEJIT_NVRTC_FLAGS unset)"
+                              : (detail::clipped(extra, 256) + " (ROPEJIT_NVRTC_FLAGS)").c_str());
+  } catch (const Error& e) {
+    std::printf("extra opts   refused, every compile fails: %s\n", e.what());
+  }
   return 0;
 }
 

@@ -182,7 +182,7 @@ int tune_paths(const TuneOptions& o, const char* what, const std::vector<std::st
   if (path.empty()) detail::invalid("no tuning file: set --out FILE or ROPEJIT_TUNING_FILE");
   cache.save(path);
   std::printf("\ntuned %zu %s entries in %.1f s; wrote/merged %s\n", rows.size(), what, seconds,
-              path.c_str());
+              detail::clipped_path(path).c_str());
   return 0;
 }
 
@@ -374,7 +374,7 @@ int run_tune(const TuneOptions& o) {
   if (path.empty()) detail::invalid("no tuning file: set --out FILE or ROPEJIT_TUNING_FILE");
   cache.save(path);
   std::printf("\ntuned %zu entries in %.1f s; wrote/merged %s\n", rows.size(), seconds,
-              path.c_str());
+              detail::clipped_path(path).c_str());
   return 0;
 }
 

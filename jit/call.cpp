@@ -4,11 +4,13 @@
 
 #include <algorithm>
 #include <array>
+#include <cfloat>
 #include <climits>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <tuple>
 #include <utility>
 
@@ -31,10 +33,12 @@ int32_t low_alignment(uint64_t v) {
 
 // The first dimension whose stride does not step over everything the smaller strides span
 // (rows of head_dim elements would then overlap), or null; `needed` gets the stride it needed.
+// Equal strides keep the caller's order (a stable sort), so the answer does not depend on the
+// sort's whims; the message then names both (see tied_dim).
 const Dim* overlapping_dim(const Dims& dims, int64_t head_dim, int64_t* needed) {
   Dims live = dims;
-  std::sort(live.begin(), live.end(),
-            [](const Dim& a, const Dim& b) { return a.stride < b.stride; });
+  std::stable_sort(live.begin(), live.end(),
+                   [](const Dim& a, const Dim& b) { return a.stride < b.stride; });
   int64_t extent = head_dim;
   for (const Dim& d : live) {
     if (d.count <= 1) continue;
@@ -45,6 +49,14 @@ const Dim* overlapping_dim(const Dims& dims, int64_t head_dim, int64_t* needed) 
     }
     extent = d.stride * (d.count - 1) + extent;
   }
+  return nullptr;
+}
+
+// Another dimension with more than one index and the same stride as `d`: either of the two may
+// be the one the caller got wrong.
+const Dim* tied_dim(const Dims& dims, const Dim& d) {
+  for (const Dim& other : dims)
+    if (&other != &d && other.count > 1 && other.stride == d.stride) return &other;
   return nullptr;
 }
 
@@ -75,8 +87,12 @@ int32_t check_strided(const char* name, const void* data, const Dims& dims, int6
   op->end = op->first + uint64_t(end_bytes);
   int64_t needed = 0;
   if (written)
-    if (const Dim* d = overlapping_dim(dims, row, &needed))
+    if (const Dim* d = overlapping_dim(dims, row, &needed)) {
+      if (const Dim* t = tied_dim(dims, *d))
+        invalid(name, ".", t->name, " and ", d->name, " are both ", d->stride,
+                ", which makes rows overlap: one of them must be >= ", needed);
       invalid(name, ".", d->name, " (", d->stride, ") makes rows overlap (needs >= ", needed, ")");
+    }
   int32_t align = low_alignment(reinterpret_cast<uintptr_t>(data));
   for (const Dim& d : dims)
     if (d.count > 1) align = std::min(align, low_alignment(uint64_t(d.stride * elem)));
@@ -161,6 +177,37 @@ void check_no_overlap(const Operand* ops, size_t n) {
               a.written && b.written ? "both are" : "one is",
               " written; give each its own memory (or distinct heads of one tensor)");
     }
+}
+
+Range range_of(const char* name, const void* p, int64_t rows, int64_t stride, int64_t row,
+               int64_t elem) {
+  const uintptr_t first = reinterpret_cast<uintptr_t>(p);
+  if (!p || rows <= 0) return Range{name, first, first};
+  int64_t span = 0;
+  if (__builtin_mul_overflow(rows - 1, stride, &span) || __builtin_add_overflow(span, row, &span) ||
+      __builtin_mul_overflow(span, elem, &span) || span < 0 || first > UINTPTR_MAX - uint64_t(span))
+    invalid(name, ": ", rows, " rows of ", row, " elements, ", stride,
+            " apart, overflow 64-bit addresses");
+  return Range{name, first, first + uint64_t(span)};
+}
+
+void check_untouched(const Range* written, size_t n_written, const Range* inputs, size_t n_inputs) {
+  for (size_t i = 0; i < n_written; ++i)
+    for (size_t j = 0; j < n_inputs; ++j) {
+      const Range& o = written[i];
+      const Range& in = inputs[j];
+      if (o.first < o.end && in.first < in.end && o.first < in.end && in.first < o.end)
+        invalid(o.name, " and ", in.name, " overlap in memory (", o.name, " spans [",
+                reinterpret_cast<const void*>(o.first), ", ", reinterpret_cast<const void*>(o.end),
+                "), ", in.name, " [", reinterpret_cast<const void*>(in.first), ", ",
+                reinterpret_cast<const void*>(in.end), ")) and ", o.name, " is written while ",
+                in.name, " is read: give each its own memory");
+    }
+}
+
+void check_norm_eps(double eps) {
+  if (!(std::isfinite(eps) && eps >= 0 && eps <= FLT_MAX))
+    invalid("args.norm_eps (", eps, ") must be a finite number in [0, FLT_MAX] (a float)");
 }
 
 namespace {
@@ -341,8 +388,7 @@ void check_frequencies(const Spec& c, const Args& a, CallShape* shape) {
 void check_fusion(const Spec& c, const Args& a, const CallShape& shape, Operands* o) {
   const int64_t elem = element_bytes(c.dtype);
   if (c.norm != Norm::none) {
-    if (!(std::isfinite(a.norm_eps) && a.norm_eps >= 0))
-      invalid("args.norm_eps (", a.norm_eps, ") must be a finite number >= 0");
+    check_norm_eps(a.norm_eps);
     const bool all = c.norm == Norm::rms_all_heads;
     for (const auto& [w, name, heads] :
          {std::tuple{a.q_norm_weight, "args.q_norm_weight", shape.q_heads},
@@ -447,6 +493,48 @@ void check_fusion(const Spec& c, const Args& a, const CallShape& shape, Operands
   }
 }
 
+// The read-only arrays a call reads (tables, positions, sequence bounds, the cache's addressing)
+// against everything it writes.
+void check_inputs_untouched(const Spec& c, const Args& a, const CallShape& shape,
+                            const Operands& ops) {
+  if (shape.tokens == 0) return;
+  const bool dense = c.layout != Layout::thd;
+  const int64_t ibytes = c.index_type == IndexType::i64 ? 8 : 4;
+  const int64_t sequences = a.batch;
+  const bool table = c.freqs == Freqs::table;
+  const int64_t width = c.table_width == TableWidth::half ? c.rotary_dim / 2 : c.rotary_dim;
+  const int64_t stride = a.table_stride == 0 ? width : a.table_stride;
+  const KvCacheArgs& k = a.cache;
+  const bool by_id = c.positions == Positions::ids || c.positions == Positions::mrope;
+  const Range inputs[] = {
+      range_of("args.cos", table ? a.cos : nullptr, a.table_rows, stride, width,
+               element_bytes(c.table_dtype)),
+      range_of("args.sin", table ? a.sin : nullptr, a.table_rows, stride, width,
+               element_bytes(c.table_dtype)),
+      range_of("args.position_ids", by_id ? a.position_ids : nullptr,
+               c.positions == Positions::mrope ? 3 : 1, shape.tokens, shape.tokens, ibytes),
+      range_of("args.seq_offsets", c.positions == Positions::seq_offsets ? a.seq_offsets : nullptr,
+               sequences, 1, 1, ibytes),
+      range_of("args.cu_seqlens", dense ? nullptr : a.cu_seqlens, sequences + 1, 1, 1, 4),
+      range_of("args.cache.slot_mapping", c.cache == KvCache::slots ? k.slot_mapping : nullptr,
+               shape.tokens, 1, 1, 8),
+      range_of("args.cache.indptr", c.cache == KvCache::paged ? k.indptr : nullptr, sequences + 1,
+               1, 1, 4),
+      range_of("args.cache.indices", c.cache == KvCache::paged ? k.indices : nullptr, k.num_indices,
+               1, 1, 4),
+      range_of("args.cache.last_page_len", c.cache == KvCache::paged ? k.last_page_len : nullptr,
+               sequences, 1, 1, 4),
+      range_of("args.cache.seq_lens", c.cache == KvCache::contiguous ? k.seq_lens : nullptr,
+               sequences, 1, 1, 4)};
+  std::array<Range, std::tuple_size<decltype(ops.ops)>::value + 1> written{};
+  size_t n = 0;
+  for (size_t i = 0; i < ops.n; ++i)
+    if (ops.ops[i].written) written[n++] = Range{ops.ops[i].name, ops.ops[i].first, ops.ops[i].end};
+  written[n++] =
+      range_of("args.cache.skipped", c.cache != KvCache::none ? k.skipped : nullptr, 1, 1, 1, 4);
+  check_untouched(written.data(), n, inputs, std::size(inputs));
+}
+
 }  // namespace
 
 void check_scale(float v, const char* name) {
@@ -469,6 +557,7 @@ CallShape check_call(const Spec& c, const Args& a) {
   check_frequencies(c, a, &shape);
   check_fusion(c, a, shape, &ops);
   check_no_overlap(ops.ops.data(), ops.n);
+  check_inputs_untouched(c, a, shape, ops);
   if (needs_pair_table(c)) pair_data(c, a);  // checks the scaling parameters and mRoPE sections
   shape.align_bytes = std::min<int32_t>(16, ops.vec * element_bytes(c.dtype));
   shape.narrow = c.fused() && std::all_of(ops.ops.begin(), ops.ops.begin() + ptrdiff_t(ops.n),
@@ -497,9 +586,11 @@ const PairData& pair_data(const Spec& c, const Args& a) {
   thread_local Cached cache;
   const int32_t pairs = c.rotary_dim / 2;
   const RopeScaling& s = a.scaling;
+  // Only longrope reads the factor arrays, and only after their length matched the pairs.
+  const bool factors = c.freqs == Freqs::longrope;
   auto same_factors = [&](const std::vector<double>& kept, const double* given) {
-    if (!given) return kept.empty();
-    return int32_t(kept.size()) == pairs &&
+    if (!factors) return true;
+    return given && s.factor_count == pairs && int32_t(kept.size()) == pairs &&
            std::memcmp(kept.data(), given, sizeof(double) * size_t(pairs)) == 0;
   };
   const bool mrope = c.positions == Positions::mrope;
@@ -527,9 +618,12 @@ const PairData& pair_data(const Spec& c, const Args& a) {
   cache.rotary_dim = c.rotary_dim;
   cache.base = a.base;
   cache.scaling = s;
-  cache.short_factor.assign(s.short_factor,
-                            s.short_factor ? s.short_factor + pairs : s.short_factor);
-  cache.long_factor.assign(s.long_factor, s.long_factor ? s.long_factor + pairs : s.long_factor);
+  cache.short_factor.clear();
+  cache.long_factor.clear();
+  if (factors) {  // validate_scaling() checked both arrays and their length
+    cache.short_factor.assign(s.short_factor, s.short_factor + pairs);
+    cache.long_factor.assign(s.long_factor, s.long_factor + pairs);
+  }
   std::memcpy(cache.section, a.mrope_section, sizeof cache.section);
   cache.interleaved = a.mrope_interleaved;
   cache.mrope = mrope;

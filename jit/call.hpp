@@ -64,6 +64,21 @@ void check_aligned(const void* p, uint64_t bytes, const char* name, const char* 
 // of distinct rows of one tensor (q and k of a packed QKV output).
 void check_no_overlap(const Operand* ops, size_t n);
 
+// The bytes [first, end) a call touches through one argument; empty when it touches none.
+struct Range {
+  const char* name;
+  uintptr_t first, end;
+};
+// `rows` rows of `row` elements of `elem` bytes, `stride` elements apart (empty for a null
+// pointer or no rows); throws naming `name` when the span overflows 64-bit addresses.
+Range range_of(const char* name, const void* p, int64_t rows, int64_t stride, int64_t row,
+               int64_t elem);
+// Rejects a written range that meets a read-only one: every kernel reads its inputs (tables,
+// positions, page tables, weights) while it writes, so a shared byte is a race.
+void check_untouched(const Range* written, size_t n_written, const Range* inputs, size_t n_inputs);
+// RMSNorm's epsilon: a finite float >= 0 (the kernels add it in float).
+void check_norm_eps(double eps);
+
 // Throws Error(invalid_argument) naming the first bad argument; otherwise the call's shape.
 // Reads no device memory. A call with zero tokens is valid and returns tokens == 0.
 CallShape check_call(const Spec& canonical, const Args& args);

@@ -33,7 +33,6 @@ constexpr char kMagic[8] = {'R', 'J', 'K', 'E', 'R', 'N', 'E', 'L'};
 constexpr size_t kHeaderBytes = 40;
 constexpr const char* kSuffix = ".rjk";
 constexpr size_t kMaxEntryBytes = size_t(64) << 20;  // cubins of RoPE kernels are ~10-100 KB
-constexpr long kStaleTempSeconds = 3600;             // a writer's temp file lives milliseconds
 
 void put_u32(std::string& s, uint32_t v) {
   for (int i = 0; i < 4; ++i) s.push_back(char((v >> (8 * i)) & 0xff));
@@ -121,14 +120,41 @@ std::string content_hash(const std::string& source, const std::vector<std::strin
   return hex;
 }
 
+void ignore_relative_env(const char* name, const std::string& value, const std::string& instead) {
+  warn_once(concat("relative-env:", name, "=", value),
+            concat(name, " ('", clipped_path(value),
+                   "') is a relative path and is ignored: it would name another place from each "
+                   "working directory; using ",
+                   clipped_path(instead), " instead"));
+}
+
+namespace {
+
+constexpr const char* kNoCacheDir = "no disk cache (compiled kernels cached in memory only)";
+
+// $XDG_CACHE_HOME/ropejit, else ~/.cache/ropejit, else "" (no disk cache).
+std::string user_cache_dir() {
+  std::string home_dir;
+  if (const char* h = std::getenv("HOME"); h && h[0]) home_dir = std::string(h) + "/.cache/ropejit";
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && x[0]) {
+    if (x[0] == '/') return std::string(x) + "/ropejit";
+    ignore_relative_env("XDG_CACHE_HOME", x, home_dir.empty() ? kNoCacheDir : home_dir);
+  }
+  return home_dir;
+}
+
+}  // namespace
+
 std::string DiskCache::default_dir() {
   if (const char* d = std::getenv("ROPEJIT_CACHE_DIR")) {
     const std::string s = d;
-    return s == "off" ? std::string() : s;
+    if (s.empty() || s == "off") return {};
+    if (s[0] == '/') return s;
+    const std::string instead = user_cache_dir();
+    ignore_relative_env("ROPEJIT_CACHE_DIR", s, instead.empty() ? kNoCacheDir : instead);
+    return instead;
   }
-  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && x[0]) return std::string(x) + "/ropejit";
-  if (const char* h = std::getenv("HOME"); h && h[0]) return std::string(h) + "/.cache/ropejit";
-  return {};
+  return user_cache_dir();
 }
 
 DiskCache::DiskCache(std::string dir) : dir_(std::move(dir)) {
@@ -138,16 +164,17 @@ DiskCache::DiskCache(std::string dir) : dir_(std::move(dir)) {
   }
   std::string why;
   struct stat st {};
+  // Messages quote the directory clipped: it comes from the environment and may be any length.
   if (!make_private_dirs(dir_, &why)) {
-    disabled_reason_ = why;
+    disabled_reason_ = clipped_middle(why, 160);
   } else if (::stat(dir_.c_str(), &st) != 0) {
-    disabled_reason_ = concat("cannot stat ", dir_, ": ", std::strerror(errno));
+    disabled_reason_ = concat("cannot stat ", clipped_path(dir_), ": ", std::strerror(errno));
   } else if (const std::string distrust = untrusted_reason(st.st_uid, st.st_mode);
              !distrust.empty()) {
     // Another user who can write here could plant a cubin this process would run.
-    disabled_reason_ = concat(dir_, " is ", distrust, "; refusing to use it");
+    disabled_reason_ = concat(clipped_path(dir_), " is ", distrust, "; refusing to use it");
   } else if (::access(dir_.c_str(), W_OK | X_OK) != 0) {
-    disabled_reason_ = concat(dir_, " is not writable");
+    disabled_reason_ = concat(clipped_path(dir_), " is not writable");
   } else {
     trusted_ = true;
     enabled_ = true;
@@ -169,7 +196,7 @@ std::string DiskCache::path_for(const std::string& hash) const {
 
 bool DiskCache::load(const std::string& hash, const std::string& key, CacheEntry* out) const {
   if (!trusted_) return false;
-  const FileRead file = read_regular_file(path_for(hash), kMaxEntryBytes);
+  const FileRead file = read_regular_file(path_for(hash), kMaxEntryBytes, Links::refuse);
   if (file.status == ReadStatus::missing) return false;  // a plain miss
   std::string why = file.why;
   CacheEntry e;
@@ -182,8 +209,8 @@ bool DiskCache::load(const std::string& hash, const std::string& key, CacheEntry
     ok = false;
   }
   if (!ok) {
-    warn_once("cache-entry-" + hash,
-              concat("ignoring cache entry ", path_for(hash), " (", why, "); recompiling ", key));
+    warn_once("cache-entry-" + hash, concat("ignoring cache entry ", clipped_path(dir_), "/", hash,
+                                            kSuffix, " (", why, "); recompiling ", key));
     return false;
   }
   *out = std::move(e);
@@ -194,9 +221,9 @@ std::string DiskCache::store(const std::string& hash, const CacheEntry& entry) {
   if (!enabled() || !image_problem(entry.image, entry.is_ptx).empty()) return {};
   const std::string path = path_for(hash);
   std::string why;
-  if (!write_file_atomically(path, encode_entry(entry), &why)) {
+  if (!write_file_atomically(path, encode_entry(entry), &why, Links::refuse)) {
     enabled_ = false;
-    warn_once("cache-write", concat("cannot write to kernel cache ", dir_, " (", why,
+    warn_once("cache-write", concat("cannot write to kernel cache ", clipped_path(dir_), " (", why,
                                     "); caching compiled kernels in memory only"));
     return {};
   }

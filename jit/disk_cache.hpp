@@ -27,10 +27,18 @@ bool decode_entry(const std::string& bytes, CacheEntry* out, std::string* why);
 std::string content_hash(const std::string& source, const std::vector<std::string>& options,
                          const std::string& target, int nvrtc_major, int nvrtc_minor);
 
+// Environment variables that name paths (ROPEJIT_CACHE_DIR, XDG_CACHE_HOME, ROPEJIT_TUNING_FILE)
+// must be absolute: a relative one would name another place from each working directory. One
+// warning per value names the variable, the value and `instead`, what is used in its place (the
+// default path, or what having none means).
+void ignore_relative_env(const char* name, const std::string& value, const std::string& instead);
+
 class DiskCache {
  public:
   // ROPEJIT_CACHE_DIR, else $XDG_CACHE_HOME/ropejit, else ~/.cache/ropejit. ROPEJIT_CACHE_DIR
-  // set to "off" (or empty) disables the disk cache.
+  // set to "off" (or empty) disables the disk cache. A relative ROPEJIT_CACHE_DIR or
+  // XDG_CACHE_HOME is ignored with one warning (ignore_relative_env), as the XDG Base Directory
+  // specification asks of its variables.
   static std::string default_dir();
 
   // Creates `dir` (mode 0700) if needed; an unusable directory, or one not owned by this user

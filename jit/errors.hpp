@@ -15,12 +15,23 @@ std::string concat(const Parts&... parts) {
   return os.str();
 }
 
-// `text` for an error message, cut to its first 64 characters (and its length) when longer:
-// messages quote what the caller passed, which may be anything.
-inline std::string clipped(const std::string& text) {
-  constexpr size_t kShown = 64;
-  if (text.size() <= kShown) return text;
-  return concat(text.substr(0, kShown), "... (", text.size(), " characters)");
+// `text` for an error message, cut to its first `shown` characters (and its length) when
+// longer: messages quote what the caller passed, which may be anything.
+inline std::string clipped(const std::string& text, size_t shown = 64) {
+  if (text.size() <= shown) return text;
+  return concat(text.substr(0, shown), "... (", text.size(), " characters)");
+}
+
+// A path for a message (cache directory, tuning file, config file, a value of ROPEJIT_*):
+// clipped() with room for the deep paths real file systems have.
+inline std::string clipped_path(const std::string& path) { return clipped(path, 256); }
+
+// `text` cut to its first and last `shown` characters (and its length) when longer: a reason
+// whose middle may quote a path or token of any length and whose end says what went wrong.
+inline std::string clipped_middle(const std::string& text, size_t shown = 64) {
+  if (text.size() <= 2 * shown) return text;
+  return concat(text.substr(0, shown), "... (", text.size(), " characters) ...",
+                text.substr(text.size() - shown));
 }
 
 template <class... Parts>

@@ -20,8 +20,6 @@ namespace {
 constexpr int64_t kMaxIntermediate = int64_t(1) << 24;
 constexpr int64_t kMaxGridY = 65535;
 
-size_t aligned256(uint64_t bytes) { return size_t((bytes + 255) / 256 * 256); }
-
 }  // namespace
 
 FfnShape check_ffn_call(const FfnSpec& c, const FfnArgs& a) {
@@ -60,8 +58,7 @@ FfnShape check_ffn_call(const FfnSpec& c, const FfnArgs& a) {
   if (c.norm != Norm::none) {
     if (!a.norm_weight) invalid("args.norm_weight is null but spec.norm is ", to_string(c.norm));
     check_matrix("args.norm_weight", "args.hidden", a.norm_weight, 1, a.hidden, a.hidden, elem);
-    if (!(std::isfinite(a.norm_eps) && a.norm_eps >= 0 && a.norm_eps <= FLT_MAX))
-      invalid("args.norm_eps (", a.norm_eps, ") must be a number in [0, FLT_MAX] (a float)");
+    check_norm_eps(a.norm_eps);
   }
   if (!a.out) invalid("args.out is null");
   if (reinterpret_cast<uintptr_t>(a.out) % uintptr_t(elem) != 0)
@@ -85,17 +82,7 @@ FfnShape check_ffn_call(const FfnSpec& c, const FfnArgs& a) {
                  a.hidden, elem),
         range_of("args.gate_scale", w8 ? a.gate_scale : nullptr, a.intermediate, 1, 1, 4),
         range_of("args.up_scale", w8 ? a.up_scale : nullptr, a.intermediate, 1, 1, 4)};
-    auto overlap = [](const Range& p, const Range& q) {
-      return p.first < p.end && q.first < q.end && p.first < q.end && q.first < p.end;
-    };
-    for (const Range& in : inputs)
-      if (overlap(written, in))
-        invalid("args.out and ", in.name, " overlap in memory (args.out spans [",
-                reinterpret_cast<const void*>(written.first), ", ",
-                reinterpret_cast<const void*>(written.end), "), ", in.name, " [",
-                reinterpret_cast<const void*>(in.first), ", ",
-                reinterpret_cast<const void*>(in.end), ")); the call reads its inputs while ",
-                "writing its output");
+    check_untouched(&written, 1, inputs, std::size(inputs));
     const Range all[] = {inputs[0], inputs[1], inputs[2], inputs[3], inputs[4], inputs[5], written};
     check_workspace(a.workspace, a.workspace_bytes, all, 7);
   }
@@ -167,15 +154,24 @@ RenderedKernel render(const FfnSpec& c, const ProjVariant& v) {
 }
 
 size_t ffn_product_bytes(const FfnSpec& c, int64_t tokens, int64_t intermediate) {
-  return aligned256(uint64_t(tokens) * uint64_t(2 * intermediate) *
-                    uint64_t(element_bytes(c.dtype)));
+  size_t bytes = 0;
+  int64_t columns = 0;
+  if (__builtin_mul_overflow(intermediate, int64_t(2), &columns) ||
+      !aligned_product({tokens, columns, element_bytes(c.dtype)}, &bytes))
+    invalid("args.tokens (", tokens, ") x 2 x args.intermediate (", intermediate, ") x ",
+            element_bytes(c.dtype), " bytes (the gate/up products) overflows size_t");
+  return bytes;
 }
 
 size_t ffn_workspace_bytes(const FfnSpec& c, int64_t tokens, int64_t hidden, int64_t intermediate) {
-  return norm_workspace_bytes(c.dtype, c.norm, tokens, hidden) +
-         ffn_product_bytes(c, tokens, intermediate) +
-         dequant_workspace_bytes(c.dtype, c.weights, hidden, 2 * intermediate) +
-         kGemmWorkspaceBytes;
+  if (intermediate < 1 || intermediate > kMaxIntermediate)  // bounds 2 * intermediate below
+    invalid("args.intermediate (", intermediate, ") must be in [1, ", kMaxIntermediate, "]");
+  return workspace_sum(
+      {norm_workspace_bytes(c.dtype, c.norm, tokens, hidden),
+       ffn_product_bytes(c, tokens, intermediate),
+       dequant_workspace_bytes(c.dtype, c.weights, hidden, 2 * intermediate), kGemmWorkspaceBytes},
+      concat("args.tokens (", tokens, "), args.hidden (", hidden, ") and args.intermediate (",
+             intermediate, ")"));
 }
 
 std::string ffn_split_problem(const FfnSpec& c, const FfnArgs& a, const FfnShape& s,

@@ -4,6 +4,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -66,13 +67,16 @@ std::string untrusted_reason(uid_t owner, mode_t mode) {
   return {};
 }
 
-FileRead read_regular_file(const std::string& path, size_t max_bytes) {
+FileRead read_regular_file(const std::string& path, size_t max_bytes, Links links) {
   FileRead out;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+  const int nofollow = links == Links::refuse ? O_NOFOLLOW : 0;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC | nofollow);
   if (fd < 0) {
     if (errno == ENOENT || errno == ENOTDIR) return out;
     out.status = ReadStatus::refused;
-    out.why = concat("cannot open: ", std::strerror(errno));
+    // O_NOFOLLOW on a link fails with ELOOP.
+    out.why = nofollow && errno == ELOOP ? std::string("is a symbolic link")
+                                         : concat("cannot open: ", std::strerror(errno));
     return out;
   }
   out.status = ReadStatus::refused;
@@ -135,8 +139,9 @@ bool make_private_dirs(const std::string& dir, std::string* why) {
 }
 
 bool write_file_atomically(const std::string& link_or_path, const std::string& bytes,
-                           std::string* why) {
-  const std::string path = resolve_links(link_or_path);
+                           std::string* why, Links links) {
+  // rename() replaces a link at its destination, never the link's target.
+  const std::string path = links == Links::follow ? resolve_links(link_or_path) : link_or_path;
   const size_t slash = path.rfind('/');
   const std::string dir = slash == std::string::npos ? "."
                           : slash == 0               ? "/"
@@ -167,22 +172,51 @@ bool write_file_atomically(const std::string& link_or_path, const std::string& b
   return true;
 }
 
-int remove_stale_temp_files(const std::string& dir, long seconds) {
+namespace {
+
+// The writer's pid in a temp file name ".<name>.<pid>.<thread>.<random>.tmp", or 0.
+pid_t writer_pid(const std::string& file) {
+  // Three dots before the suffix: <pid>.<thread>.<random>.
+  size_t end = file.size() - std::strlen(kTempSuffix);
+  for (int field = 0; field < 2; ++field) {
+    end = file.rfind('.', end - 1);
+    if (end == std::string::npos || end == 0) return 0;
+  }
+  const size_t begin = file.rfind('.', end - 1);
+  if (begin == std::string::npos || end - begin < 2 || end - begin > 11) return 0;
+  long pid = 0;
+  for (size_t i = begin + 1; i < end; ++i) {
+    if (file[i] < '0' || file[i] > '9') return 0;
+    pid = pid * 10 + (file[i] - '0');
+  }
+  return pid > 0 && pid <= INT_MAX ? pid_t(pid) : 0;
+}
+
+}  // namespace
+
+int remove_stale_temp_files(const std::string& dir, long seconds, const std::string& name) {
   DIR* d = ::opendir(dir.c_str());
   if (!d) return 0;
   const time_t now = ::time(nullptr);
   const size_t suffix = std::strlen(kTempSuffix);
+  const std::string prefix = name.empty() ? "." : "." + name + ".";
   int removed = 0;
   while (const dirent* e = ::readdir(d)) {
-    const size_t len = std::strlen(e->d_name);
-    if (e->d_name[0] != '.' || len <= suffix + 1 ||
-        std::strcmp(e->d_name + len - suffix, kTempSuffix) != 0)
+    const std::string file = e->d_name;
+    if (file.size() <= prefix.size() + suffix || file.compare(0, prefix.size(), prefix) != 0 ||
+        file.compare(file.size() - suffix, suffix, kTempSuffix) != 0)
       continue;
-    const std::string path = dir + "/" + e->d_name;
+    const std::string path = dir + "/" + file;
     struct stat st {};
     if (::lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid())
       continue;
-    if (now - st.st_mtime >= seconds && ::unlink(path.c_str()) == 0) ++removed;
+    const long age = long(now - st.st_mtime);
+    // A writer that died (no such process here) left it: gone after a short grace, which keeps
+    // the file of a live writer in another pid namespace sharing the directory.
+    const pid_t pid = writer_pid(file);
+    const bool dead = pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH;
+    if ((age >= seconds || (dead && age >= kDeadWriterGraceSeconds)) && ::unlink(path.c_str()) == 0)
+      ++removed;
   }
   ::closedir(d);
   return removed;

@@ -68,7 +68,9 @@ LoadedLt load() {
       break;
     }
     const char* why = dlerror();
-    tried += concat(tried.empty() ? "" : "; ", name, ": ", why ? why : "?");
+    // ROPEJIT_CUBLASLT may be any length, and dlerror() repeats it.
+    tried += concat(tried.empty() ? "" : "; ", clipped_path(name), ": ",
+                    why ? clipped_middle(why, 160) : "?");
   }
   if (!lib) {
     out.error = concat("cuBLASLt could not be loaded (", tried,
@@ -76,16 +78,17 @@ LoadedLt load() {
     return out;
   }
   Lt& lt = out.lt;
-#define ROPEJIT_RESOLVE(name)                                                          \
-  lt.name = reinterpret_cast<decltype(lt.name)>(dlsym(lib, "cublasLt" #name));         \
-  if (!lt.name) {                                                                      \
-    out.error = concat("cuBLASLt (", out.path, ") has no entry point cublasLt" #name); \
-    return out;                                                                        \
+#define ROPEJIT_RESOLVE(name)                                                                \
+  lt.name = reinterpret_cast<decltype(lt.name)>(dlsym(lib, "cublasLt" #name));               \
+  if (!lt.name) {                                                                            \
+    out.error =                                                                              \
+        concat("cuBLASLt (", clipped_path(out.path), ") has no entry point cublasLt" #name); \
+    return out;                                                                              \
   }
   ROPEJIT_LT_ENTRY_POINTS(ROPEJIT_RESOLVE)
 #undef ROPEJIT_RESOLVE
   if (lt.GetVersion() / 10000 != CUBLAS_VER_MAJOR)
-    out.error = concat("cuBLASLt (", out.path, ") is version ", lt.GetVersion(),
+    out.error = concat("cuBLASLt (", clipped_path(out.path), ") is version ", lt.GetVersion(),
                        "; this build needs major version ", CUBLAS_VER_MAJOR);
   return out;
 }

@@ -20,12 +20,24 @@ void check_nvrtc(nvrtcResult r, const char* what) {
   if (r != NVRTC_SUCCESS) fail(ErrorCode::compile, what, " failed: ", nvrtcGetErrorString(r));
 }
 
-std::vector<int> supported_archs() {
-  int n = 0;
-  check_nvrtc(nvrtcGetNumSupportedArchs(&n), "nvrtcGetNumSupportedArchs");
-  std::vector<int> archs(static_cast<size_t>(n));
-  if (n > 0) check_nvrtc(nvrtcGetSupportedArchs(archs.data()), "nvrtcGetSupportedArchs");
+// Ascending; never empty (a library reporting none is an error).
+const std::vector<int>& supported_archs() {
+  static const std::vector<int> archs = [] {
+    int n = 0;
+    check_nvrtc(nvrtcGetNumSupportedArchs(&n), "nvrtcGetNumSupportedArchs");
+    std::vector<int> out(static_cast<size_t>(n));
+    if (n > 0) check_nvrtc(nvrtcGetSupportedArchs(out.data()), "nvrtcGetSupportedArchs");
+    std::sort(out.begin(), out.end());
+    return out;
+  }();
+  if (archs.empty()) fail(ErrorCode::compile, "NVRTC reports no supported architectures");
   return archs;
+}
+
+std::string supported_list() {
+  std::string out;
+  for (const int a : supported_archs()) out += concat(out.empty() ? "" : ", ", "sm_", a);
+  return out;
 }
 
 // Why an NVRTC option would change what is built rather than how, or null. Such options
@@ -49,6 +61,28 @@ const char* target_changing(const std::string& option) {
   return nullptr;
 }
 
+// True when an NVRTC option would change floating-point rounding: fast math, or flushing
+// denormals, approximate division or square roots, or unfused multiply-adds. The kernels are
+// accurate to one rounding of the float64 result (README, "What a call can express") only with
+// ropejit's own settings. NVRTC takes each with one dash or two; an option that repeats
+// ropejit's (or NVRTC's default) value changes nothing and is let through.
+bool rounding_changing(const std::string& option) {
+  // Each option's name and the one value that keeps ropejit's rounding (none for fast math).
+  static const std::pair<const char*, const char*> kRounding[] = {
+      {"use_fast_math", nullptr}, {"ftz", "false"}, {"prec-div", "true"},
+      {"prec-sqrt", "true"},      {"fmad", "true"},
+  };
+  size_t dashes = 0;
+  while (dashes < 2 && dashes < option.size() && option[dashes] == '-') ++dashes;
+  if (dashes == 0) return false;
+  const size_t eq = option.find('=');
+  const std::string name =
+      option.substr(dashes, eq == std::string::npos ? std::string::npos : eq - dashes);
+  for (const auto& [rounding, same] : kRounding)
+    if (name == rounding) return !same || eq == std::string::npos || option.substr(eq + 1) != same;
+  return false;
+}
+
 }  // namespace
 
 NvrtcVersion nvrtc_version() {
@@ -66,36 +100,58 @@ int parse_arch(const std::string& arch, const char* what) {
 }
 
 std::string target_for(int cc) {
-  static const std::vector<int> archs = supported_archs();
-  if (archs.empty()) fail(ErrorCode::compile, "NVRTC reports no supported architectures");
+  const std::vector<int>& archs = supported_archs();
   if (std::find(archs.begin(), archs.end(), cc) != archs.end()) return concat("sm_", cc);
-  const int newest = *std::max_element(archs.begin(), archs.end());
-  if (cc > newest) return concat("compute_", newest);
-  fail(ErrorCode::compile, "compute capability ", cc / 10, ".", cc % 10,
-       " is not supported by this NVRTC (oldest is sm_", archs.front(), ")");
+  // Newer than NVRTC knows: PTX of its newest target, which the driver finishes for the GPU.
+  if (cc > archs.back()) return concat("compute_", archs.back());
+  fail(ErrorCode::compile, "sm_", cc, " (compute capability ", cc / 10, ".", cc % 10,
+       ") is not an architecture this NVRTC supports: ", supported_list());
+}
+
+std::string target_note(int cc) {
+  const std::string target = target_for(cc);
+  if (target.rfind("compute_", 0) != 0) return {};
+  const NvrtcVersion v = nvrtc_version();
+  return concat("sm_", cc, " is newer than this NVRTC (", v.major, ".", v.minor, ") supports (sm_",
+                supported_archs().front(), " to sm_", supported_archs().back(),
+                "); building PTX for ", target,
+                " instead, which the driver compiles when it loads it on the GPU, as it does for "
+                "such a GPU at run time");
+}
+
+std::vector<std::string> base_compile_options() {
+  // No fast math: the accuracy bar is one rounding from float64 (README, "What a call can
+  // express"), and --use_fast_math would turn sincospif/exp2 into approximations.
+  // -minimal drops the runtime-API declarations the kernels never use (a shorter front end).
+  return {"--std=c++17", "--fmad=true", "-lineinfo", "--device-as-default-execution-space",
+          "-minimal"};
+}
+
+std::vector<std::string> user_compile_options() {
+  std::vector<std::string> options;
+  // Expert knob for experiments and debugging (e.g. "--Ofast-compile=min"): appended, and part
+  // of the cache key like every option.
+  const char* extra = std::getenv("ROPEJIT_NVRTC_FLAGS");
+  if (!extra) return options;
+  std::istringstream words(extra);
+  for (std::string w; words >> w;) {
+    if (const char* what = target_changing(w))
+      invalid("ROPEJIT_NVRTC_FLAGS: '", clipped(w), "' ", what,
+              "; ropejit chooses the target per device and caches what it built under it, so "
+              "such options are refused");
+    if (rounding_changing(w))
+      invalid("ROPEJIT_NVRTC_FLAGS: '", clipped(w),
+              "' changes floating-point rounding; ropejit's kernels are accurate to one rounding "
+              "of the float64 result only as ropejit compiles them, so such options are refused");
+    options.push_back(w);
+  }
+  return options;
 }
 
 std::vector<std::string> compile_options(const std::string& target) {
-  // No fast math: the accuracy bar is one rounding from float64 (README, "What a call can
-  // express"), and
-  // --use_fast_math would turn sincospif/exp2 into approximations.
-  // -minimal drops the runtime-API declarations the kernels never use: about 10 ms less front
-  // end per compile (bench/RESULTS.md, "Cold compile").
-  std::vector<std::string> options = {
-      "--gpu-architecture=" + target,        "--std=c++17", "--fmad=true", "-lineinfo",
-      "--device-as-default-execution-space", "-minimal"};
-  // Expert knob for experiments and debugging (e.g. "--Ofast-compile=min"): appended, and part
-  // of the cache key like every option.
-  if (const char* extra = std::getenv("ROPEJIT_NVRTC_FLAGS")) {
-    std::istringstream words(extra);
-    for (std::string w; words >> w;) {
-      if (const char* what = target_changing(w))
-        invalid("ROPEJIT_NVRTC_FLAGS: '", clipped(w), "' ", what,
-                "; ropejit chooses the target per device and caches what it built under it, so "
-                "such options are refused");
-      options.push_back(w);
-    }
-  }
+  std::vector<std::string> options = {"--gpu-architecture=" + target};
+  for (std::string& o : base_compile_options()) options.push_back(std::move(o));
+  for (std::string& o : user_compile_options()) options.push_back(std::move(o));
   return options;
 }
 

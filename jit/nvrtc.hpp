@@ -22,14 +22,25 @@ NvrtcVersion nvrtc_version();
 int parse_arch(const std::string& arch, const char* what);
 
 // What this NVRTC emits for a device of compute capability `cc` (e.g. 90): "sm_90", or
-// "compute_XY" (PTX for the driver to finish) when `cc` is newer than NVRTC supports.
+// "compute_XY" (PTX for the driver to finish) when `cc` is newer than NVRTC supports. Throws
+// Error(compile) listing the supported architectures for an older or unknown one.
 std::string target_for(int cc);
 
+// "" when target_for(cc) is sm_`cc` itself; else a sentence naming sm_`cc`, the range this NVRTC
+// supports and the PTX target built instead, for commands that were asked for sm_`cc` by name.
+std::string target_note(int cc);
+
 // The NVRTC options used for `target` (part of every cache entry's content hash):
-// ropejit's, then ROPEJIT_NVRTC_FLAGS. Throws Error(invalid_argument) when those flags try to
-// change what is built (the target architecture, link-time IR, relocatable code), which would
-// put images under keys that do not describe them.
+// "--gpu-architecture=<target>", base_compile_options(), then user_compile_options().
 std::vector<std::string> compile_options(const std::string& target);
+// ropejit's own options besides the target.
+std::vector<std::string> base_compile_options();
+// ROPEJIT_NVRTC_FLAGS, split at white space. Throws Error(invalid_argument) naming the option
+// when one would change what is built (the target architecture, link-time IR, relocatable code),
+// which would put images under keys that do not describe them, or floating-point rounding (fast
+// math, flushed denormals, approximate division or square root, unfused multiply-adds), which
+// would break the kernels' accuracy.
+std::vector<std::string> user_compile_options();
 
 // "" when `image` can be handed to cuModuleLoadData: an ELF cubin, or NUL-terminated PTX text;
 // else why not. compile() never returns anything else, and the disk cache treats such an entry

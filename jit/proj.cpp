@@ -29,13 +29,6 @@ bool power_of_two(int32_t v) { return v > 0 && (v & (v - 1)) == 0; }
 
 }  // namespace
 
-Range range_of(const char* name, const void* p, int64_t rows, int64_t stride, int64_t row,
-               int64_t elem) {
-  const uintptr_t first = reinterpret_cast<uintptr_t>(p);
-  if (!p || rows == 0) return Range{name, first, first};
-  return Range{name, first, first + uint64_t(((rows - 1) * stride + row) * elem)};
-}
-
 namespace {
 
 void check_index(const void* p, IndexType t, const char* name) {
@@ -172,10 +165,30 @@ int32_t proj_token_tiles(int64_t tokens) {
   return t;
 }
 
+bool aligned_product(std::initializer_list<int64_t> factors, size_t* bytes) {
+  uint64_t product = 1;
+  for (const int64_t f : factors)
+    if (f < 0 || __builtin_mul_overflow(product, uint64_t(f), &product)) return false;
+  if (product > SIZE_MAX - 255) return false;
+  *bytes = size_t((product + 255) / 256 * 256);
+  return true;
+}
+
+size_t workspace_sum(std::initializer_list<size_t> parts, const std::string& what) {
+  size_t sum = 0;
+  for (const size_t part : parts)
+    if (__builtin_add_overflow(sum, part, &sum))
+      invalid("the unfused path's workspace for ", what, " overflows size_t");
+  return sum;
+}
+
 size_t norm_workspace_bytes(DType dtype, Norm norm, int64_t tokens, int64_t hidden) {
   if (norm == Norm::none) return 0;
-  const uint64_t bytes = uint64_t(tokens) * uint64_t(hidden) * uint64_t(element_bytes(dtype));
-  return size_t((bytes + 255) / 256 * 256);
+  size_t bytes = 0;
+  if (!aligned_product({tokens, hidden, element_bytes(dtype)}, &bytes))
+    invalid("args.tokens (", tokens, ") x args.hidden (", hidden, ") x ", element_bytes(dtype),
+            " bytes (the normalized activation) overflows size_t");
+  return bytes;
 }
 
 size_t proj_norm_bytes(const QkvProjSpec& c, int64_t tokens, int64_t hidden) {
@@ -190,14 +203,17 @@ void check_proj_heads(int64_t q_heads, int64_t kv_heads) {
 }
 
 size_t proj_chunk_bytes(const QkvProjSpec& c, int64_t hidden, int64_t q_heads, int64_t kv_heads) {
+  if (c.weights != Weights::e4m3) return 0;
+  check_proj_heads(q_heads, kv_heads);  // bounds the rows below
   return dequant_workspace_bytes(c.dtype, c.weights, hidden,
                                  (q_heads + 2 * kv_heads) * int64_t(c.head_dim));
 }
 
 size_t proj_workspace_bytes(const QkvProjSpec& c, int64_t tokens, int64_t hidden, int64_t q_heads,
                             int64_t kv_heads) {
-  return proj_norm_bytes(c, tokens, hidden) + proj_chunk_bytes(c, hidden, q_heads, kv_heads) +
-         kGemmWorkspaceBytes;
+  return workspace_sum({proj_norm_bytes(c, tokens, hidden),
+                        proj_chunk_bytes(c, hidden, q_heads, kv_heads), kGemmWorkspaceBytes},
+                       concat("args.tokens (", tokens, ") and args.hidden (", hidden, ")"));
 }
 
 RmsNormSpec proj_norm_spec(const QkvProjSpec& c) {
@@ -391,8 +407,7 @@ ProjShape check_proj_call(const QkvProjSpec& c, const QkvProjArgs& a) {
   if (c.norm != Norm::none) {
     if (!a.norm_weight) invalid("args.norm_weight is null but spec.norm is ", to_string(c.norm));
     check_matrix("args.norm_weight", "args.hidden", a.norm_weight, 1, a.hidden, a.hidden, elem);
-    if (!(std::isfinite(a.norm_eps) && a.norm_eps >= 0 && a.norm_eps <= FLT_MAX))
-      invalid("args.norm_eps (", a.norm_eps, ") must be a number in [0, FLT_MAX] (a float)");
+    check_norm_eps(a.norm_eps);
   }
 
   // Outputs: rows of head_dim that never overlap; q, k and v may be heads of one tensor.
@@ -525,19 +540,16 @@ ProjShape check_proj_call(const QkvProjSpec& c, const QkvProjArgs& a) {
         range_of("args.cache.seq_lens", c.cache == KvCache::contiguous ? a.cache.seq_lens : nullptr,
                  sequences, 1, 1, 4),
         range_of("args.cu_seqlens", a.cu_seqlens, a.batch + 1, 1, 1, 4)};
+    Range all[std::size(inputs) + std::size(written) + 1];
+    std::copy(std::begin(inputs), std::end(inputs), all);
+    Range* outputs = all + std::size(inputs);
+    for (size_t i = 0; i < std::size(written); ++i)
+      outputs[i] = Range{written[i].name, written[i].first, written[i].end};
+    outputs[std::size(written)] =
+        range_of("args.cache.skipped", cached ? a.cache.skipped : nullptr, 1, 1, 1, 4);
     // The workspace is written by the unfused path: it may overlap nothing.
-    std::vector<Range> all(std::begin(inputs), std::end(inputs));
-    for (const Operand& o : written) all.push_back(Range{o.name, o.first, o.end});
-    check_workspace(a.workspace, a.workspace_bytes, all.data(), all.size());
-    for (const Operand& o : written)
-      for (const Range& in : inputs)
-        if (o.first < o.end && in.first < in.end && o.first < in.end && in.first < o.end)
-          invalid(o.name, " and ", in.name, " overlap in memory (", o.name, " spans [",
-                  reinterpret_cast<const void*>(o.first), ", ",
-                  reinterpret_cast<const void*>(o.end), "), ", in.name, " [",
-                  reinterpret_cast<const void*>(in.first), ", ",
-                  reinterpret_cast<const void*>(in.end),
-                  ")); the projection reads its inputs while writing its outputs");
+    check_workspace(a.workspace, a.workspace_bytes, all, std::size(all));
+    check_untouched(outputs, std::size(written) + 1, inputs, std::size(inputs));
   }
   if (a.path == ProjPath::unfused)
     if (const std::string why = proj_split_problem(c, a, s, true); !why.empty())

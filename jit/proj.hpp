@@ -5,9 +5,11 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
+#include "jit/call.hpp"
 #include "jit/render.hpp"
 #include "templates/proj_params.cuh"
 
@@ -79,14 +81,8 @@ std::string proj_variant_problem(const ProjVariant& v, bool fp8_weights = false)
 // elements, 16 with e4m3 weights) up to 2^24; throws naming it otherwise.
 void check_hidden(int64_t hidden, Weights weights);
 
-// Call-checking helpers shared with the FFN (jit/ffn.cpp).
-struct Range {
-  const char* name;
-  uintptr_t first, end;
-};
-// A [first, end) byte range of `rows` rows of `row` elements, `stride` apart.
-Range range_of(const char* name, const void* p, int64_t rows, int64_t stride, int64_t row,
-               int64_t elem);
+// Call-checking helpers shared with the FFN (jit/ffn.cpp); ranges and overlaps are
+// jit/call.hpp's.
 // A read-only matrix of 16-byte rows: [rows][cols] with `stride`, 16-byte aligned.
 void check_matrix(const char* name, const char* stride_name, const void* p, int64_t rows,
                   int64_t cols, int64_t stride, int64_t elem);
@@ -118,7 +114,16 @@ ropejit_dev::ProjParams make_proj_params(const QkvProjSpec& canonical, const Qkv
 // normalized activation (none without a norm), 256-byte aligned, with e4m3 weights a chunk of
 // dequantized weight rows (jit/dequant.hpp), then cuBLASLt's scratch.
 constexpr size_t kGemmWorkspaceBytes = size_t(32) << 20;
-// The normalized activation's bytes in a workspace (0 without a norm), 256-byte aligned.
+// Workspace sizes come from the caller's counts, so every product and sum is checked: one past
+// size_t would otherwise wrap to a small size that the call then writes past.
+// The product of `factors` rounded up to a multiple of 256; false when a factor is negative or
+// the result does not fit in size_t.
+bool aligned_product(std::initializer_list<int64_t> factors, size_t* bytes);
+// The sum of a workspace's `parts`; Error(invalid_argument) naming `what` (the caller's counts)
+// when it does not fit in size_t.
+size_t workspace_sum(std::initializer_list<size_t> parts, const std::string& what);
+// The normalized activation's bytes in a workspace (0 without a norm), 256-byte aligned;
+// Error(invalid_argument) naming args.tokens and args.hidden when that overflows.
 size_t norm_workspace_bytes(DType dtype, Norm norm, int64_t tokens, int64_t hidden);
 size_t proj_norm_bytes(const QkvProjSpec& canonical, int64_t tokens, int64_t hidden);
 // args.q_heads and args.kv_heads each in [1, 65536], else InvalidArgument naming the one.

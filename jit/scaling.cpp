@@ -156,15 +156,20 @@ void validate_scaling(Freqs freqs, int32_t rotary_dim, const RopeScaling& s, con
               "> 1 (its logarithm divides)");
       require(std::isfinite(s.attention_factor) && s.attention_factor >= 0, "attention_factor",
               s.attention_factor, ">= 0 (0: from the definition)");
-      for (const auto& [array, name] :
-           {std::pair{s.short_factor, "short_factor"}, std::pair{s.long_factor, "long_factor"}}) {
+      const std::pair<const double*, const char*> arrays[] = {{s.short_factor, "short_factor"},
+                                                              {s.long_factor, "long_factor"}};
+      for (const auto& [array, name] : arrays)
         if (!array)
           invalid(where, ".", name, " is null but longrope needs rotary_dim / 2 (", rotary_dim / 2,
                   ") values in both short_factor and long_factor");
+      if (s.factor_count != rotary_dim / 2)
+        invalid(where, ".factor_count (", s.factor_count, ") must be rotary_dim / 2 (",
+                rotary_dim / 2,
+                ") for longrope: short_factor and long_factor each hold that many values");
+      for (const auto& [array, name] : arrays)
         for (int32_t i = 0; i < rotary_dim / 2; ++i)
           if (!positive(array[i]))
             invalid(where, ".", name, "[", i, "] (", array[i], ") must be > 0 for longrope");
-      }
       break;
     }
     default:

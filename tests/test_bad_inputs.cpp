@@ -356,6 +356,28 @@ std::vector<Row> cpp_rows() {
       },
       "args.q_out and args.k_out overlap in memory");
   add(
+      "in place: q over the cos table",
+      [](Call& c, Buffers&) { c.args.cos = static_cast<const uint8_t*>(c.args.q.data) + 64; },
+      "args.q and args.cos overlap in memory");
+  add(
+      "out of place: k_out over the position ids",
+      [](Call& c, Buffers& b) {
+        c.out_of_place(b);
+        c.spec.positions = Positions::ids;
+        c.args.position_ids = c.args.k_out.data;
+      },
+      "args.k_out and args.position_ids overlap in memory");
+  add(
+      "thd: q over cu_seqlens",
+      [](Call& c, Buffers&) {
+        c.spec.layout = Layout::thd;
+        c.args.q = contiguous(Layout::thd, c.args.q.data, 0, kBatch * kSeq, kQHeads, kDim);
+        c.args.k = contiguous(Layout::thd, c.args.k.data, 0, kBatch * kSeq, kKHeads, kDim);
+        c.args.seq_len = kBatch * kSeq;
+        c.args.cu_seqlens = static_cast<const int32_t*>(c.args.k.data) + 100;
+      },
+      "args.k and args.cu_seqlens overlap in memory");
+  add(
       "in place with q_out set", [](Call& c, Buffers& b) { c.args.q_out.data = b.q_out.data(); },
       "args.q_out.data is set but spec.in_place is true");
   add(
@@ -731,10 +753,36 @@ std::vector<Row> cpp_rows() {
       "args.k_norm_weight (");
   fused(
       "norm eps NaN", [](Call& c, Buffers&) { c.args.norm_eps = NAN; },
-      "args.norm_eps (nan) must be a finite number >= 0");
+      "args.norm_eps (nan) must be a finite number in [0, FLT_MAX] (a float)");
   fused(
       "norm eps negative", [](Call& c, Buffers&) { c.args.norm_eps = -1e-6; },
-      "args.norm_eps (-1e-06) must be a finite number >= 0");
+      "args.norm_eps (-1e-06) must be a finite number in [0, FLT_MAX] (a float)");
+  fused(
+      "norm eps beyond a float", [](Call& c, Buffers&) { c.args.norm_eps = 1e300; },
+      "args.norm_eps (1e+300) must be a finite number in [0, FLT_MAX] (a float)");
+  // Written memory may not meet what the kernel reads: the cache's addressing, and the tables.
+  fused(
+      "cache pages over the page table",
+      [](Call& c, Buffers&) { c.args.cache.indptr = static_cast<const int32_t*>(c.args.cache.k); },
+      "args.cache.k and args.cache.indptr overlap in memory");
+  fused(
+      "skipped counter inside the page indices",
+      [](Call& c, Buffers&) {
+        c.args.cache.skipped = const_cast<int32_t*>(c.args.cache.indices) + 1;
+      },
+      "args.cache.skipped and args.cache.indices overlap in memory");
+  fused(
+      "slots over the slot mapping",
+      [](Call& c, Buffers&) {
+        c.spec.cache = KvCache::slots;
+        c.args.cache.slot_mapping = static_cast<const int64_t*>(c.args.cache.v) + 8;
+      },
+      "args.cache.v and args.cache.slot_mapping overlap in memory");
+  fused(
+      "cache page and slot strides equal",
+      [](Call& c, Buffers&) { c.args.cache.stride_page = c.args.cache.stride_slot; },
+      "args.cache.k.stride_page and stride_slot are both 256, which makes rows overlap: one of "
+      "them must be >= 2048");
   fused(
       "k_out with k only to the cache",
       [](Call& c, Buffers& b) {

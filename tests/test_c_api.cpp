@@ -62,6 +62,70 @@ TEST_CASE("the last error is per thread") {
   CHECK(std::string(ropejit_last_error()).find("spec.rotary_dim (3)") != std::string::npos);
 }
 
+TEST_CASE("C ABI: structs are read and written only as far as their headers say") {
+  // A caller built against a newer header: a larger struct whose extra fields are zero works; one
+  // that sets a field this library lacks is refused by byte.
+  struct Newer {
+    ropejit_spec spec;
+    int32_t future_field;
+  } newer{};
+  REQUIRE(ropejit_spec_init_sized(&newer.spec, sizeof newer) == ROPEJIT_OK);
+  CHECK(newer.spec.header.size == sizeof newer);
+  CHECK(newer.spec.header.tag == ROPEJIT_STRUCT_TAG);
+  char key[128];
+  REQUIRE(ropejit_key(&newer.spec, key, sizeof key) == ROPEJIT_OK);
+  CHECK(std::string(key) == ropejit::Spec{}.key());
+  newer.future_field = 3;
+  CHECK(ropejit_key(&newer.spec, key, sizeof key) == ROPEJIT_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(ropejit_last_error())
+            .find("spec sets a field this library (ropejit " + std::string(ropejit::kVersion) +
+                  ") does not have") != std::string::npos);
+
+  // _init writes exactly the size it is given: the bytes after stay as they were.
+  unsigned char buf[sizeof(ropejit_args) + 16];
+  std::memset(buf, 0xab, sizeof buf);
+  auto* args = reinterpret_cast<ropejit_args*>(buf);
+  REQUIRE(ropejit_args_init_sized(args, sizeof(ropejit_args)) == ROPEJIT_OK);
+  for (size_t i = sizeof(ropejit_args); i < sizeof buf; ++i) CHECK(buf[i] == 0xab);
+  CHECK(args->base == 10000.0);
+
+  // Sizes no caller of this library can have are refused, naming the value.
+  ropejit_spec spec;
+  CHECK(ropejit_spec_init_sized(&spec, 8) == ROPEJIT_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(ropejit_last_error()).find("spec size (8) must be in [") != std::string::npos);
+  CHECK(ropejit_spec_init_sized(&spec, size_t(1) << 40) == ROPEJIT_ERROR_INVALID_ARGUMENT);
+  ropejit_spec_init(&spec);
+  spec.header.size = 1u << 30;
+  CHECK(ropejit_key(&spec, key, sizeof key) == ROPEJIT_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(ropejit_last_error()).find("spec size (1073741824)") != std::string::npos);
+
+  // A decode-block struct that no _init filled is refused, not read as garbage.
+  ropejit_qkv_proj_spec proj;
+  std::memset(&proj, 0, sizeof proj);
+  CHECK(ropejit_qkv_proj_key(&proj, key, sizeof key) == ROPEJIT_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(ropejit_last_error()) ==
+        "ropejit: spec was not filled by its _init function (header.tag is 0): initialise it "
+        "with the macro of ropejit.h before setting fields");
+}
+
+TEST_CASE("C ABI: int fields that stand for bools take only 0 and 1") {
+  ropejit_spec spec;
+  ropejit_spec_init(&spec);
+  ropejit_args args;
+  ropejit_args_init(&args);
+  args.mrope_interleaved = 7;
+  CHECK(ropejit_apply(&spec, &args) == ROPEJIT_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(ropejit_last_error()) == "ropejit: args.mrope_interleaved (7) must be 0 or 1");
+  ropejit_args_init(&args);
+  args.scaling.truncate = -1;
+  CHECK(ropejit_apply(&spec, &args) == ROPEJIT_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(ropejit_last_error()) == "ropejit: args.scaling.truncate (-1) must be 0 or 1");
+  ropejit_args_init(&args);
+  spec.in_place = 2;
+  CHECK(ropejit_apply(&spec, &args) == ROPEJIT_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(ropejit_last_error()) == "ropejit: spec.in_place (2) must be 0 or 1");
+}
+
 TEST_CASE("C contiguous strides") {
   int x = 0;
   const ropejit_tensor t = ropejit_contiguous(ROPEJIT_LAYOUT_BHSD, &x, 2, 5, 3, 64);

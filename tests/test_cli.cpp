@@ -25,7 +25,7 @@ bool has(const Run& r, const char* text) { return r.output.find(text) != std::st
 TEST_CASE("ropejit info") {
   const Run r = run("info");
   CHECK(r.status == 0);
-  CHECK(has(r, "ropejit 0.1.0"));
+  CHECK(has(r, (std::string("ropejit ") + ropejit::kVersion).c_str()));
   CHECK(has(r, "nvrtc        13."));
   CHECK(has(r, "cache dir    "));
 }
@@ -248,4 +248,28 @@ TEST_CASE("ropejit tune takes projection keys: the path per token bucket") {
   r = run("tune --heads 32,8 --hidden 4096 --dry-run");
   CHECK(r.status != 0);
   CHECK(has(r, "--hidden (4096) is for projection keys only"));
+}
+
+TEST_CASE("ropejit compile --arch: one newer than NVRTC is named with the PTX built for it") {
+  const std::string key = "rope_bshd_f16_d64_r64_gptj_pos-offset_tab-f32-half_qk_fwd_ip";
+  Run r = run("compile --arch sm_999 --key " + key);
+  INFO(r.output);
+  CHECK(r.status == 0);
+  CHECK(has(r, "ropejit: compile: --arch sm_999 is newer than this NVRTC (13."));
+  CHECK(has(r, ") supports (sm_"));
+  CHECK(has(r, "); building PTX for compute_"));
+  CHECK(has(r, "compute_"));
+  // Older than NVRTC supports, or no architecture at all: refused, listing those it has.
+  for (const char* arch : {"sm_35", "sm_91"}) {
+    r = run(std::string("compile --arch ") + arch + " --key " + key);
+    INFO(r.output);
+    CHECK(r.status == 2);
+    CHECK(has(r, (std::string("ropejit: ") + arch).c_str()));
+    CHECK(has(r, "is not an architecture this NVRTC supports: sm_"));
+    CHECK(has(r, "sm_80, "));
+  }
+  // A supported arch says nothing more.
+  r = run("compile --arch sm_90 --key " + key);
+  CHECK(r.status == 0);
+  CHECK_FALSE(has(r, "newer than"));
 }

@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -262,6 +263,28 @@ TEST_CASE("FFN: the unfused path's workspace size") {
   f.spec.weights = Weights::e4m3;
   CHECK(ffn_gate_up_workspace_bytes(f.spec, f.args) ==
         2048 + 1536 + 2 * 96 * 256 * 2 + (size_t(32) << 20));
+}
+
+TEST_CASE("FFN: a workspace size past size_t is refused, naming the counts") {
+  Fake f;
+  // 2^40 tokens x 2^24 bf16 elements is 2^65 bytes: it used to wrap to a small size, no error.
+  f.args.tokens = int64_t(1) << 40;
+  f.args.hidden = int64_t(1) << 24;
+  CHECK(contains(error_of([&] { ffn_gate_up_workspace_bytes(f.spec, f.args); }),
+                 "args.tokens (1099511627776) x args.hidden (16777216) x 2 bytes (the normalized "
+                 "activation) overflows size_t"));
+  f.spec.norm = Norm::none;  // the products alone: 2^40 x 2 x 2^24 x 2 bytes
+  f.args.intermediate = int64_t(1) << 24;
+  CHECK(contains(error_of([&] { ffn_gate_up_workspace_bytes(f.spec, f.args); }),
+                 "args.tokens (1099511627776) x 2 x args.intermediate (16777216) x 2 bytes (the "
+                 "gate/up products) overflows size_t"));
+  // Each part fits, their sum with cuBLASLt's scratch does not.
+  f.args.hidden = 8;
+  f.args.intermediate = 2;
+  f.args.tokens = int64_t((SIZE_MAX - 255) / 8);
+  CHECK(contains(error_of([&] { ffn_gate_up_workspace_bytes(f.spec, f.args); }),
+                 "the unfused path's workspace for args.tokens (" + std::to_string(f.args.tokens) +
+                     "), args.hidden (8) and args.intermediate (2) overflows size_t"));
 }
 
 TEST_CASE("FFN keys compile for sm_80 and sm_90 (fused variants and the GLU kernels)") {

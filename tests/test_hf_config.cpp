@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstring>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
@@ -250,8 +251,8 @@ TEST_CASE("bad configs are errors naming the field and its value") {
       {R"({"num_attention_heads": 8, "hidden_size": 512, "rope_theta": 1})",
        "ropejit: config.json: rope_theta (1) must be > 1"},
       {R"({"num_attention_heads": 1, "head_dim": 100, "partial_rotary_factor": 0.25})",
-       "ropejit: config.json: partial_rotary_factor gives rotary_dim 25 of head_dim 100; RoPE "
-       "needs an even rotary_dim >= 2"},
+       "ropejit: config.json: partial_rotary_factor (0.25) of head_dim (100) gives rotary_dim 25; "
+       "RoPE needs an even rotary_dim >= 2"},
       {R"({"num_attention_heads": 1, "head_dim": 100, "partial_rotary_factor": 1.5})",
        "ropejit: config.json: partial_rotary_factor (1.5) must be <= 1"},
       {R"({"model_type": "gemma3_text", "rope_parameters": {"full_attention": {"rope_type": "default"}, "sliding_attention": {"rope_type": "linear", "factor": 2}}})",
@@ -275,6 +276,81 @@ TEST_CASE("bad configs are errors naming the field and its value") {
   const std::string long_value =
       R"({"num_attention_heads": ")" + std::string(500, 'x') + R"(", "hidden_size": 4096})";
   CHECK(error_of(long_value).find("... (502 characters)") != std::string::npos);  // clipped
+}
+
+TEST_CASE("numbers JSON or a double cannot hold are named with their field and text") {
+  // Python's json.dumps writes float('nan') and float('inf') as NaN and Infinity, which JSON
+  // has not; 1e400 is past a double and 1e-400 would read as 0.
+  const std::pair<const char*, const char*> cases[] = {
+      {R"({"num_attention_heads": 8, "hidden_size": 512, "rope_theta": NaN})",
+       "ropejit: config.json: rope_theta (NaN) is not a number JSON can hold: JSON has no NaN or "
+       "Infinity (Python's json.dumps writes them); give a finite number"},
+      {R"({"num_attention_heads": 8, "hidden_size": 512,
+           "rope_theta": Infinity})",
+       "ropejit: config.json: rope_theta (Infinity) is not a number JSON can hold"},
+      {R"({"num_attention_heads": 8, "hidden_size": 512, "rope_theta": -Infinity})",
+       "ropejit: config.json: rope_theta (-Infinity) is not a number JSON can hold"},
+      {R"({"num_attention_heads": 8, "hidden_size": 512, "rope_theta": nan})",
+       "ropejit: config.json: rope_theta (nan) is not a number JSON can hold"},
+      {R"({"num_attention_heads": 8, "hidden_size": 512, "rope_theta": 1e400})",
+       "ropejit: config.json: rope_theta (1e400) is beyond the range of a double"},
+      {R"({"num_attention_heads": 8, "hidden_size": 512, "rope_theta": -2.5e999})",
+       "ropejit: config.json: rope_theta (-2.5e999) is beyond the range of a double"},
+      {R"({"num_attention_heads": 8, "hidden_size": 512, "rms_norm_eps": 1e-400})",
+       "ropejit: config.json: rms_norm_eps (1e-400) is too small for a double (it would read as "
+       "0)"},
+      {R"({"text_config": {"rope_scaling": {"type": "longrope", "long_factor": [1.0, NaN]}}})",
+       "ropejit: config.json: text_config.rope_scaling.long_factor[1] (NaN) is not a number"},
+      {R"({"rope_scaling": {"short_factor": [[1.0], [1e400]]}})",
+       "ropejit: config.json: rope_scaling.short_factor[1][0] (1e400) is beyond the range"},
+      {"NaN", "ropejit: config.json: the document (NaN) is not a number JSON can hold"},
+      // A zero that is written as one is still a zero, not a number too small.
+      {R"({"num_attention_heads": 8, "hidden_size": 512, "rope_theta": 0.0e-400})",
+       "ropejit: config.json: rope_theta (0.0) must be a finite number > 0"},
+  };
+  for (const auto& [text, message] : cases) {
+    INFO(text);
+    const std::string what = error_of(text);
+    CHECK_MESSAGE(what.rfind(message, 0) == 0, what);
+  }
+  // Other JSON errors say where they are.
+  const std::string typo = error_of(R"({"rope_scaling": {"factor": tru}})");
+  CHECK(typo.rfind("ropejit: config.json: invalid JSON: parse error at line 1", 0) == 0);
+  CHECK(typo.find(" (in rope_scaling.factor)") == typo.size() - 25);
+  // A long key or token is clipped.
+  const std::string long_key = R"({")" + std::string(100000, 'k') + R"(": NaN})";
+  const std::string what = error_of(long_key);
+  CHECK(what.size() < 1000);
+  CHECK(what.find("... (100000 characters)") != std::string::npos);
+}
+
+TEST_CASE("head_dim derived from hidden_size / num_attention_heads names both fields") {
+  const std::pair<const char*, const char*> cases[] = {
+      {R"({"hidden_size": 4, "num_attention_heads": 8})",
+       "ropejit: config.json: hidden_size (4) / num_attention_heads (8) gives head_dim 0; give "
+       "head_dim, or a hidden_size of at least num_attention_heads"},
+      {R"({"n_embd": 4, "n_head": 8})",
+       "ropejit: config.json: n_embd (4) / n_head (8) gives head_dim 0"},
+      {R"({"n_embd": 4096, "n_head": 0})", "ropejit: config.json: n_head (0) must be"},
+      {R"({"hidden_size": 100, "num_attention_heads": 4})",
+       "ropejit: config.json: hidden_size (100) / num_attention_heads (4) = head_dim 25 gives "
+       "rotary_dim 25; RoPE needs an even rotary_dim >= 2"},
+      {R"({"hidden_size": 120, "num_attention_heads": 4, "partial_rotary_factor": 0.1})",
+       "ropejit: config.json: partial_rotary_factor (0.1) of hidden_size (120) / "
+       "num_attention_heads (4) = head_dim 30 gives rotary_dim 3"},
+      {R"({"model_type": "gemma3_text", "num_attention_heads": 2})",
+       "ropejit: config.json: num_attention_heads (2) must be >= the gemma3_text default "
+       "num_key_value_heads (4)"},
+      {R"({"num_attention_heads": 8, "hidden_size": 512, "n_positions": 0})",
+       "ropejit: config.json: n_positions (0) must be a finite number > 0"},
+      {R"({"model_type": "gemma3_text", "rope_local_base_freq": 0.5})",
+       "ropejit: config.json: rope_local_base_freq (0.5) must be > 1"},
+  };
+  for (const auto& [text, message] : cases) {
+    INFO(text);
+    const std::string what = error_of(text);
+    CHECK_MESSAGE(what.rfind(message, 0) == 0, what);
+  }
 }
 
 TEST_CASE("config files: only regular files of bounded size are read") {
@@ -348,6 +424,8 @@ TEST_CASE("presets named after the shipped configs hold the same fields") {
 TEST_CASE("C API: spec and model from a config.json") {
   ropejit_spec spec;
   ropejit_model model;
+  ropejit_spec_init(&spec);
+  ropejit_model_init(&model);
   REQUIRE(ropejit_spec_from_hf_config(config("deepseek-v2-lite").c_str(), ROPEJIT_BF16, &spec,
                                       &model) == ROPEJIT_OK);
   char key[256];
@@ -362,6 +440,7 @@ TEST_CASE("C API: spec and model from a config.json") {
                                       &model) == ROPEJIT_OK);
   REQUIRE(model.scaling.short_factor != nullptr);
   CHECK(model.scaling.short_factor[1] == 1.0199999809265137);
+  CHECK(model.scaling.factor_count == 48);
   CHECK(spec.dtype == ROPEJIT_F16);
   REQUIRE(ropejit_spec_from_hf_config_text(R"({"num_attention_heads": 4, "head_dim": 64})",
                                            ROPEJIT_BF16, &spec, nullptr) == ROPEJIT_OK);
@@ -373,6 +452,15 @@ TEST_CASE("C API: spec and model from a config.json") {
   CHECK(ropejit_spec_from_hf_config(nullptr, ROPEJIT_BF16, &spec, nullptr) ==
         ROPEJIT_ERROR_INVALID_ARGUMENT);
   CHECK(std::string(ropejit_last_error()) == "ropejit: path is null");
+  // Output structs are written only as far as their headers say: one not initialised is refused,
+  // and nothing is written.
+  ropejit_model blank;
+  std::memset(&blank, 0x5a, sizeof blank);
+  CHECK(ropejit_spec_from_hf_config(config("phi-3-mini-128k").c_str(), ROPEJIT_F16, &spec,
+                                    &blank) == ROPEJIT_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(ropejit_last_error()).find("model was not filled by its _init function") !=
+        std::string::npos);
+  CHECK(blank.head_dim == 0x5a5a5a5a);
 }
 
 TEST_CASE("ropejit compile --hf-config: every shipped config, without a GPU") {

@@ -4,9 +4,12 @@
 // fallback, never a crash, a hang or a wrong kernel.
 #include <doctest/doctest.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
+#include <sstream>
 #include <string>
+#include <utility>
 
 #include "autotune/tuning_cache.hpp"
 #include "jit/disk_cache.hpp"
@@ -191,6 +194,37 @@ TEST_CASE("temp files of killed writers are removed after an hour, fresh ones ke
   CHECK(access(other.c_str(), F_OK) == 0);
 }
 
+TEST_CASE("temp files of a writer that no longer runs are removed after a minute") {
+  const std::string dir = temp_dir();
+  // A pid that is no process: the writer was killed. One of this process: a live writer.
+  const std::string dead = dir + "/.abcd.rjk.2147483646.456.789.tmp";
+  const std::string live = dir + "/.abcd.rjk." + std::to_string(getpid()) + ".456.789.tmp";
+  const std::string young = dir + "/.abcd.rjk.2147483646.456.790.tmp";
+  for (const std::string& f : {dead, live, young}) write_file(f, "partial");
+  REQUIRE(run_command("touch -d '2 minutes ago' '" + dead + "' '" + live + "'").status == 0);
+  detail::DiskCache cache(dir);
+  REQUIRE(cache.enabled());
+  CHECK(access(dead.c_str(), F_OK) != 0);
+  CHECK(access(live.c_str(), F_OK) == 0);
+  CHECK(access(young.c_str(), F_OK) == 0);  // within the grace: maybe a writer elsewhere
+}
+
+TEST_CASE("saving a tuning file removes its own stale temp files, and nobody else's") {
+  const std::string dir = temp_dir();
+  const std::string path = dir + "/mine.json";
+  const std::string ours = dir + "/.mine.json.1.2.3.tmp";
+  const std::string theirs = dir + "/.notes.tmp";
+  write_file(ours, "partial");
+  write_file(theirs, "the user's");
+  REQUIRE(run_command("touch -d '2 hours ago' '" + ours + "' '" + theirs + "'").status == 0);
+  autotune::TuningCache c;
+  c.set_fingerprint(some_gpu());
+  c.save(path);
+  CHECK(access(ours.c_str(), F_OK) != 0);
+  CHECK(access(theirs.c_str(), F_OK) == 0);
+  CHECK(access(path.c_str(), F_OK) == 0);
+}
+
 TEST_CASE("empty or unloadable images are never stored, and are misses when found") {
   detail::DiskCache cache(temp_dir());
   REQUIRE(cache.enabled());
@@ -234,6 +268,55 @@ TEST_CASE("NVRTC options that change what is built are refused, and nothing is c
   CHECK_THROWS_WITH_AS(detail::compile_options("sm_90"),
                        doctest::Contains("'--gpu-architecture' sets the target architecture"),
                        Error);
+}
+
+TEST_CASE(
+    "a cache entry that is a symbolic link is a miss and is replaced, never written through") {
+  const std::string dir = temp_dir();
+  const std::string cache = dir + "/cache";
+  const std::string env = "ROPEJIT_CACHE_DIR=" + cache;
+  const CommandResult first = cli(std::string("compile --arch sm_90 --key ") + kKey, env);
+  INFO(first.output);
+  REQUIRE(first.status == 0);
+  std::istringstream listing(run_command("ls '" + cache + "' | grep 'rjk$'").output);
+  std::string one, two;
+  REQUIRE(std::getline(listing, one));
+  REQUIRE(std::getline(listing, two));
+  one = cache + "/" + one;
+  two = cache + "/" + two;
+  // One entry points at a file of the user's, the other at a device node (root can make one:
+  // /dev/null's numbers), or at a second file.
+  const std::string mine = dir + "/precious.txt";
+  write_file(mine, "keep me");
+  const std::string node = dir + "/node";
+  const bool have_node = geteuid() == 0 && mknod(node.c_str(), S_IFCHR | 0600, makedev(1, 3)) == 0;
+  const std::string second = have_node ? node : dir + "/second.txt";
+  if (!have_node) write_file(second, "keep me too");
+  for (const auto& [entry, target] : {std::pair{one, mine}, std::pair{two, second}}) {
+    REQUIRE(unlink(entry.c_str()) == 0);
+    REQUIRE(symlink(target.c_str(), entry.c_str()) == 0);
+  }
+  const CommandResult again = cli(std::string("compile --arch sm_90 --key ") + kKey, env);
+  INFO(again.output);
+  CHECK(again.status == 0);
+  CHECK(contains(again.output, "is a symbolic link"));
+  CHECK(read_file(mine) == "keep me");
+  struct stat st {};
+  if (have_node) {
+    REQUIRE(lstat(node.c_str(), &st) == 0);
+    CHECK(S_ISCHR(st.st_mode));
+  } else {
+    CHECK(read_file(second) == "keep me too");
+  }
+  // The links were replaced by regular entries: a third run is all disk hits.
+  for (const std::string& entry : {one, two}) {
+    REQUIRE(lstat(entry.c_str(), &st) == 0);
+    CHECK(S_ISREG(st.st_mode));
+  }
+  const CommandResult third = cli(std::string("compile --arch sm_90 --key ") + kKey, env);
+  INFO(third.output);
+  CHECK(third.status == 0);
+  CHECK_FALSE(contains(third.output, "symbolic link"));
 }
 
 TEST_CASE("saving the tuning file through a symlink keeps the link and updates its target") {
@@ -309,5 +392,149 @@ TEST_CASE("compile says when nothing could be saved") {
     INFO(env, ": ", r.output);
     CHECK(r.status == 1);
     CHECK(contains(r.output, "nothing was saved: the disk cache is off"));
+  }
+}
+
+TEST_CASE("NVRTC options that change floating-point rounding are refused, harmless values pass") {
+  const char* const refused[] = {
+      "--use_fast_math",
+      "-use_fast_math",
+      "--ftz=true",
+      "-ftz=true",
+      "--ftz",
+      "--prec-div=false",
+      "-prec-div=false",
+      "--prec-sqrt=false",
+      "-prec-sqrt=false",
+      "--fmad=false",
+      "-fmad=false",
+  };
+  for (const char* flag : refused) {
+    ScopedEnv flags("ROPEJIT_NVRTC_FLAGS", std::string("-lineinfo ") + flag);
+    const std::string message =
+        std::string("ROPEJIT_NVRTC_FLAGS: '") + flag + "' changes floating-point rounding";
+    CHECK_THROWS_WITH_AS(detail::compile_options("sm_90"), doctest::Contains(message.c_str()),
+                         Error);
+  }
+  // ropejit's own values (or NVRTC's defaults) change nothing.
+  for (const char* flag : {"--ftz=false", "-prec-div=true", "--prec-sqrt=true", "--fmad=true",
+                           "--Ofast-compile=min"}) {
+    ScopedEnv flags("ROPEJIT_NVRTC_FLAGS", flag);
+    CHECK(detail::compile_options("sm_90").back() == flag);
+  }
+  const std::string dir = temp_dir();
+  const CommandResult r = cli(std::string("compile --arch sm_90 --key ") + kKey,
+                              "ROPEJIT_CACHE_DIR=" + dir + " ROPEJIT_NVRTC_FLAGS=--use_fast_math");
+  INFO(r.output);
+  CHECK(r.status == 2);
+  CHECK(
+      contains(r.output, "ROPEJIT_NVRTC_FLAGS: '--use_fast_math' changes floating-point rounding"));
+  CHECK_FALSE(contains(r.output, "FAILED"));  // refused once, before any compile
+  CHECK(run_command("ls '" + dir + "' | grep -c rjk").output == "0\n");
+}
+
+TEST_CASE("ropejit info shows the NVRTC options in force, and refused ones") {
+  const CommandResult plain = cli("info", "env -u ROPEJIT_NVRTC_FLAGS");
+  INFO(plain.output);
+  CHECK(
+      contains(plain.output, "compile opts --gpu-architecture=<per GPU> --std=c++17 --fmad=true"));
+  CHECK(contains(plain.output, "extra opts   - (ROPEJIT_NVRTC_FLAGS unset)"));
+  const CommandResult extra = cli("info", "ROPEJIT_NVRTC_FLAGS='--Ofast-compile=min -lineinfo'");
+  INFO(extra.output);
+  CHECK(contains(extra.output, "extra opts   --Ofast-compile=min -lineinfo (ROPEJIT_NVRTC_FLAGS)"));
+  const CommandResult refused = cli("info", "ROPEJIT_NVRTC_FLAGS=-ftz=true");
+  INFO(refused.output);
+  CHECK(refused.status == 0);
+  CHECK(contains(refused.output,
+                 "extra opts   refused, every compile fails: ropejit: "
+                 "ROPEJIT_NVRTC_FLAGS: '-ftz=true' changes floating-point rounding"));
+}
+
+TEST_CASE(
+    "relative ROPEJIT_CACHE_DIR, XDG_CACHE_HOME and ROPEJIT_TUNING_FILE are ignored, saying so") {
+  const std::string home = temp_dir();
+  const std::string cwd = temp_dir();
+  const std::string fallback = home + "/.cache/ropejit";
+  // From a directory of its own, where nothing may appear, with only the variables given.
+  auto info = [&](const std::string& vars) {
+    return cli("info", "cd '" + cwd +
+                           "' && env -u ROPEJIT_CACHE_DIR -u ROPEJIT_TUNING_FILE -u XDG_CACHE_HOME "
+                           "HOME='" +
+                           home + "' " + vars);
+  };
+  const CommandResult r = info("ROPEJIT_CACHE_DIR=rel/cache ROPEJIT_TUNING_FILE=tuning.json");
+  INFO(r.output);
+  CHECK(r.status == 0);
+  CHECK(contains(r.output, "ROPEJIT_CACHE_DIR ('rel/cache') is a relative path and is ignored"));
+  CHECK(contains(r.output, "using " + fallback + " instead"));
+  CHECK(
+      contains(r.output, "ROPEJIT_TUNING_FILE ('tuning.json') is a relative path and is ignored"));
+  CHECK(contains(r.output, "using " + fallback + "/tuning.json instead"));
+  CHECK(contains(r.output, "cache dir    " + fallback + " (ok)"));
+  CHECK(contains(r.output, "tuning file  " + fallback + "/tuning.json"));
+  CHECK(run_command("ls -A '" + cwd + "'").output.empty());
+
+  const CommandResult xdg = info("XDG_CACHE_HOME=xdg");
+  INFO(xdg.output);
+  CHECK(contains(xdg.output, "XDG_CACHE_HOME ('xdg') is a relative path and is ignored"));
+  CHECK(contains(xdg.output, "cache dir    " + fallback + " (ok)"));
+  CHECK(run_command("ls -A '" + cwd + "'").output.empty());
+  // Absolute values are used as they are, without a word.
+  const CommandResult abs = info("XDG_CACHE_HOME='" + home + "/xdg'");
+  INFO(abs.output);
+  CHECK(contains(abs.output, "cache dir    " + home + "/xdg/ropejit (ok)"));
+  CHECK(contains(abs.output, "tuning file  " + home + "/xdg/ropejit/tuning.json"));
+  CHECK_FALSE(contains(abs.output, "warning"));
+  // Nothing to fall back on: no disk cache, and the warning says so.
+  const CommandResult none =
+      cli("info", "env -u HOME -u XDG_CACHE_HOME -u ROPEJIT_TUNING_FILE ROPEJIT_CACHE_DIR=rel");
+  INFO(none.output);
+  CHECK(contains(none.output, "using no disk cache (compiled kernels cached in memory only)"));
+  CHECK(contains(none.output, "cache dir    - "));
+  CHECK(contains(none.output, "tuning file  - (off)"));
+
+  // The library's own lookups agree.
+  ScopedEnv cache("ROPEJIT_CACHE_DIR", "rel/cache");
+  ScopedEnv tuning("ROPEJIT_TUNING_FILE", "tuning.json");
+  ScopedEnv xdg_env("XDG_CACHE_HOME", "xdg");
+  ScopedEnv home_env("HOME", home);
+  CHECK(detail::DiskCache::default_dir() == fallback);
+  CHECK(autotune::default_tuning_path() == fallback + "/tuning.json");
+}
+
+TEST_CASE("100 kB paths are quoted clipped, in errors, warnings and ropejit info") {
+  std::string path = temp_dir();
+  while (path.size() < 100000) path += "/" + std::string(200, 'd');
+  const std::pair<std::string, std::string> cases[] = {
+      {"info", "ROPEJIT_CACHE_DIR=" + path},
+      {"info", "ROPEJIT_TUNING_FILE=" + path + "/tuning.json"},
+      {std::string("compile --key ") + kKey, "ROPEJIT_CACHE_DIR=" + path},
+      {"compile --from-tuning " + path + "/tuning.json", ""},
+      {"compile --hf-config " + path + "/config.json", ""},
+      {"source --hf-config " + path + "/config.json", ""},
+  };
+  for (const auto& [args, env] : cases) {
+    const CommandResult r = cli(args, env);
+    INFO(args.substr(0, 40), " with ", env.substr(0, 40), ": ", r.output.substr(0, 2000));
+    CHECK(r.output.size() < 2000);
+    CHECK(contains(r.output, " characters)"));
+  }
+  // In the library: the cache's status, the tuning file's warnings and errors, configs.
+  CHECK(detail::DiskCache(path).status().size() < 1000);
+  const autotune::TuningCache c = autotune::TuningCache::load(path, some_gpu());
+  for (const std::string& w : c.warnings()) CHECK(w.size() < 1000);
+  CHECK_THROWS_WITH_AS(autotune::TuningCache::load_as_tuned(path), doctest::Contains("... (100"),
+                       Error);
+  try {
+    c.save(path + "/tuning.json");
+    FAIL("saved under a 100 kB path");
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()).size() < 1000);
+  }
+  try {
+    model_from_hf_config_file(path);
+    FAIL("read a 100 kB path");
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()).size() < 1000);
   }
 }

@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -770,6 +771,28 @@ TEST_CASE("projection: the unfused path's workspace size") {
   CHECK(detail::dequant_workspace_bytes(DType::bf16, Weights::e4m3, 4096, 28672) == size_t(64)
                                                                                         << 20);
   CHECK(detail::dequant_workspace_bytes(DType::bf16, Weights::e4m3, 4096, 0) == 0);
+}
+
+TEST_CASE("projection: a workspace size past size_t is refused, naming the counts") {
+  Fake f;
+  // 2^40 tokens x 2^24 bf16 elements is 2^65 bytes: it used to wrap to 32 MiB with no error.
+  f.args.tokens = int64_t(1) << 40;
+  f.args.hidden = int64_t(1) << 24;
+  CHECK(contains(error_of([&] { qkv_projection_workspace_bytes(f.spec, f.args); }),
+                 "args.tokens (1099511627776) x args.hidden (16777216) x 2 bytes (the normalized "
+                 "activation) overflows size_t"));
+  // The largest count that fits is sized exactly; the sum with cuBLASLt's scratch is checked too.
+  f.args.hidden = 8;
+  f.args.tokens = int64_t((SIZE_MAX - 255) / 16);
+  CHECK(contains(error_of([&] { qkv_projection_workspace_bytes(f.spec, f.args); }),
+                 "the unfused path's workspace for args.tokens (" + std::to_string(f.args.tokens) +
+                     ") and args.hidden (8) overflows size_t"));
+  f.spec.norm = Norm::none;  // no activation to hold: only the scratch
+  CHECK(qkv_projection_workspace_bytes(f.spec, f.args) == size_t(32) << 20);
+  // Heads the projection never uses (16-bit weights) are not multiplied.
+  f.args.q_heads = INT64_MAX;
+  f.args.kv_heads = INT64_MAX;
+  CHECK(qkv_projection_workspace_bytes(f.spec, f.args) == size_t(32) << 20);
 }
 
 TEST_CASE("projection: a call without a driver fails with one clear message, after checking") {

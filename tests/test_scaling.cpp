@@ -194,6 +194,7 @@ TEST_CASE("longrope: short factors up to the original length, long ones beyond")
   RopeScaling s;
   s.short_factor = short_f.data();
   s.long_factor = long_f.data();
+  s.factor_count = 32;
   s.original_max_positions = 4096;
   s.factor = 32;
   const std::vector<double> ref = inverse_frequencies(Freqs::computed, 64, 10000, s);
@@ -282,6 +283,12 @@ TEST_CASE("scaling parameters are checked, naming the field and its value") {
   std::vector<double> bad = ones;
   bad[7] = 0;
   s.long_factor = bad.data();
+  CHECK(error(Freqs::longrope, 128, s) ==
+        "ropejit: args.scaling.factor_count (0) must be rotary_dim / 2 (64) for longrope: "
+        "short_factor and long_factor each hold that many values");
+  s.factor_count = 63;  // one short: nothing past the 63rd value may be read
+  CHECK(error(Freqs::longrope, 128, s).find("factor_count (63)") != std::string::npos);
+  s.factor_count = 64;
   CHECK(error(Freqs::longrope, 128, s) ==
         "ropejit: args.scaling.long_factor[7] (0) must be > 0 for longrope");
   CHECK(error(Freqs::yarn, 7, yarn_scaling()) == "ropejit: rotary_dim (7) must be even and >= 2");
@@ -464,17 +471,31 @@ TEST_CASE("C API: tables, frequencies and attention factors") {
         ROPEJIT_ERROR_INVALID_ARGUMENT);
   CHECK(std::string(ropejit_last_error()) == "ropejit: table is null");
 
-  ropejit_scaling s = t.scaling;
   double inv[64];
-  REQUIRE(ropejit_inverse_frequencies(ROPEJIT_FREQS_LINEAR, 128, 10000, &s, inv, 64) == ROPEJIT_OK);
+  REQUIRE(ropejit_inverse_frequencies(&t, 128, inv, 64) == ROPEJIT_OK);
   CHECK(inv[0] == 0.5);
-  CHECK(ropejit_inverse_frequencies(ROPEJIT_FREQS_LINEAR, 128, 10000, &s, inv, 63) ==
-        ROPEJIT_ERROR_INVALID_ARGUMENT);
+  CHECK(ropejit_inverse_frequencies(&t, 128, inv, 63) == ROPEJIT_ERROR_INVALID_ARGUMENT);
   CHECK(std::string(ropejit_last_error()) ==
         "ropejit: count (63) is smaller than rotary_dim / 2 (64)");
-  s.factor = 4;
-  s.original_max_positions = 32768;
+  t.freqs = ROPEJIT_FREQS_YARN;
+  t.scaling.factor = 4;
+  t.scaling.original_max_positions = 32768;
   double af = 0;
-  REQUIRE(ropejit_attention_factor(ROPEJIT_FREQS_YARN, 128, &s, &af) == ROPEJIT_OK);
+  REQUIRE(ropejit_attention_factor(&t, 128, &af) == ROPEJIT_OK);
   CHECK(af == doctest::Approx(0.1 * std::log(4.0) + 1));
+  // longrope reads exactly factor_count values of each array, which must be rotary_dim / 2, and
+  // scaling.truncate is a bool.
+  const std::vector<double> ones(63, 1.0);
+  t.freqs = ROPEJIT_FREQS_LONGROPE;
+  t.scaling.short_factor = ones.data();
+  t.scaling.long_factor = ones.data();
+  t.scaling.factor_count = 63;
+  CHECK(ropejit_inverse_frequencies(&t, 128, inv, 64) == ROPEJIT_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(ropejit_last_error()) ==
+        "ropejit: scaling.factor_count (63) must be rotary_dim / 2 (64) for longrope: "
+        "short_factor and long_factor each hold that many values");
+  t.freqs = ROPEJIT_FREQS_YARN;
+  t.scaling.truncate = 7;
+  CHECK(ropejit_attention_factor(&t, 128, &af) == ROPEJIT_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(ropejit_last_error()) == "ropejit: table.scaling.truncate (7) must be 0 or 1");
 }

@@ -14,10 +14,10 @@ if [ ! -f "$build/CMakeCache.txt" ]; then
     -DCMAKE_PREFIX_PATH="$PWD/.deps/usr" -DROPEJIT_FUZZ=ON -DROPEJIT_BUILD_TESTS=OFF \
     -DROPEJIT_BUILD_BENCH=OFF -DROPEJIT_BUILD_CLI=OFF > /dev/null
 fi
-cmake --build "$build" -j "$(nproc)" --target fuzz_key fuzz_tuning fuzz_cache_entry fuzz_hf_config
+cmake --build "$build" -j "$(nproc)" --target fuzz_key fuzz_tuning fuzz_cache_entry fuzz_hf_config fuzz_c_api
 mkdir -p "$out"
 export ROPEJIT_CACHE_DIR=off ROPEJIT_QUIET=1
-for target in key tuning cache_entry hf_config; do
+for target in key tuning cache_entry hf_config c_api; do
   scratch=$(mktemp -d)
   cp tests/fuzz/corpus/$target/* "$scratch/"
   echo "fuzz: $target for ${seconds}s"

@@ -68,8 +68,25 @@ enum {
 };
 enum { ROPEJIT_STORE_SAME = 0, ROPEJIT_STORE_E4M3 = 1, ROPEJIT_STORE_E4M3_DYNAMIC = 2 };
 
-/* Fields are only ever appended, so older callers' layouts stay a prefix. */
+/* ABI. Every struct the library reads or writes through a pointer begins with a header that its
+ * _init function fills: the struct's size as the caller compiled it, and a tag. The library reads
+ * only that many bytes and takes its own defaults for fields past them, so a program built
+ * against an older ropejit.h keeps working with a newer library. Fields are only ever appended to
+ * these top-level structs, and an appended field's default is all-zero bytes: a program built
+ * against a newer header runs on an older library as long as it leaves the fields that library
+ * lacks at zero (it is refused, by name, otherwise). The structs embedded in them
+ * (ropejit_tensor, ropejit_scaling, ropejit_kv_cache) are frozen.
+ * Programs built against the 0.1.0 header (no header member) keep working too: the library tells
+ * their structs apart by the missing tag. */
+#define ROPEJIT_STRUCT_TAG 0x314a5052u /* "RPJ1" in memory order on little-endian machines */
+
 typedef struct {
+  uint32_t size; /* sizeof the struct where the caller was compiled */
+  uint32_t tag;  /* ROPEJIT_STRUCT_TAG */
+} ropejit_header;
+
+typedef struct {
+  ropejit_header header;
   int32_t layout, dtype, head_dim, rotary_dim, style, positions, index_type, freqs;
   int32_t table_dtype, table_width, direction, in_place, fusion;
   int32_t norm, out_store, cache, cache_store;
@@ -85,10 +102,12 @@ typedef struct {
   double factor, low_freq_factor, high_freq_factor;
   int64_t original_max_positions;
   double beta_fast, beta_slow, mscale, mscale_all_dim, attention_factor;
-  int32_t truncate;
+  int32_t truncate; /* 0 or 1 */
   const double* short_factor;
   const double* long_factor;
   int64_t seq_len;
+  int64_t factor_count; /* longrope: values in short_factor and in long_factor each (rotary_dim /
+                           2); nothing past them is read */
 } ropejit_scaling;
 
 /* The KV cache of a fused call: ropejit::KvCacheArgs. */
@@ -104,14 +123,14 @@ typedef struct {
   const int32_t* seq_lens;
   float k_quant_scale, v_quant_scale;
   int32_t* skipped;
-  /* Dynamic FP8 cache scales (ROPEJIT_STORE_E4M3_DYNAMIC); appended: this struct ends the
-   * earlier ropejit_args. */
+  /* Dynamic FP8 cache scales (ROPEJIT_STORE_E4M3_DYNAMIC). */
   float* k_scales;
   float* v_scales;
   int64_t scale_stride_page, scale_stride_slot, scale_stride_head;
 } ropejit_kv_cache;
 
 typedef struct {
+  ropejit_header header;
   int64_t batch, seq_len;
   ropejit_tensor q, k, q_out, k_out;
   int64_t position_offset;
@@ -123,10 +142,9 @@ typedef struct {
   int64_t table_stride, table_rows;
   double base;
   void* stream;
-  /* Appended after version 0.1.0's layout. */
   ropejit_scaling scaling;
   int32_t mrope_section[3];
-  int32_t mrope_interleaved;
+  int32_t mrope_interleaved; /* 0 or 1 */
   ropejit_tensor v;
   const void* q_norm_weight;
   const void* k_norm_weight;
@@ -139,9 +157,14 @@ typedef struct {
 } ropejit_args;
 
 /* Fill with the C++ defaults (bshd, bf16, d128, neox, offset positions, f32 half table,
- * forward, in place, nothing fused; base 10000, the scaling and norm defaults, quant scales 1). */
-ROPEJIT_API void ropejit_spec_init(ropejit_spec* spec);
-ROPEJIT_API void ropejit_args_init(ropejit_args* args);
+ * forward, in place, nothing fused; base 10000, the scaling and norm defaults, quant scales 1)
+ * and the header. Call them through the macros, which pass the struct's size; bindings (ctypes,
+ * cffi) call the _sized functions with their own struct's size. A size smaller than this
+ * library's first sized layout is refused. */
+ROPEJIT_API ropejit_status ropejit_spec_init_sized(ropejit_spec* spec, size_t size);
+ROPEJIT_API ropejit_status ropejit_args_init_sized(ropejit_args* args, size_t size);
+#define ropejit_spec_init(spec) ropejit_spec_init_sized((spec), sizeof *(spec))
+#define ropejit_args_init(args) ropejit_args_init_sized((args), sizeof *(args))
 
 /* Contiguous strides for a layout (thd: `batch` ignored, `seq` = tokens) into *out. Fails, with
  * *out untouched, for negative sizes or sizes whose product overflows int64. */
@@ -164,6 +187,7 @@ ROPEJIT_API ropejit_status ropejit_precompile(const ropejit_spec* spec, const ch
 
 /* What a host table holds: ropejit::TableSpec (freqs: any value but ROPEJIT_FREQS_TABLE). */
 typedef struct {
+  ropejit_header header;
   int32_t freqs;
   double base;
   ropejit_scaling scaling;
@@ -172,7 +196,8 @@ typedef struct {
 } ropejit_table_spec;
 
 /* Fill with the C++ defaults (computed frequencies, base 10000, the scaling defaults, no rows). */
-ROPEJIT_API void ropejit_table_spec_init(ropejit_table_spec* table);
+ROPEJIT_API ropejit_status ropejit_table_spec_init_sized(ropejit_table_spec* table, size_t size);
+#define ropejit_table_spec_init(table) ropejit_table_spec_init_sized((table), sizeof *(table))
 
 /* Host cos/sin tables for a table key (spec->freqs == ROPEJIT_FREQS_TABLE): float64 values times
  * the attention factor, rounded once to spec->table_dtype (ropejit::build_tables). Nothing is
@@ -181,16 +206,18 @@ ROPEJIT_API ropejit_status ropejit_build_tables(const ropejit_spec* spec,
                                                 const ropejit_table_spec* table, void* cos,
                                                 void* sin);
 
-/* The rotary_dim / 2 inverse frequencies (radians per position) of a frequency variant into
- * out[0 .. count), count >= rotary_dim / 2; and its attention factor into *out. */
-ROPEJIT_API ropejit_status ropejit_inverse_frequencies(int32_t freqs, int32_t rotary_dim,
-                                                       double base, const ropejit_scaling* scaling,
-                                                       double* out, size_t count);
-ROPEJIT_API ropejit_status ropejit_attention_factor(int32_t freqs, int32_t rotary_dim,
-                                                    const ropejit_scaling* scaling, double* out);
+/* The rotary_dim / 2 inverse frequencies (radians per position) of table->freqs with table->base
+ * and table->scaling (rows and row_stride unused) into out[0 .. count), count >= rotary_dim / 2;
+ * and its attention factor into *out. */
+ROPEJIT_API ropejit_status ropejit_inverse_frequencies(const ropejit_table_spec* table,
+                                                       int32_t rotary_dim, double* out,
+                                                       size_t count);
+ROPEJIT_API ropejit_status ropejit_attention_factor(const ropejit_table_spec* table,
+                                                    int32_t rotary_dim, double* out);
 
 /* A model's RoPE as its Hugging Face config.json describes it (ropejit::ModelRope). */
 typedef struct {
+  ropejit_header header;
   int32_t head_dim, rotary_dim, rotary_offset, q_heads, kv_heads, style, freqs;
   double base;
   /* short_factor / long_factor (longrope) point into memory of this thread that stays valid until
@@ -201,8 +228,12 @@ typedef struct {
   double norm_eps, local_base, softmax_scale_multiplier;
 } ropejit_model;
 
+ROPEJIT_API ropejit_status ropejit_model_init_sized(ropejit_model* model, size_t size);
+#define ropejit_model_init(model) ropejit_model_init_sized((model), sizeof *(model))
+
 /* Reads a config.json file (or its text) into *spec (ropejit::spec_from_model in `dtype`, bshd)
- * and, when model is not NULL, *model. Errors name the field and its value. */
+ * and, when model is not NULL, *model. Both are filled by their _init first (the library writes
+ * only as many bytes as their headers say). Errors name the field and its value. */
 ROPEJIT_API ropejit_status ropejit_spec_from_hf_config(const char* path, int32_t dtype,
                                                        ropejit_spec* spec, ropejit_model* model);
 ROPEJIT_API ropejit_status ropejit_spec_from_hf_config_text(const char* json_text, int32_t dtype,
@@ -224,6 +255,7 @@ ROPEJIT_API void ropejit_decode_struct_sizes(size_t* qkv_spec, size_t* qkv_args,
 
 /* The decode block's QKV projection: ropejit::QkvProjSpec / QkvProjArgs. */
 typedef struct {
+  ropejit_header header;
   int32_t dtype, head_dim, rotary_dim, style, positions, index_type, freqs;
   int32_t table_dtype, table_width, norm;
   int32_t weights; /* ropejit::Weights: 0 same as dtype, 1 e4m3 (with args.weight_scale) */
@@ -234,6 +266,7 @@ typedef struct {
 } ropejit_qkv_proj_spec;
 
 typedef struct {
+  ropejit_header header;
   int64_t tokens, hidden, q_heads, kv_heads;
   const void* x;
   int64_t x_stride;
@@ -263,8 +296,12 @@ typedef struct {
 
 /* Fill with the C++ defaults (bf16, d128, neox, int64 ids, f32 half table, RMSNorm; eps 1e-6,
  * base 10000). */
-ROPEJIT_API void ropejit_qkv_proj_spec_init(ropejit_qkv_proj_spec* spec);
-ROPEJIT_API void ropejit_qkv_proj_args_init(ropejit_qkv_proj_args* args);
+ROPEJIT_API ropejit_status ropejit_qkv_proj_spec_init_sized(ropejit_qkv_proj_spec* spec,
+                                                            size_t size);
+ROPEJIT_API ropejit_status ropejit_qkv_proj_args_init_sized(ropejit_qkv_proj_args* args,
+                                                            size_t size);
+#define ropejit_qkv_proj_spec_init(spec) ropejit_qkv_proj_spec_init_sized((spec), sizeof *(spec))
+#define ropejit_qkv_proj_args_init(args) ropejit_qkv_proj_args_init_sized((args), sizeof *(args))
 /* y = RoPE(RMSNorm(x) · Wᵀ) into q, k, v in one launch; on error nothing is launched. */
 ROPEJIT_API ropejit_status ropejit_qkv_projection(const ropejit_qkv_proj_spec* spec,
                                                   const ropejit_qkv_proj_args* args);
@@ -280,11 +317,13 @@ ROPEJIT_API ropejit_status ropejit_qkv_projection_path(const ropejit_qkv_proj_sp
 /* The FFN's gate/up half: ropejit::FfnSpec / FfnArgs.
  *   out = act(RMSNorm(x) · Wgᵀ) ⊙ (RMSNorm(x) · Wuᵀ) */
 typedef struct {
+  ropejit_header header;
   int32_t dtype, norm, act; /* act: 0 silu, 1 gelu_tanh */
   int32_t weights;          /* ropejit::Weights: 0 same as dtype, 1 e4m3 */
 } ropejit_ffn_spec;
 
 typedef struct {
+  ropejit_header header;
   int64_t tokens, hidden, intermediate;
   const void* x;
   int64_t x_stride;
@@ -304,8 +343,10 @@ typedef struct {
 } ropejit_ffn_args;
 
 /* Fill with the C++ defaults (bf16, RMSNorm, SiLU; eps 1e-6, automatic path). */
-ROPEJIT_API void ropejit_ffn_spec_init(ropejit_ffn_spec* spec);
-ROPEJIT_API void ropejit_ffn_args_init(ropejit_ffn_args* args);
+ROPEJIT_API ropejit_status ropejit_ffn_spec_init_sized(ropejit_ffn_spec* spec, size_t size);
+ROPEJIT_API ropejit_status ropejit_ffn_args_init_sized(ropejit_ffn_args* args, size_t size);
+#define ropejit_ffn_spec_init(spec) ropejit_ffn_spec_init_sized((spec), sizeof *(spec))
+#define ropejit_ffn_args_init(args) ropejit_ffn_args_init_sized((args), sizeof *(args))
 ROPEJIT_API ropejit_status ropejit_ffn_gate_up(const ropejit_ffn_spec* spec,
                                                const ropejit_ffn_args* args);
 ROPEJIT_API ropejit_status ropejit_ffn_gate_up_workspace_bytes(const ropejit_ffn_spec* spec,

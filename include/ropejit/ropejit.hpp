@@ -2,6 +2,7 @@
 // The whole C++ surface: value types describing a call, one error type, and apply().
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -10,7 +11,7 @@
 
 namespace ropejit {
 
-inline constexpr const char* kVersion = "0.1.0";
+inline constexpr const char* kVersion = "0.2.0";
 
 // ---------------------------------------------------------------------------------------
 // The specialization key: everything that selects a compiled kernel.
@@ -160,6 +161,9 @@ struct RopeScaling {
   const double* short_factor = nullptr;  // longrope: rotary_dim / 2 factors (host memory)
   const double* long_factor = nullptr;   // longrope: rotary_dim / 2 factors (host memory)
   int64_t seq_len = 0;  // dynamic_ntk, longrope: the sequence length that picks the scaling
+  // longrope: how many values short_factor and long_factor each hold (must be rotary_dim / 2);
+  // nothing is read past it.
+  int64_t factor_count = 0;
 };
 
 // The KV cache a fused call appends k and v to (Spec::cache). Strides in elements of the
@@ -625,6 +629,7 @@ struct ModelRope : ModelRopeFields {
   void own_factors() {
     scaling.short_factor = short_factor.empty() ? nullptr : short_factor.data();
     scaling.long_factor = long_factor.empty() ? nullptr : long_factor.data();
+    scaling.factor_count = int64_t(std::min(short_factor.size(), long_factor.size()));
   }
 };
 
