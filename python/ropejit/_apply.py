@@ -5,6 +5,7 @@ way but allocate their outputs and go through torch.library."""
 import sys
 
 from ropejit import _call, _tensors
+from ropejit._cvalues import shown
 from ropejit.errors import InvalidArgument
 
 
@@ -19,7 +20,7 @@ def stream_handle(stream):
         handle = getattr(stream, attr, None)
         if isinstance(handle, int):
             return handle
-    raise InvalidArgument(f"ropejit: stream ({stream!r}) must be a CUstream handle (int), a "
+    raise InvalidArgument(f"ropejit: stream ({shown(stream)}) must be a CUstream handle (int), a "
                           f"torch.cuda.Stream or a CuPy stream")
 
 

@@ -8,6 +8,7 @@ import math
 import struct
 
 from ropejit import _capi, _model
+from ropejit._cvalues import fill, flag, integer, shown
 from ropejit._tensors import View, device_name
 from ropejit.errors import InvalidArgument
 
@@ -24,8 +25,12 @@ def _fail(message):
 
 
 def _choice(field, value, table):
-    if value not in table:
-        _fail(f"{field} ({value!r}) must be one of {', '.join(map(repr, table))}")
+    try:
+        known = value in table
+    except TypeError:  # unhashable
+        known = False
+    if not known:
+        _fail(f"{field} ({shown(value)}) must be one of {', '.join(map(repr, table))}")
     return value
 
 
@@ -40,6 +45,13 @@ def _is_row_major(v):
 
 def _numel(v):
     return math.prod(v.shape)
+
+
+def _finite(x):
+    try:
+        return math.isfinite(x)
+    except OverflowError:  # an int beyond any double
+        return False
 
 
 class _Checker:
@@ -81,11 +93,25 @@ def _dims(v, layout):
     return v.shape[b], v.shape[s], v.shape[h], v.shape[3]
 
 
+_INT64 = range(-(1 << 63), 1 << 63)
+
+
+def tensor(name, data, heads, stride_batch, stride_seq, stride_head):
+    """The ropejit_tensor of operand `name`, its values checked against the fields' C types."""
+    if (type(data) is int and 0 <= data < (1 << 64) and type(heads) is int and heads in _INT64
+            and type(stride_batch) is int and stride_batch in _INT64 and type(stride_seq) is int
+            and stride_seq in _INT64 and type(stride_head) is int and stride_head in _INT64):
+        # The common case (every planned call builds two to four of these), then fill's checks.
+        return _capi.ropejit_tensor(data, heads, stride_batch, stride_seq, stride_head)
+    return fill(_capi.ropejit_tensor(), f"{name}.", data=data, heads=heads,
+                stride_batch=stride_batch, stride_seq=stride_seq, stride_head=stride_head)
+
+
 def _operand(v, layout):
     if layout == "thd":
-        return _capi.ropejit_tensor(v.ptr, v.shape[1], 0, v.strides[0], v.strides[1])
+        return tensor(v.name, v.ptr, v.shape[1], 0, v.strides[0], v.strides[1])
     b, s, h = DENSE_AXES[layout]
-    return _capi.ropejit_tensor(v.ptr, v.shape[h], v.strides[b], v.strides[s], v.strides[h])
+    return tensor(v.name, v.ptr, v.shape[h], v.strides[b], v.strides[s], v.strides[h])
 
 
 def _index_tensor(chk, v, count, what):
@@ -107,15 +133,13 @@ def _spec(layout, dtype, head_dim, rotary_dim, style, positions, index_type, fre
            table_dtype, backward, in_place)
     s = _SPECS.get(key)
     if s is None:
-        s = _capi.default_spec()
-        s.layout, s.dtype = _capi.LAYOUTS[layout], _capi.DTYPES[dtype]
-        s.head_dim, s.rotary_dim = head_dim, rotary_dim
-        s.style, s.positions = _capi.STYLES[style], _capi.POSITIONS[positions]
-        s.index_type = _capi.INDEX_TYPES[index_type]
-        s.freqs = _capi.FREQS[freqs]
-        s.table_dtype, s.table_width = _capi.DTYPES[table_dtype], _capi.TABLE_WIDTHS[width]
-        s.direction = _capi.DIRECTIONS["backward" if backward else "forward"]
-        s.in_place = 1 if in_place else 0
+        s = fill(_capi.default_spec(), layout=_capi.LAYOUTS[layout], dtype=_capi.DTYPES[dtype],
+                 head_dim=head_dim, rotary_dim=rotary_dim, style=_capi.STYLES[style],
+                 positions=_capi.POSITIONS[positions], index_type=_capi.INDEX_TYPES[index_type],
+                 freqs=_capi.FREQS[freqs], table_dtype=_capi.DTYPES[table_dtype],
+                 table_width=_capi.TABLE_WIDTHS[width],
+                 direction=_capi.DIRECTIONS["backward" if backward else "forward"],
+                 in_place=in_place)
         _SPECS[key] = s
     return s
 
@@ -133,10 +157,10 @@ def _scaling_struct(scaling):
 
 def _check_mrope(section, interleaved, rotary_dim, build):
     if isinstance(section, (str, bytes)) or not hasattr(section, "__len__") or len(section) != 3:
-        _fail(f"mrope_section ({section!r}) must be 3 ints: the rotary pairs taking the temporal, "
-              f"height and width position rows")
+        _fail(f"mrope_section ({shown(section)}) must be 3 ints: the rotary pairs taking the "
+              f"temporal, height and width position rows")
     if not isinstance(interleaved, bool):
-        _fail(f"mrope_interleaved ({interleaved!r}) must be True or False")
+        _fail(f"mrope_interleaved ({shown(interleaved)}) must be True or False")
     if not build:
         return
     if any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in section):
@@ -149,10 +173,13 @@ def _check_mrope(section, interleaved, rotary_dim, build):
 def _check_scaling_in_c(freqs, rotary_dim, scaling):
     """The library's own checks of the variant's parameters (ropejit_attention_factor runs
     them), for tracing, where no call reaches the C API until the graph runs."""
-    c = _scaling_struct(scaling)
+    _model.check_factors(freqs, rotary_dim, scaling)
+    table = fill(_capi.new(_capi.ropejit_table_spec), freqs=_capi.FREQS[freqs],
+                 scaling=_scaling_struct(scaling))
     out = ctypes.c_double()
-    _capi.check(_capi.lib.ropejit_attention_factor(_capi.FREQS[freqs], rotary_dim,
-                                                   ctypes.byref(c), ctypes.byref(out)))
+    _capi.check(_capi.lib.ropejit_attention_factor(
+        ctypes.byref(table), integer("rotary_dim", rotary_dim, ctypes.c_int32),
+        ctypes.byref(out)))
 
 
 def plan(q, k=None, q_out=None, k_out=None, *, cos=None, sin=None, position_ids=None,
@@ -173,6 +200,7 @@ def plan(q, k=None, q_out=None, k_out=None, *, cos=None, sin=None, position_ids=
     """
     _choice("layout", layout, _capi.LAYOUTS)
     _choice("style", style, _capi.STYLES)
+    flag("backward", backward)
     chk = _Checker(q, allow_meta)
     chk.dtype_of(q, ACTIVATION_DTYPES, "the activation dtype")
     batch, seq, _, head_dim = _dims(q, layout)
@@ -180,7 +208,7 @@ def plan(q, k=None, q_out=None, k_out=None, *, cos=None, sin=None, position_ids=
         rotary_dim = head_dim
     if ((build and not isinstance(rotary_dim, int)) or rotary_dim <= 0 or rotary_dim % 2
             or rotary_dim > head_dim):
-        _fail(f"rotary_dim ({rotary_dim!r}) must be even and in [2, head_dim ({head_dim})]")
+        _fail(f"rotary_dim ({shown(rotary_dim)}) must be even and in [2, head_dim ({head_dim})]")
 
     def same_call(v, heads_may_differ=True):
         chk.device_of(v)
@@ -249,7 +277,7 @@ def plan(q, k=None, q_out=None, k_out=None, *, cos=None, sin=None, position_ids=
     else:
         positions = "offset"
         if build and not isinstance(position_offset, int):
-            _fail(f"position_offset ({position_offset!r}) must be an int")
+            _fail(f"position_offset ({shown(position_offset)}) must be an int")
 
     table = cos is not None or sin is not None
     if freqs is None:
@@ -262,7 +290,7 @@ def plan(q, k=None, q_out=None, k_out=None, *, cos=None, sin=None, position_ids=
         _fail("freqs 'table' needs cos and sin")
     scaled = freqs not in ("table", "computed")
     if scaling is not None and not isinstance(scaling, _model.Scaling):
-        _fail(f"scaling ({scaling!r}) must be a ropejit.Scaling")
+        _fail(f"scaling ({shown(scaling)}) must be a ropejit.Scaling")
     if scaling is not None and not scaled:
         _fail(f"scaling is given but freqs is {freqs!r}, which reads none: name the variant "
               f"({', '.join(map(repr, _model.COMPUTED_FREQS[1:]))})")
@@ -274,7 +302,7 @@ def plan(q, k=None, q_out=None, k_out=None, *, cos=None, sin=None, position_ids=
                       f"positions" + (" on layout 'thd'" if positions == "offset" else ""))
             seq_len = position_offset + seq
         elif build and (isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 0):
-            _fail(f"seq_len ({seq_len!r}) must be an int >= 0")
+            _fail(f"seq_len ({shown(seq_len)}) must be an int >= 0")
     if scaled and not build and isinstance(rotary_dim, int):
         _check_scaling_in_c(freqs, rotary_dim, scaling)
     width, table_dtype = "half", "f32"
@@ -299,15 +327,14 @@ def plan(q, k=None, q_out=None, k_out=None, *, cos=None, sin=None, position_ids=
                   f"({rotary_dim // 2}, half width) or rotary_dim ({rotary_dim}, full width) "
                   f"values; pass rotary_dim for partial rotary")
         table_dtype = cos.dtype
-    elif not isinstance(base, (int, float)) or not math.isfinite(base) or base <= 1:
-        _fail(f"base ({base!r}) must be a finite number > 1 (computed frequencies)")
+    elif not isinstance(base, (int, float)) or not _finite(base) or base <= 1:
+        _fail(f"base ({shown(base)}) must be a finite number > 1 (computed frequencies)")
 
     if not build:
         return None
     spec = _spec(layout, q.dtype, head_dim, rotary_dim, style, positions, index_type, freqs,
-                 width, table_dtype, bool(backward), in_place)
+                 width, table_dtype, backward, in_place)
     a = _capi.ropejit_args.from_buffer_copy(_capi.DEFAULT_ARGS)
-    a.batch, a.seq_len = batch, seq
     a.q = _operand(q, layout)
     if k is not None:
         a.k = _operand(k, layout)
@@ -315,26 +342,28 @@ def plan(q, k=None, q_out=None, k_out=None, *, cos=None, sin=None, position_ids=
         a.q_out = _operand(q_out, layout)
         if k is not None:
             a.k_out = _operand(k_out, layout)
+    fields = dict(batch=batch, seq_len=seq)  # filled at once, each checked for its C type
     if positions in ("ids", "mrope"):
-        a.position_ids = position_ids.ptr
+        fields["position_ids"] = position_ids.ptr
     elif positions == "seq_offsets":
-        a.seq_offsets = seq_offsets.ptr
+        fields["seq_offsets"] = seq_offsets.ptr
     else:
-        a.position_offset = position_offset
+        fields["position_offset"] = position_offset
     if cu_seqlens is not None:
-        a.cu_seqlens = cu_seqlens.ptr
+        fields["cu_seqlens"] = cu_seqlens.ptr
     if table:
-        a.cos, a.sin = cos.ptr, sin.ptr
-        a.table_stride, a.table_rows = cos.strides[0], cos.shape[0]
+        fields.update(cos=cos.ptr, sin=sin.ptr, table_stride=cos.strides[0],
+                      table_rows=cos.shape[0])
     else:
-        a.base = float(base)
+        fields["base"] = base
     if scaled:
+        _model.check_factors(freqs, rotary_dim, scaling)
         a.scaling = _scaling_struct(scaling)
         if freqs in _model.NEEDS_SEQ_LEN:
-            a.scaling.seq_len = seq_len
+            fill(a.scaling, seq_len=seq_len)
     if positions == "mrope":
-        a.mrope_section = (ctypes.c_int32 * 3)(*mrope_section)
-        a.mrope_interleaved = 1 if mrope_interleaved else 0
+        fields.update(mrope_section=mrope_section, mrope_interleaved=mrope_interleaved)
+    fill(a, **fields)
     return spec, a
 
 
@@ -465,5 +494,5 @@ def cached_plan(entry, tensors, opts, plan_call, torch_key=None):
 
 def launch(spec, args, stream):
     """One ropejit_apply on `stream` (a CUstream handle as an int; 0: the legacy default)."""
-    args.stream = stream
+    args.stream = integer("stream", stream, ctypes.c_void_p)
     _capi.check(_capi.lib.ropejit_apply(ctypes.byref(spec), ctypes.byref(args)))

@@ -25,8 +25,20 @@ _i32, _i64, _f32, _f64 = ctypes.c_int32, ctypes.c_int64, ctypes.c_float, ctypes.
 _ptr = ctypes.c_void_p
 
 
+# ropejit.h's ABI header: every top-level struct starts with it, filled by its _init_sized
+# function with this side's sizeof, so the library reads only what this package's structs hold.
+STRUCT_TAG = 0x314A5052
+
+
+class ropejit_header(ctypes.Structure):
+    _fields_ = [("size", ctypes.c_uint32), ("tag", ctypes.c_uint32)]
+
+
+_HEADER = [("header", ropejit_header)]
+
+
 class ropejit_spec(ctypes.Structure):
-    _fields_ = [(name, _i32) for name in (
+    _fields_ = _HEADER + [(name, _i32) for name in (
         "layout", "dtype", "head_dim", "rotary_dim", "style", "positions", "index_type", "freqs",
         "table_dtype", "table_width", "direction", "in_place", "fusion", "norm", "out_store",
         "cache", "cache_store")]
@@ -42,7 +54,8 @@ class ropejit_scaling(ctypes.Structure):
                 ("original_max_positions", _i64), ("beta_fast", _f64), ("beta_slow", _f64),
                 ("mscale", _f64), ("mscale_all_dim", _f64), ("attention_factor", _f64),
                 ("truncate", _i32), ("short_factor", ctypes.POINTER(_f64)),
-                ("long_factor", ctypes.POINTER(_f64)), ("seq_len", _i64)]
+                ("long_factor", ctypes.POINTER(_f64)), ("seq_len", _i64),
+                ("factor_count", _i64)]
 
 
 class ropejit_kv_cache(ctypes.Structure):
@@ -56,14 +69,13 @@ class ropejit_kv_cache(ctypes.Structure):
 
 
 class ropejit_args(ctypes.Structure):
-    _fields_ = [
+    _fields_ = _HEADER + [
         ("batch", _i64), ("seq_len", _i64),
         ("q", ropejit_tensor), ("k", ropejit_tensor),
         ("q_out", ropejit_tensor), ("k_out", ropejit_tensor),
         ("position_offset", _i64), ("seq_offsets", _ptr), ("position_ids", _ptr),
         ("cu_seqlens", _ptr), ("cos", _ptr), ("sin", _ptr),
         ("table_stride", _i64), ("table_rows", _i64), ("base", _f64), ("stream", _ptr),
-        # Appended after version 0.1.0's layout.
         ("scaling", ropejit_scaling), ("mrope_section", _i32 * 3), ("mrope_interleaved", _i32),
         ("v", ropejit_tensor), ("q_norm_weight", _ptr), ("k_norm_weight", _ptr),
         ("norm_eps", _f64), ("out_quant_scale", _f32), ("cache", ropejit_kv_cache),
@@ -71,8 +83,13 @@ class ropejit_args(ctypes.Structure):
     ]
 
 
+class ropejit_table_spec(ctypes.Structure):
+    _fields_ = _HEADER + [("freqs", _i32), ("base", _f64), ("scaling", ropejit_scaling),
+                          ("rows", _i64), ("row_stride", _i64)]
+
+
 class ropejit_model(ctypes.Structure):
-    _fields_ = [(name, _i32) for name in (
+    _fields_ = _HEADER + [(name, _i32) for name in (
         "head_dim", "rotary_dim", "rotary_offset", "q_heads", "kv_heads", "style", "freqs")] + [
         ("base", _f64), ("scaling", ropejit_scaling), ("mrope", _i32),
         ("mrope_section", _i32 * 3), ("mrope_interleaved", _i32), ("norm", _i32),
@@ -81,13 +98,13 @@ class ropejit_model(ctypes.Structure):
 
 
 class ropejit_qkv_proj_spec(ctypes.Structure):
-    _fields_ = [(name, _i32) for name in (
+    _fields_ = _HEADER + [(name, _i32) for name in (
         "dtype", "head_dim", "rotary_dim", "style", "positions", "index_type", "freqs",
         "table_dtype", "table_width", "norm", "weights", "cache", "cache_store")]
 
 
 class ropejit_qkv_proj_args(ctypes.Structure):
-    _fields_ = [
+    _fields_ = _HEADER + [
         ("tokens", _i64), ("hidden", _i64), ("q_heads", _i64), ("kv_heads", _i64),
         ("x", _ptr), ("x_stride", _i64), ("norm_weight", _ptr), ("norm_eps", _f64),
         ("weight", _ptr), ("weight_stride", _i64),
@@ -101,11 +118,11 @@ class ropejit_qkv_proj_args(ctypes.Structure):
 
 
 class ropejit_ffn_spec(ctypes.Structure):
-    _fields_ = [("dtype", _i32), ("norm", _i32), ("act", _i32), ("weights", _i32)]
+    _fields_ = _HEADER + [("dtype", _i32), ("norm", _i32), ("act", _i32), ("weights", _i32)]
 
 
 class ropejit_ffn_args(ctypes.Structure):
-    _fields_ = [
+    _fields_ = _HEADER + [
         ("tokens", _i64), ("hidden", _i64), ("intermediate", _i64), ("x", _ptr),
         ("x_stride", _i64), ("norm_weight", _ptr), ("norm_eps", _f64), ("gate_weight", _ptr),
         ("up_weight", _ptr), ("weight_stride", _i64), ("out", _ptr), ("out_stride", _i64),
@@ -127,16 +144,27 @@ WEIGHTS = {"same": 0, "e4m3": 1}
 # Canonical keys are about 70 characters; this leaves room for the fused axes.
 KEY_BUFFER = 512
 
+# Each top-level struct's _init_sized function (ropejit.h's _init macros, by name).
+_INITS = {
+    ropejit_spec: "ropejit_spec_init_sized",
+    ropejit_args: "ropejit_args_init_sized",
+    ropejit_table_spec: "ropejit_table_spec_init_sized",
+    ropejit_model: "ropejit_model_init_sized",
+    ropejit_qkv_proj_spec: "ropejit_qkv_proj_spec_init_sized",
+    ropejit_qkv_proj_args: "ropejit_qkv_proj_args_init_sized",
+    ropejit_ffn_spec: "ropejit_ffn_spec_init_sized",
+    ropejit_ffn_args: "ropejit_ffn_args_init_sized",
+}
+
 _PROTOTYPES = {
-    "ropejit_spec_init": (None, [ctypes.POINTER(ropejit_spec)]),
-    "ropejit_args_init": (None, [ctypes.POINTER(ropejit_args)]),
+    **{name: (ctypes.c_int, [ctypes.POINTER(cls), ctypes.c_size_t])
+       for cls, name in _INITS.items()},
     "ropejit_apply": (ctypes.c_int, [ctypes.POINTER(ropejit_spec), ctypes.POINTER(ropejit_args)]),
     "ropejit_key": (ctypes.c_int, [ctypes.POINTER(ropejit_spec), ctypes.c_char_p, ctypes.c_size_t]),
     "ropejit_precompile": (ctypes.c_int, [ctypes.POINTER(ropejit_spec), ctypes.c_char_p]),
-    "ropejit_inverse_frequencies": (ctypes.c_int, [_i32, _i32, _f64,
-                                                   ctypes.POINTER(ropejit_scaling),
+    "ropejit_inverse_frequencies": (ctypes.c_int, [ctypes.POINTER(ropejit_table_spec), _i32,
                                                    ctypes.POINTER(_f64), ctypes.c_size_t]),
-    "ropejit_attention_factor": (ctypes.c_int, [_i32, _i32, ctypes.POINTER(ropejit_scaling),
+    "ropejit_attention_factor": (ctypes.c_int, [ctypes.POINTER(ropejit_table_spec), _i32,
                                                 ctypes.POINTER(_f64)]),
     "ropejit_spec_from_hf_config": (ctypes.c_int, [ctypes.c_char_p, _i32,
                                                    ctypes.POINTER(ropejit_spec),
@@ -144,8 +172,6 @@ _PROTOTYPES = {
     "ropejit_spec_from_hf_config_text": (ctypes.c_int, [ctypes.c_char_p, _i32,
                                                         ctypes.POINTER(ropejit_spec),
                                                         ctypes.POINTER(ropejit_model)]),
-    "ropejit_qkv_proj_spec_init": (None, [ctypes.POINTER(ropejit_qkv_proj_spec)]),
-    "ropejit_qkv_proj_args_init": (None, [ctypes.POINTER(ropejit_qkv_proj_args)]),
     "ropejit_qkv_projection": (ctypes.c_int, [ctypes.POINTER(ropejit_qkv_proj_spec),
                                               ctypes.POINTER(ropejit_qkv_proj_args)]),
     "ropejit_qkv_projection_workspace_bytes": (
@@ -154,8 +180,6 @@ _PROTOTYPES = {
     "ropejit_qkv_projection_path": (
         ctypes.c_int, [ctypes.POINTER(ropejit_qkv_proj_spec),
                        ctypes.POINTER(ropejit_qkv_proj_args), ctypes.POINTER(_i32)]),
-    "ropejit_ffn_spec_init": (None, [ctypes.POINTER(ropejit_ffn_spec)]),
-    "ropejit_ffn_args_init": (None, [ctypes.POINTER(ropejit_ffn_args)]),
     "ropejit_ffn_gate_up": (ctypes.c_int, [ctypes.POINTER(ropejit_ffn_spec),
                                            ctypes.POINTER(ropejit_ffn_args)]),
     "ropejit_ffn_gate_up_workspace_bytes": (
@@ -185,7 +209,8 @@ def library_path():
     path = os.environ.get("ROPEJIT_LIB") or os.path.join(os.path.dirname(__file__),
                                                          "libropejit.so")
     if not os.path.isfile(path):
-        raise ImportError(f"ropejit: {path} does not exist: install the package with "
+        why = "is not a file" if os.path.exists(path) else "does not exist"
+        raise ImportError(f"ropejit: {path} {why}: install the package with "
                           f"`pip install .` (which builds it), or point ROPEJIT_LIB at a "
                           f"libropejit.so built with -DROPEJIT_BUILD_SHARED=ON")
     return path
@@ -220,11 +245,19 @@ def load(path=None):
     try:
         lib = ctypes.CDLL(path)
     except OSError as e:
-        raise ImportError(f"ropejit: cannot load {path}: {e}; it needs NVRTC (libnvrtc) from the "
-                          f"CUDA Toolkit it was built with: put the toolkit's lib folder on "
-                          f"LD_LIBRARY_PATH") from e
+        hint = ("it needs NVRTC (libnvrtc) from the CUDA Toolkit it was built with: put the "
+                "toolkit's lib folder on LD_LIBRARY_PATH" if "nvrtc" in str(e) else
+                "reinstall with `pip install .`, or point ROPEJIT_LIB at a libropejit.so built "
+                "on this machine")
+        raise ImportError(f"ropejit: cannot load {path}: {e}; {hint}") from e
     for name, (restype, argtypes) in _PROTOTYPES.items():
-        fn = getattr(lib, name)
+        try:
+            fn = getattr(lib, name)
+        except AttributeError:
+            raise ImportError(f"ropejit: {path} has no symbol {name}: it is another library, or "
+                              f"a libropejit.so older than this package; point ROPEJIT_LIB at a "
+                              f"libropejit.so of this version, or reinstall with "
+                              f"`pip install .`") from None
         fn.restype, fn.argtypes = restype, argtypes
     check_struct_sizes(lib)
     return lib
@@ -244,13 +277,17 @@ def version():
     return lib.ropejit_version().decode()
 
 
-def default_spec():
-    s = ropejit_spec()
-    lib.ropejit_spec_init(ctypes.byref(s))
+def new(cls):
+    """A struct of `cls` holding the library's defaults and its ABI header (its _init_sized)."""
+    s = cls()
+    check(getattr(lib, _INITS[cls])(ctypes.byref(s), ctypes.sizeof(s)))
     return s
+
+
+def default_spec():
+    return new(ropejit_spec)
 
 
 # The library's defaults for every field (base 10000, scaling and norm defaults, quant scales 1);
 # each call copies it and fills in what it uses.
-DEFAULT_ARGS = ropejit_args()
-lib.ropejit_args_init(ctypes.byref(DEFAULT_ARGS))
+DEFAULT_ARGS = new(ropejit_args)

@@ -7,6 +7,7 @@ import os
 import subprocess
 
 from ropejit import _capi
+from ropejit._cvalues import choice, fill, shown
 from ropejit.errors import InvalidArgument
 
 
@@ -41,23 +42,9 @@ class Spec:
         checks the combinations)."""
         s = _capi.default_spec()
         for field, choices in self._CHOICES.items():
-            value = getattr(self, field)
-            if value not in choices:
-                raise InvalidArgument(f"ropejit: spec.{field} ({value!r}) must be one of "
-                                      f"{', '.join(map(repr, choices))}")
-        for field, table in (("layout", _capi.LAYOUTS), ("dtype", _capi.DTYPES),
-                             ("style", _capi.STYLES), ("positions", _capi.POSITIONS),
-                             ("index_type", _capi.INDEX_TYPES), ("freqs", _capi.FREQS),
-                             ("table_dtype", _capi.DTYPES), ("table_width", _capi.TABLE_WIDTHS),
-                             ("direction", _capi.DIRECTIONS)):
-            setattr(s, field, table[getattr(self, field)])
-        for field in ("head_dim", "rotary_dim"):
-            value = getattr(self, field)
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise InvalidArgument(f"ropejit: spec.{field} ({value!r}) must be an int")
-            setattr(s, field, value)
-        s.in_place = 1 if self.in_place else 0
-        return s
+            setattr(s, field, choice(f"spec.{field}", getattr(self, field), choices))
+        return fill(s, "spec.", head_dim=self.head_dim, rotary_dim=self.rotary_dim,
+                    in_place=self.in_place)
 
 
 def _as_spec(spec, fields):
@@ -85,8 +72,9 @@ def precompile(spec=None, arch="sm_90", **fields):
     """Compiles the spec's default kernels (prefill's and decode's) for `arch` into the disk
     cache, so that the first call loads instead of compiling; needs no GPU."""
     c = _as_spec(spec, fields).to_c()
-    if not isinstance(arch, str):
-        raise InvalidArgument(f"ropejit: arch ({arch!r}) must be a string such as 'sm_90'")
+    # ASCII without NUL: C would read a NUL-holding string only up to its NUL.
+    if not isinstance(arch, str) or not arch.isascii() or "\0" in arch:
+        raise InvalidArgument(f"ropejit: arch ({shown(arch)}) must be a string such as 'sm_90'")
     _capi.check(_capi.lib.ropejit_precompile(ctypes.byref(c), arch.encode()))
 
 

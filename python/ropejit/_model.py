@@ -14,6 +14,7 @@ import types
 from collections.abc import Mapping
 
 from ropejit import _capi
+from ropejit._cvalues import choice, integer, real, shown
 from ropejit._library import Spec
 from ropejit.errors import InvalidArgument
 
@@ -143,7 +144,20 @@ def c_scaling(scaling):
         array = ctypes.c_double * len(scaling.short_factor)
         s.short_factor = array(*scaling.short_factor)
         s.long_factor = array(*scaling.long_factor)
+        s.factor_count = len(scaling.short_factor)  # the library reads no more than this
     return s
+
+
+def check_factors(freqs, rotary_dim, scaling):
+    """longrope reads rotary_dim / 2 values of each factor array: say so here, by name, before
+    the library is asked (which checks the count too)."""
+    if freqs != "longrope" or scaling is None or scaling.short_factor is None:
+        return
+    if len(scaling.short_factor) != rotary_dim // 2:
+        raise InvalidArgument(
+            f"ropejit: scaling.short_factor and scaling.long_factor hold "
+            f"{len(scaling.short_factor)} values each, but longrope with rotary_dim {rotary_dim} "
+            f"reads rotary_dim / 2 ({rotary_dim // 2})")
 
 
 def _from_c_scaling(c, pairs):
@@ -151,12 +165,29 @@ def _from_c_scaling(c, pairs):
     fields = {f: getattr(c, f) for f in _PARAMS}
     fields["truncate"] = bool(fields["truncate"])
     if c.short_factor and c.long_factor:
-        fields["short_factor"] = tuple(c.short_factor[i] for i in range(pairs))
-        fields["long_factor"] = tuple(c.long_factor[i] for i in range(pairs))
+        count = min(c.factor_count, pairs)
+        fields["short_factor"] = tuple(c.short_factor[i] for i in range(count))
+        fields["long_factor"] = tuple(c.long_factor[i] for i in range(count))
     return Scaling(**fields)
 
 
+# The library's largest head_dim (kMaxHeadDim, jit/spec.cpp), so its largest rotary_dim.
+MAX_ROTARY_DIM = 512
+
+
+def _check_sizes(rotary_dim, seq_len):
+    """rotary_dim in the library's range before rotary_dim / 2 doubles are allocated for it, and
+    an int seq_len within its int64 field (the type checks follow in _check_variant)."""
+    if (isinstance(rotary_dim, bool) or not isinstance(rotary_dim, int) or rotary_dim % 2
+            or not 2 <= rotary_dim <= MAX_ROTARY_DIM):
+        raise InvalidArgument(f"ropejit: rotary_dim ({shown(rotary_dim)}) must be an even int in "
+                              f"[2, {MAX_ROTARY_DIM}] (the library's largest head_dim)")
+    if isinstance(seq_len, numbers.Integral) and not isinstance(seq_len, bool):
+        integer("seq_len", seq_len, ctypes.c_int64)
+
+
 def _check_variant(freqs, rotary_dim, scaling, seq_len):
+    _check_sizes(rotary_dim, seq_len)
     if freqs not in COMPUTED_FREQS:
         raise InvalidArgument(f"ropejit: freqs ({freqs!r}) must be one of "
                               f"{', '.join(map(repr, COMPUTED_FREQS))}")
@@ -166,9 +197,12 @@ def _check_variant(freqs, rotary_dim, scaling, seq_len):
         raise InvalidArgument(f"ropejit: scaling ({scaling!r}) must be a ropejit.Scaling or None")
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 0:
         raise InvalidArgument(f"ropejit: seq_len ({seq_len!r}) must be an int >= 0")
-    c = c_scaling(scaling)
-    c.seq_len = seq_len
-    return c
+    check_factors(freqs, rotary_dim, scaling)
+    table = _capi.new(_capi.ropejit_table_spec)
+    table.freqs = _capi.FREQS[freqs]
+    table.scaling = c_scaling(scaling)
+    table.scaling.seq_len = seq_len
+    return table
 
 
 def inverse_frequencies(freqs, rotary_dim, base=10000.0, scaling=None, seq_len=0):
@@ -176,14 +210,16 @@ def inverse_frequencies(freqs, rotary_dim, base=10000.0, scaling=None, seq_len=0
     variant ('computed', 'linear', 'dynamic_ntk', 'llama3', 'yarn', 'longrope'), as the kernels
     use them (ropejit_inverse_frequencies). seq_len: the sequence length dynamic_ntk and
     longrope switch on. Raises InvalidArgument naming a bad parameter."""
+    if isinstance(base, int) and not isinstance(base, bool):
+        real("base", base)  # an int beyond a double (the type check follows)
     c = _check_variant(freqs, rotary_dim, scaling, seq_len)
     if rotary_dim < 2:
         raise InvalidArgument(f"ropejit: rotary_dim ({rotary_dim}) must be even and >= 2")
     if isinstance(base, bool) or not isinstance(base, (int, float)):
         raise InvalidArgument(f"ropejit: base ({base!r}) must be a number")
+    c.base = float(base)
     out = (ctypes.c_double * (rotary_dim // 2))()
-    _capi.check(_capi.lib.ropejit_inverse_frequencies(_capi.FREQS[freqs], rotary_dim,
-                                                      float(base), ctypes.byref(c), out,
+    _capi.check(_capi.lib.ropejit_inverse_frequencies(ctypes.byref(c), rotary_dim, out,
                                                       len(out)))
     return list(out)
 
@@ -193,8 +229,8 @@ def attention_factor(freqs, rotary_dim, scaling=None, seq_len=0):
     for the others), as the kernels use it (ropejit_attention_factor)."""
     c = _check_variant(freqs, rotary_dim, scaling, seq_len)
     out = ctypes.c_double()
-    _capi.check(_capi.lib.ropejit_attention_factor(_capi.FREQS[freqs], rotary_dim,
-                                                   ctypes.byref(c), ctypes.byref(out)))
+    _capi.check(_capi.lib.ropejit_attention_factor(ctypes.byref(c), rotary_dim,
+                                                   ctypes.byref(out)))
     return out.value
 
 
@@ -275,23 +311,23 @@ def _model_from_c(spec, m):
 
 
 def _dtype_code(dtype):
-    if dtype not in _capi.DTYPES:
-        raise InvalidArgument(f"ropejit: dtype ({dtype!r}) must be one of "
-                              f"{', '.join(map(repr, _capi.DTYPES))}")
-    return _capi.DTYPES[dtype]
+    return choice("dtype", dtype, _capi.DTYPES)
 
 
 def model_from_hf_config_text(text, dtype="bf16"):
     """The ModelRope of a config.json's text (str or bytes). Raises InvalidArgument with the C
     reader's message, which names the field and its value."""
     if isinstance(text, str):
-        text = text.encode()
+        try:
+            text = text.encode()
+        except UnicodeEncodeError as e:  # a lone surrogate: no UTF-8 holds it
+            raise InvalidArgument(f"ropejit: the config text is not valid Unicode: {e}") from None
     if not isinstance(text, bytes):
         raise InvalidArgument(f"ropejit: text ({type(text).__name__}) must be str or bytes "
                               f"holding config.json")
     if b"\0" in text:
         raise InvalidArgument("ropejit: the config text holds a NUL byte")
-    spec, model = _capi.ropejit_spec(), _capi.ropejit_model()
+    spec, model = _capi.new(_capi.ropejit_spec), _capi.new(_capi.ropejit_model)
     _capi.check(_capi.lib.ropejit_spec_from_hf_config_text(text, _dtype_code(dtype),
                                                            ctypes.byref(spec),
                                                            ctypes.byref(model)))
@@ -306,16 +342,26 @@ def config_text(config):
         fields = dict(config)
     elif callable(getattr(config, "to_dict", None)):
         fields = config.to_dict()
+        if not isinstance(fields, Mapping):
+            raise InvalidArgument(f"ropejit: config.to_dict() ({shown(fields)}) must return a "
+                                  f"dict")
     elif isinstance(config, types.SimpleNamespace):
         fields = vars(config)
     else:
         raise InvalidArgument(
             f"ropejit: config ({type(config).__module__}.{type(config).__qualname__}) must be a "
             f"path to config.json, a dict, or a transformers PretrainedConfig")
+    # NaN and infinities are written as Python writes them: the C reader refuses each naming its
+    # field and value, which json.dumps's own refusal does not.
     try:
-        return json.dumps(fields, allow_nan=False, default=_json_default)
-    except ValueError as e:
+        return json.dumps(fields, default=_json_default)
+    except ValueError as e:  # a circular reference, an int too long to write out
         raise InvalidArgument(f"ropejit: the config has a value JSON cannot hold: {e}") from None
+    except TypeError as e:  # a key that is no str, int, float, bool or None
+        raise InvalidArgument(f"ropejit: the config cannot be written as JSON: {e}") from None
+    except RecursionError:
+        raise InvalidArgument("ropejit: the config is nested too deeply to be written as JSON") \
+            from None
 
 
 def _json_default(value):
@@ -335,10 +381,13 @@ def model_from_hf_config(config, dtype="bf16"):
     the C reader as JSON text). `dtype` is the spec's activation dtype. Raises InvalidArgument
     with the reader's message, which names the field and its value."""
     if isinstance(config, (str, os.PathLike)):
-        path = os.fsencode(config)
+        try:
+            path = os.fsencode(config)
+        except TypeError as e:  # a __fspath__ that returns neither str nor bytes
+            raise InvalidArgument(f"ropejit: config ({shown(config)}) is no path: {e}") from None
         if b"\0" in path:
-            raise InvalidArgument(f"ropejit: path ({config!r}) holds a NUL byte")
-        spec, model = _capi.ropejit_spec(), _capi.ropejit_model()
+            raise InvalidArgument(f"ropejit: path ({shown(config)}) holds a NUL byte")
+        spec, model = _capi.new(_capi.ropejit_spec), _capi.new(_capi.ropejit_model)
         _capi.check(_capi.lib.ropejit_spec_from_hf_config(path, _dtype_code(dtype),
                                                           ctypes.byref(spec),
                                                           ctypes.byref(model)))

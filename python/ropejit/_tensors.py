@@ -4,8 +4,11 @@ device), read from a torch tensor directly, or from any object with __cuda_array
 torch is recognised by the type's module."""
 
 import ctypes
+import numbers
 import sys
+from collections.abc import Mapping
 
+from ropejit._cvalues import integer, shown
 from ropejit.errors import InvalidArgument
 
 
@@ -63,26 +66,104 @@ def from_torch(name, t, fake=False):
 
 # __cuda_array_interface__ typestr (numpy's) by ropejit's names; bf16 has no typestr.
 _TYPESTRS = {"<f4": "f32", "<f2": "f16", "<i4": "i32", "<i8": "i64"}
+_ITEMSIZES = {"<f4": 4, "<f2": 2, "<i4": 4, "<i8": 8}
+_MAX_NDIM = 64  # numpy's limit; DLPack and the interface set none
+_INT64_MAX = (1 << 63) - 1
+_ADDRESS_END = 1 << 64
+
+
+def _bad(name, what, value, rule):
+    raise InvalidArgument(f"ropejit: {name}'s {what} ({shown(value)}) {rule}")
+
+
+def _cai_typestr(name, typestr):
+    """(dtype name, item size) of a typestr: byte order, kind, size in bytes ('<f2')."""
+    if typestr in _ITEMSIZES if type(typestr) is str else False:
+        return _TYPESTRS[typestr], _ITEMSIZES[typestr]
+    size = typestr[2:] if isinstance(typestr, str) else ""
+    if (not isinstance(typestr, str) or len(typestr) > 8 or typestr[:1] not in "<>|="
+            or not typestr[1:2].isalpha() or not (size.isascii() and size.isdigit())
+            or int(size) == 0):
+        _bad(name, "__cuda_array_interface__ typestr", typestr,
+             "must be a numpy type string such as '<f2': byte order, kind, size in bytes")
+    return _TYPESTRS.get(typestr, f"typestr {typestr!r}"), int(size)
+
+
+def _sizes(name, what, values, nonnegative):
+    """A tuple of ints that fit int64 (>= 0 for a shape), at most _MAX_NDIM of them."""
+    if not isinstance(values, (tuple, list)):
+        _bad(name, what, values, "must be a tuple of ints")
+    if len(values) > _MAX_NDIM:
+        _bad(name, what, values, f"has {len(values)} dimensions, more than {_MAX_NDIM}")
+    low = 0 if nonnegative else -_INT64_MAX - 1
+    for n in values:
+        if type(n) is int and low <= n <= _INT64_MAX:
+            continue  # the common case, without the ABC check below
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral):
+            _bad(name, what, values, f"must be a tuple of ints; it holds {shown(n)}")
+        if not low <= n <= _INT64_MAX:
+            _bad(name, what, values, f"holds {shown(n)}: each must be "
+                 f"{'>= 0 and ' if nonnegative else ''}fit int64")
+    return tuple(int(n) for n in values)
+
+
+def _check_extent(name, ptr, shape, strides, itemsize):
+    """Refuses a view whose bytes, from `ptr`, would pass int64 byte offsets or either end of
+    the address space: the library computes offsets in int64 and would wrap."""
+    low = high = 0  # element offsets of the first and last element from ptr
+    for n, s in zip(shape, strides):
+        if n == 0:
+            return
+        if s < 0:
+            low += (n - 1) * s
+        else:
+            high += (n - 1) * s
+    low, high = low * itemsize, (high + 1) * itemsize
+    if high - low > _INT64_MAX or ptr + low < 0 or ptr + high > _ADDRESS_END:
+        raise InvalidArgument(f"ropejit: {name} (shape {list(shape)}, strides {list(strides)} "
+                              f"elements of {itemsize} bytes, at {ptr:#x}) spans bytes "
+                              f"[{low}, {high}) from its pointer: past int64 offsets or the "
+                              f"address space")
 
 
 def _from_cuda_array_interface(name, cai):
-    typestr = cai["typestr"]
-    dtype = _TYPESTRS.get(typestr, f"typestr {typestr!r}")
+    if type(cai) is not dict and not isinstance(cai, Mapping):
+        _bad(name, "__cuda_array_interface__", cai, "must be a dict")
+    for key in ("shape", "typestr", "data"):
+        if key not in cai:
+            _bad(name, "__cuda_array_interface__", cai, f"has no {key!r}")
+    dtype, itemsize = _cai_typestr(name, cai["typestr"])
     if cai.get("mask") is not None:
         raise InvalidArgument(f"ropejit: {name} has a mask (__cuda_array_interface__): masked "
                               f"arrays are not supported")
-    shape = tuple(int(n) for n in cai["shape"])
-    itemsize = int(typestr[2:]) if typestr[2:].isdigit() else 1
+    version = cai.get("version", 0)
+    if type(version) is not int and (isinstance(version, bool)
+                                     or not isinstance(version, numbers.Integral)):
+        _bad(name, "__cuda_array_interface__ version", version, "must be an int")
+    data = cai["data"]
+    if not isinstance(data, (tuple, list)) or len(data) != 2:
+        _bad(name, "__cuda_array_interface__ data", data,
+             "must be a tuple (pointer, read-only flag)")
+    ptr = integer(f"{name}'s __cuda_array_interface__ data pointer", data[0], ctypes.c_void_p)
+    shape = _sizes(name, "__cuda_array_interface__ shape", cai["shape"], True)
     strides = cai.get("strides")
     if strides is None:
         strides = _row_major(shape)
     else:
+        strides = _sizes(name, "__cuda_array_interface__ strides", strides, False)
+        if len(strides) != len(shape):
+            _bad(name, "__cuda_array_interface__ strides", strides,
+                 f"must have one entry per dimension of shape {list(shape)}")
         if any(s % itemsize for s in strides):
             raise InvalidArgument(f"ropejit: {name} has byte strides {tuple(strides)} that are "
                                   f"not multiples of its element size ({itemsize})")
         strides = tuple(s // itemsize for s in strides)
-    stream = cai.get("stream") if cai.get("version", 0) >= 3 else None
-    return View(name, int(cai["data"][0]), shape, strides, dtype, ("cuda", None), stream)
+    _check_extent(name, ptr, shape, strides, itemsize)
+    stream = None
+    if version >= 3 and cai.get("stream") is not None:
+        stream = integer(f"{name}'s __cuda_array_interface__ stream", cai["stream"],
+                         ctypes.c_void_p)
+    return View(name, ptr, shape, strides, dtype, ("cuda", None), stream)
 
 
 def _row_major(shape):
@@ -128,24 +209,36 @@ def _dlpack_stream(stream):
 
 
 def _from_dlpack(name, obj, stream):
-    device_type, device_id = obj.__dlpack_device__()
-    kind = _DL_DEVICES.get(int(device_type), f"DLPack device type {int(device_type)}")
-    if int(device_type) != _DL_CUDA:
+    device = obj.__dlpack_device__()
+    if (not isinstance(device, tuple) or len(device) != 2 or any(
+            isinstance(n, bool) or not isinstance(n, numbers.Integral) for n in device)):
+        _bad(name, "__dlpack_device__()", device, "must be a tuple (device type, device id)")
+    device_type, device_id = int(device[0]), int(device[1])
+    kind = _DL_DEVICES.get(device_type, f"DLPack device type {device_type}")
+    if device_type != _DL_CUDA:
         # No capsule is taken: a CPU tensor is refused by the caller's device check.
-        return View(name, 0, (), (), "?", (kind, int(device_id)))
+        return View(name, 0, (), (), "?", (kind, device_id))
     capsule = obj.__dlpack__(stream=_dlpack_stream(stream))
     # The capsule stays unconsumed: its destructor calls the producer's deleter when it goes,
     # and `obj` keeps the memory alive for the call.
-    t = _DLTensor.from_address(_capsule_pointer(capsule, b"dltensor"))
+    try:
+        address = _capsule_pointer(capsule, b"dltensor")
+    except (TypeError, ValueError):
+        _bad(name, "__dlpack__()", capsule, "must be an unconsumed \"dltensor\" capsule")
+    t = _DLTensor.from_address(address)
+    if not 0 <= t.ndim <= _MAX_NDIM:
+        _bad(name, "DLPack tensor's ndim", t.ndim, f"must be in [0, {_MAX_NDIM}]")
     code, bits, lanes = t.dtype.code, t.dtype.bits, t.dtype.lanes
     dtype = _DL_DTYPES.get((code, bits)) if lanes == 1 else None
     if dtype is None:
         dtype = f"{_DL_CODE_NAMES.get(code, f'code {code}')}{bits}" + (
             f"x{lanes}" if lanes != 1 else "")
-    shape = tuple(t.shape[i] for i in range(t.ndim))
+    shape = _sizes(name, "DLPack shape", [t.shape[i] for i in range(t.ndim)], True)
     strides = (tuple(t.strides[i] for i in range(t.ndim)) if t.strides else _row_major(shape))
-    ptr = (t.data or 0) + t.byte_offset
-    return View(name, ptr, shape, strides, dtype, ("cuda", int(device_id)))
+    ptr = integer(f"{name}'s DLPack data pointer + byte_offset", (t.data or 0) + t.byte_offset,
+                  ctypes.c_void_p)
+    _check_extent(name, ptr, shape, strides, max(1, bits * lanes // 8))
+    return View(name, ptr, shape, strides, dtype, ("cuda", device_id))
 
 
 def view(name, obj, stream=None, fake=False):
@@ -153,7 +246,11 @@ def view(name, obj, stream=None, fake=False):
     ropejit takes. `stream` is the launch stream, passed to __dlpack__ as the consumer's."""
     if is_torch_tensor(obj):
         return from_torch(name, obj, fake)
-    cai = getattr(obj, "__cuda_array_interface__", None)
+    try:
+        cai = getattr(obj, "__cuda_array_interface__", None)
+    except Exception as e:  # a property that fails, one that recurses included
+        raise InvalidArgument(f"ropejit: {name}.__cuda_array_interface__ cannot be read: "
+                              f"{type(e).__name__}: {shown(str(e))}") from e
     if cai is not None:
         return _from_cuda_array_interface(name, cai)
     if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):

@@ -62,7 +62,8 @@ shapes), unless the tuning file chooses otherwise; ``path="unfused"`` forces tha
 
 import ctypes
 
-from ropejit import _capi
+from ropejit import _call, _capi
+from ropejit._cvalues import choice, fill, integer, real
 
 _NORMS = {"none": 0, "rms": 1, "rms_one_plus": 2}
 
@@ -108,21 +109,12 @@ def _weights(x, rows, pairs):
 def _spec(x, head_dim, rotary_dim, style, positions, index_type, cos, norm):
     import torch
     dtypes = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
-    s = _capi.ropejit_qkv_proj_spec()
-    _capi.lib.ropejit_qkv_proj_spec_init(ctypes.byref(s))
+    s = _capi.new(_capi.ropejit_qkv_proj_spec)
     if x.dtype not in dtypes:
         _fail(f"x.dtype ({x.dtype}) must be torch.bfloat16 or torch.float16")
-    s.dtype = _capi.DTYPES[dtypes[x.dtype]]
-    s.head_dim = head_dim
-    s.rotary_dim = rotary_dim or 0
-    if style not in _capi.STYLES:
-        _fail(f"style ({style!r}) must be one of: {', '.join(_capi.STYLES)}")
-    s.style = _capi.STYLES[style]
-    s.positions = _capi.POSITIONS[positions]
-    s.index_type = _capi.INDEX_TYPES[index_type]
-    if norm not in _NORMS:
-        _fail(f"norm ({norm!r}) must be one of: {', '.join(_NORMS)}")
-    s.norm = _NORMS[norm]
+    fill(s, dtype=_capi.DTYPES[dtypes[x.dtype]], head_dim=head_dim, rotary_dim=rotary_dim or 0,
+         style=choice("style", style, _capi.STYLES), positions=_capi.POSITIONS[positions],
+         index_type=_capi.INDEX_TYPES[index_type], norm=choice("norm", norm, _NORMS))
     if cos is None:
         s.freqs = _capi.FREQS["computed"]
     else:
@@ -151,8 +143,12 @@ def qkv_projection(x, weight, *, q_heads, kv_heads, head_dim=128, rotary_dim=Non
     ``[sequences + 1]``) groups the tokens into sequences for a paged or contiguous cache (a
     prefill chunk); without it token t is sequence t's one new token."""
     import torch
-    if path not in _capi.PROJ_PATHS:
-        _fail(f"path ({path!r}) must be one of: {', '.join(_capi.PROJ_PATHS)}")
+    choice("path", path, _capi.PROJ_PATHS)
+    # Checked first: the shape checks below compute with them.
+    q_heads, kv_heads = integer("q_heads", q_heads), integer("kv_heads", kv_heads)
+    head_dim = integer("head_dim", head_dim, ctypes.c_int32)
+    if rotary_dim is not None:
+        rotary_dim = integer("rotary_dim", rotary_dim, ctypes.c_int32)
     if not (isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor)):
         _fail("x and weight must be torch tensors")
     if not x.is_cuda:
@@ -225,38 +221,35 @@ def qkv_projection(x, weight, *, q_heads, kv_heads, head_dim=128, rotary_dim=Non
         q, k, v = out.split([q_heads, kv_heads, kv_heads], dim=1)
     else:
         q, k, v = out, None, None
-    a = _capi.ropejit_qkv_proj_args()
-    _capi.lib.ropejit_qkv_proj_args_init(ctypes.byref(a))
-    a.tokens, a.hidden, a.q_heads, a.kv_heads = tokens, x.shape[1], q_heads, kv_heads
+    a = _capi.new(_capi.ropejit_qkv_proj_args)
     # A stride of 0 means "the row length" to the C API; a single row's stride is irrelevant.
-    a.x, a.x_stride = x.data_ptr(), x.stride(0) if x.shape[0] > 1 else x.shape[1]
-    a.weight, a.weight_stride = weight.data_ptr(), weight.stride(0)
+    fill(a, tokens=tokens, hidden=x.shape[1], q_heads=q_heads, kv_heads=kv_heads,
+         x=x.data_ptr(), x_stride=x.stride(0) if x.shape[0] > 1 else x.shape[1],
+         weight=weight.data_ptr(), weight_stride=weight.stride(0),
+         position_offset=position_offset, base=base, path=_capi.PROJ_PATHS[path])
+    a.norm_eps = real("eps", eps)
     if weight_scale is not None:
-        a.weight_scale = weight_scale.data_ptr()
+        fill(a, weight_scale=weight_scale.data_ptr())
     if norm_weight is not None:
-        a.norm_weight = norm_weight.data_ptr()
-    a.norm_eps = eps
+        fill(a, norm_weight=norm_weight.data_ptr())
     for field, t, heads in (("q", q, q_heads), ("k", k, kv_heads), ("v", v, kv_heads)):
         if t is not None:
-            setattr(a, field,
-                    _capi.ropejit_tensor(t.data_ptr(), heads, 0, t.stride(0), t.stride(1)))
+            setattr(a, field, _call.tensor(field, t.data_ptr(), heads, 0, t.stride(0),
+                                           t.stride(1)))
     if cache is not None:
         a.cache = cache[0]
     if cu_seqlens is not None:
-        a.cu_seqlens, a.batch = cu_seqlens.data_ptr(), sequences
-    a.position_offset = position_offset
+        fill(a, cu_seqlens=cu_seqlens.data_ptr(), batch=sequences)
     if position_ids is not None:
-        a.position_ids = position_ids.data_ptr()
+        fill(a, position_ids=position_ids.data_ptr())
     if cos is not None:
-        a.cos, a.sin = cos.data_ptr(), sin.data_ptr()
-        a.table_stride = cos.stride(0) if cos.shape[0] > 1 else cos.shape[1]
-        a.table_rows = cos.shape[0]
-    a.base = base
-    a.path = _capi.PROJ_PATHS[path]
+        fill(a, cos=cos.data_ptr(), sin=sin.data_ptr(),
+             table_stride=cos.stride(0) if cos.shape[0] > 1 else cos.shape[1],
+             table_rows=cos.shape[0])
     if tokens == 0:
         return q, k, v
     with torch.cuda.device(x.device):
-        a.stream = torch.cuda.current_stream(x.device).cuda_stream
+        fill(a, stream=torch.cuda.current_stream(x.device).cuda_stream)
         taken = path
         if path == "auto":
             slot = (bytes(spec), 1 << (tokens - 1).bit_length(), a.hidden, q_heads, kv_heads,
@@ -272,7 +265,7 @@ def qkv_projection(x, weight, *, q_heads, kv_heads, head_dim=128, rotary_dim=Non
             _capi.check(_capi.lib.ropejit_qkv_projection_workspace_bytes(
                 ctypes.byref(spec), ctypes.byref(a), ctypes.byref(size)))
             workspace = torch.empty(size.value, dtype=torch.uint8, device=x.device)
-            a.workspace, a.workspace_bytes = workspace.data_ptr(), size.value
+            fill(a, workspace=workspace.data_ptr(), workspace_bytes=size.value)
         _capi.check(_capi.lib.ropejit_qkv_projection(ctypes.byref(spec), ctypes.byref(a)))
     return q, k, v
 
@@ -327,22 +320,21 @@ def _cache(x, kv_heads, head_dim, k_cache, v_cache, addressing, k_scale, v_scale
     if skipped is not None and (not isinstance(skipped, torch.Tensor) or skipped.dtype !=
                                 torch.int32 or skipped.numel() != 1 or skipped.device != x.device):
         _fail("skipped must be an int32 tensor of one element on x's device")
-    c = _capi.ropejit_kv_cache()
-    c.k, c.v = k_cache.data_ptr(), v_cache.data_ptr()
-    c.pages, c.page_size = k_cache.shape[0], k_cache.shape[1]
-    c.stride_page, c.stride_slot, c.stride_head = k_cache.stride()[:3]
+    c = fill(_capi.ropejit_kv_cache(), "cache.", k=k_cache.data_ptr(), v=v_cache.data_ptr(),
+             pages=k_cache.shape[0], page_size=k_cache.shape[1],
+             **dict(zip(("stride_page", "stride_slot", "stride_head"), k_cache.stride()[:3])))
     if mode == "slots":
-        c.slot_mapping = addressing[mode][0].data_ptr()
+        fill(c, "cache.", slot_mapping=addressing[mode][0].data_ptr())
     elif mode == "paged":
         indptr, indices, last = addressing[mode]
-        c.indptr, c.indices, c.last_page_len = indptr.data_ptr(), indices.data_ptr(), \
-            last.data_ptr()
-        c.num_indices = indices.numel()
+        fill(c, "cache.", indptr=indptr.data_ptr(), indices=indices.data_ptr(),
+             last_page_len=last.data_ptr(), num_indices=indices.numel())
     else:
-        c.seq_lens = addressing[mode][0].data_ptr()
-    c.k_quant_scale, c.v_quant_scale = k_scale, v_scale
+        fill(c, "cache.", seq_lens=addressing[mode][0].data_ptr())
+    c.k_quant_scale = real("k_scale", k_scale, ctypes.c_float)
+    c.v_quant_scale = real("v_scale", v_scale, ctypes.c_float)
     if skipped is not None:
-        c.skipped = skipped.data_ptr()
+        fill(c, "cache.", skipped=skipped.data_ptr())
     store = "e4m3" if k_cache.dtype == fp8 else "same"
     if any(t is not None for t in scales):
         # A dynamic FP8 cache: a float32 scale per cached row and head, computed by the unfused
@@ -365,10 +357,16 @@ def _cache(x, kv_heads, head_dim, k_cache, v_cache, addressing, k_scale, v_scale
         if scales[0].stride() != scales[1].stride():
             _fail(f"v_cache_scales (strides {scales[1].stride()}) must match k_cache_scales "
                   f"(strides {scales[0].stride()})")
-        c.k_scales, c.v_scales = scales[0].data_ptr(), scales[1].data_ptr()
-        c.scale_stride_page, c.scale_stride_slot, c.scale_stride_head = scales[0].stride()
+        fill(c, "cache.", k_scales=scales[0].data_ptr(), v_scales=scales[1].data_ptr(),
+             **dict(zip(("scale_stride_page", "scale_stride_slot", "scale_stride_head"),
+                        scales[0].stride())))
         store = "e4m3_dynamic"
     return c, _capi.STORES[store], mode
+
+
+def _choices(**named):
+    """{argument: its enum code} for arguments given as (value, table)."""
+    return {name: choice(name, value, table) for name, (value, table) in named.items()}
 
 
 def qkv_projection_key(dtype="bf16", head_dim=128, rotary_dim=None, style="neox",
@@ -377,15 +375,15 @@ def qkv_projection_key(dtype="bf16", head_dim=128, rotary_dim=None, style="neox"
                        cache_store="same"):
     """The key string of a projection kernel (no GPU needed); ``weights="e4m3"`` for FP8
     weights, ``cache="slots"`` (``cache_store="e4m3"``) for a KV cache."""
-    s = _capi.ropejit_qkv_proj_spec()
-    _capi.lib.ropejit_qkv_proj_spec_init(ctypes.byref(s))
-    s.dtype, s.head_dim, s.rotary_dim = _capi.DTYPES[dtype], head_dim, rotary_dim or 0
-    s.style, s.positions = _capi.STYLES[style], _capi.POSITIONS[positions]
-    s.index_type, s.freqs = _capi.INDEX_TYPES[index_type], _capi.FREQS[freqs]
-    s.table_dtype, s.table_width = _capi.DTYPES[table_dtype], _capi.TABLE_WIDTHS[table_width]
-    s.norm = _NORMS[norm]
-    s.weights = _capi.WEIGHTS[weights]
-    s.cache, s.cache_store = _capi.KV_CACHES[cache], _capi.STORES[cache_store]
+    s = fill(_capi.new(_capi.ropejit_qkv_proj_spec), head_dim=head_dim,
+             rotary_dim=rotary_dim or 0, **_choices(
+                 dtype=(dtype, _capi.DTYPES), style=(style, _capi.STYLES),
+                 positions=(positions, _capi.POSITIONS),
+                 index_type=(index_type, _capi.INDEX_TYPES), freqs=(freqs, _capi.FREQS),
+                 table_dtype=(table_dtype, _capi.DTYPES),
+                 table_width=(table_width, _capi.TABLE_WIDTHS), norm=(norm, _NORMS),
+                 weights=(weights, _capi.WEIGHTS), cache=(cache, _capi.KV_CACHES),
+                 cache_store=(cache_store, _capi.STORES)))
     buf = ctypes.create_string_buffer(_capi.KEY_BUFFER)
     _capi.check(_capi.lib.ropejit_qkv_proj_key(ctypes.byref(s), buf, len(buf)))
     return buf.value.decode()
@@ -396,7 +394,7 @@ def _workspace(x, size_fn, spec, a):
     size = ctypes.c_size_t()
     _capi.check(size_fn(ctypes.byref(spec), ctypes.byref(a), ctypes.byref(size)))
     workspace = torch.empty(size.value, dtype=torch.uint8, device=x.device)
-    a.workspace, a.workspace_bytes = workspace.data_ptr(), size.value
+    fill(a, workspace=workspace.data_ptr(), workspace_bytes=size.value)
     return workspace
 
 
@@ -409,12 +407,9 @@ def ffn_gate_up(x, weight=None, *, intermediate=None, gate_weight=None, up_weigh
     ``weight_scale`` ``[2 * intermediate]`` with the merged weight, ``gate_scale`` and
     ``up_scale`` ``[intermediate]`` with separate ones."""
     import torch
-    if path not in _capi.PROJ_PATHS:
-        _fail(f"path ({path!r}) must be one of: {', '.join(_capi.PROJ_PATHS)}")
-    if act not in _capi.ACTIVATIONS:
-        _fail(f"act ({act!r}) must be one of: {', '.join(_capi.ACTIVATIONS)}")
-    if norm not in _NORMS:
-        _fail(f"norm ({norm!r}) must be one of: {', '.join(_NORMS)}")
+    _choices(path=(path, _capi.PROJ_PATHS), act=(act, _capi.ACTIVATIONS), norm=(norm, _NORMS))
+    if intermediate is not None:  # checked first: the shape checks below compute with it
+        intermediate = integer("intermediate", intermediate)
     if (weight is None) == (gate_weight is None and up_weight is None):
         _fail("give weight (the merged [2 * intermediate, hidden] gate_up) or gate_weight and "
               "up_weight, not both")
@@ -474,30 +469,27 @@ def ffn_gate_up(x, weight=None, *, intermediate=None, gate_weight=None, up_weigh
     dtypes = {torch.bfloat16: "bf16", torch.float16: "f16"}
     if x.dtype not in dtypes:
         _fail(f"x.dtype ({x.dtype}) must be torch.bfloat16 or torch.float16")
-    spec = _capi.ropejit_ffn_spec()
-    _capi.lib.ropejit_ffn_spec_init(ctypes.byref(spec))
+    spec = _capi.new(_capi.ropejit_ffn_spec)
     spec.dtype, spec.norm = _capi.DTYPES[dtypes[x.dtype]], _NORMS[norm]
     spec.act = _capi.ACTIVATIONS[act]
     spec.weights = _capi.WEIGHTS[weights]
     tokens = x.shape[0]
     out = torch.empty(tokens, intermediate, dtype=x.dtype, device=x.device)
-    a = _capi.ropejit_ffn_args()
-    _capi.lib.ropejit_ffn_args_init(ctypes.byref(a))
-    a.tokens, a.hidden, a.intermediate = tokens, x.shape[1], intermediate
-    a.x, a.x_stride = x.data_ptr(), x.stride(0) if tokens > 1 else x.shape[1]
-    a.gate_weight, a.up_weight = gate_weight.data_ptr(), up_weight.data_ptr()
-    a.weight_stride = gate_weight.stride(0) if intermediate > 1 else x.shape[1]
+    a = fill(_capi.new(_capi.ropejit_ffn_args), tokens=tokens, hidden=x.shape[1],
+             intermediate=intermediate, x=x.data_ptr(),
+             x_stride=x.stride(0) if tokens > 1 else x.shape[1],
+             gate_weight=gate_weight.data_ptr(), up_weight=up_weight.data_ptr(),
+             weight_stride=gate_weight.stride(0) if intermediate > 1 else x.shape[1],
+             out=out.data_ptr(), out_stride=intermediate, path=_capi.PROJ_PATHS[path])
+    a.norm_eps = real("eps", eps)
     if weights == "e4m3":
-        a.gate_scale, a.up_scale = gate_scale.data_ptr(), up_scale.data_ptr()
+        fill(a, gate_scale=gate_scale.data_ptr(), up_scale=up_scale.data_ptr())
     if norm_weight is not None:
-        a.norm_weight = norm_weight.data_ptr()
-    a.norm_eps = eps
-    a.out, a.out_stride = out.data_ptr(), intermediate
-    a.path = _capi.PROJ_PATHS[path]
+        fill(a, norm_weight=norm_weight.data_ptr())
     if tokens == 0:
         return out
     with torch.cuda.device(x.device):
-        a.stream = torch.cuda.current_stream(x.device).cuda_stream
+        fill(a, stream=torch.cuda.current_stream(x.device).cuda_stream)
         taken = path
         if path == "auto":
             slot = ("ffn", bytes(spec), 1 << (tokens - 1).bit_length(), a.hidden, intermediate,
@@ -519,10 +511,9 @@ def ffn_gate_up(x, weight=None, *, intermediate=None, gate_weight=None, up_weigh
 def ffn_key(dtype="bf16", norm="rms", act="silu", weights="same"):
     """The key string of an FFN gate/up kernel (no GPU needed); ``weights="e4m3"`` for FP8
     weights."""
-    s = _capi.ropejit_ffn_spec()
-    _capi.lib.ropejit_ffn_spec_init(ctypes.byref(s))
-    s.dtype, s.norm, s.act = _capi.DTYPES[dtype], _NORMS[norm], _capi.ACTIVATIONS[act]
-    s.weights = _capi.WEIGHTS[weights]
+    s = fill(_capi.new(_capi.ropejit_ffn_spec), **_choices(
+        dtype=(dtype, _capi.DTYPES), norm=(norm, _NORMS), act=(act, _capi.ACTIVATIONS),
+        weights=(weights, _capi.WEIGHTS)))
     buf = ctypes.create_string_buffer(_capi.KEY_BUFFER)
     _capi.check(_capi.lib.ropejit_ffn_key(ctypes.byref(s), buf, len(buf)))
     return buf.value.decode()

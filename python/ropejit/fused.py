@@ -46,10 +46,12 @@ None when ``write_k`` is False). Bad input raises ``ropejit.InvalidArgument`` na
 argument; nothing is written then.
 """
 
+import ctypes
 import sys
 
 from ropejit import _apply, _call, _capi, _tensors
 from ropejit._call import _fail, _is_row_major, _numel, _operand
+from ropejit._cvalues import fill, real, shown
 
 NORMS = ("rms", "rms_one_plus", "rms_all_heads")
 KV_LAYOUTS = ("NHD", "HND")
@@ -147,8 +149,8 @@ def plan(qv, kv, vv, views, *, layout, style, rotary_dim, position_offset, base,
         spec.norm = _capi.NORMS[norm]
         if isinstance(norm_eps, bool) or not isinstance(norm_eps, (int, float)) or \
                 not 0 <= norm_eps < float("inf"):
-            _fail(f"norm_eps ({norm_eps!r}) must be a finite number >= 0")
-        a.norm_eps = float(norm_eps)
+            _fail(f"norm_eps ({shown(norm_eps)}) must be a finite number >= 0")
+        fill(a, norm_eps=norm_eps)
         for name, heads in (("q_norm_weight", q_heads), ("k_norm_weight", k_heads)):
             w = views[name]
             if heads == 0:
@@ -165,7 +167,7 @@ def plan(qv, kv, vv, views, *, layout, style, rotary_dim, position_offset, base,
                 _fail(f"{name} must be contiguous with {count} elements "
                       f"({'heads * head_dim' if norm == 'rms_all_heads' else 'head_dim'}), got "
                       f"shape {list(w.shape)}")
-            setattr(a, name, w.ptr)
+            fill(a, **{name: w.ptr})
     else:
         for name in ("q_norm_weight", "k_norm_weight"):
             if views[name] is not None:
@@ -174,7 +176,7 @@ def plan(qv, kv, vv, views, *, layout, style, rotary_dim, position_offset, base,
     # Outputs: in place, to q_out/k_out in the activation dtype, or FP8.
     q_out, k_out = views["q_out"], views["k_out"]
     if not isinstance(write_k, bool):
-        _fail(f"write_k ({write_k!r}) must be True or False")
+        _fail(f"write_k ({shown(write_k)}) must be True or False")
     if q_out is not None:
         spec.in_place = 0
         chk.device_of(q_out)
@@ -188,11 +190,11 @@ def plan(qv, kv, vv, views, *, layout, style, rotary_dim, position_offset, base,
         if q_out.dtype == _FP8:
             spec.out_store = 2 if dynamic else 1
             if isinstance(out_scale, bool) or not isinstance(out_scale, (int, float)):
-                _fail(f"out_scale ({out_scale!r}) must be a number")
+                _fail(f"out_scale ({shown(out_scale)}) must be a number")
             if dynamic and out_scale != 1.0:
-                _fail(f"out_scale ({out_scale!r}) and q_out_scale are both given: q_out_scale "
+                _fail(f"out_scale ({shown(out_scale)}) and q_out_scale are both given: q_out_scale "
                       "asks for a scale per token and head, computed by the kernel")
-            a.out_quant_scale = float(out_scale)
+            a.out_quant_scale = real("out_scale", out_scale, ctypes.c_float)
         elif dynamic:
             _fail(f"q_out_scale is given but q_out.dtype is {q_out.dtype}: dynamic scales are "
                   "for float8_e4m3fn outputs")
@@ -261,28 +263,28 @@ def plan(qv, kv, vv, views, *, layout, style, rotary_dim, position_offset, base,
         elif vv is not None:
             _fail("v is given without v_cache: v is only appended to the cache")
         spec.cache = {"contiguous": 1, "paged": 2, "slots": 3}[mode]
-        c = a.cache
-        c.k = k_cache.ptr
-        c.v = v_cache.ptr if v_cache is not None else None
-        c.pages, c.page_size = pages, page_size
-        c.stride_page, c.stride_slot, c.stride_head = s_page, s_slot, s_head
+        c = fill(a.cache, "cache.", k=k_cache.ptr, v=None if v_cache is None else v_cache.ptr,
+                 pages=pages, page_size=page_size, stride_page=s_page, stride_slot=s_slot,
+                 stride_head=s_head)
         dynamic_cache = cache_scales[0] is not None
         if k_cache.dtype == _FP8:
             spec.cache_store = 2 if dynamic_cache else 1
             for name, value in (("k_scale", k_scale), ("v_scale", v_scale)):
                 if isinstance(value, bool) or not isinstance(value, (int, float)):
-                    _fail(f"{name} ({value!r}) must be a number")
+                    _fail(f"{name} ({shown(value)}) must be a number")
                 if dynamic_cache and value != 1.0:
-                    _fail(f"{name} ({value!r}) and k_cache_scales are both given: "
+                    _fail(f"{name} ({shown(value)}) and k_cache_scales are both given: "
                           "k_cache_scales asks for a scale per token and head, computed by "
                           "the kernel")
-            c.k_quant_scale, c.v_quant_scale = float(k_scale), float(v_scale)
+            c.k_quant_scale = real("k_scale", k_scale, ctypes.c_float)
+            c.v_quant_scale = real("v_scale", v_scale, ctypes.c_float)
         elif dynamic_cache:
             _fail(f"k_cache_scales is given but k_cache.dtype is {k_cache.dtype}: dynamic "
                   "scales are for a float8_e4m3fn cache")
         if dynamic_cache:
-            (c.k_scales, c.scale_stride_page, c.scale_stride_slot,
-             c.scale_stride_head) = _cache_scales(chk, cache_scales[0], k_cache, kv_layout)
+            fill(c, "cache.", **dict(zip(
+                ("k_scales", "scale_stride_page", "scale_stride_slot", "scale_stride_head"),
+                _cache_scales(chk, cache_scales[0], k_cache, kv_layout))))
             if v_cache is not None:
                 if cache_scales[1] is None:
                     _fail("v_cache_scales is missing: k_cache_scales asks for dynamic scales, "
@@ -292,7 +294,7 @@ def plan(qv, kv, vv, views, *, layout, style, rotary_dim, position_offset, base,
                                     c.scale_stride_head):
                     _fail(f"v_cache_scales (strides {list(cache_scales[1].strides)}) must match "
                           f"k_cache_scales (strides {list(cache_scales[0].strides)})")
-                c.v_scales = v_scales[0]
+                fill(c, "cache.", v_scales=v_scales[0])
             elif cache_scales[1] is not None:
                 _fail("v_cache_scales is given but v_cache is not")
         elif cache_scales[1] is not None:
@@ -307,20 +309,20 @@ def plan(qv, kv, vv, views, *, layout, style, rotary_dim, position_offset, base,
             _index_vector(chk, views["kv_indices"], None, "i32", "page numbers")
             _index_vector(chk, views["kv_last_page_len"], batch, "i32",
                           "tokens in each sequence's last page, after the append")
-            c.indptr, c.indices = views["kv_indptr"].ptr, views["kv_indices"].ptr
-            c.num_indices = views["kv_indices"].shape[0]
-            c.last_page_len = views["kv_last_page_len"].ptr
+            fill(c, "cache.", indptr=views["kv_indptr"].ptr, indices=views["kv_indices"].ptr,
+                 num_indices=views["kv_indices"].shape[0],
+                 last_page_len=views["kv_last_page_len"].ptr)
         elif mode == "slots":
             tokens = _numel(qv) // (q_heads * head_dim) if q_heads * head_dim else 0
             _index_vector(chk, views["slot_mapping"], tokens, "i64", "one slot per token")
-            c.slot_mapping = views["slot_mapping"].ptr
+            fill(c, "cache.", slot_mapping=views["slot_mapping"].ptr)
         else:
             _index_vector(chk, views["cache_seqlens"], batch, "i32",
                           "tokens each sequence held before the call")
-            c.seq_lens = views["cache_seqlens"].ptr
+            fill(c, "cache.", seq_lens=views["cache_seqlens"].ptr)
         if views["skipped"] is not None:
             _index_vector(chk, views["skipped"], 1, "i32", "a counter of skipped tokens")
-            c.skipped = views["skipped"].ptr
+            fill(c, "cache.", skipped=views["skipped"].ptr)
     if k_cache is None and views["skipped"] is not None:
         _fail("skipped counts tokens the cache append skips, but k_cache is not given")
     if not write_k:

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from ropejit import _apply, _call, _model, _tensors
+from ropejit._cvalues import flag
 from ropejit.errors import InvalidArgument
 
 _NO_TENSOR = (None,) * 5
@@ -198,7 +199,7 @@ def rope(q, k=None, *, cos=None, sin=None, base=10000.0, layout="bshd", style="n
     q_out, k_out = op(q, k, cos, sin, position_ids, seq_offsets, cu_seqlens, layout, style,
                       rotary_dim or 0, position_offset, _base(base, cos), freqs,
                       _scaling_list(scaling), seq_len, _mrope(mrope_section),
-                      bool(mrope_interleaved), bool(backward))
+                      flag("mrope_interleaved", mrope_interleaved), flag("backward", backward))
     return q_out, (None if k is None else k_out)
 
 
@@ -227,5 +228,6 @@ def rope_(q, k=None, *, cos=None, sin=None, base=10000.0, layout="bshd", style="
     op = _rope_inplace_impl if direct else _rope_inplace
     op(q, k, cos, sin, position_ids, seq_offsets, cu_seqlens, layout, style, rotary_dim or 0,
        position_offset, _base(base, cos), freqs, _scaling_list(scaling), seq_len,
-       _mrope(mrope_section), bool(mrope_interleaved), bool(backward))
+       _mrope(mrope_section), flag("mrope_interleaved", mrope_interleaved),
+       flag("backward", backward))
     return q, k

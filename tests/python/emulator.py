@@ -52,12 +52,13 @@ def frequencies(spec, args):
     pairs = spec.rotary_dim // 2
     if spec.freqs == _capi.FREQS["computed"]:
         return args.base ** (-2.0 * np.arange(pairs) / spec.rotary_dim), 1.0
+    table = _capi.new(_capi.ropejit_table_spec)
+    table.freqs, table.base, table.scaling = spec.freqs, args.base, args.scaling
     inv = (ctypes.c_double * pairs)()
-    _capi.check(_capi.lib.ropejit_inverse_frequencies(spec.freqs, spec.rotary_dim, args.base,
-                                                      ctypes.byref(args.scaling), inv, pairs))
+    _capi.check(_capi.lib.ropejit_inverse_frequencies(ctypes.byref(table), spec.rotary_dim, inv,
+                                                      pairs))
     factor = ctypes.c_double()
-    _capi.check(_capi.lib.ropejit_attention_factor(spec.freqs, spec.rotary_dim,
-                                                   ctypes.byref(args.scaling),
+    _capi.check(_capi.lib.ropejit_attention_factor(ctypes.byref(table), spec.rotary_dim,
                                                    ctypes.byref(factor)))
     return np.array(inv[:]), factor.value
 

@@ -174,8 +174,12 @@ def test_bad_config_inputs(tmp_path, monkeypatch):
         ropejit.model_from_hf_config_text("[1, 2]")
     with pytest.raises(ropejit.InvalidArgument, match=r"config \(builtins.int\) must be a path"):
         ropejit.model_from_hf_config(42)
-    with pytest.raises(ropejit.InvalidArgument, match=r"a value JSON cannot hold"):
+    # The reader names the field and the value (json.dumps's own refusal names neither).
+    with pytest.raises(ropejit.InvalidArgument, match=r"rope_theta \(NaN\) is not a number"):
         ropejit.model_from_hf_config(dict(BASE, rope_theta=float("nan")))
+    with pytest.raises(ropejit.InvalidArgument, match=r"rope_scaling.factor \(-Infinity\)"):
+        ropejit.model_from_hf_config(dict(BASE, rope_scaling={"rope_type": "linear",
+                                                              "factor": -float("inf")}))
     with pytest.raises(ropejit.InvalidArgument, match=r"dtype \('f64'\) must be one of"):
         ropejit.model_from_hf_config(dict(BASE), dtype="f64")
 
@@ -244,7 +248,8 @@ IDS3 = CudaArray((3, 4), "<i8", ptr=FAKE_PTR + (2 << 20))
      r"args.scaling.original_max_positions \(0\) must be > 0 for llama3"),
     (dict(freqs="longrope", scaling=ropejit.Scaling(original_max_positions=16, short_factor=[1.0],
                                                     long_factor=[1.0])),
-     r"args.scaling.short_factor"),
+     r"scaling.short_factor and scaling.long_factor hold 1 values each, but longrope with "
+     r"rotary_dim 8 reads rotary_dim / 2 \(4\)"),
     (dict(freqs="yarn", scaling=ropejit.Scaling(factor=4.0, original_max_positions=64,
                                                 beta_fast=0.5)),
      r"args.scaling.beta_fast \(0.5\) must be >= beta_slow \(1\) for yarn"),
