@@ -590,3 +590,71 @@ ropejit_status ropejit_ffn_precompile(const ropejit_ffn_spec* spec, const char* 
   if (!arch) return null_argument("arch");
   return guarded([&] { ropejit::precompile(to_ffn_spec(spec), arch); });
 }
+
+namespace {
+
+ropejit_rms_norm_spec from_norm_spec(const ropejit::RmsNormSpec& d) {
+  return ropejit_rms_norm_spec{ropejit_header{}, int32_t(d.dtype), int32_t(d.norm),
+                               d.residual ? 1 : 0};
+}
+
+ropejit_rms_norm_args default_norm_args() {
+  ropejit_rms_norm_args args{};
+  args.norm_eps = ropejit::RmsNormArgs().norm_eps;
+  return args;
+}
+
+ropejit::RmsNormSpec to_norm_spec(const ropejit_rms_norm_spec* p) {
+  const ropejit_rms_norm_spec s = read_struct(p, "spec", from_norm_spec(ropejit::RmsNormSpec()));
+  ropejit::RmsNormSpec o;
+  o.dtype = ropejit::DType(s.dtype);
+  o.norm = ropejit::Norm(s.norm);
+  o.residual = flag(s.residual, "spec.residual");
+  return o;
+}
+
+ropejit::RmsNormArgs to_norm_args(const ropejit_rms_norm_args* p) {
+  const ropejit_rms_norm_args a = read_struct(p, "args", default_norm_args());
+  ropejit::RmsNormArgs o;
+  o.rows = a.rows;
+  o.hidden = a.hidden;
+  o.x = a.x;
+  o.x_stride = a.x_stride;
+  o.residual = a.residual;
+  o.residual_stride = a.residual_stride;
+  o.weight = a.weight;
+  o.norm_eps = a.norm_eps;
+  o.out = a.out;
+  o.out_stride = a.out_stride;
+  o.stream = a.stream;
+  return o;
+}
+
+}  // namespace
+
+ropejit_status ropejit_rms_norm_spec_init_sized(ropejit_rms_norm_spec* spec, size_t size) {
+  return init_sized(spec, size, "spec", from_norm_spec(ropejit::RmsNormSpec()));
+}
+
+ropejit_status ropejit_rms_norm_args_init_sized(ropejit_rms_norm_args* args, size_t size) {
+  return init_sized(args, size, "args", default_norm_args());
+}
+
+ropejit_status ropejit_rms_norm(const ropejit_rms_norm_spec* spec,
+                                const ropejit_rms_norm_args* args) {
+  if (!spec) return null_argument("spec");
+  if (!args) return null_argument("args");
+  return guarded([&] { ropejit::rms_norm(to_norm_spec(spec), to_norm_args(args)); });
+}
+
+ropejit_status ropejit_rms_norm_key(const ropejit_rms_norm_spec* spec, char* buf, size_t size) {
+  if (!spec) return null_argument("spec");
+  if (!buf) return null_argument("buf");
+  return guarded([&] { copy_key(to_norm_spec(spec).key(), buf, size); });
+}
+
+ropejit_status ropejit_rms_norm_precompile(const ropejit_rms_norm_spec* spec, const char* arch) {
+  if (!spec) return null_argument("spec");
+  if (!arch) return null_argument("arch");
+  return guarded([&] { ropejit::precompile(to_norm_spec(spec), arch); });
+}

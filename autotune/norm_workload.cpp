@@ -119,7 +119,7 @@ RmsNormArgs NormProblem::args(void* stream) const {
   a.residual = residual_ ? reinterpret_cast<void*>(residual_->device) : nullptr;
   a.residual_stride = stride_;
   a.weight = reinterpret_cast<const void*>(w_->device);
-  a.eps = sizes_.eps;
+  a.norm_eps = sizes_.eps;
   a.out = reinterpret_cast<void*>(out_->device);
   a.out_stride = stride_;
   a.stream = stream;

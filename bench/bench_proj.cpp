@@ -172,7 +172,7 @@ void run_step(benchmark::State& state, int64_t tokens, Step step) {
   n.x = args.x;
   n.x_stride = shape.hidden;
   n.weight = args.norm_weight;
-  n.eps = args.norm_eps;
+  n.norm_eps = args.norm_eps;
   n.out = args.workspace;
   n.out_stride = shape.hidden;
   n.stream = g_stream;

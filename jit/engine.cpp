@@ -724,7 +724,7 @@ GemmCall Engine::normalized_operand(const RmsNormSpec& ns, bool normalize, int64
   n.x = x;
   n.x_stride = g.lda;
   n.weight = weight;
-  n.eps = eps;
+  n.norm_eps = eps;
   n.out = workspace;
   n.out_stride = hidden;
   n.stream = stream;

@@ -49,8 +49,7 @@ NormShape check_norm_call(const RmsNormSpec& c, const RmsNormArgs& a) {
   if (a.hidden < per || a.hidden % per != 0 || a.hidden > max_hidden)
     invalid("args.hidden (", a.hidden, ") must be a multiple of ", per, " in [", per, ", ",
             max_hidden, "] for ", to_string(c.dtype));
-  if (!(std::isfinite(a.eps) && a.eps >= 0 && a.eps <= FLT_MAX))
-    invalid("args.eps (", a.eps, ") must be a number in [0, FLT_MAX] (a float)");
+  check_norm_eps(a.norm_eps);
   s.rows = a.rows;
   s.hidden = a.hidden;
   const int64_t per_thread = (a.hidden / per + kNormThreads - 1) / kNormThreads;
@@ -92,7 +91,7 @@ ropejit_dev::NormParams make_norm_params(const RmsNormSpec& c, const RmsNormArgs
   p.out_stride = a.out_stride ? a.out_stride : a.hidden;
   p.rows = a.rows;
   p.hidden = a.hidden;
-  p.eps = float(a.eps);
+  p.eps = float(a.norm_eps);
   return p;
 }
 

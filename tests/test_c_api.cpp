@@ -294,3 +294,33 @@ TEST_CASE("C API: the FFN's defaults, key, errors, workspace and precompile") {
   CHECK(ropejit_ffn_gate_up(&s, &a) == ROPEJIT_ERROR_INVALID_ARGUMENT);
   CHECK(std::string(ropejit_last_error()).find("args.up_scale is null") != std::string::npos);
 }
+
+TEST_CASE("C API: RMSNorm's defaults, key, errors and precompile") {
+  ropejit_rms_norm_spec spec;
+  REQUIRE(ropejit_rms_norm_spec_init(&spec) == ROPEJIT_OK);
+  char key[128];
+  REQUIRE(ropejit_rms_norm_key(&spec, key, sizeof key) == ROPEJIT_OK);
+  CHECK(std::string(key) == ropejit::RmsNormSpec{}.key());
+  spec.dtype = ROPEJIT_F16;
+  spec.norm = ROPEJIT_NORM_RMS_ONE_PLUS;
+  spec.residual = 1;
+  REQUIRE(ropejit_rms_norm_key(&spec, key, sizeof key) == ROPEJIT_OK);
+  CHECK(std::string(key) == "rmsnorm_f16_nrms1p_res");
+  spec.residual = 2;
+  CHECK(ropejit_rms_norm_key(&spec, key, sizeof key) == ROPEJIT_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(ropejit_last_error()) == "ropejit: spec.residual (2) must be 0 or 1");
+  spec.residual = 1;
+
+  ropejit_rms_norm_args args;
+  REQUIRE(ropejit_rms_norm_args_init(&args) == ROPEJIT_OK);
+  CHECK(args.norm_eps == 1e-6);
+  args.rows = 2;
+  args.hidden = 12;
+  CHECK(ropejit_rms_norm(&spec, &args) == ROPEJIT_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(ropejit_last_error()).find("args.hidden (12)") != std::string::npos);
+  args.hidden = 64;
+  args.norm_eps = 1e300;
+  CHECK(ropejit_rms_norm(&spec, &args) == ROPEJIT_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(ropejit_last_error()).find("args.norm_eps (1e+300)") != std::string::npos);
+  CHECK(ropejit_rms_norm_precompile(&spec, "sm_90") == ROPEJIT_OK);
+}

@@ -975,7 +975,7 @@ TEST_CASE("RMSNorm calls: every bad argument is named") {
       {"args.rows (-1)", [](RmsNormArgs& a) { a.rows = -1; }},
       {"args.hidden (12) must be a multiple of 8", [](RmsNormArgs& a) { a.hidden = 12; }},
       {"args.hidden (65536)", [](RmsNormArgs& a) { a.hidden = 65536; }},
-      {"args.eps (-1)", [](RmsNormArgs& a) { a.eps = -1; }},
+      {"args.norm_eps (-1)", [](RmsNormArgs& a) { a.norm_eps = -1; }},
       {"args.x is null", [](RmsNormArgs& a) { a.x = nullptr; }},
       {"args.residual is null", [](RmsNormArgs& a) { a.residual = nullptr; }},
       {"args.weight (0x30000002) is not 16-byte aligned",

@@ -364,6 +364,46 @@ ROPEJIT_API ropejit_status ropejit_qkv_proj_key(const ropejit_qkv_proj_spec* spe
 ROPEJIT_API ropejit_status ropejit_qkv_proj_precompile(const ropejit_qkv_proj_spec* spec,
                                                        const char* arch);
 
+/* RMSNorm over the last dimension, alone: ropejit::RmsNormSpec / RmsNormArgs.
+ *   out = x / sqrt(mean(x^2) + norm_eps) * w (norm ROPEJIT_NORM_RMS), or * (1 + w)
+ *   (ROPEJIT_NORM_RMS_ONE_PLUS, Gemma), in fp32, rounded once; with residual = 1, x + residual
+ *   is formed first (rounded once), written back to args.residual and normalized (vLLM's
+ *   fused_add_rms_norm). */
+typedef struct {
+  ropejit_header header;
+  int32_t dtype, norm;
+  int32_t residual; /* 0 or 1 */
+} ropejit_rms_norm_spec;
+
+typedef struct {
+  ropejit_header header;
+  int64_t rows, hidden;
+  const void* x;
+  int64_t x_stride; /* elements; 0: hidden */
+  void* residual;   /* spec.residual: read, then overwritten with x + residual */
+  int64_t residual_stride;
+  const void* weight; /* [hidden] */
+  double norm_eps;
+  void* out; /* may be x itself */
+  int64_t out_stride;
+  void* stream;
+} ropejit_rms_norm_args;
+
+/* Fill with the C++ defaults (bf16, rms, no residual; eps 1e-6). */
+ROPEJIT_API ropejit_status ropejit_rms_norm_spec_init_sized(ropejit_rms_norm_spec* spec,
+                                                            size_t size);
+ROPEJIT_API ropejit_status ropejit_rms_norm_args_init_sized(ropejit_rms_norm_args* args,
+                                                            size_t size);
+#define ropejit_rms_norm_spec_init(spec) ropejit_rms_norm_spec_init_sized((spec), sizeof *(spec))
+#define ropejit_rms_norm_args_init(args) ropejit_rms_norm_args_init_sized((args), sizeof *(args))
+/* One launch; on error nothing is launched. */
+ROPEJIT_API ropejit_status ropejit_rms_norm(const ropejit_rms_norm_spec* spec,
+                                            const ropejit_rms_norm_args* args);
+ROPEJIT_API ropejit_status ropejit_rms_norm_key(const ropejit_rms_norm_spec* spec, char* buf,
+                                                size_t size);
+ROPEJIT_API ropejit_status ropejit_rms_norm_precompile(const ropejit_rms_norm_spec* spec,
+                                                       const char* arch);
+
 #ifdef __cplusplus
 }
 #endif

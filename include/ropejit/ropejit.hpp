@@ -535,7 +535,7 @@ struct RmsNormArgs {
   void* residual = nullptr;  // spec.residual: read, and overwritten with x + residual
   int64_t residual_stride = 0;
   const void* weight = nullptr;  // [hidden]
-  double eps = 1e-6;
+  double norm_eps = 1e-6;
   void* out = nullptr;
   int64_t out_stride = 0;
   void* stream = nullptr;

@@ -19,6 +19,22 @@ from ropejit.errors import (CompileError, DriverError, Error, ErrorCode, Interna
 
 __version__ = _capi.version()
 
+# Subpackages load on first use (ropejit.ops, ropejit.nn, ...): `import ropejit` stays free of
+# torch's import cost, and the README's `ropejit.nn.patch_hf_model(...)` works without an import
+# of its own.
+_SUBMODULES = ("ops", "nn", "fused", "decode", "dropin")
+
+
+def __getattr__(name):
+    if name in _SUBMODULES:
+        import importlib
+        return importlib.import_module(f"ropejit.{name}")
+    raise AttributeError(f"module 'ropejit' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_SUBMODULES))
+
 __all__ = ["apply", "key", "precompile", "info", "Info", "Spec", "Scaling", "ModelRope",
            "model_from_hf_config", "model_from_hf_config_text", "inverse_frequencies",
            "attention_factor", "command_path", "Error",

@@ -131,6 +131,18 @@ class ropejit_ffn_args(ctypes.Structure):
     ]
 
 
+class ropejit_rms_norm_spec(ctypes.Structure):
+    _fields_ = _HEADER + [("dtype", _i32), ("norm", _i32), ("residual", _i32)]
+
+
+class ropejit_rms_norm_args(ctypes.Structure):
+    _fields_ = _HEADER + [
+        ("rows", _i64), ("hidden", _i64), ("x", _ptr), ("x_stride", _i64), ("residual", _ptr),
+        ("residual_stride", _i64), ("weight", _ptr), ("norm_eps", _f64), ("out", _ptr),
+        ("out_stride", _i64), ("stream", _ptr),
+    ]
+
+
 # ropejit::Activation
 ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}
 
@@ -154,6 +166,8 @@ _INITS = {
     ropejit_qkv_proj_args: "ropejit_qkv_proj_args_init_sized",
     ropejit_ffn_spec: "ropejit_ffn_spec_init_sized",
     ropejit_ffn_args: "ropejit_ffn_args_init_sized",
+    ropejit_rms_norm_spec: "ropejit_rms_norm_spec_init_sized",
+    ropejit_rms_norm_args: "ropejit_rms_norm_args_init_sized",
 }
 
 _PROTOTYPES = {
@@ -195,6 +209,10 @@ _PROTOTYPES = {
                                             ctypes.c_char_p, ctypes.c_size_t]),
     "ropejit_qkv_proj_precompile": (ctypes.c_int, [ctypes.POINTER(ropejit_qkv_proj_spec),
                                                    ctypes.c_char_p]),
+    "ropejit_rms_norm": (ctypes.c_int, [ctypes.POINTER(ropejit_rms_norm_spec),
+                                        ctypes.POINTER(ropejit_rms_norm_args)]),
+    "ropejit_rms_norm_key": (ctypes.c_int, [ctypes.POINTER(ropejit_rms_norm_spec),
+                                            ctypes.c_char_p, ctypes.c_size_t]),
     "ropejit_last_error": (ctypes.c_char_p, []),
     "ropejit_version": (ctypes.c_char_p, []),
     "ropejit_struct_sizes": (None, [ctypes.POINTER(ctypes.c_size_t),

@@ -63,9 +63,10 @@ shapes), unless the tuning file chooses otherwise; ``path="unfused"`` forces tha
 import ctypes
 
 from ropejit import _call, _capi
-from ropejit._cvalues import choice, fill, integer, real
+from ropejit._cvalues import choice, fill, flag, integer, real
 
 _NORMS = {"none": 0, "rms": 1, "rms_one_plus": 2}
+_RMS_NORMS = {"rms": 1, "rms_one_plus": 2}  # RMSNorm alone: a norm to compute
 
 # The path an automatic call takes, per (spec, token bucket, hidden, heads, device): asked of the
 # library once, so that a decode step costs no extra C call.
@@ -136,7 +137,7 @@ def qkv_projection(x, weight, *, q_heads, kv_heads, head_dim=128, rotary_dim=Non
                    weight_scale=None, k_cache=None, v_cache=None, slot_mapping=None,
                    kv_indptr=None, kv_indices=None, kv_last_page_len=None, cache_seqlens=None,
                    k_scale=1.0, v_scale=1.0, skipped=None, write_kv=True, cu_seqlens=None,
-                   k_cache_scales=None, v_cache_scales=None):
+                   k_cache_scales=None, v_cache_scales=None, _packed=False, _fake=False):
     """Returns (q, k, v), new tensors ``[tokens, heads, head_dim]``; see the module docstring.
     ``norm="none"`` skips RMSNorm; ``"rms_one_plus"`` is Gemma's ``(1 + w)``; float8_e4m3fn
     weights take ``weight_scale``, a float32 scale per weight row. ``cu_seqlens`` (int32,
@@ -211,7 +212,7 @@ def qkv_projection(x, weight, *, q_heads, kv_heads, head_dim=128, rotary_dim=Non
                   "(cache_seqlens) cache; it is not used otherwise")
         sequences = cu_seqlens.numel() - 1
     cache = _cache(x, kv_heads, head_dim, k_cache, v_cache, addressing, k_scale, v_scale,
-                   skipped, write_kv, sequences, (k_cache_scales, v_cache_scales))
+                   skipped, write_kv, sequences, (k_cache_scales, v_cache_scales), _fake)
     if cache is not None:
         spec.cache, spec.cache_store = _capi.KV_CACHES[cache[2]], cache[1]
     tokens = x.shape[0]
@@ -221,6 +222,11 @@ def qkv_projection(x, weight, *, q_heads, kv_heads, head_dim=128, rotary_dim=Non
         q, k, v = out.split([q_heads, kv_heads, kv_heads], dim=1)
     else:
         q, k, v = out, None, None
+    # The torch op (ropejit.ops) returns the one tensor q, k and v are views of, and traces
+    # with the checks above alone.
+    result = out if _packed else (q, k, v)
+    if _fake:
+        return result
     a = _capi.new(_capi.ropejit_qkv_proj_args)
     # A stride of 0 means "the row length" to the C API; a single row's stride is irrelevant.
     fill(a, tokens=tokens, hidden=x.shape[1], q_heads=q_heads, kv_heads=kv_heads,
@@ -247,7 +253,7 @@ def qkv_projection(x, weight, *, q_heads, kv_heads, head_dim=128, rotary_dim=Non
              table_stride=cos.stride(0) if cos.shape[0] > 1 else cos.shape[1],
              table_rows=cos.shape[0])
     if tokens == 0:
-        return q, k, v
+        return result
     with torch.cuda.device(x.device):
         fill(a, stream=torch.cuda.current_stream(x.device).cuda_stream)
         taken = path
@@ -267,11 +273,11 @@ def qkv_projection(x, weight, *, q_heads, kv_heads, head_dim=128, rotary_dim=Non
             workspace = torch.empty(size.value, dtype=torch.uint8, device=x.device)
             fill(a, workspace=workspace.data_ptr(), workspace_bytes=size.value)
         _capi.check(_capi.lib.ropejit_qkv_projection(ctypes.byref(spec), ctypes.byref(a)))
-    return q, k, v
+    return result
 
 
 def _cache(x, kv_heads, head_dim, k_cache, v_cache, addressing, k_scale, v_scale, skipped,
-           write_kv, sequences, scales=(None, None)):
+           write_kv, sequences, scales=(None, None), fake=False):
     """(ropejit_kv_cache, cache_store code, mode) for the projection's KV cache, or None.
     `addressing` maps each mode to its tensors (slot_mapping; kv_indptr, kv_indices,
     kv_last_page_len; cache_seqlens); `sequences`: the paged / contiguous arrays' sequences;
@@ -320,21 +326,25 @@ def _cache(x, kv_heads, head_dim, k_cache, v_cache, addressing, k_scale, v_scale
     if skipped is not None and (not isinstance(skipped, torch.Tensor) or skipped.dtype !=
                                 torch.int32 or skipped.numel() != 1 or skipped.device != x.device):
         _fail("skipped must be an int32 tensor of one element on x's device")
-    c = fill(_capi.ropejit_kv_cache(), "cache.", k=k_cache.data_ptr(), v=v_cache.data_ptr(),
+    # A trace (the torch op's fake tensors) has no addresses: the checks run on zeros.
+    def ptr(t):
+        return 0 if fake else t.data_ptr()
+
+    c = fill(_capi.ropejit_kv_cache(), "cache.", k=ptr(k_cache), v=ptr(v_cache),
              pages=k_cache.shape[0], page_size=k_cache.shape[1],
              **dict(zip(("stride_page", "stride_slot", "stride_head"), k_cache.stride()[:3])))
     if mode == "slots":
-        fill(c, "cache.", slot_mapping=addressing[mode][0].data_ptr())
+        fill(c, "cache.", slot_mapping=ptr(addressing[mode][0]))
     elif mode == "paged":
         indptr, indices, last = addressing[mode]
-        fill(c, "cache.", indptr=indptr.data_ptr(), indices=indices.data_ptr(),
-             last_page_len=last.data_ptr(), num_indices=indices.numel())
+        fill(c, "cache.", indptr=ptr(indptr), indices=ptr(indices),
+             last_page_len=ptr(last), num_indices=indices.numel())
     else:
-        fill(c, "cache.", seq_lens=addressing[mode][0].data_ptr())
+        fill(c, "cache.", seq_lens=ptr(addressing[mode][0]))
     c.k_quant_scale = real("k_scale", k_scale, ctypes.c_float)
     c.v_quant_scale = real("v_scale", v_scale, ctypes.c_float)
     if skipped is not None:
-        fill(c, "cache.", skipped=skipped.data_ptr())
+        fill(c, "cache.", skipped=ptr(skipped))
     store = "e4m3" if k_cache.dtype == fp8 else "same"
     if any(t is not None for t in scales):
         # A dynamic FP8 cache: a float32 scale per cached row and head, computed by the unfused
@@ -357,7 +367,7 @@ def _cache(x, kv_heads, head_dim, k_cache, v_cache, addressing, k_scale, v_scale
         if scales[0].stride() != scales[1].stride():
             _fail(f"v_cache_scales (strides {scales[1].stride()}) must match k_cache_scales "
                   f"(strides {scales[0].stride()})")
-        fill(c, "cache.", k_scales=scales[0].data_ptr(), v_scales=scales[1].data_ptr(),
+        fill(c, "cache.", k_scales=ptr(scales[0]), v_scales=ptr(scales[1]),
              **dict(zip(("scale_stride_page", "scale_stride_slot", "scale_stride_head"),
                         scales[0].stride())))
         store = "e4m3_dynamic"
@@ -400,7 +410,7 @@ def _workspace(x, size_fn, spec, a):
 
 def ffn_gate_up(x, weight=None, *, intermediate=None, gate_weight=None, up_weight=None,
                 norm_weight=None, eps=1e-6, norm="rms", act="silu", path="auto",
-                weight_scale=None, gate_scale=None, up_scale=None):
+                weight_scale=None, gate_scale=None, up_scale=None, _fake=False):
     """Returns ``act(RMSNorm(x) @ gate.T) * (RMSNorm(x) @ up.T)``, a new ``[tokens,
     intermediate]`` tensor; see the module docstring. ``norm="none"`` skips RMSNorm;
     ``"rms_one_plus"`` is Gemma's ``(1 + w)``. float8_e4m3fn weights take float32 scales per row:
@@ -475,6 +485,8 @@ def ffn_gate_up(x, weight=None, *, intermediate=None, gate_weight=None, up_weigh
     spec.weights = _capi.WEIGHTS[weights]
     tokens = x.shape[0]
     out = torch.empty(tokens, intermediate, dtype=x.dtype, device=x.device)
+    if _fake:  # the torch op's trace: the checks above, and the output's shape
+        return out
     a = fill(_capi.new(_capi.ropejit_ffn_args), tokens=tokens, hidden=x.shape[1],
              intermediate=intermediate, x=x.data_ptr(),
              x_stride=x.stride(0) if tokens > 1 else x.shape[1],
@@ -506,6 +518,79 @@ def ffn_gate_up(x, weight=None, *, intermediate=None, gate_weight=None, up_weigh
         _capi.check(_capi.lib.ropejit_ffn_gate_up(ctypes.byref(spec), ctypes.byref(a)))
         del workspace  # the caching allocator keeps it for this stream's queued work
     return out
+
+
+def rms_norm(x, weight, eps=1e-6, *, residual=None, norm="rms", out=None, _fake=False):
+    """RMSNorm over the last dimension (C++ ``ropejit::rms_norm``): ``x / sqrt(mean(x**2) + eps)
+    * weight`` (``norm="rms_one_plus"``: ``* (1 + weight)``, Gemma), in fp32, rounded once to x's
+    dtype. ``x`` is ``[..., hidden]`` with rows a uniform stride apart (a 2-d view, or any
+    contiguous tensor); ``weight`` ``[hidden]`` in x's dtype. With ``residual`` (x's shape),
+    ``x + residual`` is formed first (rounded once), written back into ``residual`` and
+    normalized: vLLM's ``fused_add_rms_norm``, transformers' ``h = h + attn; norm(h)`` in one
+    launch. Returns ``out`` (a new tensor unless given; it may be x itself). bf16, fp16 or fp32
+    on a CUDA device; ``hidden`` a multiple of 16 bytes' elements."""
+    import torch
+    choice("norm", norm, _RMS_NORMS)
+    if not isinstance(x, torch.Tensor) or not isinstance(weight, torch.Tensor):
+        _fail("x and weight must be torch tensors")
+    if not x.is_cuda:
+        _fail(f"x is on {x.device}: RMSNorm runs on a CUDA device")
+    dtypes = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
+    if x.dtype not in dtypes:
+        _fail(f"x.dtype ({x.dtype}) must be bfloat16, float16 or float32")
+    if x.dim() < 1 or x.shape[-1] < 1:
+        _fail(f"x must have a last dimension (hidden), got shape {tuple(x.shape)}")
+    hidden = x.shape[-1]
+
+    def rows_of(name, t):
+        """[rows, hidden] view of t and its row stride."""
+        if t.shape != x.shape:
+            _fail(f"{name} has shape {tuple(t.shape)}, x {tuple(x.shape)}: they must match")
+        if t.dtype != x.dtype or t.device != x.device:
+            _fail(f"{name} must be {x.dtype} on {x.device}, got {t.dtype} on {t.device}")
+        if t.dim() == 2 and t.stride(1) == 1:
+            return t
+        if not t.is_contiguous():
+            _fail(f"{name} must be contiguous or a 2-d [rows, hidden] view with a contiguous "
+                  f"last dimension, got strides {t.stride()}")
+        return t.view(-1, hidden)
+
+    x2 = rows_of("x", x)
+    if (weight.dtype != x.dtype or weight.device != x.device or weight.dim() != 1
+            or weight.numel() != hidden or not weight.is_contiguous()):
+        _fail(f"weight must be a contiguous [{hidden}] tensor of {x.dtype} on {x.device}, got "
+              f"{weight.dtype} of shape {tuple(weight.shape)} on {weight.device}")
+    r2 = None if residual is None else rows_of("residual", residual)
+    if out is None:
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    o2 = rows_of("out", out)
+    if _fake or x2.shape[0] == 0:
+        return out
+    spec = _capi.new(_capi.ropejit_rms_norm_spec)
+    fill(spec, dtype=_capi.DTYPES[dtypes[x.dtype]], norm=_NORMS[norm], residual=int(r2 is not None))
+
+    def stride(t):
+        return t.stride(0) if t.shape[0] > 1 else hidden
+
+    a = fill(_capi.new(_capi.ropejit_rms_norm_args), rows=x2.shape[0], hidden=hidden,
+             x=x2.data_ptr(), x_stride=stride(x2), weight=weight.data_ptr(),
+             out=o2.data_ptr(), out_stride=stride(o2))
+    a.norm_eps = real("eps", eps)
+    if r2 is not None:
+        fill(a, residual=r2.data_ptr(), residual_stride=stride(r2))
+    with torch.cuda.device(x.device):
+        fill(a, stream=torch.cuda.current_stream(x.device).cuda_stream)
+        _capi.check(_capi.lib.ropejit_rms_norm(ctypes.byref(spec), ctypes.byref(a)))
+    return out
+
+
+def rms_norm_key(dtype="bf16", norm="rms", residual=False):
+    """The key string of an RMSNorm kernel (no GPU needed)."""
+    s = fill(_capi.new(_capi.ropejit_rms_norm_spec), residual=int(flag("residual", residual)),
+             **_choices(dtype=(dtype, _capi.DTYPES), norm=(norm, _RMS_NORMS)))
+    buf = ctypes.create_string_buffer(_capi.KEY_BUFFER)
+    _capi.check(_capi.lib.ropejit_rms_norm_key(ctypes.byref(s), buf, len(buf)))
+    return buf.value.decode()
 
 
 def ffn_key(dtype="bf16", norm="rms", act="silu", weights="same"):

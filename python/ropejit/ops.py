@@ -19,7 +19,7 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from ropejit import _apply, _call, _model, _tensors
+from ropejit import _apply, _call, _decode_ops, _model, _tensors
 from ropejit._cvalues import flag
 from ropejit.errors import InvalidArgument
 
@@ -231,3 +231,73 @@ def rope_(q, k=None, *, cos=None, sin=None, base=10000.0, layout="bshd", style="
        _mrope(mrope_section), flag("mrope_interleaved", mrope_interleaved),
        flag("backward", backward))
     return q, k
+
+
+# The decode block (ropejit.decode) as torch ops: inference only (no autograd formula), traced by
+# torch.compile through their fake implementations, captured by CUDA graphs once each key has
+# run outside a capture. Eager calls that need no tracing skip the dispatcher, as rope does.
+
+def rms_norm(x, weight, eps=1e-6, *, residual=None, norm="rms"):
+    """RMSNorm over the last dimension, ropejit.decode.rms_norm as the op ``ropejit::rms_norm``:
+    returns a new tensor; with ``residual``, ``x + residual`` is written back into it first and
+    normalized (the op declares ``residual`` mutated)."""
+    op = _decode_ops._rms_norm_impl if _direct(x, weight, residual) else _decode_ops.rms_norm_op
+    return op(x, weight, residual, eps, norm)
+
+
+def qkv_projection(x, weight, *, q_heads, kv_heads, head_dim=128, rotary_dim=None,
+                   norm_weight=None, eps=1e-6, norm="rms", position_ids=None, position_offset=0,
+                   cos=None, sin=None, base=10000.0, style="neox", path="auto",
+                   weight_scale=None, k_cache=None, v_cache=None, slot_mapping=None,
+                   kv_indptr=None, kv_indices=None, kv_last_page_len=None, cache_seqlens=None,
+                   k_scale=1.0, v_scale=1.0, skipped=None, write_kv=True, cu_seqlens=None,
+                   k_cache_scales=None, v_cache_scales=None):
+    """ropejit.decode.qkv_projection as the op ``ropejit::qkv_projection`` (the KV cache, its
+    scales and ``skipped`` declared mutated): returns (q, k, v), views of one new
+    ``[tokens, q_heads + 2 kv_heads, head_dim]`` tensor ((q, None, None) with
+    ``write_kv=False``)."""
+    tensors = (x, weight, norm_weight, weight_scale, position_ids, cos, sin, k_cache, v_cache,
+               slot_mapping, kv_indptr, kv_indices, kv_last_page_len, cache_seqlens, cu_seqlens,
+               skipped, k_cache_scales, v_cache_scales)
+    direct = _direct(*tensors)
+    op = _decode_ops._qkv_projection_impl if direct else _decode_ops.qkv_projection_op
+    out = op(*tensors, q_heads, kv_heads, head_dim, rotary_dim or 0, norm, eps, position_offset,
+             _base(base, cos), style, path, k_scale, v_scale,
+             flag("write_kv", write_kv))
+    if not write_kv:
+        return out, None, None
+    q, k, v = out.split([q_heads, kv_heads, kv_heads], dim=1)
+    return q, k, v
+
+
+def ffn_gate_up(x, weight=None, *, intermediate=None, gate_weight=None, up_weight=None,
+                norm_weight=None, eps=1e-6, norm="rms", act="silu", path="auto",
+                weight_scale=None, gate_scale=None, up_scale=None):
+    """ropejit.decode.ffn_gate_up as the op ``ropejit::ffn_gate_up``: ``act(RMSNorm(x) @ gate.T)
+    * (RMSNorm(x) @ up.T)``, a new ``[tokens, intermediate]`` tensor. The merged ``weight``
+    (and ``weight_scale``) are split into gate and up views here."""
+    if weight is not None:
+        if gate_weight is not None or up_weight is not None or gate_scale is not None \
+                or up_scale is not None:
+            raise InvalidArgument("ropejit: give weight (and weight_scale), or gate_weight and "
+                                  "up_weight (and gate_scale, up_scale), not both")
+        if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or weight.shape[0] % 2:
+            raise InvalidArgument(f"ropejit: weight must be [2 * intermediate, hidden], got "
+                                  f"shape {tuple(getattr(weight, 'shape', ()))}")
+        half = weight.shape[0] // 2
+        if intermediate is not None and half != intermediate:
+            raise InvalidArgument(f"ropejit: weight.shape[0] ({weight.shape[0]}) must be "
+                                  f"2 x intermediate ({2 * intermediate})")
+        gate_weight, up_weight = weight[:half], weight[half:]
+        if weight_scale is not None:
+            gate_scale, up_scale = weight_scale[:half], weight_scale[half:]
+    elif weight_scale is not None:
+        raise InvalidArgument("ropejit: weight_scale goes with the merged weight; give "
+                              "gate_scale and up_scale")
+    if intermediate is not None and gate_weight is not None and \
+            gate_weight.shape[0] != intermediate:
+        raise InvalidArgument(f"ropejit: gate_weight.shape[0] ({gate_weight.shape[0]}) must be "
+                              f"intermediate ({intermediate})")
+    tensors = (x, gate_weight, up_weight, norm_weight, gate_scale, up_scale)
+    op = _decode_ops._ffn_gate_up_impl if _direct(*tensors) else _decode_ops.ffn_gate_up_op
+    return op(*tensors, eps, norm, act, path)

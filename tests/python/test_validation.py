@@ -331,3 +331,15 @@ def test_repeated_shapes_reuse_the_plan_with_each_calls_addresses(launches):
     with pytest.raises(ropejit.InvalidArgument, match="position_offset"):
         ropejit.apply(q2, k2, cos=cos2, sin=sin2, position_offset=1.0)
     assert len(launches) == before + 1
+
+
+def test_subpackages_load_on_first_use_and_torch_only_then():
+    import subprocess
+    import sys
+    code = ("import sys, ropejit; assert 'torch' not in sys.modules; "
+            "assert {'ops', 'nn', 'fused', 'decode', 'dropin'} <= set(dir(ropejit)); "
+            "print(ropejit.decode.rms_norm_key('f16', 'rms_one_plus', True)); "
+            "getattr(ropejit, 'no_such_thing')")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert "rmsnorm_f16_nrms1p_res" in r.stdout, r.stderr
+    assert "module 'ropejit' has no attribute 'no_such_thing'" in r.stderr

@@ -1,0 +1,157 @@
+"""The decode block's torch ops (ropejit.ops.rms_norm, qkv_projection, ffn_gate_up): traced from
+fake tensors without a GPU (shapes and the argument checks); on the GPU, torch.library.opcheck,
+the same bits as ropejit.decode's calls, torch.compile(fullgraph=True) of a decode layer's
+prologue and its CUDA-graph replay, and the KV cache they write."""
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed")
+
+from conftest import requires_cuda  # noqa: E402
+
+import ropejit  # noqa: E402
+from ropejit import decode, ops  # noqa: E402
+
+Q_HEADS, KV_HEADS, HEAD_DIM, HIDDEN, INTER = 8, 2, 64, 512, 1024
+
+
+def _inputs(device, tokens=3, dtype=torch.bfloat16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+
+    def randn(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=g) * scale).to(dtype).to(device)
+
+    cols = (Q_HEADS + 2 * KV_HEADS) * HEAD_DIM
+    return dict(
+        x=randn(tokens, HIDDEN),
+        residual=randn(tokens, HIDDEN),
+        norm_weight=(1 + randn(HIDDEN, scale=0.1)),
+        weight=randn(cols, HIDDEN, scale=HIDDEN ** -0.5),
+        gate_up=randn(2 * INTER, HIDDEN, scale=HIDDEN ** -0.5),
+        ids=torch.arange(5, 5 + tokens, dtype=torch.int64, device=device),
+        k_cache=torch.zeros(4, 16, KV_HEADS, HEAD_DIM, dtype=dtype, device=device),
+        v_cache=torch.zeros(4, 16, KV_HEADS, HEAD_DIM, dtype=dtype, device=device),
+        slots=torch.arange(17, 17 + tokens, dtype=torch.int64, device=device),
+    )
+
+
+def _step(t, x, residual):
+    """A decode layer's prologue and FFN front: residual add + RMSNorm, the QKV projection with
+    RoPE and the cache append, RMSNorm, gate/up."""
+    h = ops.rms_norm(x, t["norm_weight"], 1e-5, residual=residual)
+    q, k, v = ops.qkv_projection(h, t["weight"], q_heads=Q_HEADS, kv_heads=KV_HEADS,
+                                 head_dim=HEAD_DIM, norm="none", position_ids=t["ids"],
+                                 base=500000.0, k_cache=t["k_cache"], v_cache=t["v_cache"],
+                                 slot_mapping=t["slots"])
+    g = ops.ffn_gate_up(h, t["gate_up"], norm_weight=t["norm_weight"], eps=1e-5)
+    return q, k, v, g
+
+
+def test_the_ops_trace_from_fake_tensors_without_a_gpu():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        t = _inputs("cuda")
+        q, k, v, g = _step(t, t["x"], t["residual"].clone())
+        assert q.shape == (3, Q_HEADS, HEAD_DIM) and k.shape == (3, KV_HEADS, HEAD_DIM)
+        assert v.shape == (3, KV_HEADS, HEAD_DIM) and g.shape == (3, INTER)
+        assert q.device.type == "cuda" and g.dtype == torch.bfloat16
+        # The checks run at trace time: a wrong head count is named, as in an eager call.
+        with pytest.raises(ropejit.InvalidArgument, match=r"weight.shape\[0\] \(768\) must be"):
+            ops.qkv_projection(t["x"], t["weight"], q_heads=Q_HEADS, kv_heads=1,
+                               head_dim=HEAD_DIM, norm_weight=t["norm_weight"])
+        with pytest.raises(ropejit.InvalidArgument, match=r"residual has shape"):
+            ops.rms_norm(t["x"], t["norm_weight"], residual=t["x"][:1])
+
+
+@requires_cuda
+def test_opcheck():
+    t = _inputs("cuda")
+    tests = ("test_schema", "test_autograd_registration", "test_faketensor",
+             "test_aot_dispatch_dynamic")
+    from ropejit import _decode_ops as d
+    torch.library.opcheck(d.rms_norm_op, (t["x"], t["norm_weight"], t["residual"].clone(), 1e-5,
+                                          "rms"), test_utils=tests)
+    torch.library.opcheck(d.rms_norm_op, (t["x"], t["norm_weight"], None, 1e-5, "rms_one_plus"),
+                          test_utils=tests)
+    torch.library.opcheck(
+        d.qkv_projection_op,
+        (t["x"], t["weight"], t["norm_weight"], None, t["ids"], None, None, t["k_cache"],
+         t["v_cache"], t["slots"], None, None, None, None, None, None, None, None, Q_HEADS,
+         KV_HEADS, HEAD_DIM, 0, "rms", 1e-5, 0, 500000.0, "neox", "auto", 1.0, 1.0, True),
+        test_utils=tests)
+    half = INTER
+    torch.library.opcheck(
+        d.ffn_gate_up_op, (t["x"], t["gate_up"][:half], t["gate_up"][half:], t["norm_weight"],
+                           None, None, 1e-5, "rms", "silu", "auto"), test_utils=tests)
+
+
+@requires_cuda
+def test_the_ops_give_the_bits_of_the_decode_calls():
+    t = _inputs("cuda", tokens=5)
+    residual = t["residual"].clone()
+    ref_residual = t["residual"].clone()
+    h = ops.rms_norm(t["x"], t["norm_weight"], 1e-5, residual=residual)
+    h_ref = decode.rms_norm(t["x"], t["norm_weight"], 1e-5, residual=ref_residual)
+    assert torch.equal(h, h_ref) and torch.equal(residual, ref_residual)
+    # Against float64: x + residual rounded once, then the norm in fp32 rounded once.
+    s = (t["x"].double() + t["residual"].double()).to(torch.bfloat16)
+    assert torch.equal(residual, s)
+    sd = s.double()
+    want = sd / torch.sqrt(sd.pow(2).mean(-1, keepdim=True) + 1e-5) * t["norm_weight"].double()
+    assert (h.double() - want).abs().max() <= 2 ** -7 * want.abs().max()
+
+    kc, vc = t["k_cache"].clone(), t["v_cache"].clone()
+    got = ops.qkv_projection(h, t["weight"], q_heads=Q_HEADS, kv_heads=KV_HEADS,
+                             head_dim=HEAD_DIM, norm="none", position_ids=t["ids"],
+                             k_cache=kc, v_cache=vc, slot_mapping=t["slots"])
+    kr, vr = t["k_cache"].clone(), t["v_cache"].clone()
+    want = decode.qkv_projection(h, t["weight"], q_heads=Q_HEADS, kv_heads=KV_HEADS,
+                                 head_dim=HEAD_DIM, norm="none", position_ids=t["ids"],
+                                 k_cache=kr, v_cache=vr, slot_mapping=t["slots"])
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+    assert torch.equal(kc, kr) and torch.equal(vc, vr)
+    rows = kc.view(-1, KV_HEADS, HEAD_DIM)[t["slots"]]
+    assert torch.equal(rows, got[1]) and torch.equal(vc.view(-1, KV_HEADS, HEAD_DIM)[t["slots"]],
+                                                     got[2])
+    assert torch.equal(ops.ffn_gate_up(h, t["gate_up"], norm_weight=t["norm_weight"]),
+                       decode.ffn_gate_up(h, t["gate_up"], norm_weight=t["norm_weight"]))
+
+
+@requires_cuda
+def test_a_compiled_step_matches_eager_and_replays_in_a_cuda_graph():
+    t = _inputs("cuda", tokens=1)
+    eager_cache = (t["k_cache"].clone(), t["v_cache"].clone())
+    residual = t["residual"].clone()
+    eager = _step(dict(t, k_cache=eager_cache[0], v_cache=eager_cache[1]), t["x"], residual)
+
+    compiled = torch.compile(_step, fullgraph=True)
+    c_res = t["residual"].clone()
+    got = compiled(t, t["x"], c_res)
+    for a, b in zip(got, eager):
+        assert torch.equal(a, b)
+    assert torch.equal(c_res, residual)
+    assert torch.equal(t["k_cache"], eager_cache[0]) and torch.equal(t["v_cache"], eager_cache[1])
+
+    # Captured once (the keys are loaded), replayed with new inputs written into the same memory.
+    x = t["x"].clone()
+    g_res = t["residual"].clone()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        _step(t, x, g_res.clone())
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = _step(t, x, g_res)
+    fresh = _inputs("cuda", tokens=1, seed=1)
+    x.copy_(fresh["x"])
+    g_res.copy_(fresh["residual"])
+    graph.replay()
+    torch.cuda.synchronize()
+    ref_res = fresh["residual"].clone()
+    want = _step(dict(t, k_cache=t["k_cache"].clone(), v_cache=t["v_cache"].clone()),
+                 fresh["x"], ref_res)
+    for a, b in zip(out, want):
+        assert torch.equal(a, b)
+    assert torch.equal(g_res, ref_res)
