@@ -326,25 +326,8 @@ def _cache(x, kv_heads, head_dim, k_cache, v_cache, addressing, k_scale, v_scale
     if skipped is not None and (not isinstance(skipped, torch.Tensor) or skipped.dtype !=
                                 torch.int32 or skipped.numel() != 1 or skipped.device != x.device):
         _fail("skipped must be an int32 tensor of one element on x's device")
-    # A trace (the torch op's fake tensors) has no addresses: the checks run on zeros.
-    def ptr(t):
-        return 0 if fake else t.data_ptr()
-
-    c = fill(_capi.ropejit_kv_cache(), "cache.", k=ptr(k_cache), v=ptr(v_cache),
-             pages=k_cache.shape[0], page_size=k_cache.shape[1],
-             **dict(zip(("stride_page", "stride_slot", "stride_head"), k_cache.stride()[:3])))
-    if mode == "slots":
-        fill(c, "cache.", slot_mapping=ptr(addressing[mode][0]))
-    elif mode == "paged":
-        indptr, indices, last = addressing[mode]
-        fill(c, "cache.", indptr=ptr(indptr), indices=ptr(indices),
-             last_page_len=ptr(last), num_indices=indices.numel())
-    else:
-        fill(c, "cache.", seq_lens=ptr(addressing[mode][0]))
-    c.k_quant_scale = real("k_scale", k_scale, ctypes.c_float)
-    c.v_quant_scale = real("v_scale", v_scale, ctypes.c_float)
-    if skipped is not None:
-        fill(c, "cache.", skipped=ptr(skipped))
+    k_quant = real("k_scale", k_scale, ctypes.c_float)
+    v_quant = real("v_scale", v_scale, ctypes.c_float)
     store = "e4m3" if k_cache.dtype == fp8 else "same"
     if any(t is not None for t in scales):
         # A dynamic FP8 cache: a float32 scale per cached row and head, computed by the unfused
@@ -367,10 +350,27 @@ def _cache(x, kv_heads, head_dim, k_cache, v_cache, addressing, k_scale, v_scale
         if scales[0].stride() != scales[1].stride():
             _fail(f"v_cache_scales (strides {scales[1].stride()}) must match k_cache_scales "
                   f"(strides {scales[0].stride()})")
-        fill(c, "cache.", k_scales=ptr(scales[0]), v_scales=ptr(scales[1]),
+        store = "e4m3_dynamic"
+    if fake:  # a trace (the torch op's fake tensors): no addresses, and shapes may be symbolic
+        return None, _capi.STORES[store], mode
+    c = fill(_capi.ropejit_kv_cache(), "cache.", k=k_cache.data_ptr(), v=v_cache.data_ptr(),
+             pages=k_cache.shape[0], page_size=k_cache.shape[1],
+             **dict(zip(("stride_page", "stride_slot", "stride_head"), k_cache.stride()[:3])))
+    if mode == "slots":
+        fill(c, "cache.", slot_mapping=addressing[mode][0].data_ptr())
+    elif mode == "paged":
+        indptr, indices, last = addressing[mode]
+        fill(c, "cache.", indptr=indptr.data_ptr(), indices=indices.data_ptr(),
+             last_page_len=last.data_ptr(), num_indices=indices.numel())
+    else:
+        fill(c, "cache.", seq_lens=addressing[mode][0].data_ptr())
+    c.k_quant_scale, c.v_quant_scale = k_quant, v_quant
+    if skipped is not None:
+        fill(c, "cache.", skipped=skipped.data_ptr())
+    if store == "e4m3_dynamic":
+        fill(c, "cache.", k_scales=scales[0].data_ptr(), v_scales=scales[1].data_ptr(),
              **dict(zip(("scale_stride_page", "scale_stride_slot", "scale_stride_head"),
                         scales[0].stride())))
-        store = "e4m3_dynamic"
     return c, _capi.STORES[store], mode
 
 
