@@ -19,11 +19,8 @@ using ropejit::detail::invalid;
 
 thread_local std::string last_error;
 
-// A C int that stands for a bool: only 0 and 1, so that a stray value is caught, not taken as true.
-bool flag(int32_t v, const char* name) {
-  if (v != 0 && v != 1) invalid(name, " (", v, ") must be 0 or 1");
-  return v == 1;
-}
+using ropejit::capi::flag;
+using ropejit::capi::to_tensor;
 
 ropejit_spec from_spec(const ropejit::Spec& d);
 
@@ -31,28 +28,12 @@ ropejit::Spec to_spec(const ropejit_spec* p) {
   if (!ropejit::capi::has_header(p)) return ropejit::capi::spec_v010(p);
   const ropejit_spec s = read_struct(p, "spec", from_spec(ropejit::Spec()));
   ropejit::Spec o;
-  o.layout = ropejit::Layout(s.layout);
-  o.dtype = ropejit::DType(s.dtype);
-  o.head_dim = s.head_dim;
-  o.rotary_dim = s.rotary_dim;
-  o.style = ropejit::Style(s.style);
-  o.positions = ropejit::Positions(s.positions);
-  o.index_type = ropejit::IndexType(s.index_type);
-  o.freqs = ropejit::Freqs(s.freqs);
-  o.table_dtype = ropejit::DType(s.table_dtype);
-  o.table_width = ropejit::TableWidth(s.table_width);
-  o.direction = ropejit::Direction(s.direction);
-  o.in_place = flag(s.in_place, "spec.in_place");
-  o.fusion = ropejit::Fusion(s.fusion);
+  ropejit::capi::spec_v010_fields(s, &o, flag);
   o.norm = ropejit::Norm(s.norm);
   o.out_store = ropejit::Store(s.out_store);
   o.cache = ropejit::KvCache(s.cache);
   o.cache_store = ropejit::Store(s.cache_store);
   return o;
-}
-
-ropejit::Tensor to_tensor(const ropejit_tensor& t) {
-  return {t.data, t.heads, t.stride_batch, t.stride_seq, t.stride_head};
 }
 
 ropejit::RopeScaling to_scaling(const ropejit_scaling& c, const char* where) {
@@ -169,22 +150,7 @@ ropejit::Args to_args(const ropejit_spec* spec, const ropejit_args* p) {
   if (!ropejit::capi::has_header(spec)) return ropejit::capi::args_v010(p);
   const ropejit_args a = read_struct(p, "args", default_args());
   ropejit::Args o;
-  o.batch = a.batch;
-  o.seq_len = a.seq_len;
-  o.q = to_tensor(a.q);
-  o.k = to_tensor(a.k);
-  o.q_out = to_tensor(a.q_out);
-  o.k_out = to_tensor(a.k_out);
-  o.position_offset = a.position_offset;
-  o.seq_offsets = a.seq_offsets;
-  o.position_ids = a.position_ids;
-  o.cu_seqlens = a.cu_seqlens;
-  o.cos = a.cos;
-  o.sin = a.sin;
-  o.table_stride = a.table_stride;
-  o.table_rows = a.table_rows;
-  o.base = a.base;
-  o.stream = a.stream;
+  ropejit::capi::args_v010_fields(a, &o);
   o.scaling = to_scaling(a.scaling, "args.scaling");
   for (int i = 0; i < 3; ++i) o.mrope_section[i] = a.mrope_section[i];
   o.mrope_interleaved = flag(a.mrope_interleaved, "args.mrope_interleaved");

@@ -26,10 +26,6 @@ struct ArgsV010 {
   void* stream;
 };
 
-ropejit::Tensor tensor(const ropejit_tensor& t) {
-  return {t.data, t.heads, t.stride_batch, t.stride_seq, t.stride_head};
-}
-
 }  // namespace
 
 namespace ropejit::capi {
@@ -37,22 +33,8 @@ namespace ropejit::capi {
 Spec spec_v010(const void* p) {
   SpecV010 s;
   std::memcpy(&s, p, sizeof s);
-  if (s.in_place != 0 && s.in_place != 1)
-    detail::invalid("spec.in_place (", s.in_place, ") must be 0 or 1");
   Spec o;
-  o.layout = Layout(s.layout);
-  o.dtype = DType(s.dtype);
-  o.head_dim = s.head_dim;
-  o.rotary_dim = s.rotary_dim;
-  o.style = Style(s.style);
-  o.positions = Positions(s.positions);
-  o.index_type = IndexType(s.index_type);
-  o.freqs = Freqs(s.freqs);
-  o.table_dtype = DType(s.table_dtype);
-  o.table_width = TableWidth(s.table_width);
-  o.direction = Direction(s.direction);
-  o.in_place = s.in_place == 1;
-  o.fusion = Fusion(s.fusion);
+  spec_v010_fields(s, &o, flag);
   return o;
 }
 
@@ -60,22 +42,7 @@ Args args_v010(const void* p) {
   ArgsV010 a;
   std::memcpy(&a, p, sizeof a);
   Args o;
-  o.batch = a.batch;
-  o.seq_len = a.seq_len;
-  o.q = tensor(a.q);
-  o.k = tensor(a.k);
-  o.q_out = tensor(a.q_out);
-  o.k_out = tensor(a.k_out);
-  o.position_offset = a.position_offset;
-  o.seq_offsets = a.seq_offsets;
-  o.position_ids = a.position_ids;
-  o.cu_seqlens = a.cu_seqlens;
-  o.cos = a.cos;
-  o.sin = a.sin;
-  o.table_stride = a.table_stride;
-  o.table_rows = a.table_rows;
-  o.base = a.base;
-  o.stream = a.stream;
+  args_v010_fields(a, &o);
   return o;
 }
 

@@ -78,6 +78,56 @@ uint32_t output_size(const T* p, const char* name) {
   return checked_size<T>(h.size, name);
 }
 
+// The fields 0.1.0's ropejit_spec and ropejit_args have, which today's keep under the same
+// names: one copy for both layouts. `flag` turns a C int into a bool (0 or 1, else an error).
+template <class S, class Flag>
+void spec_v010_fields(const S& s, Spec* o, Flag flag) {
+  o->layout = Layout(s.layout);
+  o->dtype = DType(s.dtype);
+  o->head_dim = s.head_dim;
+  o->rotary_dim = s.rotary_dim;
+  o->style = Style(s.style);
+  o->positions = Positions(s.positions);
+  o->index_type = IndexType(s.index_type);
+  o->freqs = Freqs(s.freqs);
+  o->table_dtype = DType(s.table_dtype);
+  o->table_width = TableWidth(s.table_width);
+  o->direction = Direction(s.direction);
+  o->in_place = flag(s.in_place, "spec.in_place");
+  o->fusion = Fusion(s.fusion);
+}
+
+inline Tensor to_tensor(const ropejit_tensor& t) {
+  return {t.data, t.heads, t.stride_batch, t.stride_seq, t.stride_head};
+}
+
+template <class A>
+void args_v010_fields(const A& a, Args* o) {
+  o->batch = a.batch;
+  o->seq_len = a.seq_len;
+  o->q = to_tensor(a.q);
+  o->k = to_tensor(a.k);
+  o->q_out = to_tensor(a.q_out);
+  o->k_out = to_tensor(a.k_out);
+  o->position_offset = a.position_offset;
+  o->seq_offsets = a.seq_offsets;
+  o->position_ids = a.position_ids;
+  o->cu_seqlens = a.cu_seqlens;
+  o->cos = a.cos;
+  o->sin = a.sin;
+  o->table_stride = a.table_stride;
+  o->table_rows = a.table_rows;
+  o->base = a.base;
+  o->stream = a.stream;
+}
+
+// A C int that stands for a bool: only 0 and 1, so that a stray value is caught, not taken as
+// true.
+inline bool flag(int32_t v, const char* name) {
+  if (v != 0 && v != 1) detail::invalid(name, " (", v, ") must be 0 or 1");
+  return v == 1;
+}
+
 // Programs built against the 0.1.0 header (api/c_api_v010.cpp): their ropejit_spec and
 // ropejit_args have no header, and the library reads only their fields.
 Spec spec_v010(const void* spec);
