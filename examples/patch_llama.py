@@ -55,7 +55,7 @@ def compare(dtype=torch.float32, device="cuda", batch=2, tokens=48, rope="defaul
     original = modeling_llama.apply_rotary_pos_emb
     calls = []
     try:
-        replaced = ropejit.nn.patch_hf_model(model)
+        replaced = ropejit.nn.patch_hf_model(model).rotary
         assert replaced, "the model has no rotary_emb module to replace"
         want = "computed" if rope == "default" else "dynamic_ntk" if rope == "dynamic" else rope
         assert model.model.rotary_emb.freqs == want, model.model.rotary_emb

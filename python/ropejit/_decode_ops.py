@@ -83,6 +83,42 @@ def _qkv_projection_fake(*args):
     return _qkv_projection_impl(*args, _fake=True)
 
 
+_NO_CACHE = (None,) * 11  # k_cache .. v_cache_scales
+
+
+def _qkv_projection_plain_impl(x: Tensor, weight: Tensor, norm_weight: Optional[Tensor],
+                               weight_scale: Optional[Tensor], position_ids: Optional[Tensor],
+                               cos: Optional[Tensor], sin: Optional[Tensor], q_heads: int,
+                               kv_heads: int, head_dim: int, rotary_dim: int, norm: str,
+                               eps: float, position_offset: int, base: float, style: str,
+                               path: str, _fake: bool = False) -> Tensor:
+    return _qkv_projection_impl(x, weight, norm_weight, weight_scale, position_ids, cos, sin,
+                                *_NO_CACHE, q_heads, kv_heads, head_dim, rotary_dim, norm, eps,
+                                position_offset, base, style, path, 1.0, 1.0, True, _fake=_fake)
+
+
+def _qkv_projection_plain_op_impl(x: Tensor, weight: Tensor, norm_weight: Optional[Tensor],
+                                  weight_scale: Optional[Tensor], position_ids: Optional[Tensor],
+                                  cos: Optional[Tensor], sin: Optional[Tensor], q_heads: int,
+                                  kv_heads: int, head_dim: int, rotary_dim: int, norm: str,
+                                  eps: float, position_offset: int, base: float, style: str,
+                                  path: str) -> Tensor:
+    return _qkv_projection_plain_impl(x, weight, norm_weight, weight_scale, position_ids, cos,
+                                      sin, q_heads, kv_heads, head_dim, rotary_dim, norm, eps,
+                                      position_offset, base, style, path)
+
+
+# The projection without a KV cache: an op that mutates nothing. Inductor cannot lower the
+# functionalized form of an op whose mutable arguments are all None.
+qkv_projection_plain_op = torch.library.custom_op(
+    "ropejit::qkv_projection_plain", _qkv_projection_plain_op_impl, mutates_args=())
+
+
+@qkv_projection_plain_op.register_fake
+def _qkv_projection_plain_fake(*args):
+    return _qkv_projection_plain_impl(*args, _fake=True)
+
+
 def _ffn_gate_up_impl(x: Tensor, gate_weight: Tensor, up_weight: Tensor,
                       norm_weight: Optional[Tensor], gate_scale: Optional[Tensor],
                       up_scale: Optional[Tensor], eps: float, norm: str, act: str,

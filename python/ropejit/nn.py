@@ -218,23 +218,61 @@ class RotaryEmbedding(torch.nn.Module):
                         position_ids=ids, position_offset=position_offset, **kwargs)
 
 
-def patch_hf_model(model):
-    """Makes a transformers model use ropejit: every `rotary_emb` submodule becomes a
-    RotaryEmbedding from the model's config (its text config for a multimodal model), and its
-    modeling module's apply_rotary_pos_emb becomes ropejit.dropin.hf.apply_rotary_pos_emb. The
-    function is patched in that module, so it applies to every model of the class. Returns the
-    names of the replaced modules."""
+def patch_hf_model(model, *, fuse="rope"):
+    """Makes a transformers model use ropejit. Returns a PatchReport (what was replaced, and
+    what was not and why).
+
+    fuse="rope": every `rotary_emb` submodule becomes a RotaryEmbedding from the model's config
+    (its text config for a multimodal model), and its modeling module's apply_rotary_pos_emb
+    becomes ropejit.dropin.hf.apply_rotary_pos_emb (patched in that module, so it applies to
+    every model of the class).
+
+    fuse="all": besides, every decoder layer with Llama's dataflow (Llama 3.x, Mistral, and the
+    families that copy its layer without biases, QK-norm or sliding windows) runs ropejit's
+    decode block: input RMSNorm -> packed QKV projection -> RoPE in one op
+    (ropejit.ops.qkv_projection: one fused kernel for decode-sized calls, RMSNorm -> cuBLASLt ->
+    RoPE beyond), transformers' cache update and attention, o_proj, the residual add, then
+    RMSNorm -> gate/up -> SiLU * up in one op (ropejit.ops.ffn_gate_up), and down_proj. The q/k/v
+    and gate/up weights are packed into one tensor each and the Linear weights re-pointed into
+    them: no weight is held twice. Layers it cannot fuse keep transformers' forward (with
+    ropejit's RoPE) and are listed in the report with the reason. Inference only."""
+    if fuse not in ("rope", "all"):
+        raise InvalidArgument(f"ropejit: fuse ({fuse!r}) must be 'rope' or 'all'")
     config = model.config
     config = getattr(config, "get_text_config", lambda: config)()
     replaced = []
+    rope = None
     for name, module in list(model.named_modules()):
         child = getattr(module, "rotary_emb", None)
         if isinstance(child, torch.nn.Module) and not isinstance(child, RotaryEmbedding):
-            setattr(module, "rotary_emb", RotaryEmbedding.from_config(config))
+            rope = RotaryEmbedding.from_config(config)
+            setattr(module, "rotary_emb", rope)
             replaced.append(f"{name}.rotary_emb" if name else "rotary_emb")
+        elif isinstance(child, RotaryEmbedding):
+            rope = child
     modeling = sys.modules[type(model).__module__]
     if not hasattr(modeling, "apply_rotary_pos_emb"):
         raise InvalidArgument(f"ropejit: {modeling.__name__} has no apply_rotary_pos_emb to "
                               f"replace")
     modeling.apply_rotary_pos_emb = hf.apply_rotary_pos_emb
-    return replaced
+    report = PatchReport(rotary=replaced, layers=[], not_fused={})
+    if fuse == "all":
+        from ropejit import _hf_patch
+        if rope is None:
+            rope = RotaryEmbedding.from_config(config)
+        report.layers, report.not_fused = _hf_patch.patch_layers(model, rope)
+        if report.layers and not report.not_fused:
+            # Every layer computes its RoPE in the projection: the model's cos/sin are unused.
+            for owner in replaced:
+                parent = model.get_submodule(owner.rpartition(".")[0]) if "." in owner else model
+                parent.rotary_emb = _hf_patch.NoPositionEmbeddings()
+    return report
+
+
+@dataclasses.dataclass
+class PatchReport:
+    """What patch_hf_model did: the rotary modules replaced, the decoder layers running the fused
+    decode block (fuse="all"), and the layers left to transformers with the reason."""
+    rotary: list
+    layers: list
+    not_fused: dict

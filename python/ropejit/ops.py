@@ -256,14 +256,19 @@ def qkv_projection(x, weight, *, q_heads, kv_heads, head_dim=128, rotary_dim=Non
     scales and ``skipped`` declared mutated): returns (q, k, v), views of one new
     ``[tokens, q_heads + 2 kv_heads, head_dim]`` tensor ((q, None, None) with
     ``write_kv=False``)."""
-    tensors = (x, weight, norm_weight, weight_scale, position_ids, cos, sin, k_cache, v_cache,
-               slot_mapping, kv_indptr, kv_indices, kv_last_page_len, cache_seqlens, cu_seqlens,
-               skipped, k_cache_scales, v_cache_scales)
-    direct = _direct(*tensors)
-    op = _decode_ops._qkv_projection_impl if direct else _decode_ops.qkv_projection_op
-    out = op(*tensors, q_heads, kv_heads, head_dim, rotary_dim or 0, norm, eps, position_offset,
-             _base(base, cos), style, path, k_scale, v_scale,
-             flag("write_kv", write_kv))
+    inputs = (x, weight, norm_weight, weight_scale, position_ids, cos, sin)
+    cache = (k_cache, v_cache, slot_mapping, kv_indptr, kv_indices, kv_last_page_len,
+             cache_seqlens, cu_seqlens, skipped, k_cache_scales, v_cache_scales)
+    direct = _direct(*inputs, *cache)
+    shape = (q_heads, kv_heads, head_dim, rotary_dim or 0, norm, eps, position_offset,
+             _base(base, cos), style, path)
+    if all(t is None for t in cache) and write_kv is True and (k_scale, v_scale) == (1.0, 1.0):
+        op = (_decode_ops._qkv_projection_plain_impl if direct
+              else _decode_ops.qkv_projection_plain_op)
+        out = op(*inputs, *shape)
+    else:
+        op = _decode_ops._qkv_projection_impl if direct else _decode_ops.qkv_projection_op
+        out = op(*inputs, *cache, *shape, k_scale, v_scale, flag("write_kv", write_kv))
     if not write_kv:
         return out, None, None
     q, k, v = out.split([q_heads, kv_heads, kv_heads], dim=1)

@@ -79,6 +79,10 @@ def test_opcheck():
          t["v_cache"], t["slots"], None, None, None, None, None, None, None, None, Q_HEADS,
          KV_HEADS, HEAD_DIM, 0, "rms", 1e-5, 0, 500000.0, "neox", "auto", 1.0, 1.0, True),
         test_utils=tests)
+    torch.library.opcheck(
+        d.qkv_projection_plain_op,
+        (t["x"], t["weight"], t["norm_weight"], None, t["ids"], None, None, Q_HEADS, KV_HEADS,
+         HEAD_DIM, 0, "rms", 1e-5, 0, 500000.0, "neox", "auto"), test_utils=tests)
     half = INTER
     torch.library.opcheck(
         d.ffn_gate_up_op, (t["x"], t["gate_up"][:half], t["gate_up"][half:], t["norm_weight"],

@@ -363,7 +363,7 @@ def test_patched_mrope_text_models_match_the_unpatched_ones(backend, kind):
         want = model(input_ids=ids, position_ids=pos).last_hidden_state
     original = modeling.apply_rotary_pos_emb
     try:
-        assert ropejit.nn.patch_hf_model(model) == ["rotary_emb"]
+        assert ropejit.nn.patch_hf_model(model).rotary == ["rotary_emb"]
         assert model.rotary_emb.model.mrope_interleaved == (kind == "Qwen3VL")
         with torch.no_grad():
             got = model(input_ids=ids, position_ids=pos).last_hidden_state
