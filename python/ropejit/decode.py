@@ -72,6 +72,71 @@ _RMS_NORMS = {"rms": 1, "rms_one_plus": 2}  # RMSNorm alone: a norm to compute
 # library once, so that a decode step costs no extra C call.
 _paths = {}
 
+# Plans of earlier calls: the spec and args structs, the path and workspace size of a call with
+# the same tensor shapes, strides, dtypes and devices and the same other arguments. A repeat
+# (every decode step of a model) writes its tensors' addresses into a copy and calls C, which
+# checks the addresses again; the Python checks above ran for the first call of that shape.
+_PLANNED = {}
+_MAX_PLANNED = 512
+
+# Where each tensor argument's address goes in the args struct, by the entry's argument order.
+_QKV_POINTERS = ("x", "weight", "norm_weight", "weight_scale", "position_ids", "cos", "sin",
+                 "cache.k", "cache.v", "cache.slot_mapping", "cache.indptr", "cache.indices",
+                 "cache.last_page_len", "cache.seq_lens", "cache.skipped", "cu_seqlens",
+                 "cache.k_scales", "cache.v_scales")
+_FFN_POINTERS = ("x", "gate_weight", "up_weight", "gate_scale", "up_scale", "norm_weight")
+
+
+def _plan_key(entry, tensors, values):
+    """The plan cache's key for a call, or None when it cannot be kept (a tensor without storage,
+    an unhashable argument)."""
+    import torch
+    meta = []
+    for t in tensors:
+        if t is None:
+            meta.append(None)
+        elif type(t) is not torch.Tensor or not t.is_cuda:
+            return None
+        else:
+            meta.append((t.shape, t.stride(), t.dtype, t.device))
+    key = (entry, tuple(meta), tuple((type(v), v) for v in values))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _remember_plan(key, plan):
+    if key is None:
+        return
+    if len(_PLANNED) >= _MAX_PLANNED:
+        _PLANNED.clear()
+    _PLANNED[key] = plan
+
+
+def _addresses(a, fields, tensors):
+    """Writes each given tensor's address into its field ("cache.k": a nested struct's)."""
+    for field, t in zip(fields, tensors):
+        if t is not None:
+            owner, _, name = field.rpartition(".")
+            setattr(getattr(a, owner) if owner else a, name, t.data_ptr())
+
+
+def _launch_planned(x, plan, a, call):
+    """Runs a remembered plan's C call on torch's current stream, with a fresh workspace for the
+    unfused path."""
+    import torch
+    spec, _, taken, size = plan
+    with torch.cuda.device(x.device):
+        a.stream = torch.cuda.current_stream(x.device).cuda_stream
+        workspace = None
+        if taken == "unfused":
+            workspace = torch.empty(size, dtype=torch.uint8, device=x.device)
+            a.workspace, a.workspace_bytes = workspace.data_ptr(), size
+        _capi.check(call(ctypes.byref(spec), ctypes.byref(a)))
+        del workspace  # the caching allocator keeps it for this stream's queued work
+
 
 def _fail(message):
     from ropejit.errors import InvalidArgument
@@ -144,6 +209,28 @@ def qkv_projection(x, weight, *, q_heads, kv_heads, head_dim=128, rotary_dim=Non
     ``[sequences + 1]``) groups the tokens into sequences for a paged or contiguous cache (a
     prefill chunk); without it token t is sequence t's one new token."""
     import torch
+    tensors = (x, weight, norm_weight, weight_scale, position_ids, cos, sin, k_cache, v_cache,
+               slot_mapping, kv_indptr, kv_indices, kv_last_page_len, cache_seqlens, skipped,
+               cu_seqlens, k_cache_scales, v_cache_scales)
+    key = None if _fake else _plan_key(
+        "qkv", tensors, (q_heads, kv_heads, head_dim, rotary_dim, eps, norm, base, style, path,
+                         k_scale, v_scale, write_kv))
+    plan = None if key is None else _PLANNED.get(key)
+    if plan is not None:
+        a = _capi.ropejit_qkv_proj_args.from_buffer_copy(plan[1])
+        _addresses(a, _QKV_POINTERS, tensors)
+        a.position_offset = integer("position_offset", position_offset)
+        out = torch.empty(x.shape[0], q_heads + (2 * kv_heads if write_kv else 0), head_dim,
+                          dtype=x.dtype, device=x.device)
+        a.q.data = out.data_ptr()
+        if write_kv:
+            step = head_dim * out.element_size()
+            a.k.data, a.v.data = a.q.data + q_heads * step, a.q.data + (q_heads + kv_heads) * step
+        _launch_planned(x, plan, a, _capi.lib.ropejit_qkv_projection)
+        if _packed:
+            return out
+        return tuple(out.split([q_heads, kv_heads, kv_heads], dim=1)) if write_kv else (
+            out, None, None)
     choice("path", path, _capi.PROJ_PATHS)
     # Checked first: the shape checks below compute with them.
     q_heads, kv_heads = integer("q_heads", q_heads), integer("kv_heads", kv_heads)
@@ -266,13 +353,14 @@ def qkv_projection(x, weight, *, q_heads, kv_heads, head_dim=128, rotary_dim=Non
                 _capi.check(_capi.lib.ropejit_qkv_projection_path(
                     ctypes.byref(spec), ctypes.byref(a), ctypes.byref(code)))
                 taken = _paths[slot] = "unfused" if code.value == 2 else "fused"
+        size = ctypes.c_size_t()
         if taken == "unfused":
-            size = ctypes.c_size_t()
             _capi.check(_capi.lib.ropejit_qkv_projection_workspace_bytes(
                 ctypes.byref(spec), ctypes.byref(a), ctypes.byref(size)))
             workspace = torch.empty(size.value, dtype=torch.uint8, device=x.device)
             fill(a, workspace=workspace.data_ptr(), workspace_bytes=size.value)
         _capi.check(_capi.lib.ropejit_qkv_projection(ctypes.byref(spec), ctypes.byref(a)))
+    _remember_plan(key, (spec, bytes(a), taken, size.value))
     return result
 
 
@@ -417,6 +505,23 @@ def ffn_gate_up(x, weight=None, *, intermediate=None, gate_weight=None, up_weigh
     ``weight_scale`` ``[2 * intermediate]`` with the merged weight, ``gate_scale`` and
     ``up_scale`` ``[intermediate]`` with separate ones."""
     import torch
+    key = None if _fake else _plan_key(
+        "ffn", (x, weight, gate_weight, up_weight, weight_scale, gate_scale, up_scale,
+                norm_weight), (intermediate, eps, norm, act, path))
+    plan = None if key is None else _PLANNED.get(key)
+    if plan is not None:
+        if weight is not None:  # the merged weight's halves, as the first call split it
+            half = weight.shape[0] // 2
+            gate_weight, up_weight = weight[:half], weight[half:]
+            if weight_scale is not None:
+                gate_scale, up_scale = weight_scale[:half], weight_scale[half:]
+        a = _capi.ropejit_ffn_args.from_buffer_copy(plan[1])
+        _addresses(a, _FFN_POINTERS, (x, gate_weight, up_weight, gate_scale, up_scale,
+                                      norm_weight))
+        out = torch.empty(x.shape[0], gate_weight.shape[0], dtype=x.dtype, device=x.device)
+        a.out = out.data_ptr()
+        _launch_planned(x, plan, a, _capi.lib.ropejit_ffn_gate_up)
+        return out
     _choices(path=(path, _capi.PROJ_PATHS), act=(act, _capi.ACTIVATIONS), norm=(norm, _NORMS))
     if intermediate is not None:  # checked first: the shape checks below compute with it
         intermediate = integer("intermediate", intermediate)
@@ -516,6 +621,8 @@ def ffn_gate_up(x, weight=None, *, intermediate=None, gate_weight=None, up_weigh
         if taken == "unfused":
             workspace = _workspace(x, _capi.lib.ropejit_ffn_gate_up_workspace_bytes, spec, a)
         _capi.check(_capi.lib.ropejit_ffn_gate_up(ctypes.byref(spec), ctypes.byref(a)))
+        _remember_plan(key, (spec, bytes(a), taken, 0 if workspace is None else
+                             workspace.numel()))
         del workspace  # the caching allocator keeps it for this stream's queued work
     return out
 

@@ -159,3 +159,26 @@ def test_a_compiled_step_matches_eager_and_replays_in_a_cuda_graph():
     for a, b in zip(out, want):
         assert torch.equal(a, b)
     assert torch.equal(g_res, ref_res)
+
+
+@requires_cuda
+def test_a_repeated_shape_replays_its_plan_with_the_new_addresses():
+    first, second = _inputs("cuda", tokens=4, seed=2), _inputs("cuda", tokens=4, seed=3)
+
+    def project(t, offset):
+        kc, vc = t["k_cache"].clone(), t["v_cache"].clone()
+        qkv = decode.qkv_projection(t["x"], t["weight"], q_heads=Q_HEADS, kv_heads=KV_HEADS,
+                                    head_dim=HEAD_DIM, norm_weight=t["norm_weight"],
+                                    position_offset=offset, k_cache=kc, v_cache=vc,
+                                    slot_mapping=t["slots"])
+        g = decode.ffn_gate_up(t["x"], t["gate_up"], norm_weight=t["norm_weight"])
+        return qkv + (kc, vc, g)
+
+    decode._PLANNED.clear()
+    project(first, 3)  # planned
+    assert len(decode._PLANNED) == 2
+    replayed = project(second, 9)  # the plans, with second's addresses and offset
+    decode._PLANNED.clear()
+    fresh = project(second, 9)
+    for a, b in zip(replayed, fresh):
+        assert torch.equal(a, b)
