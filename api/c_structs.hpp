@@ -16,7 +16,9 @@ namespace ropejit::capi {
 // the caller's memory).
 constexpr uint32_t kMaxStructBytes = 1 << 16;
 
-// The first sized layout of each struct, this library's: a smaller one cannot be a caller's.
+// The first sized layout of each struct (ropejit 0.2.0's): a smaller one cannot be a caller's.
+// When a field is appended to a struct, this stays its 0.2.0 size (tests/test_c_api.cpp pins
+// those sizes), so that callers built before the append keep working.
 template <class T>
 constexpr size_t kFirstSize = sizeof(T);
 

@@ -108,6 +108,21 @@ TEST_CASE("C ABI: structs are read and written only as far as their headers say"
         "with the macro of ropejit.h before setting fields");
 }
 
+TEST_CASE("C ABI: the 0.2.0 struct sizes, the smallest each struct's header may claim") {
+  // Appending a field changes sizeof: api/c_structs.hpp's kFirstSize must then keep these.
+  if (sizeof(void*) != 8) return;
+  CHECK(sizeof(ropejit_spec) == 76);
+  CHECK(sizeof(ropejit_args) == 704);
+  CHECK(sizeof(ropejit_table_spec) == 152);
+  CHECK(sizeof(ropejit_model) == 216);
+  CHECK(sizeof(ropejit_qkv_proj_spec) == 60);
+  CHECK(sizeof(ropejit_qkv_proj_args) == 480);
+  CHECK(sizeof(ropejit_ffn_spec) == 24);
+  CHECK(sizeof(ropejit_ffn_args) == 152);
+  CHECK(sizeof(ropejit_rms_norm_spec) == 20);
+  CHECK(sizeof(ropejit_rms_norm_args) == 96);
+}
+
 TEST_CASE("C ABI: int fields that stand for bools take only 0 and 1") {
   ropejit_spec spec;
   ropejit_spec_init(&spec);
