@@ -26,7 +26,8 @@ ropejit_spec from_spec(const ropejit::Spec& d);
 
 ropejit::Spec to_spec(const ropejit_spec* p) {
   if (!ropejit::capi::has_header(p)) return ropejit::capi::spec_v010(p);
-  const ropejit_spec s = read_struct(p, "spec", from_spec(ropejit::Spec()));
+  static const auto defaults = from_spec(ropejit::Spec());
+  const ropejit_spec s = read_struct(p, "spec", defaults);
   ropejit::Spec o;
   ropejit::capi::spec_v010_fields(s, &o, flag);
   o.norm = ropejit::Norm(s.norm);
@@ -47,7 +48,10 @@ ropejit::RopeScaling to_scaling(const ropejit_scaling& c, const char* where) {
   r.mscale = c.mscale;
   r.mscale_all_dim = c.mscale_all_dim;
   r.attention_factor = c.attention_factor;
-  r.truncate = flag(c.truncate, (std::string(where) + ".truncate").c_str());
+  // The name is put together only for the message: this runs on every call.
+  if (c.truncate != 0 && c.truncate != 1)
+    invalid(where, ".truncate (", c.truncate, ") must be 0 or 1");
+  r.truncate = c.truncate == 1;
   r.short_factor = c.short_factor;
   r.long_factor = c.long_factor;
   r.seq_len = c.seq_len;
@@ -148,7 +152,8 @@ ropejit_args default_args() {
 ropejit::Args to_args(const ropejit_spec* spec, const ropejit_args* p) {
   // Both structs come from one header: a 0.1.0 spec means 0.1.0 args.
   if (!ropejit::capi::has_header(spec)) return ropejit::capi::args_v010(p);
-  const ropejit_args a = read_struct(p, "args", default_args());
+  static const auto defaults = default_args();
+  const ropejit_args a = read_struct(p, "args", defaults);
   ropejit::Args o;
   ropejit::capi::args_v010_fields(a, &o);
   o.scaling = to_scaling(a.scaling, "args.scaling");
@@ -171,7 +176,8 @@ ropejit_table_spec from_table(const ropejit::TableSpec& d) {
 }
 
 ropejit::TableSpec to_table(const ropejit_table_spec* p) {
-  const ropejit_table_spec c = read_struct(p, "table", from_table(ropejit::TableSpec()));
+  static const auto defaults = from_table(ropejit::TableSpec());
+  const ropejit_table_spec c = read_struct(p, "table", defaults);
   ropejit::TableSpec t;
   t.freqs = ropejit::Freqs(c.freqs);
   t.base = c.base;
@@ -362,7 +368,8 @@ ropejit_qkv_proj_args default_proj_args() {
 }
 
 ropejit::QkvProjSpec to_proj_spec(const ropejit_qkv_proj_spec* p) {
-  const ropejit_qkv_proj_spec s = read_struct(p, "spec", from_proj_spec(ropejit::QkvProjSpec()));
+  static const auto defaults = from_proj_spec(ropejit::QkvProjSpec());
+  const ropejit_qkv_proj_spec s = read_struct(p, "spec", defaults);
   ropejit::QkvProjSpec o;
   o.dtype = ropejit::DType(s.dtype);
   o.head_dim = s.head_dim;
@@ -381,7 +388,8 @@ ropejit::QkvProjSpec to_proj_spec(const ropejit_qkv_proj_spec* p) {
 }
 
 ropejit::QkvProjArgs to_proj_args(const ropejit_qkv_proj_args* p) {
-  const ropejit_qkv_proj_args a = read_struct(p, "args", default_proj_args());
+  static const auto defaults = default_proj_args();
+  const ropejit_qkv_proj_args a = read_struct(p, "args", defaults);
   ropejit::QkvProjArgs o;
   o.tokens = a.tokens;
   o.hidden = a.hidden;
@@ -478,7 +486,8 @@ ropejit_ffn_args default_ffn_args() {
 }
 
 ropejit::FfnSpec to_ffn_spec(const ropejit_ffn_spec* p) {
-  const ropejit_ffn_spec s = read_struct(p, "spec", from_ffn_spec(ropejit::FfnSpec()));
+  static const auto defaults = from_ffn_spec(ropejit::FfnSpec());
+  const ropejit_ffn_spec s = read_struct(p, "spec", defaults);
   ropejit::FfnSpec o;
   o.dtype = ropejit::DType(s.dtype);
   o.norm = ropejit::Norm(s.norm);
@@ -488,7 +497,8 @@ ropejit::FfnSpec to_ffn_spec(const ropejit_ffn_spec* p) {
 }
 
 ropejit::FfnArgs to_ffn_args(const ropejit_ffn_args* p) {
-  const ropejit_ffn_args a = read_struct(p, "args", default_ffn_args());
+  static const auto defaults = default_ffn_args();
+  const ropejit_ffn_args a = read_struct(p, "args", defaults);
   ropejit::FfnArgs o;
   o.tokens = a.tokens;
   o.hidden = a.hidden;
@@ -571,7 +581,8 @@ ropejit_rms_norm_args default_norm_args() {
 }
 
 ropejit::RmsNormSpec to_norm_spec(const ropejit_rms_norm_spec* p) {
-  const ropejit_rms_norm_spec s = read_struct(p, "spec", from_norm_spec(ropejit::RmsNormSpec()));
+  static const auto defaults = from_norm_spec(ropejit::RmsNormSpec());
+  const ropejit_rms_norm_spec s = read_struct(p, "spec", defaults);
   ropejit::RmsNormSpec o;
   o.dtype = ropejit::DType(s.dtype);
   o.norm = ropejit::Norm(s.norm);
@@ -580,7 +591,8 @@ ropejit::RmsNormSpec to_norm_spec(const ropejit_rms_norm_spec* p) {
 }
 
 ropejit::RmsNormArgs to_norm_args(const ropejit_rms_norm_args* p) {
-  const ropejit_rms_norm_args a = read_struct(p, "args", default_norm_args());
+  static const auto defaults = default_norm_args();
+  const ropejit_rms_norm_args a = read_struct(p, "args", defaults);
   ropejit::RmsNormArgs o;
   o.rows = a.rows;
   o.hidden = a.hidden;

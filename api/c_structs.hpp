@@ -38,7 +38,8 @@ uint32_t checked_size(size_t size, const char* name) {
 }
 
 // *p as this library's T: the caller's bytes up to its header's size over `defaults`. Bytes past
-// this library's struct must be zero (fields of a newer header, left at their defaults).
+// this library's struct must be zero (fields of a newer header, left at their defaults). Callers
+// keep `defaults` in a function-local static: every call copies them, none rebuilds them.
 template <class T>
 T read_struct(const T* p, const char* name, const T& defaults) {
   ropejit_header h;

@@ -88,8 +88,8 @@ _FFN_POINTERS = ("x", "gate_weight", "up_weight", "gate_scale", "up_scale", "nor
 
 
 def _plan_key(entry, tensors, values):
-    """The plan cache's key for a call, or None when it cannot be kept (a tensor without storage,
-    an unhashable argument)."""
+    """The plan cache's key for a call, or None when it cannot be kept (a tensor that is not a
+    CUDA torch tensor)."""
     import torch
     meta = []
     for t in tensors:
@@ -99,16 +99,24 @@ def _plan_key(entry, tensors, values):
             return None
         else:
             meta.append((t.shape, t.stride(), t.dtype, t.device))
-    key = (entry, tuple(meta), tuple((type(v), v) for v in values))
+    return entry, tuple(meta), tuple((type(v), v) for v in values)
+
+
+def _planned(key):
+    """The plan kept under `key`, or None (also for a key that cannot be hashed: an unhashable
+    argument, which is then never kept)."""
     try:
-        hash(key)
+        return _PLANNED.get(key)
     except TypeError:
         return None
-    return key
 
 
 def _remember_plan(key, plan):
     if key is None:
+        return
+    try:
+        hash(key)
+    except TypeError:
         return
     if len(_PLANNED) >= _MAX_PLANNED:
         _PLANNED.clear()
@@ -215,7 +223,7 @@ def qkv_projection(x, weight, *, q_heads, kv_heads, head_dim=128, rotary_dim=Non
     key = None if _fake else _plan_key(
         "qkv", tensors, (q_heads, kv_heads, head_dim, rotary_dim, eps, norm, base, style, path,
                          k_scale, v_scale, write_kv))
-    plan = None if key is None else _PLANNED.get(key)
+    plan = None if key is None else _planned(key)
     if plan is not None:
         a = _capi.ropejit_qkv_proj_args.from_buffer_copy(plan[1])
         _addresses(a, _QKV_POINTERS, tensors)
@@ -508,7 +516,7 @@ def ffn_gate_up(x, weight=None, *, intermediate=None, gate_weight=None, up_weigh
     key = None if _fake else _plan_key(
         "ffn", (x, weight, gate_weight, up_weight, weight_scale, gate_scale, up_scale,
                 norm_weight), (intermediate, eps, norm, act, path))
-    plan = None if key is None else _PLANNED.get(key)
+    plan = None if key is None else _planned(key)
     if plan is not None:
         if weight is not None:  # the merged weight's halves, as the first call split it
             half = weight.shape[0] // 2
