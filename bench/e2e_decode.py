@@ -1,17 +1,23 @@
 """End to end: ms per generated token of a transformers model with random weights, unpatched,
 with ropejit's RoPE only (patch_hf_model(fuse="rope")) and with the decode block
 (fuse="all"), in eager mode and with a static cache under transformers' automatic
-torch.compile; the weight-read floor from a same-run device copy; a torch.profiler breakdown
-of one patched decode step. One JSON line per row (and a table) on stdout.
+torch.compile. A token's time is the median wall interval between generate()'s decode steps;
+beside it the device time of a step (torch.profiler: a generate() less its prefill alone), the
+weight-read floor from a same-run device copy, and with --profile N the step's N costliest
+kernels. One JSON line per row (and a table) on stdout.
 
-    python3 bench/e2e_decode.py --model llama3-8b --layers 8 --batch 1 --prompt 128 --new 64 \\
-        --modes eager,compile
+    python3 bench/e2e_decode.py --model llama3-8b --batch 1,8,32 --prompt 128 --new 64
+
+(all layers by default; --layers 8 for a quick look). The device times come from a second
+process, since torch.profiler slows every later launch of the process it ran in.
 
 Run from the repository with the package importable (PYTHONPATH=python and ROPEJIT_LIB, or an
 installed ropejit)."""
 
 import argparse
 import json
+import subprocess
+import sys
 import time
 
 import torch
@@ -27,19 +33,24 @@ CONFIGS = {
                       rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                     "high_freq_factor": 4.0,
                                     "original_max_position_embeddings": 8192}),
+    # Qwen3-8B's shapes (config.json of Qwen/Qwen3-8B): QK-norm, no RoPE scaling.
+    "qwen3-8b": dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288,
+                     num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
+                     head_dim=128, max_position_embeddings=40960, rope_theta=1000000.0,
+                     rms_norm_eps=1e-6, tie_word_embeddings=False),
 }
 
 
 def build(name, layers):
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
     fields = dict(CONFIGS[name])
     if layers:
         fields["num_hidden_layers"] = layers
-    config = LlamaConfig(**fields)
+    config = (Qwen3Config if name.startswith("qwen3") else LlamaConfig)(**fields)
     config._attn_implementation = "sdpa"
     torch.manual_seed(0)
     with torch.device("cuda"):
-        model = LlamaForCausalLM(config).to(torch.bfloat16)
+        model = AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
     keep_float32_rope(model)
     return model.eval()
 
@@ -79,97 +90,168 @@ def weight_bytes(model):
     return sum(p.numel() * p.element_size() for p in model.parameters() if p is not embed)
 
 
-def ms_per_token(model, batch, prompt, new, static, repeats=3):
-    ids = torch.randint(0, model.config.vocab_size, (batch, prompt), device="cuda",
-                        generator=torch.Generator("cuda").manual_seed(0))
+class _StepClock:
+    """A stopping criterion that never stops generation and notes the time of each call: one call
+    per generated token, so the intervals are the decode steps' wall time (generate waits for
+    each step's tokens before the next). The answer is one preallocated tensor: no launch."""
+
+    def __init__(self, batch):
+        self.times = []
+        self.never = torch.zeros(batch, dtype=torch.bool, device="cuda")
+
+    def __call__(self, input_ids, scores, **kwargs):
+        self.times.append(time.perf_counter())
+        return self.never
+
+
+def _generate(model, ids, new, static, clock=None):
+    from transformers import StoppingCriteriaList
     kwargs = dict(do_sample=False, cache_implementation="static" if static else None,
                   pad_token_id=0)
+    if clock is not None:
+        kwargs["stopping_criteria"] = StoppingCriteriaList([clock])
+    with torch.no_grad():
+        model.generate(ids, max_new_tokens=new, min_new_tokens=new, **kwargs)
+    torch.cuda.synchronize()
 
-    def run(n):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        with torch.no_grad():
-            model.generate(ids, max_new_tokens=n, min_new_tokens=n, **kwargs)
-        torch.cuda.synchronize()
-        return time.perf_counter() - t0
 
-    run(new)  # warm-up: compiles (static cache) and loads every kernel
-    run(new)
-    rows = []
+def _prompt(model, batch, prompt):
+    return torch.randint(0, model.config.vocab_size, (batch, prompt), device="cuda",
+                         generator=torch.Generator("cuda").manual_seed(0))
+
+
+def ms_per_token(model, batch, prompt, new, static, repeats=3):
+    """Median wall time of a decode step inside generate(), over `repeats` runs of `new` tokens
+    after two warm-up runs (compilation, CUDA-graph recording, kernel loads); the first two
+    steps of each run are left out."""
+    ids = _prompt(model, batch, prompt)
+    _generate(model, ids, new, static)
+    _generate(model, ids, new, static)
+    steps = []
     for _ in range(repeats):
-        rows.append((run(new) - run(1)) / (new - 1) * 1e3)
-    rows.sort()
-    return rows[len(rows) // 2]
+        clock = _StepClock(batch)
+        _generate(model, ids, new, static, clock)
+        steps += [b - a for a, b in zip(clock.times[2:], clock.times[3:])]
+    steps.sort()
+    return steps[len(steps) // 2] * 1e3
 
 
-def profile(model, batch, prompt):
-    """The share of CUDA time per op over one eager decode step (after a prefill)."""
+def _kernel_times(model, ids, new, static):
+    """{kernel name: (device µs, launches)} over one generate() of `new` tokens."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
-    ids = torch.randint(0, model.config.vocab_size, (batch, prompt), device="cuda")
-    with torch.no_grad():
-        out = model(ids, use_cache=True)
-        step = out.logits[:, -1:].argmax(-1)
-        cache = out.past_key_values
-        model(step, past_key_values=cache, use_cache=True)
-        torch.cuda.synchronize()
-        with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
-            model(step, past_key_values=cache, use_cache=True)
-            torch.cuda.synchronize()
-    events = prof.key_averages()
-    total = sum(e.device_time_total for e in events if e.device_time_total > 0) or 1
-    top = sorted(events, key=lambda e: -e.device_time_total)[:12]
-    return [(e.key[:70], round(e.device_time_total / total, 4), round(e.device_time_total, 1))
-            for e in top if e.device_time_total > 0]
+    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+        _generate(model, ids, new, static)
+    return {e.key: (e.self_device_time_total, e.count) for e in prof.key_averages()
+            if e.device_type == DeviceType.CUDA and e.self_device_time_total > 0}
+
+
+def decode_kernels(model, batch, prompt, new, static):
+    """Device time per decode step and its kernels, [(name, µs per step, launches per step)],
+    from two profiled generate() calls: `new` tokens less one token (the prefill alone). The
+    second call changes a static cache's length: run after the timings."""
+    ids = _prompt(model, batch, prompt)
+    full = _kernel_times(model, ids, new, static)
+    prefill = _kernel_times(model, ids, 1, static)
+    rows = []
+    for name, (us, count) in full.items():
+        base_us, base_count = prefill.get(name, (0.0, 0))
+        if us - base_us > 0:
+            rows.append((name, (us - base_us) / (new - 1), (count - base_count) / (new - 1)))
+    rows.sort(key=lambda r: -r[1])
+    return rows
+
+
+def _rows(model, args, measure):
+    """measure(patch, mode, batch) for every row, patching `model` in the order of --patches."""
+    rows = []
+    for patch in args.patches.split(","):
+        if patch != "none":
+            report = ropejit.nn.patch_hf_model(model, fuse=patch)
+            if patch == "all" and report.not_fused:
+                print(json.dumps(dict(not_fused=report.not_fused)), file=sys.stderr, flush=True)
+        for mode in args.modes.split(","):
+            for batch in (int(b) for b in args.batch.split(",")):
+                rows.append(dict(patch=patch, mode=mode, batch=batch, prompt=args.prompt,
+                                 **measure(patch, mode, batch)))
+        torch._dynamo.reset()
+    return rows
+
+
+def _device_rows(argv, floor_ms, top):
+    """The device time per step of every row, from a second process: torch.profiler leaves
+    CUPTI's callbacks in place, which slows every later launch of the process it ran in."""
+    child = subprocess.run([sys.executable, __file__, *argv, "--device-time"],
+                           stdout=subprocess.PIPE, text=True, check=True)
+    rows = {}
+    for line in child.stdout.splitlines():
+        row = json.loads(line)
+        kernels = row.pop("kernels")
+        gpu_ms = sum(k[1] for k in kernels) / 1e3
+        row.update(gpu_ms=round(gpu_ms, 3), gpu_x_floor=round(gpu_ms / floor_ms, 2),
+                   launches=round(sum(k[2] for k in kernels), 1))
+        if top:
+            row["kernels"] = [(name[:60], round(us, 1), round(n, 2))
+                              for name, us, n in kernels[:top]]
+        rows[(row["patch"], row["mode"], row["batch"])] = row
+    return rows
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="llama3-8b", choices=sorted(CONFIGS))
-    parser.add_argument("--layers", type=int, default=8, help="decoder layers (0: all)")
-    parser.add_argument("--batch", default="1", help="comma-separated batch sizes")
+    parser.add_argument("--layers", type=int, default=0, help="decoder layers (0: all)")
+    parser.add_argument("--batch", default="1,8,32", help="comma-separated batch sizes")
     parser.add_argument("--prompt", type=int, default=128)
     parser.add_argument("--new", type=int, default=64)
     parser.add_argument("--modes", default="eager,compile", help="eager and/or compile")
     parser.add_argument("--patches", default="none,rope,all",
                         help="none (transformers), rope (fuse='rope'), all (fuse='all'), in order")
-    parser.add_argument("--profile", action="store_true", help="a patched decode step's ops")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="list each row's N costliest kernels per decode step")
+    parser.add_argument("--no-device-time", action="store_true",
+                        help="skip the profiled second process (device time per step)")
+    parser.add_argument("--device-time", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    gpu = torch.cuda.get_device_name()
     model = build(args.model, args.layers)
+    if args.device_time:  # the child of _device_rows: kernels per step, one JSON line a row
+        for row in _rows(model, args, lambda patch, mode, batch: dict(kernels=decode_kernels(
+                model, batch, args.prompt, args.new, mode == "compile"))):
+            print(json.dumps(row), flush=True)
+        return
+    gpu = torch.cuda.get_device_name()
     gbps = copy_gbps()
     floor_ms = weight_bytes(model) / (gbps * 1e9) * 1e3
     print(json.dumps(dict(gpu=gpu, model=args.model, layers=model.config.num_hidden_layers,
                           weight_gb=round(weight_bytes(model) / 1e9, 3),
                           copy_gbps=round(gbps, 1), floor_ms=round(floor_ms, 3))), flush=True)
-    modes = args.modes.split(",")
-    batches = [int(b) for b in args.batch.split(",")]
-    results = []
-    for patch in args.patches.split(","):
-        if patch != "none":
-            report = ropejit.nn.patch_hf_model(model, fuse=patch)
-            if patch == "all" and report.not_fused:
-                print(json.dumps(dict(not_fused=report.not_fused)), flush=True)
-        for mode in modes:
-            for batch in batches:
-                ms = ms_per_token(model, batch, args.prompt, args.new, mode == "compile")
-                row = dict(patch=patch, mode=mode, batch=batch, prompt=args.prompt,
-                           ms_per_token=round(ms, 3), tokens_per_s=round(batch * 1e3 / ms, 1),
-                           x_floor=round(ms / floor_ms, 2))
-                results.append(row)
-                print(json.dumps(row), flush=True)
-        torch._dynamo.reset()
-    if args.profile:
-        for name, share, us in profile(model, batches[0], args.prompt):
-            print(json.dumps(dict(op=name, share=share, cuda_us=us)), flush=True)
-    print(f"\n{gpu}, {args.model} with {model.config.num_hidden_layers} layers, prompt "
-          f"{args.prompt}, {args.new} new tokens; floor {floor_ms:.2f} ms "
-          f"({weight_bytes(model) / 1e9:.2f} GB at {gbps:.0f} GB/s)")
-    print("| patch | mode | batch | ms/token | × floor |")
-    print("|---|---|---|---|---|")
+
+    def timed(patch, mode, batch):
+        ms = ms_per_token(model, batch, args.prompt, args.new, mode == "compile")
+        row = dict(ms_per_token=round(ms, 3), tokens_per_s=round(batch * 1e3 / ms, 1),
+                   x_floor=round(ms / floor_ms, 2))
+        print(json.dumps(dict(patch=patch, mode=mode, batch=batch, **row)), flush=True)
+        return row
+
+    results = _rows(model, args, timed)
+    layers = model.config.num_hidden_layers
+    weights_gb = weight_bytes(model) / 1e9
+    if not args.no_device_time:
+        del model
+        torch.cuda.empty_cache()
+        device = _device_rows(sys.argv[1:], floor_ms, args.profile)
+        for r in results:
+            r.update(device.get((r["patch"], r["mode"], r["batch"]), {}))
+            print(json.dumps(r), flush=True)
+    print(f"\n{gpu}, {args.model} with {layers} layers, prompt {args.prompt}, {args.new} new "
+          f"tokens; floor {floor_ms:.2f} ms ({weights_gb:.2f} GB at {gbps:.0f} GB/s)")
+    print("| patch | mode | batch | ms/token | tokens/s | × floor | GPU ms/step | GPU × floor |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in results:
         print(f"| {r['patch']} | {r['mode']} | {r['batch']} | {r['ms_per_token']} | "
-              f"{r['x_floor']} |")
+              f"{r['tokens_per_s']} | {r['x_floor']} | {r.get('gpu_ms', '')} | "
+              f"{r.get('gpu_x_floor', '')} |")
 
 
 if __name__ == "__main__":

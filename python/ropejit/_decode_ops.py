@@ -27,6 +27,21 @@ def _rms_norm_fake(x, weight, residual, eps, norm):
     return decode.rms_norm(x, weight, eps, residual=residual, norm=norm, _fake=True)
 
 
+def _rms_norm_plain_impl(x: Tensor, weight: Tensor, eps: float, norm: str) -> Tensor:
+    return decode.rms_norm(x, weight, eps, norm=norm)
+
+
+# RMSNorm without the residual: an op that mutates nothing (inductor cannot lower the
+# functionalized form of an op whose mutable arguments are all None).
+rms_norm_plain_op = torch.library.custom_op("ropejit::rms_norm_plain", _rms_norm_plain_impl,
+                                            mutates_args=())
+
+
+@rms_norm_plain_op.register_fake
+def _rms_norm_plain_fake(x, weight, eps, norm):
+    return decode.rms_norm(x, weight, eps, norm=norm, _fake=True)
+
+
 def _qkv_projection_impl(x: Tensor, weight: Tensor, norm_weight: Optional[Tensor],
                          weight_scale: Optional[Tensor], position_ids: Optional[Tensor],
                          cos: Optional[Tensor], sin: Optional[Tensor], k_cache: Optional[Tensor],
@@ -37,7 +52,7 @@ def _qkv_projection_impl(x: Tensor, weight: Tensor, norm_weight: Optional[Tensor
                          k_cache_scales: Optional[Tensor], v_cache_scales: Optional[Tensor],
                          q_heads: int, kv_heads: int, head_dim: int, rotary_dim: int, norm: str,
                          eps: float, position_offset: int, base: float, style: str, path: str,
-                         k_scale: float, v_scale: float, write_kv: bool,
+                         k_scale: float, v_scale: float, write_kv: bool, kv_layout: str = "NHD",
                          _fake: bool = False) -> Tensor:
     return decode.qkv_projection(
         x, weight, q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim,
@@ -47,7 +62,8 @@ def _qkv_projection_impl(x: Tensor, weight: Tensor, norm_weight: Optional[Tensor
         slot_mapping=slot_mapping, kv_indptr=kv_indptr, kv_indices=kv_indices,
         kv_last_page_len=kv_last_page_len, cache_seqlens=cache_seqlens, k_scale=k_scale,
         v_scale=v_scale, skipped=skipped, write_kv=write_kv, cu_seqlens=cu_seqlens,
-        k_cache_scales=k_cache_scales, v_cache_scales=v_cache_scales, _packed=True, _fake=_fake)
+        k_cache_scales=k_cache_scales, v_cache_scales=v_cache_scales, kv_layout=kv_layout,
+        _packed=True, _fake=_fake)
 
 
 def _qkv_projection_op_impl(x: Tensor, weight: Tensor, norm_weight: Optional[Tensor],
@@ -61,14 +77,15 @@ def _qkv_projection_op_impl(x: Tensor, weight: Tensor, norm_weight: Optional[Ten
                             v_cache_scales: Optional[Tensor], q_heads: int, kv_heads: int,
                             head_dim: int, rotary_dim: int, norm: str, eps: float,
                             position_offset: int, base: float, style: str, path: str,
-                            k_scale: float, v_scale: float, write_kv: bool) -> Tensor:
+                            k_scale: float, v_scale: float, write_kv: bool,
+                            kv_layout: str) -> Tensor:
     # The op's schema is inferred from these annotations; the private _fake flag stays out.
     return _qkv_projection_impl(x, weight, norm_weight, weight_scale, position_ids, cos, sin,
                                 k_cache, v_cache, slot_mapping, kv_indptr, kv_indices,
                                 kv_last_page_len, cache_seqlens, cu_seqlens, skipped,
                                 k_cache_scales, v_cache_scales, q_heads, kv_heads, head_dim,
                                 rotary_dim, norm, eps, position_offset, base, style, path,
-                                k_scale, v_scale, write_kv)
+                                k_scale, v_scale, write_kv, kv_layout)
 
 
 # q, k and v are views of one [tokens, q_heads + 2 kv_heads, head_dim] tensor: the op returns it

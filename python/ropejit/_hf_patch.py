@@ -1,7 +1,9 @@
 """A transformers decoder layer run through ropejit's decode block (ropejit.nn.patch_hf_model with
-fuse="all"): per layer, input RMSNorm -> packed QKV projection -> RoPE in one op, the cache
-update and attention as transformers does them, o_proj, then the residual add, RMSNorm and
-gate/up -> SiLU * up in one op, and down_proj. The q/k/v and gate/up weights are packed once at
+fuse="all"): per layer, input RMSNorm -> packed QKV projection -> RoPE in one op that also
+appends k and v to a StaticCache (other caches get them through their update()), attention as
+transformers does it, o_proj, then the residual add, RMSNorm and gate/up -> SiLU * up in one op,
+and down_proj. A layer with QK-norm (Qwen3) runs RMSNorm, the packed projection (torch's GEMM)
+and one fused op for QK-norm -> RoPE -> the cache append instead of the first op. The q/k/v and gate/up weights are packed once at
 patch time and the model's Linear weights re-pointed into the packed tensors, so no weight is
 held twice."""
 
@@ -39,7 +41,13 @@ def _why_not(layer):
         if type(module).__name__.startswith("Gemma"):
             return f"its {norm} scales by (1 + w) around other pre/post norms (Gemma)"
     if hasattr(attn, "q_norm") or hasattr(attn, "k_norm"):
-        return "its attention normalizes q and k per head (QK-norm, Qwen3): not fused yet"
+        for norm in ("q_norm", "k_norm"):
+            module = getattr(attn, norm, None)
+            if module is None or getattr(module, "weight", None) is None or not hasattr(
+                    module, "variance_epsilon") or module.weight.dim() != 1:
+                return f"its {norm} is not an RMSNorm over head_dim with a weight"
+        if attn.q_norm.variance_epsilon != attn.k_norm.variance_epsilon:
+            return "its q_norm and k_norm have different epsilons"
     act = getattr(mlp, "act_fn", None)
     if type(act).__name__ not in ("SiLU", "SiLUActivation"):
         return f"its MLP activation is {type(act).__name__}, not SiLU"
@@ -95,6 +103,46 @@ class NoPositionEmbeddings(torch.nn.Module):
         return None, None
 
 
+def _static_layer(cache, index, x, batch, kv_heads, head_dim):
+    """The layer of a transformers StaticCache that the projection can append to directly (full
+    attention, its tensors allocated by the prefill in x's dtype, a row per sequence of this
+    batch), or None: then k and v go through the cache's update()."""
+    from transformers.cache_utils import StaticLayer
+    layers = getattr(cache, "layers", None)
+    if layers is None or index is None or index >= len(layers):
+        return None
+    layer = layers[index]
+    # A subclass (the sliding-window layer) places rows differently.
+    if type(layer) is not StaticLayer or not layer.is_initialized:
+        return None
+    keys = layer.keys
+    if keys.dim() != 4 or keys.dtype != x.dtype or keys.device != x.device or (
+            keys.shape[0], keys.shape[1], keys.shape[3]) != (batch, kv_heads, head_dim):
+        return None
+    return layer
+
+
+def _qk_norm_projection(self, x, batch, seq, ids, cache):
+    """(q, k, v) [tokens, heads, head_dim] of a QK-norm layer: RMSNorm, the packed projection,
+    then QK-norm, RoPE and the cache append (`cache`: the static cache's arguments, or none) in
+    one fused launch on views of the projection's output."""
+    rj, attn = self._ropejit, self.self_attn
+    heads = (rj["q_heads"], rj["kv_heads"], rj["kv_heads"])
+    h = ops.rms_norm(x, self.input_layernorm.weight, self.input_layernorm.variance_epsilon)
+    packed = torch.nn.functional.linear(h, rj["qkv"]).view(x.shape[0], sum(heads),
+                                                            rj["head_dim"])
+    q, k, v = packed.split(heads, dim=1)
+    freqs = rj["freqs"]
+    # v is read only for the cache append; without one it stays where the projection put it.
+    ops.qk_norm_rope(
+        *(t.view(batch, seq, -1, rj["head_dim"]) for t in ((q, k, v) if cache else (q, k))),
+        layout="bshd",
+        rotary_dim=freqs.rotary_dim, position_ids=ids, cos=freqs.cos, sin=freqs.sin,
+        base=freqs.base, norm="rms", q_norm_weight=attn.q_norm.weight,
+        k_norm_weight=attn.k_norm.weight, norm_eps=attn.q_norm.variance_epsilon, **cache)
+    return q, k, v
+
+
 def _forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
              use_cache=False, position_embeddings=None, **kwargs):
     """LlamaDecoderLayer.forward with ropejit's decode block (see the module docstring)."""
@@ -103,17 +151,37 @@ def _forward(self, hidden_states, attention_mask=None, position_ids=None, past_k
     batch, seq, hidden = hidden_states.shape
     tokens = batch * seq
     x = hidden_states.reshape(tokens, hidden)
-    ids = position_ids.expand(batch, seq).reshape(tokens)
-    q, k, v = ops.qkv_projection(
-        x, rj["qkv"], q_heads=rj["q_heads"], kv_heads=rj["kv_heads"], head_dim=rj["head_dim"],
-        rotary_dim=rj["freqs"].rotary_dim, norm_weight=self.input_layernorm.weight,
-        eps=self.input_layernorm.variance_epsilon, position_ids=ids, cos=rj["freqs"].cos,
-        sin=rj["freqs"].sin, base=rj["freqs"].base)
+    # One position per token, dense (transformers may pass [1, seq] for every sequence).
+    ids = position_ids.expand(batch, seq).reshape(tokens).contiguous()
+    layer = _static_layer(past_key_values, attn.layer_idx, x, batch, rj["kv_heads"],
+                          rj["head_dim"])
+    cache = {}
+    if layer is not None:
+        # k and v go straight into the static cache's [batch, kv_heads, max_len, head_dim]
+        # tensors at the rows from the layer's length on, as its update() would put them.
+        cache = dict(k_cache=layer.keys, v_cache=layer.values, kv_layout="HND",
+                     cache_seqlens=layer.cumulative_length.expand(batch).to(torch.int32))
+    freqs = rj["freqs"]
+    if rj["qk_norm"]:
+        q, k, v = _qk_norm_projection(self, x, batch, seq, ids, cache)
+    else:
+        if layer is not None and seq > 1:
+            cache["cu_seqlens"] = torch.arange(0, tokens + 1, seq, dtype=torch.int32,
+                                               device=x.device)
+        q, k, v = ops.qkv_projection(
+            x, rj["qkv"], q_heads=rj["q_heads"], kv_heads=rj["kv_heads"],
+            head_dim=rj["head_dim"], rotary_dim=freqs.rotary_dim,
+            norm_weight=self.input_layernorm.weight, eps=self.input_layernorm.variance_epsilon,
+            position_ids=ids, cos=freqs.cos, sin=freqs.sin, base=freqs.base, **cache)
     query = q.view(batch, seq, rj["q_heads"], rj["head_dim"]).transpose(1, 2)
-    key = k.view(batch, seq, rj["kv_heads"], rj["head_dim"]).transpose(1, 2)
-    value = v.view(batch, seq, rj["kv_heads"], rj["head_dim"]).transpose(1, 2)
-    if past_key_values is not None:
-        key, value = past_key_values.update(key, value, attn.layer_idx)
+    if layer is not None:
+        layer.cumulative_length.add_(seq)
+        key, value = layer.keys, layer.values
+    else:
+        key = k.view(batch, seq, rj["kv_heads"], rj["head_dim"]).transpose(1, 2)
+        value = v.view(batch, seq, rj["kv_heads"], rj["head_dim"]).transpose(1, 2)
+        if past_key_values is not None:
+            key, value = past_key_values.update(key, value, attn.layer_idx)
     interface = rj["attention"].get_interface(attn.config._attn_implementation, rj["eager"])
     out, _ = interface(attn, query, key, value, attention_mask, dropout=0.0,
                        scaling=attn.scaling, **kwargs)
@@ -151,6 +219,7 @@ def patch_layers(model, rope):
             "q_heads": attn.q_proj.weight.shape[0] // head_dim,
             "kv_heads": attn.k_proj.weight.shape[0] // head_dim,
             "head_dim": head_dim, "freqs": freqs, "attention": ALL_ATTENTION_FUNCTIONS,
+            "qk_norm": hasattr(attn, "q_norm"),
             "eager": getattr(modeling, "eager_attention_forward", None),
         }
         module.forward = types.MethodType(_forward, module)

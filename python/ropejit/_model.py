@@ -237,7 +237,7 @@ def attention_factor(freqs, rotary_dim, scaling=None, seq_len=0):
 @dataclasses.dataclass(frozen=True)
 class ModelRope:
     """A model's RoPE as its Hugging Face config.json describes it, read by ropejit's C reader
-    (ropejit::ModelRope; README "Models described by their config.json").
+    (ropejit::ModelRope; docs/scaling.md, "Models described by their config.json").
 
     spec: the plain-RoPE axes of the key its attention calls (computed frequencies of the
     model's variant, position ids, or mRoPE's three rows), in the dtype asked for; head_dim is

@@ -210,7 +210,8 @@ def qkv_projection(x, weight, *, q_heads, kv_heads, head_dim=128, rotary_dim=Non
                    weight_scale=None, k_cache=None, v_cache=None, slot_mapping=None,
                    kv_indptr=None, kv_indices=None, kv_last_page_len=None, cache_seqlens=None,
                    k_scale=1.0, v_scale=1.0, skipped=None, write_kv=True, cu_seqlens=None,
-                   k_cache_scales=None, v_cache_scales=None, _packed=False, _fake=False):
+                   k_cache_scales=None, v_cache_scales=None, kv_layout="NHD", _packed=False,
+                   _fake=False):
     """Returns (q, k, v), new tensors ``[tokens, heads, head_dim]``; see the module docstring.
     ``norm="none"`` skips RMSNorm; ``"rms_one_plus"`` is Gemma's ``(1 + w)``; float8_e4m3fn
     weights take ``weight_scale``, a float32 scale per weight row. ``cu_seqlens`` (int32,
@@ -222,7 +223,7 @@ def qkv_projection(x, weight, *, q_heads, kv_heads, head_dim=128, rotary_dim=Non
                cu_seqlens, k_cache_scales, v_cache_scales)
     key = None if _fake else _plan_key(
         "qkv", tensors, (q_heads, kv_heads, head_dim, rotary_dim, eps, norm, base, style, path,
-                         k_scale, v_scale, write_kv))
+                         k_scale, v_scale, write_kv, kv_layout))
     plan = None if key is None else _planned(key)
     if plan is not None:
         a = _capi.ropejit_qkv_proj_args.from_buffer_copy(plan[1])
@@ -307,7 +308,8 @@ def qkv_projection(x, weight, *, q_heads, kv_heads, head_dim=128, rotary_dim=Non
                   "(cache_seqlens) cache; it is not used otherwise")
         sequences = cu_seqlens.numel() - 1
     cache = _cache(x, kv_heads, head_dim, k_cache, v_cache, addressing, k_scale, v_scale,
-                   skipped, write_kv, sequences, (k_cache_scales, v_cache_scales), _fake)
+                   skipped, write_kv, sequences, (k_cache_scales, v_cache_scales), kv_layout,
+                   _fake)
     if cache is not None:
         spec.cache, spec.cache_store = _capi.KV_CACHES[cache[2]], cache[1]
     tokens = x.shape[0]
@@ -372,13 +374,22 @@ def qkv_projection(x, weight, *, q_heads, kv_heads, head_dim=128, rotary_dim=Non
     return result
 
 
+# The cache's axes other than head_dim, by kv_layout: the order of (page, slot, head).
+_KV_LAYOUTS = {"NHD": ((0, 1, 2), "[pages, page_size, kv_heads"),
+               "HND": ((0, 2, 1), "[pages, kv_heads, page_size")}
+
+
 def _cache(x, kv_heads, head_dim, k_cache, v_cache, addressing, k_scale, v_scale, skipped,
-           write_kv, sequences, scales=(None, None), fake=False):
+           write_kv, sequences, scales=(None, None), kv_layout="NHD", fake=False):
     """(ropejit_kv_cache, cache_store code, mode) for the projection's KV cache, or None.
     `addressing` maps each mode to its tensors (slot_mapping; kv_indptr, kv_indices,
     kv_last_page_len; cache_seqlens); `sequences`: the paged / contiguous arrays' sequences;
-    `scales`: (k_cache_scales, v_cache_scales) for a dynamic FP8 cache."""
+    `scales`: (k_cache_scales, v_cache_scales) for a dynamic FP8 cache; `kv_layout`: "NHD"
+    [pages, page_size, kv_heads, head_dim] or "HND" [pages, kv_heads, page_size, head_dim]."""
     import torch
+    if kv_layout not in _KV_LAYOUTS:
+        _fail(f"kv_layout ({kv_layout!r}) must be one of {', '.join(_KV_LAYOUTS)}")
+    axes, dims = _KV_LAYOUTS[kv_layout]
     given = [mode for mode, ts in addressing.items() if any(t is not None for t in ts)]
     if k_cache is None:
         if v_cache is not None or given or skipped is not None or any(
@@ -400,10 +411,11 @@ def _cache(x, kv_heads, head_dim, k_cache, v_cache, addressing, k_scale, v_scale
             _fail(f"{name} must be a torch tensor on x's device ({x.device})")
         if t.dtype not in (x.dtype, fp8):
             _fail(f"{name}.dtype ({t.dtype}) must be x's ({x.dtype}) or torch.float8_e4m3fn")
-        if t.dim() != 4 or t.shape[2] != kv_heads or t.shape[3] != head_dim or t.stride(3) != 1:
-            _fail(f"{name} must be [pages, page_size, kv_heads ({kv_heads}), head_dim "
-                  f"({head_dim})] with a contiguous last dimension, got shape {tuple(t.shape)} "
-                  f"and strides {t.stride()}")
+        if t.dim() != 4 or t.shape[axes[2]] != kv_heads or t.shape[3] != head_dim or \
+                t.stride(3) != 1:
+            _fail(f"{name} must be {kv_layout} {dims} ({kv_heads}), head_dim ({head_dim})] with "
+                  f"a contiguous last dimension, got shape {tuple(t.shape)} and strides "
+                  f"{t.stride()}")
     if (k_cache.dtype, tuple(k_cache.shape), k_cache.stride()) != \
             (v_cache.dtype, tuple(v_cache.shape), v_cache.stride()):
         _fail("k_cache and v_cache must have one dtype, shape and strides")
@@ -441,8 +453,8 @@ def _cache(x, kv_heads, head_dim, k_cache, v_cache, addressing, k_scale, v_scale
         for name, t in (("k_cache_scales", scales[0]), ("v_cache_scales", scales[1])):
             if (not isinstance(t, torch.Tensor) or t.dtype != torch.float32
                     or t.device != x.device or tuple(t.shape) != want):
-                _fail(f"{name} must be a float32 tensor {list(want)} (pages, page_size, "
-                      f"kv_heads) on x's device")
+                _fail(f"{name} must be a float32 tensor {list(want)} ({kv_layout} "
+                      f"{dims}]) on x's device")
         if scales[0].stride() != scales[1].stride():
             _fail(f"v_cache_scales (strides {scales[1].stride()}) must match k_cache_scales "
                   f"(strides {scales[0].stride()})")
@@ -450,8 +462,9 @@ def _cache(x, kv_heads, head_dim, k_cache, v_cache, addressing, k_scale, v_scale
     if fake:  # a trace (the torch op's fake tensors): no addresses, and shapes may be symbolic
         return None, _capi.STORES[store], mode
     c = fill(_capi.ropejit_kv_cache(), "cache.", k=k_cache.data_ptr(), v=v_cache.data_ptr(),
-             pages=k_cache.shape[0], page_size=k_cache.shape[1],
-             **dict(zip(("stride_page", "stride_slot", "stride_head"), k_cache.stride()[:3])))
+             pages=k_cache.shape[0], page_size=k_cache.shape[axes[1]],
+             **dict(zip(("stride_page", "stride_slot", "stride_head"),
+                        (k_cache.stride(i) for i in axes))))
     if mode == "slots":
         fill(c, "cache.", slot_mapping=addressing[mode][0].data_ptr())
     elif mode == "paged":
@@ -466,7 +479,7 @@ def _cache(x, kv_heads, head_dim, k_cache, v_cache, addressing, k_scale, v_scale
     if store == "e4m3_dynamic":
         fill(c, "cache.", k_scales=scales[0].data_ptr(), v_scales=scales[1].data_ptr(),
              **dict(zip(("scale_stride_page", "scale_stride_slot", "scale_stride_head"),
-                        scales[0].stride())))
+                        (scales[0].stride(i) for i in axes))))
     return c, _capi.STORES[store], mode
 
 

@@ -1,4 +1,4 @@
-"""The fused keys (README "Fusions") from Python: a serving step's QK-norm, RoPE, FP8 q and
+"""The fused keys (docs/fusions.md) from Python: a serving step's QK-norm, RoPE, FP8 q and
 KV-cache append in one launch, on torch tensors or any CUDA arrays ``ropejit.apply`` takes.
 
     import ropejit.fused

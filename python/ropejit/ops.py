@@ -19,7 +19,7 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from ropejit import _apply, _call, _decode_ops, _model, _tensors
+from ropejit import _apply, _call, _decode_ops, _fused_ops, _model, _tensors
 from ropejit._cvalues import flag
 from ropejit.errors import InvalidArgument
 
@@ -238,9 +238,14 @@ def rope_(q, k=None, *, cos=None, sin=None, base=10000.0, layout="bshd", style="
 # run outside a capture. Eager calls that need no tracing skip the dispatcher, as rope does.
 
 def rms_norm(x, weight, eps=1e-6, *, residual=None, norm="rms"):
-    """RMSNorm over the last dimension, ropejit.decode.rms_norm as the op ``ropejit::rms_norm``:
-    returns a new tensor; with ``residual``, ``x + residual`` is written back into it first and
-    normalized (the op declares ``residual`` mutated)."""
+    """RMSNorm over the last dimension, ropejit.decode.rms_norm as the op ``ropejit::rms_norm``
+    (``ropejit::rms_norm_plain`` without ``residual``): returns a new tensor; with ``residual``,
+    ``x + residual`` is written back into it first and normalized (the op declares ``residual``
+    mutated)."""
+    if residual is None:
+        op = (_decode_ops._rms_norm_plain_impl if _direct(x, weight)
+              else _decode_ops.rms_norm_plain_op)
+        return op(x, weight, eps, norm)
     op = _decode_ops._rms_norm_impl if _direct(x, weight, residual) else _decode_ops.rms_norm_op
     return op(x, weight, residual, eps, norm)
 
@@ -251,7 +256,7 @@ def qkv_projection(x, weight, *, q_heads, kv_heads, head_dim=128, rotary_dim=Non
                    weight_scale=None, k_cache=None, v_cache=None, slot_mapping=None,
                    kv_indptr=None, kv_indices=None, kv_last_page_len=None, cache_seqlens=None,
                    k_scale=1.0, v_scale=1.0, skipped=None, write_kv=True, cu_seqlens=None,
-                   k_cache_scales=None, v_cache_scales=None):
+                   k_cache_scales=None, v_cache_scales=None, kv_layout="NHD"):
     """ropejit.decode.qkv_projection as the op ``ropejit::qkv_projection`` (the KV cache, its
     scales and ``skipped`` declared mutated): returns (q, k, v), views of one new
     ``[tokens, q_heads + 2 kv_heads, head_dim]`` tensor ((q, None, None) with
@@ -268,7 +273,8 @@ def qkv_projection(x, weight, *, q_heads, kv_heads, head_dim=128, rotary_dim=Non
         out = op(*inputs, *shape)
     else:
         op = _decode_ops._qkv_projection_impl if direct else _decode_ops.qkv_projection_op
-        out = op(*inputs, *cache, *shape, k_scale, v_scale, flag("write_kv", write_kv))
+        out = op(*inputs, *cache, *shape, k_scale, v_scale, flag("write_kv", write_kv),
+                 kv_layout)
     if not write_kv:
         return out, None, None
     q, k, v = out.split([q_heads, kv_heads, kv_heads], dim=1)
@@ -306,3 +312,43 @@ def ffn_gate_up(x, weight=None, *, intermediate=None, gate_weight=None, up_weigh
     tensors = (x, gate_weight, up_weight, norm_weight, gate_scale, up_scale)
     op = _decode_ops._ffn_gate_up_impl if _direct(*tensors) else _decode_ops.ffn_gate_up_op
     return op(*tensors, eps, norm, act, path)
+
+
+def qk_norm_rope(q, k=None, v=None, *, cos=None, sin=None, base=10000.0, layout="thd",
+                 style="neox", rotary_dim=None, position_ids=None, seq_offsets=None,
+                 position_offset=0, cu_seqlens=None, freqs=None, scaling=None, seq_len=None,
+                 mrope_section=None, mrope_interleaved=False, norm=None, q_norm_weight=None,
+                 k_norm_weight=None, norm_eps=1e-6, q_out=None, k_out=None, out_scale=1.0,
+                 write_k=True, k_cache=None, v_cache=None, kv_layout="NHD", kv_indptr=None,
+                 kv_indices=None, kv_last_page_len=None, slot_mapping=None, cache_seqlens=None,
+                 k_scale=1.0, v_scale=1.0, skipped=None, q_out_scale=None, k_out_scale=None,
+                 k_cache_scales=None, v_cache_scales=None):
+    """ropejit.fused.qk_norm_rope as the op ``ropejit::qk_norm_rope`` (torch tensors, torch's
+    current stream): the same arguments and the same written ``(q, k)`` (``q_out`` / ``k_out``
+    when given; k None when ``write_k`` is False)."""
+    given = dict(
+        q=q, k=k, v=v, cos=cos, sin=sin, base=base, layout=layout, style=style,
+        rotary_dim=rotary_dim, position_ids=position_ids, seq_offsets=seq_offsets,
+        position_offset=position_offset, cu_seqlens=cu_seqlens, freqs=freqs, scaling=scaling,
+        seq_len=seq_len, mrope_section=mrope_section, mrope_interleaved=mrope_interleaved,
+        norm=norm, q_norm_weight=q_norm_weight, k_norm_weight=k_norm_weight, norm_eps=norm_eps,
+        q_out=q_out, k_out=k_out, out_scale=out_scale, write_k=write_k, k_cache=k_cache,
+        v_cache=v_cache, kv_layout=kv_layout, kv_indptr=kv_indptr, kv_indices=kv_indices,
+        kv_last_page_len=kv_last_page_len, slot_mapping=slot_mapping,
+        cache_seqlens=cache_seqlens, k_scale=k_scale, v_scale=v_scale, skipped=skipped,
+        q_out_scale=q_out_scale, k_out_scale=k_out_scale, k_cache_scales=k_cache_scales,
+        v_cache_scales=v_cache_scales)
+    tensors = [given[name] for name in _fused_ops.TENSORS]
+    if _direct(*tensors):
+        # Outside a trace the fused call itself, with its plan cache and no dispatcher.
+        from ropejit import fused
+        fused.qk_norm_rope(**given)
+    else:
+        opts = {name: given[name] for name in _fused_ops.OPTIONS}
+        opts.update(rotary_dim=rotary_dim or 0, scaling=_scaling_list(scaling),
+                    mrope_section=_mrope(mrope_section), base=_base(base, cos),
+                    write_k=flag("write_k", write_k),
+                    mrope_interleaved=flag("mrope_interleaved", mrope_interleaved))
+        _fused_ops.op(*tensors, *opts.values())
+    written_q = q if q_out is None else q_out
+    return written_q, (None if not write_k else (k if q_out is None else k_out))

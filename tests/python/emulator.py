@@ -6,7 +6,7 @@ table stride and width, positions, mRoPE rows and sections, base and scaling par
 direction, outputs); the GPU tests check the kernels. The scaled variants' frequencies and
 attention factor come from the library's own host functions (ropejit_inverse_frequencies,
 ropejit_attention_factor, given the struct the call carries), so that each variant keeps one
-definition; mRoPE's pair rows are written out here from the README's description."""
+definition; mRoPE's pair rows are written out here from docs/scaling.md's description."""
 
 import ctypes
 

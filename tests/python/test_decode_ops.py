@@ -1,7 +1,8 @@
-"""The decode block's torch ops (ropejit.ops.rms_norm, qkv_projection, ffn_gate_up): traced from
-fake tensors without a GPU (shapes and the argument checks); on the GPU, torch.library.opcheck,
-the same bits as ropejit.decode's calls, torch.compile(fullgraph=True) of a decode layer's
-prologue and its CUDA-graph replay, and the KV cache they write."""
+"""The decode block's torch ops (ropejit.ops.rms_norm, qkv_projection, ffn_gate_up, and the fused
+family's qk_norm_rope): traced from fake tensors without a GPU (shapes and the argument
+checks); on the GPU, torch.library.opcheck, the same bits as ropejit.decode's and
+ropejit.fused's calls, torch.compile(fullgraph=True) of a decode layer's prologue and its
+CUDA-graph replay, and the KV cache they write."""
 
 import pytest
 
@@ -71,14 +72,14 @@ def test_opcheck():
     from ropejit import _decode_ops as d
     torch.library.opcheck(d.rms_norm_op, (t["x"], t["norm_weight"], t["residual"].clone(), 1e-5,
                                           "rms"), test_utils=tests)
-    torch.library.opcheck(d.rms_norm_op, (t["x"], t["norm_weight"], None, 1e-5, "rms_one_plus"),
+    torch.library.opcheck(d.rms_norm_plain_op, (t["x"], t["norm_weight"], 1e-5, "rms_one_plus"),
                           test_utils=tests)
     torch.library.opcheck(
         d.qkv_projection_op,
         (t["x"], t["weight"], t["norm_weight"], None, t["ids"], None, None, t["k_cache"],
          t["v_cache"], t["slots"], None, None, None, None, None, None, None, None, Q_HEADS,
-         KV_HEADS, HEAD_DIM, 0, "rms", 1e-5, 0, 500000.0, "neox", "auto", 1.0, 1.0, True),
-        test_utils=tests)
+         KV_HEADS, HEAD_DIM, 0, "rms", 1e-5, 0, 500000.0, "neox", "auto", 1.0, 1.0, True,
+         "NHD"), test_utils=tests)
     torch.library.opcheck(
         d.qkv_projection_plain_op,
         (t["x"], t["weight"], t["norm_weight"], None, t["ids"], None, None, Q_HEADS, KV_HEADS,
@@ -182,3 +183,72 @@ def test_a_repeated_shape_replays_its_plan_with_the_new_addresses():
     fresh = project(second, 9)
     for a, b in zip(replayed, fresh):
         assert torch.equal(a, b)
+
+
+def _qk_step(t, packed, k_cache, v_cache, seqlens):
+    """Qwen3's attention prologue after the projection: QK-norm, RoPE and the append to an HND
+    cache ([batch, kv_heads, max_len, head_dim], transformers' StaticCache) on views of the
+    packed projection output."""
+    q, k, v = (h.view(h.shape[0], 1, -1, HEAD_DIM)
+               for h in packed.split([Q_HEADS, KV_HEADS, KV_HEADS], dim=1))
+    return ops.qk_norm_rope(q, k, v, layout="bshd", position_ids=t["ids"], base=1e6,
+                            norm="rms", q_norm_weight=t["qk_norm"], k_norm_weight=t["qk_norm"],
+                            norm_eps=1e-6, k_cache=k_cache, v_cache=v_cache, kv_layout="HND",
+                            cache_seqlens=seqlens)
+
+
+@requires_cuda
+def test_the_fused_op_gives_the_bits_of_the_fused_call_eager_and_compiled():
+    """ropejit.ops.qk_norm_rope (in place on views of one packed tensor, the cache appended):
+    eager, through the dispatcher (opcheck) and under torch.compile(fullgraph=True) with CUDA
+    graphs, the bits of ropejit.fused.qk_norm_rope."""
+    from ropejit import _fused_ops, fused
+    t = _inputs("cuda", tokens=3)
+    t["qk_norm"] = (1 + torch.randn(HEAD_DIM, device="cuda") * 0.1).bfloat16()
+    packed = (torch.randn(3, Q_HEADS + 2 * KV_HEADS, HEAD_DIM, device="cuda")).bfloat16()
+    seqlens = torch.tensor([0, 5, 15], dtype=torch.int32, device="cuda")
+
+    def cache():
+        return [torch.zeros(3, KV_HEADS, 16, HEAD_DIM, dtype=torch.bfloat16, device="cuda")
+                for _ in range(2)]
+
+    want_packed, want_cache = packed.clone(), cache()
+    q, k, v = (h.view(3, 1, -1, HEAD_DIM)
+               for h in want_packed.split([Q_HEADS, KV_HEADS, KV_HEADS], dim=1))
+    fused.qk_norm_rope(q, k, v, layout="bshd", position_ids=t["ids"], base=1e6, norm="rms",
+                       q_norm_weight=t["qk_norm"], k_norm_weight=t["qk_norm"], norm_eps=1e-6,
+                       k_cache=want_cache[0], v_cache=want_cache[1], kv_layout="HND",
+                       cache_seqlens=seqlens)
+    assert not torch.equal(want_packed, packed)
+    assert torch.equal(want_cache[0][2, :, 15], want_packed[2, Q_HEADS:Q_HEADS + KV_HEADS])
+
+    got_packed, got_cache = packed.clone(), cache()
+    _qk_step(t, got_packed, *got_cache, seqlens)
+    assert torch.equal(got_packed, want_packed)
+    assert all(torch.equal(a, b) for a, b in zip(got_cache, want_cache))
+
+    # Static buffers, as transformers' StaticCache marks its tensors, so the CUDA graph keeps
+    # them as inputs it mutates.
+    got_packed, got_cache = packed.clone(), cache()
+    for buf in (got_packed, *got_cache):
+        torch._dynamo.mark_static_address(buf)
+    step = torch.compile(_qk_step, fullgraph=True, mode="reduce-overhead")
+    for _ in range(3):  # warm-up, recording, replay
+        got_packed.copy_(packed)
+        for c in got_cache:
+            c.zero_()
+        step(t, got_packed, *got_cache, seqlens)
+        torch.cuda.synchronize()
+        assert torch.equal(got_packed, want_packed)
+        assert all(torch.equal(a, b) for a, b in zip(got_cache, want_cache))
+
+    args = [None] * len(_fused_ops.TENSORS)
+    named = dict(q=packed.clone()[:, None, :Q_HEADS], position_ids=t["ids"],
+                 q_norm_weight=t["qk_norm"])
+    for name, value in named.items():
+        args[_fused_ops.TENSORS.index(name)] = value
+    options = ["bshd", "neox", 0, 0, 1e6, None, [], None, None, False, "rms", 1e-6, 1.0, True,
+               "NHD", 1.0, 1.0]
+    torch.library.opcheck(_fused_ops.op, (*args, *options),
+                          test_utils=("test_schema", "test_autograd_registration",
+                                      "test_faketensor", "test_aot_dispatch_dynamic"))

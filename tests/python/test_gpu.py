@@ -521,6 +521,47 @@ def test_qkv_projection_appends_to_a_kv_cache(tokens, fp8, write_kv, mode):
     assert torch.all(v_cache[~written].float() == -3.0)
 
 
+@pytest.mark.parametrize("tokens,sequences,path", [(3, 3, "fused"), (40, 2, "unfused"),
+                                                    (6, 2, "fused")])
+def test_qkv_projection_appends_to_an_hnd_cache(tokens, sequences, path):
+    """kv_layout="HND" ([pages, kv_heads, page_size, head_dim], transformers' StaticCache per
+    batch row): the same bits at the same rows as the NHD cache of the same call, transposed,
+    on both paths and with a chunk's cu_seqlens; other rows untouched; a layout that is not one
+    of the two, or a cache that does not match it, is refused naming it."""
+    from ropejit import decode
+    torch.manual_seed(700 + tokens)
+    hidden, qh, kvh, d, page_size = 512, 4, 2, 64, 64
+    x = (torch.rand(tokens, hidden, device="cuda") * 4 - 2).bfloat16()
+    w = ((torch.rand((qh + 2 * kvh) * d, hidden, device="cuda") * 2 - 1) * (3 / hidden) ** 0.5)
+    w = w.bfloat16()
+    nw = (torch.rand(hidden, device="cuda") + 0.5).bfloat16()
+    ids = torch.randint(0, 4096, (tokens,), device="cuda")
+    held = torch.tensor([(9 * b) % 7 for b in range(sequences)], dtype=torch.int32,
+                        device="cuda")
+    kw = dict(q_heads=qh, kv_heads=kvh, head_dim=d, norm_weight=nw, position_ids=ids,
+              cache_seqlens=held, path=path)
+    if sequences != tokens:
+        kw["cu_seqlens"] = torch.tensor([0, tokens // 2, tokens], dtype=torch.int32,
+                                        device="cuda")
+    nhd = [torch.full((sequences, page_size, kvh, d), -3.0, device="cuda").bfloat16()
+           for _ in range(2)]
+    hnd = [torch.full((sequences, kvh, page_size, d), -3.0, device="cuda").bfloat16()
+           for _ in range(2)]
+    q, k, v = decode.qkv_projection(x, w, k_cache=nhd[0], v_cache=nhd[1], **kw)
+    q2, k2, v2 = decode.qkv_projection(x, w, k_cache=hnd[0], v_cache=hnd[1], kv_layout="HND",
+                                       **kw)
+    torch.cuda.synchronize()
+    assert torch.equal(q, q2) and torch.equal(k, k2) and torch.equal(v, v2)
+    assert bool((nhd[0] != -3.0).any())
+    for a, b in zip(nhd, hnd):
+        assert torch.equal(a, b.transpose(1, 2))
+    with pytest.raises(ropejit.InvalidArgument, match=r"kv_layout \('BHSD'\) must be one of"):
+        decode.qkv_projection(x, w, k_cache=hnd[0], v_cache=hnd[1], kv_layout="BHSD", **kw)
+    wide = torch.zeros(sequences, page_size, kvh, d, device="cuda").bfloat16()
+    with pytest.raises(ropejit.InvalidArgument, match=r"k_cache must be HND \[pages, kv_heads"):
+        decode.qkv_projection(x, w, k_cache=wide, v_cache=wide, kv_layout="HND", **kw)
+
+
 @pytest.mark.parametrize("tokens,mode", [(1, "slots"), (40, "slots"), (5, "paged"),
                                          (64, "paged")])
 def test_qkv_projection_dynamic_fp8_cache(tokens, mode):

@@ -1,8 +1,8 @@
-"""patch_hf_model(model, fuse="all") on transformers Llama models with random weights, judged
-against the same weights in float32: the patched bf16 model's logits are at least as close to
-the float32 model's as the unpatched bf16 model's (relative L2 and argmax agreement), greedy
-generation runs in eager and under torch.compile with a static cache, and no weight is held
-twice."""
+"""patch_hf_model(model, fuse="all") on transformers Llama and Qwen3 models with random weights,
+judged against the same weights in float32: the patched bf16 model's logits and static-cache
+contents are at least as close to the float32 model's as the unpatched bf16 model's (relative L2
+and argmax agreement), greedy generation runs in eager and under torch.compile with a static
+cache, and no weight is held twice."""
 
 import copy
 
@@ -17,25 +17,39 @@ import ropejit  # noqa: E402
 
 
 def _config(rope):
-    from transformers import LlamaConfig
+    """A small random config: Llama with the default or llama3 RoPE, or Qwen3 (QK-norm)."""
+    from transformers import LlamaConfig, Qwen3Config
     scaling = None
     if rope == "llama3":
         scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                    "high_freq_factor": 4.0, "original_max_position_embeddings": 256}
-    config = LlamaConfig(vocab_size=512, hidden_size=512, intermediate_size=1536,
-                         num_hidden_layers=3, num_attention_heads=8, num_key_value_heads=2,
-                         head_dim=64, max_position_embeddings=2048, rope_theta=500000.0,
-                         rms_norm_eps=1e-5, rope_scaling=scaling, tie_word_embeddings=False)
+    shapes = dict(vocab_size=512, hidden_size=512, intermediate_size=1536, num_hidden_layers=3,
+                  num_attention_heads=8, num_key_value_heads=2, head_dim=64,
+                  max_position_embeddings=2048, tie_word_embeddings=False)
+    if rope == "qwen3":
+        config = Qwen3Config(rope_theta=1000000.0, rms_norm_eps=1e-6, **shapes)
+    else:
+        config = LlamaConfig(rope_theta=500000.0, rms_norm_eps=1e-5, rope_scaling=scaling,
+                             **shapes)
     config._attn_implementation = "sdpa"
     return config
+
+
+def _keep_apply_rotary(monkeypatch, config):
+    """patch_hf_model replaces the modeling module's apply_rotary_pos_emb: restored after the
+    test."""
+    import importlib
+    module = importlib.import_module(f"transformers.models.{config.model_type}.modeling_"
+                                     f"{config.model_type}")
+    monkeypatch.setattr(module, "apply_rotary_pos_emb", module.apply_rotary_pos_emb)
 
 
 def _models(config):
     """The float32 model and a bf16 copy of its weights, built as from_pretrained builds one:
     the rotary module's inv_freq stays float32 (model.to(bf16) would round it)."""
-    from transformers import LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
     torch.manual_seed(0)
-    fp32 = LlamaForCausalLM(config).cuda().eval()
+    fp32 = AutoModelForCausalLM.from_config(config).cuda().eval()
     bf16 = copy.deepcopy(fp32).to(torch.bfloat16)
     bf16.model.rotary_emb.inv_freq = fp32.model.rotary_emb.inv_freq.clone()
     bf16.model.rotary_emb.original_inv_freq = fp32.model.rotary_emb.original_inv_freq.clone()
@@ -48,12 +62,10 @@ def _rel_l2(a, b):
 
 
 @requires_cuda
-@pytest.mark.parametrize("rope", ["default", "llama3"])
+@pytest.mark.parametrize("rope", ["default", "llama3", "qwen3"])
 def test_the_fused_model_is_at_least_as_close_to_float32_as_transformers(rope, monkeypatch):
-    from transformers.models.llama import modeling_llama
-    monkeypatch.setattr(modeling_llama, "apply_rotary_pos_emb",
-                        modeling_llama.apply_rotary_pos_emb)  # restored after the test
     config = _config(rope)
+    _keep_apply_rotary(monkeypatch, config)
     fp32, bf16 = _models(config)
     ids = torch.randint(0, config.vocab_size, (2, 300), device="cuda",
                         generator=torch.Generator("cuda").manual_seed(1))
@@ -90,10 +102,8 @@ def test_the_fused_model_is_at_least_as_close_to_float32_as_transformers(rope, m
 
 @requires_cuda
 def test_layers_that_cannot_be_fused_are_named_and_keep_transformers_forward(monkeypatch):
-    from transformers.models.llama import modeling_llama
-    monkeypatch.setattr(modeling_llama, "apply_rotary_pos_emb",
-                        modeling_llama.apply_rotary_pos_emb)
     config = _config("default")
+    _keep_apply_rotary(monkeypatch, config)
     config.attention_bias = True
     _, bf16 = _models(config)
     report = ropejit.nn.patch_hf_model(bf16, fuse="all")
@@ -103,3 +113,40 @@ def test_layers_that_cannot_be_fused_are_named_and_keep_transformers_forward(mon
     assert "forward" not in vars(bf16.model.layers[0])
     with pytest.raises(ropejit.InvalidArgument, match=r"fuse \('everything'\) must be"):
         ropejit.nn.patch_hf_model(bf16, fuse="everything")
+
+
+@requires_cuda
+@pytest.mark.parametrize("rope", ["llama3", "qwen3"])
+def test_a_static_cache_holds_what_transformers_writes(rope, monkeypatch):
+    """A StaticCache filled by the patched model (prefill through update(), decode steps and a
+    3-token chunk appended by the projection itself) holds k and v at least as close to the
+    float32 model's as the unpatched bf16 model's cache, at the same rows, the same length, and
+    zeros beyond."""
+    from transformers import StaticCache
+    config = _config(rope)
+    _keep_apply_rotary(monkeypatch, config)
+    fp32, bf16 = _models(config)
+    fused = copy.deepcopy(bf16)
+    ropejit.nn.patch_hf_model(fused, fuse="all")
+    ids = torch.randint(0, config.vocab_size, (2, 32), device="cuda",
+                        generator=torch.Generator("cuda").manual_seed(2))
+    caches = []
+    for model in (fp32, bf16, fused):
+        cache = StaticCache(config=config, max_cache_len=48)
+        with torch.no_grad():
+            model(ids[:, :24], past_key_values=cache, use_cache=True)
+            for t in range(24, 29):  # one token per sequence: the fused kernel's append
+                model(ids[:, t:t + 1], past_key_values=cache, use_cache=True)
+            model(ids[:, 29:32], past_key_values=cache, use_cache=True)  # a chunk: cu_seqlens
+        caches.append(cache)
+    torch.cuda.synchronize()
+    want, plain, got = caches
+    for i in range(config.num_hidden_layers):
+        assert int(got.layers[i].cumulative_length) == int(plain.layers[i].cumulative_length) == 32
+        for name in ("keys", "values"):
+            w, p, g = (getattr(c.layers[i], name) for c in caches)
+            assert g.shape == p.shape == (2, 2, 48, 64)
+            assert torch.all(g[:, :, 32:] == 0), f"layer {i} {name}: a row past the length"
+            err_plain, err_fused = _rel_l2(p[:, :, :32], w[:, :, :32]), \
+                _rel_l2(g[:, :, :32], w[:, :, :32])
+            assert err_fused <= err_plain * 1.05 + 1e-4, (i, name, err_plain, err_fused)
