@@ -7,7 +7,8 @@
 PyTorch users: ropejit.ops (torch.library ops with autograd, torch.compile and CUDA graphs),
 ropejit.dropin (the Hugging Face, flash-attn, vLLM, TransformerEngine and Liger functions),
 ropejit.nn.RotaryEmbedding. Serving steps: ropejit.fused (QK-norm, RoPE, FP8 and the KV-cache
-append in one launch), ropejit.decode (RMSNorm -> QKV projection -> RoPE, the FFN's gate/up). Importing needs no GPU: the driver is loaded on the first launch."""
+append in one launch), ropejit.decode (RMSNorm -> QKV projection -> RoPE, the FFN's gate/up).
+Importing needs no GPU: the driver is loaded on the first launch."""
 
 from ropejit import _capi
 from ropejit._apply import apply
@@ -20,8 +21,7 @@ from ropejit.errors import (CompileError, DriverError, Error, ErrorCode, Interna
 __version__ = _capi.version()
 
 # Subpackages load on first use (ropejit.ops, ropejit.nn, ...): `import ropejit` stays free of
-# torch's import cost, and the README's `ropejit.nn.patch_hf_model(...)` works without an import
-# of its own.
+# torch's import cost, and `ropejit.nn.patch_hf_model(...)` needs no import of its own.
 _SUBMODULES = ("ops", "nn", "fused", "decode", "dropin")
 
 

@@ -2,10 +2,10 @@
 fuse="all"): per layer, input RMSNorm -> packed QKV projection -> RoPE in one op that also
 appends k and v to a StaticCache (other caches get them through their update()), attention as
 transformers does it, o_proj, then the residual add, RMSNorm and gate/up -> SiLU * up in one op,
-and down_proj. A layer with QK-norm (Qwen3) runs RMSNorm, the packed projection (torch's GEMM)
-and one fused op for QK-norm -> RoPE -> the cache append instead of the first op. The q/k/v and gate/up weights are packed once at
-patch time and the model's Linear weights re-pointed into the packed tensors, so no weight is
-held twice."""
+and down_proj. A layer with QK-norm (Qwen3) runs RMSNorm, the packed projection (torch's GEMM) and
+one fused op for QK-norm -> RoPE -> the cache append instead of the first op. The q/k/v and gate/up
+weights are packed once at patch time and the model's Linear weights re-pointed into the packed
+tensors, so no weight is held twice."""
 
 import sys
 import types

@@ -95,7 +95,7 @@ def _plan_key(entry, tensors, values):
     for t in tensors:
         if t is None:
             meta.append(None)
-        elif type(t) is not torch.Tensor or not t.is_cuda:
+        elif type(t) not in (torch.Tensor, torch.nn.Parameter) or not t.is_cuda:
             return None
         else:
             meta.append((t.shape, t.stride(), t.dtype, t.device))

@@ -39,11 +39,11 @@ or computed and scaled frequencies, mRoPE). The fused stages:
   from device memory that fall outside the cache are never written: such a token is skipped
   and counted in ``skipped`` (an int32 tensor of one element, when given).
 
-Launches on torch's current stream (``stream`` to override), CUDA-graph safe once the key has
-been used outside a capture. A call with the shapes, strides, dtypes and arguments of an earlier
-one reuses its plan (the checks and structs; the C API still checks every call's addresses). Returns the written ``(q, k)`` (``q_out``/``k_out`` when given; k is
-None when ``write_k`` is False). Bad input raises ``ropejit.InvalidArgument`` naming the
-argument; nothing is written then.
+Launches on torch's current stream (``stream`` to override), CUDA-graph safe once the key has been
+used outside a capture. A call with the shapes, strides, dtypes and arguments of an earlier one
+reuses its plan (the checks and structs; the C API still checks every call's addresses). Returns
+the written ``(q, k)`` (``q_out``/``k_out`` when given; k is None when ``write_k`` is False). Bad
+input raises ``ropejit.InvalidArgument`` naming the argument; nothing is written then.
 """
 
 import ctypes

@@ -63,6 +63,35 @@ def _outputs(q, k):
 
 # The op's schema has no struct type: a ropejit.Scaling travels as Scaling.to_list() (empty: none),
 # mRoPE as its three sections (None: not mRoPE) and the interleaved flag.
+_TENSOR_NAMES = ("q", "k", "q_out", "k_out", "cos", "sin", "position_ids", "seq_offsets",
+                 "cu_seqlens")
+
+
+def _cached(q, k, q_out, k_out, cos, sin, position_ids, seq_offsets, cu_seqlens, layout, style,
+            rotary_dim, position_offset, base, freqs, scaling, seq_len, mrope_section,
+            mrope_interleaved, backward):
+    """(spec, args) of a real call, from the plan of an earlier call with the same shapes,
+    strides, dtypes and arguments when there is one (every decode step of a model), else
+    planned and remembered (_call's plan cache, as ropejit.apply's)."""
+    tensors = (q, k, q_out, k_out, cos, sin, position_ids, seq_offsets, cu_seqlens)
+    opts = dict(layout=layout, style=style, rotary_dim=rotary_dim,
+                position_offset=position_offset, base=base, freqs=freqs,
+                scaling=tuple(scaling) or None, seq_len=seq_len,
+                mrope_section=None if mrope_section is None else tuple(mrope_section),
+                mrope_interleaved=mrope_interleaved, backward=backward)
+    planned, torch_key = _call.fast_plan("ops.rope", tensors, opts, torch.Tensor)
+    if planned is not None:
+        return planned
+    views = [None if t is None else _tensors.from_torch(name, t, False)
+             for name, t in zip(_TENSOR_NAMES, tensors)]
+    return _call.cached_plan("ops.rope", views, opts, lambda ts: _call.plan(
+        *ts[:4], cos=ts[4], sin=ts[5], position_ids=ts[6], seq_offsets=ts[7], cu_seqlens=ts[8],
+        layout=layout, style=style, rotary_dim=rotary_dim, position_offset=position_offset,
+        base=base, freqs=freqs, scaling=_model.Scaling.from_list(scaling) if scaling else None,
+        seq_len=seq_len, mrope_section=mrope_section, mrope_interleaved=mrope_interleaved,
+        backward=backward), torch_key)
+
+
 def _rope_impl(q: Tensor, k: Optional[Tensor], cos: Optional[Tensor], sin: Optional[Tensor],
                position_ids: Optional[Tensor], seq_offsets: Optional[Tensor],
                cu_seqlens: Optional[Tensor], layout: str, style: str, rotary_dim: int,
@@ -70,11 +99,10 @@ def _rope_impl(q: Tensor, k: Optional[Tensor], cos: Optional[Tensor], sin: Optio
                seq_len: Optional[int], mrope_section: Optional[List[int]],
                mrope_interleaved: bool, backward: bool) -> Tuple[Tensor, Tensor]:
     q_out, k_out = _outputs(q, k)
-    planned = _plan(q, k, q_out, None if k is None else k_out, cos, sin, position_ids,
-                    seq_offsets, cu_seqlens, layout, style, rotary_dim, position_offset, base,
-                    freqs, scaling, seq_len, mrope_section, mrope_interleaved, backward,
-                    fake=False)
-    _launch(q, planned)
+    _launch(q, _cached(q, k, q_out, None if k is None else k_out, cos, sin, position_ids,
+                       seq_offsets, cu_seqlens, layout, style, rotary_dim, position_offset,
+                       base, freqs, scaling, seq_len, mrope_section, mrope_interleaved,
+                       backward))
     return q_out, k_out
 
 
@@ -129,10 +157,9 @@ def _rope_inplace_impl(q: Tensor, k: Optional[Tensor], cos: Optional[Tensor],
                        freqs: Optional[str], scaling: List[float], seq_len: Optional[int],
                        mrope_section: Optional[List[int]], mrope_interleaved: bool,
                        backward: bool) -> None:
-    planned = _plan(q, k, None, None, cos, sin, position_ids, seq_offsets, cu_seqlens, layout,
-                    style, rotary_dim, position_offset, base, freqs, scaling, seq_len,
-                    mrope_section, mrope_interleaved, backward, fake=False)
-    _launch(q, planned)
+    _launch(q, _cached(q, k, None, None, cos, sin, position_ids, seq_offsets, cu_seqlens, layout,
+                       style, rotary_dim, position_offset, base, freqs, scaling, seq_len,
+                       mrope_section, mrope_interleaved, backward))
 
 
 _rope_inplace = torch.library.custom_op("ropejit::rope_", _rope_inplace_impl,
@@ -166,9 +193,14 @@ def _direct(*tensors):
         return False
     grad = torch.is_grad_enabled()
     for t in tensors:
-        if t is not None and (type(t) is not torch.Tensor or (grad and t.requires_grad)):
+        # A model's weights are Parameters: plain tensors to the op (autograd aside, which the
+        # grad check covers); other subclasses (fake, distributed) need the dispatcher.
+        if t is not None and (type(t) not in _PLAIN or (grad and t.requires_grad)):
             return False
     return True
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 def _base(base, cos):

@@ -212,12 +212,35 @@ def test_eager_calls_skip_the_dispatcher_only_when_nothing_needs_it(backend, mon
     monkeypatch.setattr(ops, "_rope_inplace", refuse)
     ops.rope(q, k, **kwargs)
     ops.rope_(q, k, **kwargs)
+    with torch.no_grad():  # a model's Parameters, outside autograd: plain tensors
+        ops.rope_(torch.nn.Parameter(q.clone()), torch.nn.Parameter(k.clone()), **kwargs)
     with pytest.raises(AssertionError, match="dispatcher"):
         ops.rope(q.float().requires_grad_(True), **dict(kwargs, cos=kwargs["cos"].float(),
                                                         sin=kwargs["sin"].float()))
     from torch._subclasses.fake_tensor import FakeTensorMode
     with FakeTensorMode(), pytest.raises(AssertionError, match="dispatcher"):
         ops.rope_(torch.empty(1, 4, 2, 64, device="cuda"), base=10000.0)
+
+
+def test_a_repeated_call_reuses_its_plan_with_the_new_addresses(backend, monkeypatch):
+    """The second call of a shape (every decode step) plans nothing and rotates its own
+    tensors, exactly."""
+    from ropejit import _call
+    q, q4, k, k4, kwargs, expected = case_inputs(CASES[0], backend.device)
+    ops.rope(q, k, **kwargs)
+    planned = []
+    real = _call.plan
+    monkeypatch.setattr(_call, "plan", lambda *a, **kw: planned.append(1) or real(*a, **kw))
+    for _ in range(2):
+        q2, k2 = torch.randn_like(q), torch.randn_like(k)
+        layout = kwargs["layout"]
+        want = expected(as_bshd(q2, layout).clone())
+        out_q, out_k = ops.rope(q2, k2, **kwargs)
+        ops.rope_(q2, k2, **kwargs)
+        backend.sync()
+        ref.assert_close(as_bshd(out_q, layout), want)
+        ref.assert_close(as_bshd(q2, layout), want)
+    assert len(planned) <= 1  # rope_'s first call plans once
 
 
 def test_cpu_tensors_are_refused_before_launch():
