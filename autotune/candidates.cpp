@@ -52,13 +52,13 @@ std::vector<detail::LaunchConfig> candidates(const Spec& c, const detail::CallSh
         cfg.tokens_per_block = std::max(1, std::min(64, threads / (x * rows)));
         for (int32_t persistent : {0, 2, 4}) {
           if (persistent && shape.tokens < 4096) continue;  // small grids are one wave anyway
-          // Persistent grids won no entry in the latest H100 run and one (d80, 2 heads per
-          // thread) on the H200 (bench/RESULTS.md); older kernels' winners had 1-2 heads per
-          // thread. For the fused ring kernel they cost 6-7 points of a copy on the H200's
-          // dynamic FP8 step, with or without its ring chained across token groups
-          // (bench/RESULTS.md, "Three more levers for dynamic FP8 on the H200"). Each persistent
-          // variant is one more compile and every candidate one more timing, so the rest are not
-          // tried.
+          // Persistent grids win no entry on the H100 and one (d80, 2 heads per thread) on the
+          // H200, and only ever with 1-2 heads per thread (bench/history/2026-11-22.md, "Tuner"
+          // and "Memory roofline, H200"). For the fused ring kernel they are slower on the
+          // H200's dynamic FP8 step, with or without its ring chained across token groups
+          // (bench/history/2026-11-27.md, "Three more levers for dynamic FP8 on the H200"). Each
+          // persistent variant is one more compile and every candidate one more timing, so the
+          // rest are not tried.
           if (persistent && hpt > 2) continue;
           detail::set_persistent(cfg, persistent);
           add(cfg);

@@ -1,31 +1,31 @@
 // Built-in launch heuristic, used when no tuned entry exists. It follows what the tuner picks
-// on H100/H200 (bench/RESULTS.md, "Memory roofline" and "The H200 launch rule"):
+// on H100/H200 (bench/history/2026-11-22.md, "Memory roofline, H200", "Memory roofline, H100"
+// and "The H200 launch rule"):
 //   - two kernel variants per key and alignment, both with the widest vectors and a
 //     512-thread bound: up to 2 heads per thread per pass (prefill) and 1 (decode). The engine
 //     compiles and loads both on a key's first use (policy_variants()), so changing shapes
 //     never compiles anything (fused keys: each with 64-bit and 32-bit offsets, four kernels);
 //   - few tokens (decode: the token bucket is at most 4 blocks per SM): one head per thread,
 //     one token per block: the most blocks and the shortest chain of dependent loads per
-//     thread. The one-head kernel (fewer registers, less code before the first load) is 9%
+//     thread. The one-head kernel (fewer registers, less code before the first load) is
 //     faster per graph-replayed call than the two-head kernel running one head per thread
-//     (bench/RESULTS.md, "Decode under graph replay, per launch"). A token's heads are dealt
-//     over several blocks (head groups) of up to 10 heads, whatever their number: one token's
-//     40 heads in one block wait on one SM's schedulers, 4 blocks of 10 run on 4 SMs. Under
-//     graph replay on the H100 that took 1 / 16 / 64 / 256 tokens from 1.80 / 1.86 / 1.98 /
-//     2.54 to 1.57 / 1.70 / 1.89 / 2.52 µs per call, the best or within 0.03 µs of the best
-//     grouping tried at every size (bench/RESULTS.md, "Head groups"). Fused keys take the same
+//     (bench/history/2026-11-22.md, "Decode under graph replay, per launch"). A token's heads
+//     are dealt over several blocks (head groups) of up to 10 heads, whatever their number: one
+//     token's 40 heads in one block wait on one SM's schedulers, 4 blocks of 10 run on 4 SMs.
+//     Under graph replay on the H100 that is the best grouping tried, or close to it, at every
+//     size (bench/history/2026-11-23.md, "Head groups"). Fused keys take the same
 //     launch up to 64 tokens (a head's lanes still reduce inside one block), and the two-head
 //     kernel over a token's heads in one block above (fused_config). A norm over all heads
 //     keeps a token's heads in one block;
 //   - many tokens: two heads per thread in one pass (cos/sin fetched once for both), one token
 //     per block unless blocks would be tiny, and a one-shot grid: small blocks keep the SMs
-//     evenly loaded to the last wave, which measured better than persistent grids;
+//     evenly loaded to the last wave, which measures better than persistent grids;
 //   - on GPUs with more DRAM bandwidth per SM (H200: 37 GB/s per SM; H100: 25), half as many
 //     rows, so each thread makes two passes of two heads. The H200 tuner's winners mostly make
 //     two or more passes per thread (usually of one head); two passes of two heads keep the
-//     one kernel variant and measured up to 8 points above one pass there (gptj +8, d256 +8,
-//     computed -0.6), 1-2 below on the H100. Heads of 5 or 6 chunks (d80, d96) measured 3-4
-//     points worse with two passes, so only power-of-two chunk counts take them.
+//     one kernel variant and measure faster than one pass there, slightly slower on the H100.
+//     Heads of 5 or 6 chunks (d80, d96) measure slower with two passes, so only power-of-two
+//     chunk counts take them.
 #include <algorithm>
 
 #include "autotune/policy.hpp"
@@ -64,32 +64,26 @@ detail::LaunchConfig decode_config(const Spec& c, const detail::CallShape& shape
 // Fused keys above kFusedGroupedTokens (a whole head per row of lanes, a head reduction per
 // norm, the cache placement computed by every thread): the two-head kernel. Decode sizes cover a
 // token's heads in one pass, one token per block: from 128 tokens on the one-head kernel's
-// per-thread work (every thread places its token) outweighs its shorter chains (graph-replayed
-// Qwen3 step on the H100, 256 tokens: 4.8 µs against 6.2-6.6 with head groups; bench/
-// RESULTS.md, "Fused decode"). Prefill: what `ropejit tune` picked for that step on the H100 and
-// the H200: two rows (looping over the heads; a row per head pair took 57% of copy at 4096
-// tokens where two rows took 77%, before the load steps) and as many tokens as fill 128
-// threads, of the 256-thread kernel (v8h2t256_r2_z8: the best candidate at 4096 and 32768
-// tokens on the H100 and at 32768 on the H200, 0.3-3% ahead of r2_z32 with 512 threads). The
-// kernel is prefill_variant's: two heads per thread, whose next pass's heads load while the
-// current ones are finished (at 4096 tokens on the H100: 94-97% of a copy in bf16 and static
-// FP8, 91-94% with dynamic FP8 scales). Balancing the rows of a decode-sized call over its
-// passes (12 rows of 2 heads for Qwen3's 48 heads, not 16 with a half-empty second pass)
-// measured the same at 256 tokens.
+// per-thread work (every thread places its token) outweighs its shorter chains, head groups or
+// not (bench/history/2026-11-24.md, "Fused decode"). Prefill: what `ropejit tune` picks for that
+// step on the H100 and the H200: two rows (looping over the heads; a row per head pair is
+// slower) and as many tokens as fill 128 threads, of the 256-thread kernel (v8h2t256_r2_z8, the
+// best candidate, ahead of r2_z32 with 512 threads; same file, "The two-head kernel at 256
+// threads"). The kernel is prefill_variant's: two heads per thread, whose next pass's heads load
+// while the current ones are finished. Balancing the rows of a decode-sized call over its passes
+// (12 rows of 2 heads for Qwen3's 48 heads, not 16 with a half-empty second pass) measures the
+// same at 256 tokens (bench/history/2026-11-25.md, "Dynamic FP8 prefill: two heads per thread").
 // With the ring of passes in shared memory (prefill_variant's), more rows: as many as make about
 // six passes per token, two to four. Nothing is held in registers ahead any more, and a token's
-// passes are fewer. For the Qwen3 step on the H100, `ropejit tune` put four rows first with
-// dynamic FP8 at 4096 and 32768 tokens and bf16 at 4096, six or eight rows (then four) for
-// static FP8 and bf16 at 32768, two rows for static FP8 at 4096 and for 24 heads of d64; in a
-// same-run benchmark four rows beat two in all six Qwen3 rows, by 0.7-4.7 points of copy
-// bandwidth (bench/RESULTS.md, "Rows of a ring kernel"). Without the ring, two rows.
+// passes are fewer. For the Qwen3 step on the H100, `ropejit tune` puts four or more rows first
+// in most cases, and in a same-run benchmark four rows beat two in all six Qwen3 rows
+// (bench/history/2026-11-27.md, "Rows of a ring kernel"). Without the ring, two rows.
 // Dynamic FP8 scales on a GPU with more DRAM bandwidth per SM (the H200) keep two rows: that
 // kernel issues the most instructions per byte, and there each row's share of a token's work
-// (its cos/sin row, its cache slot, its loop) counts. The H200's tuner put two rows (or one) in
-// all its twelve fastest launches at 4096 and 32768 tokens; in a benchmark four rows took 5-10%
-// more time than two there, 80-85% of a copy against 87.5-90% (bench/RESULTS.md, "Dynamic FP8
-// on the H200: two rows"). Measured with dynamic q and cache scales; keys with one of the two
-// dynamic follow them.
+// (its cos/sin row, its cache slot, its loop) counts. The H200's tuner puts two rows (or one) in
+// all its fastest launches, and in a benchmark four rows are slower than two there
+// (bench/history/2026-11-27.md, "Dynamic FP8 on the H200: two rows"). Measured with dynamic q
+// and cache scales; keys with one of the two dynamic follow them.
 detail::LaunchConfig fused_config(const Spec& c, const detail::CallShape& shape,
                                   const detail::DeviceInfo& device, detail::LaunchConfig cfg,
                                   bool decode) {

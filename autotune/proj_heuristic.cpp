@@ -1,54 +1,30 @@
-// The QKV projection's launch choice (templates/proj_kernel.cuh). Blocks own 8 column pairs
-// over the whole hidden dimension, so a Llama-3-8B projection (6144 columns) runs 384 blocks,
-// compiled to stay resident together (one wave on 132 SMs). What the H100 measured at that
-// shape, every variant with the call's token tiles (bench/RESULTS.md, "The decode block's QKV
-// projection" and "A clean L2"): eight warps splitting the hidden dimension beat four and two
-// at 1 and 16 tokens (23.4 / 29.5 / 44.2 µs at one token with one chunk per iteration, clean
-// L2); at one token two 32-element chunks per iteration beat one (22.3 against 23.4 µs with a
-// clean L2; the same within 0.1 µs after a memset flush), four spill; from two tiles on one
-// chunk is best (the activations take the registers: 25.6 against 50.5 µs at 16 tokens); at
-// 64 tokens four warps beat eight (58.9 against 70.4 µs): the activations of eight token tiles
-// then need the registers. e4m3 weights at one tile already read 64-element chunks (two of them
-// spill). The FFN with 16-bit weights (a 1792-block grid of several waves at Llama-3-8B's
-// 14336 columns) runs four warps of two chunks at one token tile: `ropejit tune` measured 82.6
-// against 85.3 µs at one token (eight warps, one chunk; bench/RESULTS.md, "Tuning the fused
-// variants"); at two tiles, staged row groups (below, at the FFN's functions). With e4m3 weights
-// it keeps the projection's choice (52.4 against 52.6 µs: level).
-//
-// e4m3 weights at two and four token tiles read 64-element chunks (`wide`, four warps, compiled
-// for two resident 8-warp blocks' worth): 21.3 against 22.5 µs at 16 tokens and 29.7 against
-// 35.2 at 32 on the H100 (`ropejit tune`, bench/RESULTS.md "Tuning the fused variants"); the
-// FFN's e4m3 key likewise (72.7 against 74.4 µs at 16).
-//
-// Grids with fewer blocks than the GPU has SMs (a tensor-parallel shard: Llama-3-70B at TP 8 has
-// 80 column blocks) split the hidden dimension over a thread-block cluster on sm_90+: the
-// largest of 2, 4, 8 that keeps the grid within three blocks per SM. The H100 at that shard
-// (bench/RESULTS.md, "Thread-block clusters"): 15.8 against 18.0 µs at one token (c4), 17.7
-// against 30.3 at 16 (c4); at Llama-3-8B (384 blocks) clusters only add a second wave.
-//
-// After the kernel loop's rework (packed norm multiply, unconditional loads, alternating
-// stages; bench/RESULTS.md, "The decode block's kernel loop, reworked"), `ropejit tune` on the H100
-// at Llama-3-8B: the projection with 16-bit weights at four tiles runs four warps of two chunks
-// (m4s4u2 26.5 against m4s8u1 33.2 µs at 32 tokens, and against the unfused path's 29.5, so the
-// fused path now goes to 32 tokens); the FFN with e4m3 weights two chunks at one tile (m1s8u2
-// 47.8 against 50.0 µs) and two warps of two wide chunks at two tiles (m2s2u2w 54.5 against
-// 59.8); with e4m3 weights at 64 tokens both run m4s2u1w (four tiles, two warps of wide chunks:
-// projection 35.1 against m8s4u1's 44.2 µs, FFN 148.3 against 170.6). The other choices above
-// stayed the tuner's best or within 2.5% of it.
-//
-// With 16-bit weights, from two token tiles on, the tokens are the mma's 16-row operand (`swap`,
-// name suffix `t`; templates/proj_kernel.cuh says why it saves a move per weight register). The
-// H100 (bench/RESULTS.md, "Swapped operands"): the projection at 32 tokens 25.6-26.2 against
-// 26.1-27.2 µs (m4s4u2t against m4s4u2, alternated builds), fused at 48 and 64 tokens 38.0-38.4
-// against 39.9 (the unfused path's 28-29 µs still wins there), 16 tokens and the FFN level
-// (m2s8u1t 23.1-23.5 against m2s8u1 23.3; the tuner, with a clean L2, 23.4 against 23.9).
-//
-// At four token tiles (17-32 tokens) on sm_90+, a projection with 16-bit weights whose grid stays
-// wide runs eight row groups of one warp each, sharing staged activations, in clusters of four
-// (`m4s1u2r8c4`: 64 pairs per block, the hidden dimension over four blocks). `ropejit tune` chose
-// it at Llama-3-8B's 32 tokens on both GPUs (bench/RESULTS.md, "Row groups sharing staged
-// activations"): 25.1 against 26.2-26.5 µs on the H100, 21.3-21.7 against 23.8 on the H200. It
-// needs as many blocks as SMs: a narrower projection keeps m4s4u2t and the cluster rule.
+// The QKV projection's and the FFN gate/up's launch choice (templates/proj_kernel.cuh). Blocks
+// own 8 column pairs over the whole hidden dimension, so a Llama-3-8B projection (6144 columns)
+// runs 384 blocks, compiled to stay resident together (one wave on 132 SMs). The variants are
+// what `ropejit tune` picks at Llama-3-8B's shapes, and a tuning file overrides them:
+//   - eight warps split the hidden dimension up to four token tiles, four beyond; two chunks per
+//     iteration at one tile, one from two tiles on: the activations take the registers
+//     (bench/history/2026-11-24.md, "The decode block's QKV projection" and "A clean L2, a
+//     read-pass floor, and thread-block clusters");
+//   - 16-bit weights: four warps of two chunks at four tiles (bench/history/2026-11-26.md, "The
+//     decode block's kernel loop, reworked"), the tokens as the mma's 16-row operand from two
+//     tiles on (`swap`, name suffix `t`; templates/proj_kernel.cuh says why; same file,
+//     "Swapped operands"), and on sm_90+ at four tiles, where the grid stays wide, eight row
+//     groups of one warp sharing staged activations in clusters of four (`m4s1u2r8c4`; it
+//     needs as many blocks as SMs, so a narrower projection keeps m4s4u2t;
+//     bench/history/2026-11-27.md, "Row groups sharing staged activations");
+//   - e4m3 weights: 64-element chunks, at one tile already (two of them spill there), at two and
+//     four tiles as `wide` (bench/history/2026-11-25.md, "Tuning the fused variants"); the FFN's
+//     two chunks at one tile and two warps of two wide chunks at two (2026-11-26.md, "The decode
+//     block's kernel loop, reworked");
+//   - the FFN with 16-bit weights (a grid of several waves): four warps of two chunks at one tile
+//     (2026-11-25.md, "Tuning the fused variants"), staged row groups at two (at the FFN's
+//     functions below);
+//   - grids with fewer blocks than the GPU has SMs (a tensor-parallel shard: Llama-3-70B at TP 8
+//     has 80 column blocks) split the hidden dimension over a thread-block cluster on sm_90+: the
+//     largest of 2, 4, 8 that keeps the grid within three blocks per SM; at Llama-3-8B clusters
+//     would only add a second wave (bench/history/2026-11-24.md, "A clean L2, a read-pass floor,
+//     and thread-block clusters").
 #include <algorithm>
 
 #include "autotune/policy.hpp"
@@ -130,23 +106,16 @@ detail::ProjVariant proj_heuristic(const QkvProjSpec& canonical, const detail::P
   return v;
 }
 
-// The path by token count. The H100 at Llama-3-8B's projection (bench/RESULTS.md): the fused
-// kernel takes 27.7 µs at 16 tokens, cuBLAS's GEMM alone 28.9 µs (plus the RMSNorm and RoPE
-// launches of the unfused path); at 32 tokens the fused kernel takes 39.9 µs against cuBLAS's
-// 28.6 µs. So (then) fused up to 16 tokens, unfused beyond; `ropejit tune --key qkvproj_...`
-// measures the crossover of a shape on its GPU and the tuning file overrides this.
-//
-// e4m3 weights: the fused kernel reads half the bytes, while the unfused path first dequantizes
-// the weight chunk by chunk (jit/dequant.hpp) before the same GEMM, which costs it a nearly flat
-// 60 µs at the projection's shape. `ropejit tune` on the H100 (bench/RESULTS.md, "e4m3 weights:
-// where the unfused path takes over"): projection fused 52.9 against unfused 62.1 µs at 64
-// tokens (57.8 with the whole weight in one chunk), 100.3 against 65.7 at 128; the FFN's gate/up
-// (hidden 4096, intermediate 14336) fused 229 against ~240 µs at 64 tokens, 120 against 238 at 32.
-// So fused up to 64 tokens, unfused beyond. With 16-bit weights the projection runs fused up to
-// 32 tokens (the H100 after the loop's rework: 26.5 against 29.5 µs at 32, 41.1 against 29.3 at
-// 64), the FFN up to 16 (at 32 its best fused variant and the unfused path are level, 94.7 and
-// 94.0 µs). `ropejit tune` races both paths, each checked against float64 first, and its file
-// overrides this.
+// The path by token count: fused up to fused_up_to's count, unfused (cuBLAS's GEMM with the
+// RMSNorm and RoPE launches) beyond. With 16-bit weights the fused projection wins up to 32
+// tokens and the fused FFN up to 16, level at 32 (bench/history/2026-11-24.md, "The chooser:
+// fused or unfused per token bucket, QKV projection and FFN gate/up"; 2026-11-26.md, "The
+// decode block's kernel loop, reworked"). With e4m3 weights the fused kernel reads half the
+// bytes, while the unfused path first dequantizes the weight chunk by chunk (jit/dequant.hpp)
+// before the same GEMM, a nearly flat cost, so both run fused up to 64 tokens
+// (bench/history/2026-11-26.md, "e4m3 weights: where the unfused path takes over").
+// `ropejit tune --key qkvproj_...` races both paths on a shape's GPU, each checked against
+// float64 first, and its file overrides this.
 ProjPath proj_heuristic_path(const QkvProjSpec& canonical, const detail::ProjShape& shape,
                              const detail::DeviceInfo& device) {
   (void)device;
@@ -181,11 +150,11 @@ std::vector<detail::ProjVariant> proj_heuristic_variants(const QkvProjSpec& cano
 // The FFN's gate/up runs the same kernel with another epilogue: the same variants by token
 // tiles, and the same crossover until `ropejit tune --key ffnglu_...` measures its own. With
 // 16-bit weights at two token tiles (9-16 tokens) it runs row groups sharing staged
-// activations, as each GPU's tuner chose at Llama-3-8B's 16 tokens, against the earlier
-// `m2s4u1t` (bench/RESULTS.md, "The FFN's default at two tiles"): where an SM has less DRAM
-// bandwidth (the H100's 25 GB/s), two groups of two warps (`m2s2u4tr2`: 84.5-85.0 against
-// 86.1-86.4 µs; level on the H200); from 30 GB/s per SM (the H200's 37), four groups of one
-// warp (`m2s1u4r4`: 63.7-65.3 against 66.5-66.9 µs; 3% slower than `m2s4u1t` on the H100).
+// activations, as each GPU's tuner chooses at Llama-3-8B's 16 tokens, ahead of `m2s4u1t`
+// (bench/history/2026-11-27.md, "The FFN's default at two tiles"): where an SM has less DRAM
+// bandwidth (the H100's 25 GB/s), two groups of two warps (`m2s2u4tr2`; level on the H200);
+// from 30 GB/s per SM (the H200's 37), four groups of one warp (`m2s1u4r4`, slower than
+// `m2s4u1t` on the H100).
 namespace {
 
 constexpr double kWideFfnGbpsPerSm = 30;  // DRAM GB/s per SM from which m2s1u4r4 runs

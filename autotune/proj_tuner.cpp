@@ -150,8 +150,9 @@ bool worth_searching(const ProjTuneReport& r) {
 // at 2 and 4 tiles 64-element chunks (`wide`), for 16-bit weights from 2 tiles the tokens as
 // the 16-row operand (`swap`); from 2 tiles also blocks of 2, 4 or 8 row groups sharing staged
 // activations (`rows`), 4 or 8 warps in all, 1, 2 or 4 chunks, clusters of 1, 2 or 4 (fewer,
-// wider blocks: at Llama-3-8B's 64 tokens on the H100 eight groups in clusters of four were the
-// fastest of them, bench/RESULTS.md); legal ones.
+// wider blocks: at Llama-3-8B's 64 tokens on the H100 eight groups in clusters of four are the
+// fastest of them, bench/history/2026-11-27.md, "Row groups sharing staged activations");
+// legal ones.
 std::vector<detail::ProjVariant> proj_fused_candidates(const detail::ProjVariant& heuristic,
                                                        bool fp8_weights,
                                                        const detail::DeviceInfo& device) {

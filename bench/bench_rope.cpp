@@ -43,8 +43,8 @@ void run_case(benchmark::State& state, const Case& c) {
 }
 
 // The same-run reference for graph-replayed decode (the "two copies" column of the peers'
-// decode table in bench/RESULTS.md): per
-// call, a device copy of q's bytes and one of k's, captured once and replayed.
+// decode table, docs/performance.md#peers-figures-quoted): per call, a device copy of q's bytes
+// and one of k's, captured once and replayed.
 double graph_copies_us(const Case& c) {
   const detail::Driver& d = detail::driver();
   const size_t per_head = size_t(c.sizes.batch * c.sizes.seq_len) * size_t(c.spec.head_dim) *
@@ -68,8 +68,8 @@ double graph_copies_us(const Case& c) {
 }
 
 // Decode sizes under graph replay: kGraphCalls calls captured once, replayed, time per call
-// (the launch gaps of eager launches excluded, as the peers' decode table in bench/RESULTS.md
-// measures).
+// (the launch gaps of eager launches excluded, as the peers' decode table in
+// docs/performance.md#peers-figures-quoted measures).
 void run_graph(benchmark::State& state, const Case& c) {
   autotune::Workload w(c.spec, c.sizes);
   w.upload();

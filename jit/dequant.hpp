@@ -3,9 +3,8 @@
 // its row's scale applied, W'[n][k] = dtype(fp32(code · scale[n])) (torch's dequantization,
 // `(w.float() * scale[:, None]).to(dtype)`), into the workspace, and the GEMM of that chunk
 // follows. A chunk is the whole weight up to kDequantChunkBytes: fewer, larger GEMMs run faster
-// (the H100 at Llama-3-8B's projection, 128 tokens: 59.0 µs in one 48 MiB chunk, 64.5 in two of
-// 32 MiB, 103 in 8 MiB chunks, 250 in 2 MiB ones; bench/RESULTS.md), and the cap keeps the
-// workspace bounded for the FFN's larger weights. The kernel is its own key
+// (bench/history/2026-11-26.md, "e4m3 weights: where the unfused path takes over"), and the cap
+// keeps the workspace bounded for the FFN's larger weights. The kernel is its own key
 // (templates/dequant_kernel.cuh).
 #pragma once
 

@@ -185,29 +185,30 @@ KernelVariant variant_with(const Spec& c, int32_t align_bytes, int32_t table_ali
 
 }  // namespace
 
-// 512 threads: the bound the tuner's winners share on the H100 and the H200 (bench/RESULTS.md,
-// "Memory roofline"); 2 heads per thread for prefill, which fetches cos/sin once for both.
-// Fused keys take 256: the tuner's winners at 4096 and 32768 tokens on both GPUs (more
-// registers for the norm, FP8 and cache placement; bench/RESULTS.md, "Fused decode"), except a
+// 512 threads: the bound the tuner's winners share on the H100 and the H200
+// (bench/history/2026-11-22.md, "Memory roofline, H200" and "Memory roofline, H100"); 2 heads
+// per thread for prefill, which fetches cos/sin once for both. Fused keys take 256: the tuner's
+// winners at 4096 and 32768 tokens on both GPUs (more registers for the norm, FP8 and cache
+// placement; bench/history/2026-11-24.md, "Fused decode"), except a
 // norm over all heads, whose block holds every q and k head of a token (up to 2 x 512 / chunks).
 // Dynamic FP8 keys too: a head is finished, its scale reduced and the head stored before the
 // thread's next head (templates/rope_fused.cuh), so two heads fit the registers.
 KernelVariant prefill_variant(const Spec& c, int32_t align_bytes, int32_t table_align) {
   const bool fused_256 = c.fused() && c.norm != Norm::rms_all_heads;
   // Two heads per thread, fused keys too, bf16, static and dynamic FP8 alike. With the next
-  // pass's heads loaded ahead, two heads beat four on the H100's FP8 serving step (93.5% of a
-  // copy against 92.4% at 4096 tokens) and one with dynamic scales (91-94% of a copy at 4096 and
-  // 32768 tokens against 85-86%: twice the bytes in flight per thread; 256 tokens 3.83 -> 3.93 us).
+  // pass's heads loaded ahead, two heads beat four on the H100's FP8 serving step, and one with
+  // dynamic scales (twice the bytes in flight per thread; bench/history/2026-11-25.md, "The next
+  // pass's heads loaded ahead" and "Dynamic FP8 prefill: two heads per thread").
   KernelVariant v = variant_with(c, align_bytes, table_align, 2, fused_256 ? 256 : 512);
   // Where the vectors are 16 bytes wide, their later passes' heads in flight through a ring of
-  // three slots (bench/RESULTS.md, "A cp.async ring").
+  // three slots (bench/history/2026-11-26.md, "A cp.async ring").
   if (fused_256 && v.vec * element_bytes(c.dtype) == 16) v.ring = kPrefillRing;
   return v;
 }
 
-// One head per thread: fewer registers and less code before the first load, 9% faster per
-// graph-replayed decode call than the two-head kernel running one head (bench/RESULTS.md,
-// "Decode under graph replay, per launch").
+// One head per thread: fewer registers and less code before the first load, faster per
+// graph-replayed decode call than the two-head kernel running one head
+// (bench/history/2026-11-22.md, "Decode under graph replay, per launch").
 KernelVariant decode_variant(const Spec& c, int32_t align_bytes, int32_t table_align) {
   return variant_with(c, align_bytes, table_align, 1, 512);
 }

@@ -63,8 +63,8 @@ const char* target_changing(const std::string& option) {
 
 // True when an NVRTC option would change floating-point rounding: fast math, or flushing
 // denormals, approximate division or square roots, or unfused multiply-adds. The kernels are
-// accurate to one rounding of the float64 result (README, "What a call can express") only with
-// ropejit's own settings. NVRTC takes each with one dash or two; an option that repeats
+// accurate to one rounding of the float64 result (docs/cpp.md, "What a call can express") only
+// with ropejit's own settings. NVRTC takes each with one dash or two; an option that repeats
 // ropejit's (or NVRTC's default) value changes nothing and is let through.
 bool rounding_changing(const std::string& option) {
   // Each option's name and the one value that keeps ropejit's rounding (none for fast math).
@@ -120,7 +120,7 @@ std::string target_note(int cc) {
 }
 
 std::vector<std::string> base_compile_options() {
-  // No fast math: the accuracy bar is one rounding from float64 (README, "What a call can
+  // No fast math: the accuracy bar is one rounding from float64 (docs/cpp.md, "What a call can
   // express"), and --use_fast_math would turn sincospif/exp2 into approximations.
   // -minimal drops the runtime-API declarations the kernels never use (a shorter front end).
   return {"--std=c++17", "--fmad=true", "-lineinfo", "--device-as-default-execution-space",

@@ -47,9 +47,9 @@ struct ProjVariant {
   // 80 registers). Two tiles: 1024, but 768 for the projection with 16-bit weights (its 2-tile
   // variant spilled at 64 registers). Four and eight tiles: 512, but 384 for eight tiles in the
   // projection with 16-bit weights (three 4-warp blocks per SM, 168 registers). The exceptions
-  // are what the H100 measured faster (bench/RESULTS.md, "A clean L2"): 25.6 against 26.1 µs at
-  // 16 tokens, 51.0 against 57.3 µs at 64; the FFN (`glu`), whose 1792-block grid runs several
-  // waves, was slower with fewer resident blocks (95.1 against 93.1 µs at 16 tokens).
+  // are what the H100 measures faster at 16 and 64 tokens; the FFN (`glu`), whose 1792-block
+  // grid runs several waves, is slower with fewer resident blocks (bench/history/2026-11-24.md,
+  // "A clean L2, a read-pass floor, and thread-block clusters").
   // The `wide` variants at two and four tiles hold twice a stage's activations: 512 and 384.
   int32_t min_blocks(bool fp8_weights = false, bool glu = false) const {
     const bool one_wide = fp8_weights && token_tiles == 1;

@@ -102,8 +102,8 @@ struct MmaOp<kF16> {
 };
 
 // 16 bytes of weights, read once: not kept in L1, and the L2 asked to fetch the surrounding
-// 256 bytes (the other warps of the block read them next): 2% faster at Llama-3-8B's shape on
-// the H100 than without the hint (bench/RESULTS.md, "The decode block's QKV projection").
+// 256 bytes (the other warps of the block read them next): faster at Llama-3-8B's shape on the
+// H100 than without the hint (bench/history/2026-11-24.md, "The decode block's QKV projection").
 __device__ __forceinline__ uint4 load_stream16(const void* p) {
   uint4 v;
   asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
@@ -681,8 +681,9 @@ struct ProjKernel {
     }
     // Software-pipelined: the next iteration's loads are issued before this one's products, so
     // every warp keeps two iterations of weight loads in flight. The epilogue's inputs are
-    // fetched after the loop: fetching them before it (under the weight stream) measured no
-    // faster at 1-8 tokens and slower beyond, its registers spilling (bench/RESULTS.md).
+    // fetched after the loop: fetching them before it (under the weight stream) measures no
+    // faster at 1-8 tokens and slower beyond, its registers spilling (bench/history/2026-11-24.md,
+    // "FP8 weights, and the epilogue's loads moved ahead").
     // The warp's slice among the cluster's (one block: kSlices = kSplits, rank 0).
     // Staged, the loop runs over the block's iterations (`base`, the same in every warp, as the
     // barriers need), each warp kChunk * kUnroll elements from its `skip`; otherwise over the

@@ -97,22 +97,20 @@ struct FusedKernel {
     // Passes loaded ahead through shared memory (the variant's "a" suffix, 0: none): each
     // thread's cp.async copies of the next kRing - 1 passes' heads are in flight while it
     // finishes the current pass, and hold no registers. Prefill kernels of one or two heads per
-    // thread (bench/RESULTS.md, "A cp.async ring").
+    // thread (measured: bench/history/2026-11-26.md, "A cp.async ring").
     kRing = Cfg::kRing,
     // Without the ring, whether a prefill kernel loads the next pass's heads into registers
     // before it finishes the current ones: with one or two heads per thread (four already keep
     // enough loads in flight, and have no registers left). Two passes ahead in registers
-    // measured no faster (dynamic FP8 at 4096 tokens on the H100, one head per thread: 40.8 us
-    // either way).
+    // measure no faster (bench/history/2026-11-25.md, "The next pass's heads loaded ahead").
     kAhead = kHpt <= 2 && kRing == 0,
     // Where every store of q and k is FP8, the norm's 1/rms moves out of the elements into the
     // store's multiplier (one multiply per element fewer): it commutes with the rotation, and
     // the amax of the head's values times inv is the amax of the values, times inv (rounding
     // is monotonic). Not bit-identical to multiplying each element: x * w skips a rounding and
     // scale * inv adds one (the reference's error budget counts it, autotune/reference.cpp).
-    // Faster on the H200 (dynamic FP8 at 32768 tokens: 180.2 -> 174.1 us with two rows in the
-    // tuner, 188.4 -> 182.0 with four in a benchmark), level on the H100 (bench/RESULTS.md,
-    // "Dynamic FP8 on the H200: two rows").
+    // Faster on the H200's dynamic FP8 prefill, level on the H100 (measured:
+    // bench/history/2026-11-27.md, "Dynamic FP8 on the H200: two rows").
     kFold = kNorm != kNormNone && Cfg::kOutE4m3 && (Cfg::kCacheE4m3 || kCache == kCacheNone),
   };
   typedef typename Elem<kOutDType>::Raw OutRaw;
@@ -291,7 +289,7 @@ struct FusedKernel {
 
   // A slice as loaded. Values stay in their vectors until first used: a conversion right after
   // its load would make the thread wait there, before issuing the loads that follow (the decode
-  // step had eight memory round trips in a row so; bench/RESULTS.md, "Fused decode").
+  // step had eight memory round trips in a row so; bench/history/2026-11-24.md, "Fused decode").
   struct RawSlice {
     Vec lo, hi;
   };
@@ -526,7 +524,7 @@ struct FusedKernel {
   // reads back only what it copied itself: waiting for its own copies is all the ordering it needs.
   // Addressed in the shared window (32 bits) from `mine`, the thread's entry of slot 0, head 0:
   // converted from a generic pointer at each access, every copy and read re-derived the block's
-  // window base (bench/RESULTS.md, "Kind-uniform passes? No: the ring's addressing").
+  // window base (bench/history/2026-11-27.md, "Kind-uniform passes? No: the ring's addressing").
   static __device__ __forceinline__ unsigned ring_at(unsigned mine, int slot, int j, int half,
                                                      unsigned threads) {
     return mine + unsigned((slot * kHpt + j) * 2 + half) * threads * unsigned(sizeof(uint4));
@@ -694,10 +692,9 @@ struct FusedKernel {
     // Per-head norm weights for this lane's slice, loaded once for every token and head.
     // Unconditional loads from addresses inside the weights (lanes past the head read element
     // 0, no k heads read q's weights): a conditional load's merge would be a use of it.
-    // (Read from shared memory as floats instead, ring kernels were slower: filled at the
-    // block's start, bench/RESULTS.md, "A cp.async ring"; filled after its first loads, 3 points
-    // of a copy slower on the H200's dynamic FP8 step, "Three more levers for dynamic FP8 on the
-    // H200".)
+    // (Read from shared memory as floats instead, ring kernels are slower, whether filled at the
+    // block's start or after its first loads: bench/history/2026-11-26.md, "A cp.async ring", and
+    // bench/history/2026-11-27.md, "Three more levers for dynamic FP8 on the H200".)
     RawSlice wq, wk;
     if (kNorm == kNormRms || kNorm == kNormRmsOnePlus) {
       const Raw* wq_ptr = static_cast<const Raw*>(fp.q_norm_w);

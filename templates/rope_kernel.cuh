@@ -10,7 +10,7 @@
 //      dealt over that many blocks per token group: row y of block g starts at head
 //      g * rows + y and steps by rows * gridDim.y. Decode spreads a token over several SMs so:
 //      one token's 40 heads on one SM take longer to issue than five blocks of 8 heads
-//      (bench/RESULTS.md, "Decode: where the time goes").
+//      (bench/history/2026-11-23.md, "Decode: where the time goes").
 //   z: tokens; a block handles one group of blockDim.z tokens, or (kGridStride) strides over
 //      the groups, so a small grid can be persistent.
 // cos/sin for a thread's chunk are fetched once per token (tables) or computed once per token
@@ -118,16 +118,17 @@ struct RopeKernel {
       tp.s = t - __ldg(cu + lo);
     } else if (Cfg::kSeqMajor) {
       // sbhd: walk tokens in memory order (s outer, b inner) so neighbouring blocks touch
-      // neighbouring rows; b-major order cost ~6% at batch 8 (bench/RESULTS.md).
+      // neighbouring rows; b-major order is slower at batch 8 (that A/B is not in the log; this
+      // order's sweep: bench/history/2026-11-22.md, "sbhd sweep").
       const unsigned s = unsigned(t) / unsigned(p.batch);
       tp.s = s;
       tp.b = t - (long long)s * p.batch;
       tp.valid = true;
     } else {
       // One sequence, or sequences of one token (decode's two shapes), need no division: one
-      // branch on both, then selects (s = t - b holds for both). Branching on each in turn, as
-      // this did before, put two dependent parameter reads and branches before every load and
-      // cost ~0.1 µs per decode call (bench/RESULTS.md, "decode, the parameter chain").
+      // branch on both, then selects (s = t - b holds for both). Branching on each in turn puts
+      // two dependent parameter reads and branches before every load, a cost every decode call
+      // pays (bench/history/2026-11-24.md, "decode, the parameter chain").
       tp.valid = true;
       if (p.batch == 1 || p.seq_len == 1) {
         tp.b = p.batch == 1 ? 0 : t;
@@ -362,9 +363,10 @@ struct RopeKernel {
 
   // One head for this thread in all (the one-head kernel's usual decode launch): its address from
   // its own operand's fields alone. The general path computes both operands' token rows first
-  // and then selects per head, ~50 more PTX instructions before the first load. That measured
-  // within noise: the gap to a hand-written kernel of the same mapping was the chain of
-  // branches on parameters in `locate` (bench/RESULTS.md, "decode, the parameter chain").
+  // and then selects per head, ~50 more PTX instructions before the first load. That measures
+  // within noise: the gap to a hand-written kernel of the same mapping is the chain of
+  // branches on parameters in `locate` (bench/history/2026-11-24.md, "decode, the parameter
+  // chain").
   static __device__ __forceinline__ void one_head(const RopeParams& p, const TokenPlace& tp,
                                                   long long t, int h, const TokenHeads& th,
                                                   bool turn, int chunk, const Pairs* f) {
@@ -466,7 +468,8 @@ struct RopeKernel {
       }
       // The first batch's q/k loads go out before cos/sin are ready, so the latencies overlap:
       // the table's position id -> row chain of two dependent loads, or the shared angles'
-      // computation and barriers (96.6 -> 98.5% of copy, bench/RESULTS.md).
+      // computation and barriers (measured: bench/history/2026-11-22.md, "What changed in the
+      // previous session, and what it measured").
       float cs[kPairsPerChunk], sn[kPairsPerChunk];
       if constexpr (Cfg::kComputed) {
         Batch b;
@@ -484,7 +487,8 @@ struct RopeKernel {
         }
       } else {
         // One copy of the loop body, not a peeled first batch as above: less to compile, and
-        // 1-1.5 points faster for gptj tables on the H100 (bench/RESULTS.md).
+        // faster for gptj tables on the H100 (bench/history/2026-11-22.md, "What changed in the
+        // previous session, and what it measured").
         if (!work) continue;
         bool first = true;
         do {

@@ -159,7 +159,8 @@ TEST_CASE("heuristic: two kernel variants for every shape and the decode and pre
   persistent.blocks_per_sm = 0;
   CHECK(detail::illegal_reason(c, shape_of(32768, 32, 8), persistent, dev) ==
         "a grid-stride variant is for persistent grids (blocks_per_sm > 0), not 0");
-  // The shapes the tuner measured (bench/RESULTS.md): llama decode and prefill.
+  // The shapes the tuner measured (bench/history/2026-11-22.md, "Tuning"): llama decode and
+  // prefill.
   CHECK(autotune::heuristic_config(c, shape_of(64, 32, 8), dev).name() == "v8h1t512_r10_z1_g0_y4");
   CHECK(autotune::heuristic_config(c, shape_of(32768, 32, 8), dev).name() == "v8h2t512_r20_z1_g0");
   CHECK(autotune::heuristic_config(c, shape_of(4096, 1, 1), dev).name() == "v8h2t512_r1_z8_g0");
@@ -315,7 +316,7 @@ TEST_CASE("heuristic: fused keys' launches are legal and use the two default var
 }
 
 TEST_CASE("peak memory bandwidth from the driver's clock and bus width, unknown on MIG") {
-  // The attributes the H100 SXM and H200 hosts report (bench/RESULTS.md).
+  // The attributes the H100 SXM and H200 hosts report (docs/performance.md#method).
   CHECK(detail::peak_memory_gbps("NVIDIA H100 80GB HBM3", 2619000, 5120) ==
         doctest::Approx(3352.3).epsilon(1e-4));
   CHECK(detail::peak_memory_gbps("NVIDIA H200", 3201000, 6144) ==

@@ -5,9 +5,10 @@
 #
 #   bench/peers/build_vllm.sh VLLM_SRC OUT.so [TORCH_DIR]
 #
-# VLLM_SRC: an unpacked vLLM source tree; its csrc/ is used. bench/RESULTS.md used vLLM
-# 0.33.0's source archive from PyPI (its URL is in https://pypi.org/simple/vllm/ read with
-# "Accept: application/vnd.pypi.simple.v1+json"; `pip download --no-binary` would build it).
+# VLLM_SRC: an unpacked vLLM source tree; its csrc/ is used. The runs in
+# bench/history/2026-11-25.md used vLLM 0.33.0's source archive from PyPI (its URL is in
+# https://pypi.org/simple/vllm/ read with "Accept: application/vnd.pypi.simple.v1+json";
+# `pip download --no-binary` would build it).
 # TORCH_DIR: the torch package directory (its include/ and lib/); by default the one
 # `python3 -c "import torch"` finds. The library is built against PyTorch's stable ABI at
 # version 2.11, as vLLM 0.33.0 builds it, for sm_90 unless ROPEJIT_PEER_ARCH names another
