@@ -136,6 +136,7 @@ int run_compile(const CompileOptions& o) {
   std::vector<Kernel> kernels;
   std::vector<QkvProjSpec> proj_specs;
   std::vector<FfnSpec> ffn_specs;
+  std::vector<RmsNormSpec> norm_specs;
   std::string about;
   // The decode block's tuned fused variants (from a tuning file's projection entries).
   std::vector<std::pair<QkvProjSpec, detail::ProjVariant>> proj_tuned;
@@ -185,11 +186,16 @@ int run_compile(const CompileOptions& o) {
         ffn_specs.push_back(parse_ffn_key(key));
         continue;
       }
+      if (key.rfind("rmsnorm_", 0) == 0) {  // RMSNorm alone: its own family
+        norm_specs.push_back(parse_rms_norm_key(key));
+        continue;
+      }
       const Spec s = parse_key(key);
       detail::require_kernel(s);  // asked for by name: an error, not a skip
       specs.push_back(s);
     }
-    if (specs.empty() && skipped.empty() && proj_specs.empty() && ffn_specs.empty())
+    if (specs.empty() && skipped.empty() && proj_specs.empty() && ffn_specs.empty() &&
+        norm_specs.empty())
       detail::invalid(
           "compile needs --preset NAME, --hf-config FILE, --key KEY or --from-tuning FILE");
     if (targets.empty()) targets.push_back("sm_90");
@@ -197,7 +203,8 @@ int run_compile(const CompileOptions& o) {
       std::printf("%s  SKIPPED: %s has no kernel in this build yet\n", s.key().c_str(),
                   detail::missing_kernel(s).c_str());
     kernels = default_kernels(specs, targets);
-    about = detail::concat(specs.size(), " keys");
+    about = detail::concat(specs.size() + proj_specs.size() + ffn_specs.size() + norm_specs.size(),
+                           " keys");
     if (!skipped.empty()) about += detail::concat(" (", skipped.size(), " skipped)");
   }
   for (const Kernel& k : kernels)
@@ -209,28 +216,23 @@ int run_compile(const CompileOptions& o) {
   size_t failures = compile_all(kernels, threads);
   size_t family_kernels = 0;  // the projection's and FFN's
   if (proj_archs.empty()) proj_archs.push_back("sm_90");
-  for (const QkvProjSpec& s : proj_specs)
-    for (const std::string& arch : proj_archs) {
-      try {
-        const size_t n = precompile(s, arch).size();
-        family_kernels += n;
-        std::printf("%s: %zu kernels for %s\n", s.key().c_str(), n, arch.c_str());
-      } catch (const Error& e) {
-        std::fprintf(stderr, "%s (%s): %s\n", s.key().c_str(), arch.c_str(), e.what());
-        ++failures;
+  // The decode families' keys: every kernel a key can launch, per target.
+  auto precompile_family = [&](const auto& family) {
+    for (const auto& s : family)
+      for (const std::string& arch : proj_archs) {
+        try {
+          const size_t n = precompile(s, arch).size();
+          family_kernels += n;
+          std::printf("%s: %zu kernels for %s\n", s.key().c_str(), n, arch.c_str());
+        } catch (const Error& e) {
+          std::fprintf(stderr, "%s (%s): %s\n", s.key().c_str(), arch.c_str(), e.what());
+          ++failures;
+        }
       }
-    }
-  for (const FfnSpec& s : ffn_specs)
-    for (const std::string& arch : proj_archs) {
-      try {
-        const size_t n = precompile(s, arch).size();
-        family_kernels += n;
-        std::printf("%s: %zu kernels for %s\n", s.key().c_str(), n, arch.c_str());
-      } catch (const Error& e) {
-        std::fprintf(stderr, "%s (%s): %s\n", s.key().c_str(), arch.c_str(), e.what());
-        ++failures;
-      }
-    }
+  };
+  precompile_family(proj_specs);
+  precompile_family(ffn_specs);
+  precompile_family(norm_specs);
   // The tuned fused variants, in parallel (the engine compiles each once).
   {
     std::vector<std::pair<std::string, std::future<void>>> builds;
@@ -268,7 +270,10 @@ int run_compile(const CompileOptions& o) {
               about.c_str(), kernels.size() + family_kernels, ms_since(t0) / 1000,
               after.nvrtc_compiles - before.nvrtc_compiles, after.disk_hits - before.disk_hits,
               failures);
-  if (!engine.disk().enabled()) {
+  const size_t compiled = after.nvrtc_compiles - before.nvrtc_compiles;
+  if (engine.disk().read_only() && compiled == 0) {
+    std::printf("the disk cache is read-only and held every kernel\n");
+  } else if (!engine.disk().enabled()) {
     std::fprintf(stderr,
                  "ropejit: compile: nothing was saved: the disk cache is off (%s); set "
                  "ROPEJIT_CACHE_DIR to a directory of yours\n",

@@ -37,10 +37,12 @@ int run_demo(const DemoOptions& o) {
 
   std::string why;
   if (!detail::try_driver(&why)) {
+    const detail::EngineStats before = api::engine().stats();
     const auto t0 = std::chrono::steady_clock::now();
     const std::vector<std::string> files = precompile(spec, "sm_90");
-    std::printf("compiled for sm_90 in %.1f ms -> %s\n", ms_since(t0),
-                files[0].empty() ? "(memory only)" : files[0].c_str());
+    const bool hit = api::engine().stats().nvrtc_compiles == before.nvrtc_compiles;
+    std::printf("%s for sm_90 in %.1f ms -> %s\n", hit ? "loaded from the disk cache" : "compiled",
+                ms_since(t0), files[0].empty() ? "(memory only)" : files[0].c_str());
     std::printf("GPU part SKIPPED: %s\n", why.c_str());
     return 0;
   }

@@ -11,6 +11,7 @@
 #include "cli/presets.hpp"
 #include "jit/coverage.hpp"
 #include "jit/names.hpp"
+#include "jit/norm.hpp"
 #include "jit/nvrtc.hpp"
 #include "jit/proj.hpp"
 #include "jit/render.hpp"
@@ -35,6 +36,11 @@ int run_source(const std::string& key, const std::string& hf_config, const std::
     one_token.tokens = 1;
     const detail::ProjVariant v = autotune::proj_heuristic(spec, one_token, detail::DeviceInfo{});
     std::fputs(detail::render(spec, v).source.c_str(), stdout);
+    return 0;
+  }
+  if (key.rfind("rmsnorm_", 0) == 0) {  // RMSNorm: its kernel for the shortest rows
+    const RmsNormSpec spec = parse_rms_norm_key(key);
+    std::fputs(detail::render(spec.canonical(), detail::NormVariant{}).source.c_str(), stdout);
     return 0;
   }
   const Spec spec = key.empty() ? spec_from_model(model_from_hf_config_file(hf_config),

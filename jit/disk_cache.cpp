@@ -13,6 +13,8 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -173,8 +175,16 @@ DiskCache::DiskCache(std::string dir) : dir_(std::move(dir)) {
              !distrust.empty()) {
     // Another user who can write here could plant a cubin this process would run.
     disabled_reason_ = concat(clipped_path(dir_), " is ", distrust, "; refusing to use it");
-  } else if (::access(dir_.c_str(), W_OK | X_OK) != 0) {
-    disabled_reason_ = concat(clipped_path(dir_), " is not writable");
+  } else if (::access(dir_.c_str(), R_OK | X_OK) != 0) {
+    disabled_reason_ = concat(clipped_path(dir_), " is not readable");
+  } else if (::access(dir_.c_str(), W_OK) != 0) {
+    trusted_ = true;
+    read_only_ = true;
+    disabled_reason_ = "read-only: its entries are read, kernels it lacks are compiled into memory";
+    warn_once("cache-dir", concat("kernel cache directory ", clipped_path(dir_),
+                                  " is read-only: its entries are read, kernels it lacks are "
+                                  "compiled into memory only"));
+    return;
   } else {
     trusted_ = true;
     enabled_ = true;
@@ -228,6 +238,52 @@ std::string DiskCache::store(const std::string& hash, const CacheEntry& entry) {
     return {};
   }
   return path;
+}
+
+EntryLock DiskCache::lock(const std::string& hash) const {
+  EntryLock held;
+  if (!enabled()) return held;
+  const std::string path = dir_ + "/" + hash + ".lock";
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) return held;
+  while (::flock(fd, LOCK_EX) != 0) {
+    if (errno != EINTR) {
+      ::close(fd);
+      return held;
+    }
+  }
+  held.fd_ = fd;
+  held.path_ = path;
+  return held;
+}
+
+EntryLock::EntryLock(EntryLock&& other) noexcept : fd_(other.fd_), path_(std::move(other.path_)) {
+  other.fd_ = -1;
+}
+
+EntryLock& EntryLock::operator=(EntryLock&& other) noexcept {
+  if (this != &other) {
+    release();
+    fd_ = other.fd_;
+    path_ = std::move(other.path_);
+    other.fd_ = -1;
+  }
+  return *this;
+}
+
+EntryLock::~EntryLock() { release(); }
+
+void EntryLock::release() {
+  if (fd_ < 0) return;
+  // Removed only while it is still the file at its path: a process that came after the removal
+  // may have made a new one, which its own holder removes.
+  struct stat mine {
+  }, named{};
+  if (::fstat(fd_, &mine) == 0 && ::lstat(path_.c_str(), &named) == 0 &&
+      mine.st_dev == named.st_dev && mine.st_ino == named.st_ino)
+    ::unlink(path_.c_str());
+  ::close(fd_);  // drops the lock
+  fd_ = -1;
 }
 
 size_t DiskCache::count_entries() const {

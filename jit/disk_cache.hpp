@@ -33,6 +33,27 @@ std::string content_hash(const std::string& source, const std::vector<std::strin
 // default path, or what having none means).
 void ignore_relative_env(const char* name, const std::string& value, const std::string& instead);
 
+// Held while this process compiles and publishes one entry, so that other processes missing the
+// same entry wait for it and then load what it published: one compile per entry per machine.
+// An flock(2) lock, which the kernel drops when its holder dies (no stale lock after kill -9);
+// the lock file is removed by the holder that finishes with it.
+class EntryLock {
+ public:
+  EntryLock() = default;
+  EntryLock(EntryLock&& other) noexcept;
+  EntryLock& operator=(EntryLock&& other) noexcept;
+  EntryLock(const EntryLock&) = delete;
+  EntryLock& operator=(const EntryLock&) = delete;
+  ~EntryLock();
+  bool held() const { return fd_ >= 0; }
+
+ private:
+  friend class DiskCache;
+  void release();
+  int fd_ = -1;
+  std::string path_;
+};
+
 class DiskCache {
  public:
   // ROPEJIT_CACHE_DIR, else $XDG_CACHE_HOME/ropejit, else ~/.cache/ropejit. ROPEJIT_CACHE_DIR
@@ -42,11 +63,15 @@ class DiskCache {
   static std::string default_dir();
 
   // Creates `dir` (mode 0700) if needed; an unusable directory, or one not owned by this user
-  // or writable by group or others, leaves the cache disabled (memory only) with one warning.
+  // (or root) or writable by group or others, leaves the cache disabled (memory only) with one
+  // warning. A trusted directory this process cannot write (an image's cache mounted read-only)
+  // is read: its entries load, kernels it lacks are compiled into memory (one note says so).
   // Removes temp files that killed writers left there more than an hour ago.
   explicit DiskCache(std::string dir);
 
+  // Whether new entries are written (false when off, read-only, or after a failed write).
   bool enabled() const { return enabled_.load(); }
+  bool read_only() const { return read_only_; }
   const std::string& dir() const { return dir_; }
   std::string status() const;
   std::string path_for(const std::string& hash) const;
@@ -58,12 +83,16 @@ class DiskCache {
   // Publishes an entry; returns its path, or "" when the directory is not writable (the
   // cache then turns itself off with one warning) or the image is not loadable (never stored).
   std::string store(const std::string& hash, const CacheEntry& entry);
+  // Waits until no other process holds the entry's lock, then holds it. Not held when the cache
+  // writes nothing or the lock file cannot be made: the caller then compiles without waiting.
+  EntryLock lock(const std::string& hash) const;
   size_t count_entries() const;
 
  private:
   std::string dir_;
   std::string disabled_reason_;  // set only by the constructor
   bool trusted_ = false;         // the directory passed the ownership check: entries are read
+  bool read_only_ = false;       // trusted but not writable: entries are read, none written
   std::atomic<bool> enabled_{false};
 };
 

@@ -236,12 +236,17 @@ const CacheEntry& Engine::image_by(const std::string& ident, const std::string& 
     const NvrtcVersion nv = nvrtc_version();
     const std::string hash =
         content_hash(r.source, compile_options(target), target, nv.major, nv.minor);
-    if (disk_.load(hash, ident, &slot->entry)) {
+    auto loaded = [&] {
+      if (!disk_.load(hash, ident, &slot->entry)) return false;
       slot->path = disk_.path_for(hash);
       std::lock_guard<std::mutex> lock(stats_mutex_);
       ++stats_.disk_hits;
-      return;
-    }
+      return true;
+    };
+    if (loaded()) return;
+    // Another process may be compiling this entry: wait for it, then take what it published.
+    const EntryLock held = disk_.lock(hash);
+    if (held.held() && loaded()) return;
     CompileResult cr = compile(r.source, r.entry + ".cu", r.key, target);
     slot->entry = CacheEntry{ident, std::move(cr.image), cr.is_ptx};
     slot->path = disk_.store(hash, slot->entry);

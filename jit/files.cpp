@@ -59,8 +59,10 @@ std::string resolve_links(std::string path) {
 }  // namespace
 
 std::string untrusted_reason(uid_t owner, mode_t mode) {
-  if (owner != ::geteuid())
-    return concat("owned by uid ", owner, ", not by this user (uid ", ::geteuid(), ")");
+  // Root may own it too: whoever is root can replace this library itself (an image's caches are
+  // built as root and read by the service's user).
+  if (owner != ::geteuid() && owner != 0)
+    return concat("owned by uid ", owner, ", not by this user (uid ", ::geteuid(), ") or root");
   if (mode & (S_IWGRP | S_IWOTH))
     return concat("writable by ", (mode & S_IWOTH) ? "others" : "its group", " (mode ", std::oct,
                   (mode & 07777), ")");
@@ -125,8 +127,13 @@ bool make_private_dirs(const std::string& dir, std::string* why) {
     if (part.empty()) continue;
     partial += part;
     if (::mkdir(partial.c_str(), 0700) != 0 && errno != EEXIST) {
-      *why = concat("cannot create ", partial, ": ", std::strerror(errno));
-      return false;
+      // A directory that exists on a read-only file system may answer EROFS, not EEXIST.
+      const int err = errno;
+      struct stat existing {};
+      if (::stat(partial.c_str(), &existing) != 0 || !S_ISDIR(existing.st_mode)) {
+        *why = concat("cannot create ", partial, ": ", std::strerror(err));
+        return false;
+      }
     }
     partial += '/';
   }

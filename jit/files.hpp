@@ -13,8 +13,8 @@ namespace ropejit::detail {
 bool make_private_dirs(const std::string& dir, std::string* why);
 
 // "" when a file or directory with this owner and mode may be trusted by this process: owned by
-// its effective user, not writable by group or others (the rule OpenSSH applies to its keys and
-// configuration), else why not.
+// its effective user or root, not writable by group or others (the rule OpenSSH applies to its
+// keys and configuration), else why not.
 std::string untrusted_reason(uid_t owner, mode_t mode);
 
 // What reads and writes do with a symbolic link at the path itself. A kernel cache entry never

@@ -107,11 +107,34 @@ TEST_CASE("ropejit source prints the rendered kernel") {
 TEST_CASE("ropejit demo without a GPU compiles and says the GPU part was skipped") {
   std::string why;
   if (ropejit::detail::try_driver(&why)) return;  // the GPU suite runs the real demo
-  const Run r = run("demo --preset phi-2 --tokens 64");
+  Run r = run("demo --preset phi-2 --tokens 64");
   INFO(r.output);
   CHECK(r.status == 0);
-  CHECK(has(r, "compiled for sm_90"));
+  CHECK((has(r, "compiled for sm_90") || has(r, "loaded from the disk cache for sm_90")));
   CHECK(has(r, "GPU part SKIPPED: the CUDA driver (libcuda.so.1) could not be loaded"));
+  r = run("demo --preset phi-2 --tokens 64");  // the kernel is on disk now: said so
+  CHECK(r.status == 0);
+  CHECK(has(r, "loaded from the disk cache for sm_90"));
+}
+
+TEST_CASE("ropejit compile --key: the decode families' keys, counted") {
+  const std::string keys =
+      " --key qkvproj_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_nrms --key "
+      "ffnglu_bf16_nrms_silu --key rmsnorm_bf16_nrms_res --key "
+      "rope_bshd_f16_d64_r64_neox_pos-offset_tab-f32-half_qk_fwd_ip";
+  Run r = run("compile --arch sm_90" + keys);
+  INFO(r.output);
+  CHECK(r.status == 0);
+  CHECK(has(r, "rmsnorm_bf16_nrms_res: "));
+  CHECK(has(r, "ffnglu_bf16_nrms_silu: "));
+  CHECK(has(r, "4 keys: "));
+  CHECK(has(r, ", 0 failed"));
+  r = run("compile --arch sm_90" + keys);
+  CHECK(r.status == 0);
+  CHECK(has(r, " 0 compiled, "));
+  r = run("source rmsnorm_bf16_nrms1p");
+  CHECK(r.status == 0);
+  CHECK(has(r, "#include"));
 }
 
 TEST_CASE(

@@ -7,6 +7,7 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -383,6 +384,83 @@ TEST_CASE("the command names what is wrong and exits 2") {
   CHECK(arch.status == 0);
   CHECK(contains(arch.output, "sm_80  " + std::string(kKey)));
   CHECK_FALSE(contains(arch.output, "sm_90  "));
+}
+
+namespace {
+
+// "N compiled" and "M from the disk cache" of a compile summary line.
+std::pair<long, long> compiled_and_hits(const std::string& out) {
+  const size_t at = out.find(" compiled, ");
+  if (at == std::string::npos) return {-1, -1};
+  const size_t start = out.rfind(' ', at - 1) + 1;
+  return {std::stol(out.substr(start, at - start)),
+          std::stol(out.substr(at + std::strlen(" compiled, ")))};
+}
+
+}  // namespace
+
+TEST_CASE(
+    "eight processes compiling one preset into one empty directory compile each kernel "
+    "once") {
+  const std::string dir = temp_dir() + "/shared";
+  std::string script = "for i in 1 2 3 4 5 6 7 8; do (ROPEJIT_CACHE_DIR=" + dir + " " +
+                       ROPEJIT_CLI_PATH + " compile --arch sm_90 --preset phi-2 -j 1; echo " +
+                       "\"exit $?\") > " + dir + ".$i 2>&1 & done; wait";
+  REQUIRE(run_command(script).status == 0);
+  long compiled = 0;
+  for (int i = 1; i <= 8; ++i) {
+    const std::string out = read_file(dir + "." + std::to_string(i));
+    INFO(out);
+    CHECK(contains(out, "32 keys: 64 kernels in"));
+    CHECK(contains(out, "exit 0"));
+    const auto [c, hits] = compiled_and_hits(out);
+    CHECK(c + hits == 64);
+    compiled += c;
+  }
+  CHECK(compiled == 64);  // every entry compiled by one process, loaded by the seven others
+  const CommandResult ninth =
+      cli("compile --arch sm_90 --preset phi-2 -j 1", "ROPEJIT_CACHE_DIR=" + dir);
+  CHECK(contains(ninth.output, " 0 compiled, 64 from the disk cache"));
+  CHECK(run_command("ls " + dir + " | grep -c '\\.lock$'").output == "0\n");  // removed
+}
+
+TEST_CASE("a read-only cache directory is read, and what it lacks is compiled into memory") {
+  // Root writes through any mode: as root, the commands run as nobody, who owns the directory.
+  char made[] = "/tmp/ropejit-ro-XXXXXX";
+  REQUIRE(mkdtemp(made) != nullptr);
+  const std::string dir = made;
+  std::string as_user;
+  if (geteuid() == 0) {
+    if (run_command("command -v setpriv").status != 0) {
+      MESSAGE("SKIPPED: running as root and setpriv is missing to run as another user");
+      run_command("rm -rf " + dir);
+      return;
+    }
+    REQUIRE(chmod(dir.c_str(), 0700) == 0);
+    REQUIRE(chown(dir.c_str(), 65534, 65534) == 0);
+    as_user = "setpriv --reuid=65534 --regid=65534 --clear-groups ";
+  }
+  const std::string run = as_user + "env HOME=" + dir + " ROPEJIT_CACHE_DIR=" + dir + " " +
+                          ROPEJIT_CLI_PATH + " compile --arch sm_90 --key ";
+  const std::string other = "rope_bshd_bf16_d64_r64_neox_pos-offset_tab-f32-half_qk_fwd_ip";
+  CommandResult r = run_command(run + kKey);  // the image build
+  INFO(r.output);
+  CHECK(r.status == 0);
+  CHECK(contains(r.output, " 2 compiled, 0 from the disk cache"));
+  REQUIRE(chmod(dir.c_str(), 0500) == 0);  // mounted read-only in the image
+  r = run_command(run + kKey);
+  INFO(r.output);
+  CHECK(r.status == 0);
+  CHECK(contains(r.output, " 0 compiled, 2 from the disk cache"));
+  CHECK(contains(r.output, "is read-only: its entries are read"));
+  CHECK(contains(r.output, "the disk cache is read-only and held every kernel"));
+  r = run_command(run + other);  // a key the image lacks: compiled, and said to be unsaved
+  INFO(r.output);
+  CHECK(r.status == 1);
+  CHECK(contains(r.output, " 2 compiled, 0 from the disk cache"));
+  CHECK(contains(r.output, "nothing was saved"));
+  REQUIRE(chmod(dir.c_str(), 0700) == 0);
+  run_command("rm -rf " + dir);
 }
 
 TEST_CASE("compile says when nothing could be saved") {
