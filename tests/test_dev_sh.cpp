@@ -37,14 +37,13 @@ class StandIn {
   StandIn(const StandIn&) = delete;
   StandIn& operator=(const StandIn&) = delete;
 
-  // Runs `tools/dev.sh ARGS` from another working directory, with ctest and the Python step
-  // replaced by `echo`.
-  CommandResult dev_sh(const std::string& args) const {
-    return ropejit::testing::run_command("cd / && PATH='" + bin_ +
-                                         "':\"$PATH\" ROPEJIT_BUILD_DIR=" + name_ +
-                                         " ROPEJIT_SKIP_BUILD=1 ROPEJIT_CTEST='echo CTEST'"
-                                         " ROPEJIT_PYTEST='echo PYTEST' bash '" +
-                                         ROPEJIT_SOURCE_DIR + "/tools/dev.sh' " + args);
+  // Runs `tools/dev.sh ARGS` from another working directory, with ctest replaced by `ctest`
+  // (by default `echo CTEST`) and the Python step by `echo PYTEST`.
+  CommandResult dev_sh(const std::string& args, const std::string& ctest = "echo CTEST") const {
+    return ropejit::testing::run_command(
+        "cd / && PATH='" + bin_ + "':\"$PATH\" ROPEJIT_BUILD_DIR=" + name_ +
+        " ROPEJIT_SKIP_BUILD=1 ROPEJIT_CTEST='" + ctest + "' ROPEJIT_PYTEST='echo PYTEST' bash '" +
+        ROPEJIT_SOURCE_DIR + "/tools/dev.sh' " + args);
   }
   const std::string& dir() const { return dir_; }
 
@@ -73,6 +72,7 @@ TEST_CASE("dev.sh test runs the GPU suite when ropejit sees a GPU") {
   CHECK_FALSE(has(r, "-LE gpu"));
   CHECK_FALSE(has(r, "SKIPPED"));
   CHECK(has(r, "the Python package\nPYTEST\n"));
+  CHECK(has(r, "dev.sh: all stages passed"));
   CHECK(s.dev_sh("gpu").output == "yes\n");
 }
 
@@ -95,6 +95,17 @@ TEST_CASE("dev.sh test fails where the driver lists a GPU that ropejit cannot us
   CHECK(has(r, "nvidia-smi lists a GPU but"));
   CHECK_FALSE(has(r, "CTEST"));
   CHECK_FALSE(has(r, "PYTEST"));
+}
+
+TEST_CASE("dev.sh test runs every stage when one fails and names the failures at the end") {
+  const StandIn s(kInfoNone, "");
+  const CommandResult r = s.dev_sh("test", "false");
+  INFO(r.output);
+  CHECK(r.status == 1);
+  CHECK(has(r, "GPU tests SKIPPED"));             // reported although the CPU suite failed
+  CHECK(has(r, "the Python package\nPYTEST\n"));  // and the Python tests still ran
+  CHECK(has(r, "dev.sh: FAILED: ctest (CPU suite)\n"));
+  CHECK_FALSE(has(r, "all stages passed"));
 }
 
 TEST_CASE("dev.sh test fails when the ropejit command is missing") {

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One entry point for a fresh machine: fetch dependencies (no root needed), configure, build,
 # then run the demo or the tests.
-#   tools/dev.sh demo [ARGS...]   build, then `ropejit demo ARGS`
+#   tools/dev.sh demo [ARGS...]   build the library and the command, then `ropejit demo ARGS`
 #   tools/dev.sh test             build, then ctest: the CPU suite, and the GPU suite when
 #                                 `ropejit info` sees a GPU (skipped visibly otherwise); then
 #                                 the Python package (see `python`)
@@ -35,7 +35,10 @@ if [ "$what" != gpu ] && [ "${ROPEJIT_SKIP_BUILD:-0}" != 1 ]; then
     echo "dev.sh: $build was configured with ROPEJIT_BUILD_TESTS=OFF; turning the tests on"
     cmake -S . -B "$build" -DROPEJIT_BUILD_TESTS=ON > /dev/null
   fi
-  cmake --build "$build" -j "$(nproc)"
+  # The demo needs the library and the command only, not every test and benchmark.
+  targets=()
+  if [ "$what" = demo ]; then targets=(--target ropejit_cli); fi
+  cmake --build "$build" -j "$(nproc)" "${targets[@]}"
 fi
 # Absolute from here on: the test step runs ctest from inside the build folder, and a relative
 # path to the command once made every GPU host look GPU-less.
@@ -146,18 +149,25 @@ case "$what" in
     # A build without its tests (ROPEJIT_BUILD_TESTS=OFF in an old cache) fails rather than
     # passing on no tests at all.
     jobs=(--parallel "${ROPEJIT_CTEST_JOBS:-$(nproc)}" --no-tests=error)
+    # Every stage runs even when one fails, and one line at the end names what failed.
+    failed=()
     cd "$build"
     if [ "$state" = yes ]; then
       echo "dev.sh: GPU found: running the CPU and GPU suites"
-      $ctest_cmd "${jobs[@]}" --output-on-failure
+      $ctest_cmd "${jobs[@]}" --output-on-failure || failed+=("ctest (C++ suites)")
     else
       echo "dev.sh: no usable GPU here (${state#no: }): tests labelled 'gpu' are excluded (ctest -LE gpu)"
-      $ctest_cmd "${jobs[@]}" --output-on-failure -LE gpu
+      $ctest_cmd "${jobs[@]}" --output-on-failure -LE gpu || failed+=("ctest (CPU suite)")
       echo "dev.sh: GPU tests SKIPPED: $($ctest_cmd -N -L gpu | tail -1)"
     fi
     cd "$root"
     echo "dev.sh: the Python package"
-    python_tests
+    python_tests || failed+=("pytest (Python package)")
+    if [ ${#failed[@]} -gt 0 ]; then
+      echo "dev.sh: FAILED: $(IFS=,; echo "${failed[*]}" | sed 's/,/, /g')" >&2
+      exit 1
+    fi
+    echo "dev.sh: all stages passed"
     ;;
   *) echo "usage: tools/dev.sh demo|test|python|build|gpu" >&2; exit 2 ;;
 esac
