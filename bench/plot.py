@@ -21,6 +21,11 @@ harness's own rows (torch's and ropejit's paths, graph replay, one flush): proj_
 ffn_us.png. `--prefix h200_` names the files of another GPU's run (h200_proj_us.png, ...).
 
     python3 bench/plot.py --proj-torch proj_torch.json --prefix h200_ --outdir bench/plots
+
+Given bench/e2e_decode.py's stdout: ms per new token against batch for each patch and mode,
+with the weight-read floor (e2e_<model>_ms.png; a file holding several runs gets one plot each).
+
+    python3 bench/plot.py --e2e e2e.txt --prefix h200_ --outdir bench/plots
 """
 
 import argparse
@@ -272,6 +277,50 @@ def plot_unfused(runs, path):
     plt.close(fig)
 
 
+def e2e_runs(path):
+    """[(header, rows)] of bench/e2e_decode.py's stdout, a run per header line (GPU, model,
+    floor): the rows of each run, the merged ones with device times winning (printed last)."""
+    runs = []
+    with open(path) as f:
+        for line in f:
+            if not line.startswith("{"):
+                continue
+            row = json.loads(line)
+            if "floor_ms" in row:
+                runs.append((row, {}))
+            elif "ms_per_token" in row and runs:
+                runs[-1][1][(row["patch"], row["mode"], row["batch"])] = row
+    return [(header, list(rows.values())) for header, rows in runs if rows]
+
+
+def plot_e2e(header, rows, path):
+    """ms per new token against batch, one line per patch and mode, with the weight-read floor
+    (log-log)."""
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    styles = {"none": ("tab:gray", "transformers"), "rope": ("tab:orange", 'fuse="rope"'),
+              "all": ("tab:blue", 'fuse="all"')}
+    for (patch, mode) in sorted({(r["patch"], r["mode"]) for r in rows}):
+        pts = sorted((r["batch"], r["ms_per_token"]) for r in rows
+                     if (r["patch"], r["mode"]) == (patch, mode))
+        color, name = styles.get(patch, ("tab:green", patch))
+        ax.plot(*zip(*pts), marker="o" if mode == "compile" else "s", color=color,
+                linestyle="-" if mode == "compile" else ":",
+                label=f"{name}, {'static cache + compile' if mode == 'compile' else 'eager'}")
+    batches = sorted({r["batch"] for r in rows})
+    ax.plot(batches, [header["floor_ms"]] * len(batches), color="black", linewidth=1,
+            linestyle="--", label=f"weight-read floor ({header['floor_ms']:.2f} ms)")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("batch (sequences decoding together)")
+    ax.set_ylabel("ms per new token (lower is better)")
+    ax.set_title(f"{header['model']}, {header['layers']} layers — {header['gpu']}", fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def proj_rows(bench):
     """tokens -> (median µs, floor µs) of the proj/llama3_8b_m<M> rows."""
     rows = {}
@@ -376,15 +425,26 @@ def main():
     parser.add_argument("--vllm", help="JSON written by bench/compare_vllm.py")
     parser.add_argument("--unfused", nargs="+",
                         help="JSON written by bench/compare_unfused.py (bf16 and/or --fp8)")
+    parser.add_argument("--e2e", help="stdout of bench/e2e_decode.py (JSON lines): ms per token "
+                        "against batch (e2e_<model>_ms.png)")
     parser.add_argument("--outdir", default="bench/plots")
     args = parser.parse_args()
     os.makedirs(args.outdir, exist_ok=True)
 
     if not (args.bench or args.compare or args.peers or args.proj or args.proj_torch or
-            args.fused_peers or args.vllm or args.unfused):
+            args.fused_peers or args.vllm or args.unfused or args.e2e):
         parser.error("nothing to plot: give a benchmark JSON, --compare, --peers, --proj, "
-                     "--proj-torch, --fused-peers, --vllm or --unfused")
+                     "--proj-torch, --fused-peers, --vllm, --unfused or --e2e")
     written = []
+    if args.e2e:
+        runs = e2e_runs(args.e2e)
+        if not runs:
+            parser.error(f"--e2e {args.e2e}: no rows of bench/e2e_decode.py in it")
+        for i, (header, rows) in enumerate(runs):
+            path = os.path.join(args.outdir, f"{args.prefix}e2e_{header['model']}_ms"
+                                             f"{'' if i == 0 else f'_{i + 1}'}.png")
+            plot_e2e(header, rows, path)
+            written.append(path)
     if args.unfused:
         runs = []
         for name in args.unfused:
