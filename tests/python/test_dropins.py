@@ -94,6 +94,93 @@ def test_flash_attn_apply_rotary_emb(backend, dtype, interleaved, variant):
     ref.assert_close(x, want)
 
 
+def _fa_tables(rotary, dtype, device, rows=40):
+    angles = torch.arange(rows, dtype=torch.float64)[:, None] * 10000.0 ** (
+        -torch.arange(0, rotary, 2, dtype=torch.float64) / rotary)
+    return angles.cos().to(dtype).to(device), angles.sin().to(dtype).to(device)
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+@pytest.mark.parametrize("offsets", ["int", "tensor"])
+def test_flash_attn_under_autograd_in_place_too(backend, inplace, offsets):
+    """apply_rotary_emb on a leaf that requires grad, in place as well (flash-attn's
+    autograd.Function): the forward against float64, the gradient the rotation by -angle."""
+    cos, sin = _fa_tables(64, torch.float32, backend.device)
+    seqlen_offsets = 3 if offsets == "int" else torch.tensor([0, 21], device=backend.device)
+    ref_offsets = seqlen_offsets if offsets == "int" else seqlen_offsets.cpu()
+    x = torch.randn(2, 5, 3, 64, device=backend.device, requires_grad=True)
+    x0 = x.detach().cpu().clone()
+    out = flash_attn.apply_rotary_emb(x, cos, sin, False, inplace, seqlen_offsets)
+    g = torch.randn_like(out)
+    g0 = g.detach().cpu().clone()
+    out.backward(g)
+    backend.sync()
+    ref.assert_close(out.detach(), ref.flash_attn(x0, cos.cpu(), sin.cpu(), False,
+                                                   seqlen_offsets=ref_offsets))
+    ref.assert_close(x.grad, ref.flash_attn(g0, cos.cpu(), -sin.cpu(), False,
+                                            seqlen_offsets=ref_offsets))
+    assert flash_attn.apply_rotary_emb_func is flash_attn.apply_rotary_emb
+
+
+@pytest.mark.parametrize("packing", ["3", "gqa", "gqa_cos_k"])
+@pytest.mark.parametrize("grad", [False, True])
+def test_flash_attn_qkv_and_kv_in_place(backend, packing, grad):
+    """apply_rotary_emb_qkv_ ([b, s, 3, h, d], or [b, s, hq + 2 hk, d] with num_heads_q; k with
+    its own tables) and apply_rotary_emb_kv_: q and k rotated in place, v untouched, gradients
+    rotated back; apply_rotary(conjugate=True) rotates by -angle."""
+    device = backend.device
+    cos, sin = _fa_tables(32, torch.float32, device)
+    cos_k, sin_k = _fa_tables(32, torch.float32, device, rows=60)
+    cos_k, sin_k = cos_k[20:], sin_k[20:]  # k's positions 20 further on
+    kw = {}
+    if packing == "3":
+        qkv = torch.randn(2, 5, 3, 4, 64, device=device)
+        q_of, k_of, v_of = (lambda t: t[:, :, 0]), (lambda t: t[:, :, 1]), (lambda t: t[:, :, 2])
+    else:
+        qkv = torch.randn(2, 5, 4 + 2 * 2, 64, device=device)
+        kw["num_heads_q"] = 4
+        q_of, k_of, v_of = (lambda t: t[:, :, :4]), (lambda t: t[:, :, 4:6]), \
+            (lambda t: t[:, :, 6:])
+        if packing == "gqa_cos_k":
+            kw.update(cos_k=cos_k, sin_k=sin_k)
+    k_tables = (cos_k, sin_k) if packing == "gqa_cos_k" else (cos, sin)
+    x0 = qkv.detach().cpu().clone()
+    if grad:
+        leaf = qkv.clone().requires_grad_(True)
+        qkv = leaf * 1.0  # a non-leaf, as a projection's output
+    out = flash_attn.apply_rotary_emb_qkv_(qkv, cos, sin, seqlen_offsets=1, **kw)
+    assert out is qkv or grad
+    backend.sync()
+    ref.assert_close(q_of(out.detach()), ref.flash_attn(q_of(x0), cos.cpu(), sin.cpu(),
+                                                        seqlen_offsets=1))
+    ref.assert_close(k_of(out.detach()), ref.flash_attn(k_of(x0), k_tables[0].cpu(),
+                                                        k_tables[1].cpu(), seqlen_offsets=1))
+    assert torch.equal(v_of(out.detach()).cpu(), v_of(x0))
+    if grad:
+        g = torch.randn_like(out)
+        g0 = g.cpu().clone()
+        out.backward(g)
+        backend.sync()
+        ref.assert_close(q_of(leaf.grad), ref.flash_attn(q_of(g0), cos.cpu(), -sin.cpu(),
+                                                         seqlen_offsets=1))
+        ref.assert_close(k_of(leaf.grad), ref.flash_attn(k_of(g0), k_tables[0].cpu(),
+                                                         -k_tables[1].cpu(), seqlen_offsets=1))
+        assert torch.equal(v_of(leaf.grad).cpu(), v_of(g0))
+
+    kv = torch.randn(2, 5, 2, 3, 64, device=device)
+    kv0 = kv.cpu().clone()
+    assert flash_attn.apply_rotary_emb_kv_(kv, cos, sin, True, 2) is kv
+    backend.sync()
+    ref.assert_close(kv[:, :, 0], ref.flash_attn(kv0[:, :, 0], cos.cpu(), sin.cpu(), True,
+                                                 seqlen_offsets=2))
+    assert torch.equal(kv[:, :, 1].cpu(), kv0[:, :, 1])
+    back = flash_attn.apply_rotary(kv[:, :, 0], cos, sin, 2, interleaved=True, conjugate=True)
+    backend.sync()
+    ref.assert_close(back, kv0[:, :, 0], torch.float32)
+    with pytest.raises(ValueError, match=r"num_heads_q"):
+        flash_attn.apply_rotary_emb_qkv_(torch.zeros(1, 2, 8, 64, device=device), cos, sin)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("is_neox", [True, False])
 @pytest.mark.parametrize("shape", ["tokens", "batch_seq", "heads_split", "partial", "no_key"])
