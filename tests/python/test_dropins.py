@@ -244,11 +244,85 @@ def test_transformer_engine_apply_rotary_pos_emb(backend, dtype, interleaved, te
         t = torch.randn(5, 2, 3, 64)
     t = t.to(dtype).to(device)
     want = ref.transformer_engine(t.cpu(), freqs.cpu(), fmt, interleaved, **ref_kwargs)
-    got = transformer_engine.apply_rotary_pos_emb(t, freqs, fmt, interleaved, **kwargs)
+    got = transformer_engine.apply_rotary_pos_emb(t, freqs, fmt, interleaved=interleaved, **kwargs)
+    if "start_positions" not in kwargs:  # the older positional signature: interleaved 4th
+        old = transformer_engine.apply_rotary_pos_emb(t, freqs, fmt, interleaved, True, **kwargs)
+        backend.sync()
+        assert torch.equal(old, got)
     backend.sync()
     # ropejit's table is cos/sin of fp32 angles, as TE's: compare at the table's precision too.
     rtol, atol = ref.tolerance(dtype)
     torch.testing.assert_close(got.double().cpu(), want, rtol=rtol, atol=atol + 2e-6)
+
+
+def _te_rank_freqs(freqs, seqlen, cp_size, cp_rank):
+    """TE's _get_freqs_on_this_cp_rank: chunks r and 2 cp_size - 1 - r of the whole sequence."""
+    seg, full = seqlen // 2, cp_size * seqlen
+    return torch.cat([freqs[cp_rank * seg:(cp_rank + 1) * seg],
+                      freqs[full - (cp_rank + 1) * seg:full - cp_rank * seg]])
+
+
+@pytest.mark.parametrize("tensor_format", ["sbhd", "bshd", "thd"])
+@pytest.mark.parametrize("cp_size, cp_rank", [(2, 0), (2, 1), (3, 1)])
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_transformer_engine_context_parallelism(backend, tensor_format, cp_size, cp_rank,
+                                                interleaved):
+    """cp_size > 1: each rank's tokens take the positions of its two chunks of the whole
+    sequence (TE's load-balanced split; thd with the padded cu_seqlens of the whole sequences),
+    forward and gradient (the rotation by -angle at the same positions), against float64."""
+    device = backend.device
+    freqs = te_freqs(3 * 12, 64, interleaved, device)
+    if tensor_format == "thd":
+        local = [4, 6, 2]
+        cu_whole = torch.tensor([0] + [cp_size * n for n in local], dtype=torch.int32).cumsum(0)
+        t = torch.randn(sum(local), 3, 64, device=device, requires_grad=True)
+        kwargs = dict(cu_seqlens=cu_whole.to(torch.int32).to(device))
+    else:
+        shape = (6, 2, 3, 64) if tensor_format == "sbhd" else (2, 6, 3, 64)
+        t = torch.randn(*shape, device=device, requires_grad=True)
+        kwargs = {}
+    out = transformer_engine.apply_rotary_pos_emb(t, freqs, tensor_format, None, interleaved,
+                                                  True, cp_size=cp_size, cp_rank=cp_rank,
+                                                  **kwargs)
+    g = torch.randn_like(out)
+    out.backward(g)
+    backend.sync()
+    assert out.is_contiguous()
+
+    def expected(x, sign):
+        x, f = x.detach().cpu(), sign * freqs.cpu()
+        if tensor_format != "thd":
+            seqlen = x.shape[0] if tensor_format == "sbhd" else x.shape[1]
+            return ref.transformer_engine(x, _te_rank_freqs(f, seqlen, cp_size, cp_rank),
+                                          tensor_format, interleaved)
+        parts, start = [], 0
+        for n in local:
+            seq_cu = torch.tensor([0, n], dtype=torch.int32)
+            parts.append(ref.transformer_engine(x[start:start + n],
+                                                _te_rank_freqs(f, n, cp_size, cp_rank), "thd",
+                                                interleaved, cu_seqlens=seq_cu))
+            start += n
+        return torch.cat(parts)
+
+    rtol, atol = ref.tolerance(torch.float32)
+    torch.testing.assert_close(out.detach().double().cpu(), expected(t, 1), rtol=rtol,
+                               atol=atol + 2e-6)
+    torch.testing.assert_close(t.grad.double().cpu(), expected(g, -1), rtol=rtol,
+                               atol=atol + 2e-6)
+
+
+def test_transformer_engine_any_strides_and_a_contiguous_output(backend):
+    """A t whose last dimension is not contiguous (TE's tests transpose heads and head_dim) is
+    read as TE reads it; the output is contiguous, as TE's."""
+    freqs = te_freqs(20, 64, False, backend.device)
+    t = torch.randn(5, 2, 64, 3, device=backend.device).transpose(2, 3)
+    assert t.stride(-1) != 1
+    out = transformer_engine.apply_rotary_pos_emb(t, freqs, "sbhd")
+    backend.sync()
+    assert out.is_contiguous() and out.shape == t.shape
+    want = ref.transformer_engine(t.cpu(), freqs.cpu(), "sbhd", False)
+    rtol, atol = ref.tolerance(torch.float32)
+    torch.testing.assert_close(out.double().cpu(), want, rtol=rtol, atol=atol + 2e-6)
 
 
 def test_dropin_argument_errors():
@@ -258,8 +332,20 @@ def test_dropin_argument_errors():
         hf.apply_rotary_pos_emb(q, q, cos, cos, unsqueeze_dim=3)
     with pytest.raises(ropejit.InvalidArgument, match=r"cos has batch 3, q has 1"):
         hf.apply_rotary_pos_emb(q, q, torch.zeros(3, 4, 64), torch.zeros(3, 4, 64))
-    with pytest.raises(NotImplementedError, match=r"cp_size \(2\)"):
+    with pytest.raises(ropejit.InvalidArgument, match=r"local sequence length \(1\) must be "
+                                                      r"even"):
         transformer_engine.apply_rotary_pos_emb(q, torch.zeros(4, 1, 1, 64), cp_size=2)
+    with pytest.raises(ropejit.InvalidArgument, match=r"cp_rank \(2\) must be an int in "
+                                                      r"\[0, cp_size \(2\)\)"):
+        transformer_engine.apply_rotary_pos_emb(q, torch.zeros(4, 1, 1, 64), cp_size=2,
+                                                cp_rank=2)
+    with pytest.raises(ropejit.InvalidArgument, match=r"start_positions with cp_size > 1"):
+        transformer_engine.apply_rotary_pos_emb(q, torch.zeros(4, 1, 1, 64), "sbhd",
+                                                torch.zeros(2, dtype=torch.int32), cp_size=2)
+    with pytest.raises(ropejit.InvalidArgument, match=r"freqs has 3 rows; rank 0 of 2 with "
+                                                      r"local sequence length 2 needs 4"):
+        transformer_engine.apply_rotary_pos_emb(torch.zeros(2, 1, 4, 64),
+                                                torch.zeros(3, 1, 1, 64), cp_size=2)
     with pytest.raises(ropejit.InvalidArgument, match=r"freqs must be \[rows, 1, 1, rotary_dim\]"):
         transformer_engine.apply_rotary_pos_emb(q, torch.zeros(4, 64))
     with pytest.raises(ropejit.InvalidArgument, match=r"tensor_format \('hsbd'\)"):
