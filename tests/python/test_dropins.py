@@ -94,6 +94,30 @@ def test_flash_attn_apply_rotary_emb(backend, dtype, interleaved, variant):
     ref.assert_close(x, want)
 
 
+def test_liger_entry_points_agree_forward_and_backward(backend):
+    """liger_rope and LigerRopeFunction.apply (which returns (q, k, cos, sin), as Liger's): the
+    transformers semantics, forward and gradient, against float64."""
+    q = torch.randn(2, 4, 5, 64, device=backend.device, requires_grad=True)
+    k = torch.randn(2, 2, 5, 64, device=backend.device, requires_grad=True)
+    cos, sin = hf_tables(2, 5, 64, torch.float32, backend.device, per_batch=True)
+    q64 = q.detach().cpu().double().requires_grad_(True)
+    k64 = k.detach().cpu().double().requires_grad_(True)
+    want = ref.hf(q64, k64, cos.cpu(), sin.cpu())
+    f_q, f_k = liger.liger_rope(q, k, cos, sin)
+    c_q, c_k, c_cos, c_sin = liger.LigerRopeFunction.apply(q, k, cos, sin)
+    assert torch.equal(c_cos, cos) and torch.equal(c_sin, sin)
+    g = [torch.randn_like(f_q), torch.randn_like(f_k)]
+    grads_f = torch.autograd.grad((f_q, f_k), (q, k), g)
+    grads_c = torch.autograd.grad((c_q, c_k), (q, k), g)
+    torch.autograd.backward(want, [t.cpu().double() for t in g])
+    backend.sync()
+    assert torch.equal(f_q, c_q) and torch.equal(f_k, c_k)
+    ref.assert_close(c_q, want[0].detach(), torch.float32)
+    ref.assert_close(grads_c[0], q64.grad, torch.float32)
+    ref.assert_close(grads_c[1], k64.grad, torch.float32)
+    assert torch.equal(grads_f[0], grads_c[0]) and torch.equal(grads_f[1], grads_c[1])
+
+
 def _fa_tables(rotary, dtype, device, rows=40):
     angles = torch.arange(rows, dtype=torch.float64)[:, None] * 10000.0 ** (
         -torch.arange(0, rotary, 2, dtype=torch.float64) / rotary)

@@ -45,6 +45,11 @@ def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
     """Rotates q and k ([batch, heads, seq, head_dim] with unsqueeze_dim=1, [batch, seq, heads,
     head_dim] with 2) by cos/sin ([batch or 1, seq, rotary_dim], rotate_half layout); returns
     new (q_embed, k_embed)."""
+    return rotate(q, k, cos, sin, unsqueeze_dim)
+
+
+def rotate(q, k, cos, sin, unsqueeze_dim=1, backward=False):
+    """apply_rotary_pos_emb's rotation; backward=True rotates by -angle (the gradient's)."""
     layout = _LAYOUTS.get(unsqueeze_dim)
     if layout is None:
         raise InvalidArgument(f"ropejit: unsqueeze_dim ({unsqueeze_dim!r}) must be 1 (q is "
@@ -55,4 +60,4 @@ def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
     seq = q.shape[2] if layout == "bhsd" else q.shape[1]
     cos2, sin2, offsets = tables(cos, sin, q.shape[0], seq)
     return ops.rope(q, k, cos=cos2, sin=sin2, layout=layout, style="neox",
-                    rotary_dim=cos.shape[-1], seq_offsets=offsets)
+                    rotary_dim=cos.shape[-1], seq_offsets=offsets, backward=backward)
