@@ -25,6 +25,7 @@ Differences from flash-attn's:
 import torch
 
 from ropejit import ops
+from ropejit.ops import _dense  # a gradient ropejit can read
 
 
 def _rotation(cos, sin, interleaved, seqlen_offsets, cu_seqlens, conjugate):
@@ -49,10 +50,6 @@ def apply_rotary(x, cos, sin, seqlen_offsets=0, cu_seqlens=None, max_seqlen=None
         return x
     return ops.rope(x, **kwargs)[0]
 
-
-def _dense(g):
-    # Autograd may hand over an expanded (stride 0) gradient, which ropejit cannot rotate.
-    return g if all(s != 0 or n == 1 for n, s in zip(g.shape, g.stride())) else g.contiguous()
 
 
 class _ApplyRotaryEmb(torch.autograd.Function):

@@ -10,6 +10,7 @@ and leaves the last) is refused: ropejit's kernels take an even head_dim."""
 import torch
 
 from ropejit.dropin import hf
+from ropejit.ops import _dense  # a gradient ropejit can read
 
 
 def liger_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
@@ -36,8 +37,3 @@ class LigerRopeFunction(torch.autograd.Function):
         cos, sin = ctx.saved_tensors
         dq, dk = hf.rotate(_dense(dq), _dense(dk), cos, sin, ctx.unsqueeze_dim, backward=True)
         return dq, dk, None, None, None, None
-
-
-def _dense(g):
-    # Autograd may hand over an expanded (stride 0) gradient, which ropejit cannot rotate.
-    return g if all(s != 0 or n == 1 for n, s in zip(g.shape, g.stride())) else g.contiguous()
