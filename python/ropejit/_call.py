@@ -16,6 +16,8 @@ ACTIVATION_DTYPES = ("f32", "f16", "bf16")
 INDEX_DTYPES = ("i32", "i64")
 # Axes (batch, seq, heads) of q in each dense layout; thd is (tokens, heads, head_dim).
 DENSE_AXES = {"bshd": (0, 1, 2), "sbhd": (1, 0, 2), "bhsd": (0, 2, 1)}
+# A KV cache's axes other than head_dim, by kv_layout: where (page, slot, head) are.
+KV_AXES = {"NHD": (0, 1, 2), "HND": (0, 2, 1)}
 _SHAPES = {"bshd": "[batch, seq, heads, head_dim]", "sbhd": "[seq, batch, heads, head_dim]",
            "bhsd": "[batch, heads, seq, head_dim]", "thd": "[tokens, heads, head_dim]"}
 

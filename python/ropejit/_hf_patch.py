@@ -103,17 +103,17 @@ class NoPositionEmbeddings(torch.nn.Module):
         return None, None
 
 
-def _static_layer(cache, index, x, batch, kv_heads, head_dim):
-    """The layer of a transformers StaticCache that the projection can append to directly (full
-    attention, its tensors allocated by the prefill in x's dtype, a row per sequence of this
-    batch), or None: then k and v go through the cache's update()."""
-    from transformers.cache_utils import StaticLayer
+def _static_layer(cache, index, x, batch, kv_heads, head_dim, static_type):
+    """The layer of a transformers StaticCache (`static_type`: its StaticLayer class) that the
+    projection can append to directly (full attention, its tensors allocated by the prefill in
+    x's dtype, a row per sequence of this batch), or None: then k and v go through the cache's
+    update()."""
     layers = getattr(cache, "layers", None)
     if layers is None or index is None or index >= len(layers):
         return None
     layer = layers[index]
     # A subclass (the sliding-window layer) places rows differently.
-    if type(layer) is not StaticLayer or not layer.is_initialized:
+    if type(layer) is not static_type or not layer.is_initialized:
         return None
     keys = layer.keys
     if keys.dim() != 4 or keys.dtype != x.dtype or keys.device != x.device or (
@@ -154,7 +154,7 @@ def _forward(self, hidden_states, attention_mask=None, position_ids=None, past_k
     # One position per token, dense (transformers may pass [1, seq] for every sequence).
     ids = position_ids.expand(batch, seq).reshape(tokens).contiguous()
     layer = _static_layer(past_key_values, attn.layer_idx, x, batch, rj["kv_heads"],
-                          rj["head_dim"])
+                          rj["head_dim"], rj["static_layer"])
     cache = {}
     if layer is not None:
         # k and v go straight into the static cache's [batch, kv_heads, max_len, head_dim]
@@ -198,6 +198,7 @@ def patch_layers(model, rope):
     returns (patched layer names, {refused layer name: why})."""
     config = model.config
     config = getattr(config, "get_text_config", lambda: config)()
+    from transformers.cache_utils import StaticLayer
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
     patched, refused, freqs = [], {}, None
     for name, module in model.named_modules():
@@ -219,7 +220,7 @@ def patch_layers(model, rope):
             "q_heads": attn.q_proj.weight.shape[0] // head_dim,
             "kv_heads": attn.k_proj.weight.shape[0] // head_dim,
             "head_dim": head_dim, "freqs": freqs, "attention": ALL_ATTENTION_FUNCTIONS,
-            "qk_norm": hasattr(attn, "q_norm"),
+            "qk_norm": hasattr(attn, "q_norm"), "static_layer": StaticLayer,
             "eager": getattr(modeling, "eager_attention_forward", None),
         }
         module.forward = types.MethodType(_forward, module)

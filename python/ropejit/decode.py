@@ -374,9 +374,8 @@ def qkv_projection(x, weight, *, q_heads, kv_heads, head_dim=128, rotary_dim=Non
     return result
 
 
-# The cache's axes other than head_dim, by kv_layout: the order of (page, slot, head).
-_KV_LAYOUTS = {"NHD": ((0, 1, 2), "[pages, page_size, kv_heads"),
-               "HND": ((0, 2, 1), "[pages, kv_heads, page_size")}
+# The cache's shape as an error message spells it, by kv_layout (its axes: _call.KV_AXES).
+_KV_SHAPES = {"NHD": "[pages, page_size, kv_heads", "HND": "[pages, kv_heads, page_size"}
 
 
 def _cache(x, kv_heads, head_dim, k_cache, v_cache, addressing, k_scale, v_scale, skipped,
@@ -387,9 +386,9 @@ def _cache(x, kv_heads, head_dim, k_cache, v_cache, addressing, k_scale, v_scale
     `scales`: (k_cache_scales, v_cache_scales) for a dynamic FP8 cache; `kv_layout`: "NHD"
     [pages, page_size, kv_heads, head_dim] or "HND" [pages, kv_heads, page_size, head_dim]."""
     import torch
-    if kv_layout not in _KV_LAYOUTS:
-        _fail(f"kv_layout ({kv_layout!r}) must be one of {', '.join(_KV_LAYOUTS)}")
-    axes, dims = _KV_LAYOUTS[kv_layout]
+    if kv_layout not in _call.KV_AXES:
+        _fail(f"kv_layout ({kv_layout!r}) must be one of {', '.join(_call.KV_AXES)}")
+    axes, dims = _call.KV_AXES[kv_layout], _KV_SHAPES[kv_layout]
     given = [mode for mode, ts in addressing.items() if any(t is not None for t in ts)]
     if k_cache is None:
         if v_cache is not None or given or skipped is not None or any(

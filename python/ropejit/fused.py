@@ -54,7 +54,7 @@ from ropejit._call import _fail, _is_row_major, _numel, _operand
 from ropejit._cvalues import fill, real, shown
 
 NORMS = ("rms", "rms_one_plus", "rms_all_heads")
-KV_LAYOUTS = ("NHD", "HND")
+KV_LAYOUTS = tuple(_call.KV_AXES)
 _FP8 = "e4m3"
 
 
@@ -86,10 +86,9 @@ def _cache_layout(v, kv_layout):
     if v.strides[3] != 1 and v.shape[3] != 1:
         _fail(f"{v.name} needs a contiguous last dimension (stride 1), got strides "
               f"{list(v.strides)}")
+    page, slot, head = _call.KV_AXES[kv_layout]
     n, s = v.shape, v.strides
-    if kv_layout == "NHD":
-        return n[0], n[1], n[2], n[3], s[0], s[1], s[2]
-    return n[0], n[2], n[1], n[3], s[0], s[2], s[1]
+    return n[page], n[slot], n[head], n[3], s[page], s[slot], s[head]
 
 
 def _scale_view(chk, s, like, where=""):
@@ -114,8 +113,7 @@ def _cache_scales(chk, s, cache, kv_layout):
     """(pointer, stride_page, stride_slot, stride_head) of a dynamic cache's scales (any
     strides)."""
     _scale_view(chk, s, cache, f" ({kv_layout})")
-    st = s.strides
-    return (s.ptr, st[0], st[1], st[2]) if kv_layout == "NHD" else (s.ptr, st[0], st[2], st[1])
+    return (s.ptr, *(s.strides[axis] for axis in _call.KV_AXES[kv_layout]))
 
 
 def plan(qv, kv, vv, views, *, layout, style, rotary_dim, position_offset, base, freqs,

@@ -56,7 +56,7 @@ def _thd_rank_rows(cu_local, tokens, cp_size, cp_rank):
     return torch.where(j < seg, first, second)
 
 
-def _check_cp(t, tensor_format, cu_seqlens, cp_size, cp_rank, start_positions):
+def _check_cp(t, tensor_format, cp_size, cp_rank, start_positions):
     if isinstance(cp_size, bool) or not isinstance(cp_size, int) or cp_size < 1:
         _fail(f"cp_size ({cp_size!r}) must be an int >= 1")
     if isinstance(cp_rank, bool) or not isinstance(cp_rank, int) or not 0 <= cp_rank < cp_size:
@@ -89,7 +89,7 @@ def apply_rotary_pos_emb(t, freqs, tensor_format="sbhd", start_positions=None, i
             freqs.shape[2] != 1:
         _fail(f"freqs must be [rows, 1, 1, rotary_dim], got shape "
               f"{list(getattr(freqs, 'shape', ()))}")
-    _check_cp(t, tensor_format, cu_seqlens, cp_size, cp_rank, start_positions)
+    _check_cp(t, tensor_format, cp_size, cp_rank, start_positions)
     if not t.is_contiguous():
         t = t.contiguous()
     angles = freqs.reshape(freqs.shape[0], freqs.shape[3]).float()
