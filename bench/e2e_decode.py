@@ -8,8 +8,11 @@ kernels. One JSON line per row (and a table) on stdout.
 
     python3 bench/e2e_decode.py --model llama3-8b --batch 1,8,32 --prompt 128 --new 64
 
-(all layers by default; --layers 8 for a quick look). The device times come from a second
-process, since torch.profiler slows every later launch of the process it ran in.
+(all layers by default; --layers 8 for a quick look). Each patch is timed in a fresh process
+(a row timed after another patch's ran slower), and its device times come from one more,
+since torch.profiler slows every later launch of the process it ran in. --host-profile N lists
+where the host's time per step goes (cProfile), --patches all:sync the fused model without the
+deferred stop check.
 
 Run from the repository with the package importable (PYTHONPATH=python and ROPEJIT_LIB, or an
 installed ropejit)."""
@@ -41,7 +44,7 @@ CONFIGS = {
 }
 
 
-def build(name, layers):
+def build(name, layers, device="cuda"):
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
     fields = dict(CONFIGS[name])
     if layers:
@@ -49,8 +52,10 @@ def build(name, layers):
     config = (Qwen3Config if name.startswith("qwen3") else LlamaConfig)(**fields)
     config._attn_implementation = "sdpa"
     torch.manual_seed(0)
-    with torch.device("cuda"):
+    with torch.device(device):
         model = AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
+    if device == "meta":  # shapes only: the floor's byte count
+        return model
     keep_float32_rope(model)
     return model.eval()
 
@@ -136,6 +141,26 @@ def ms_per_token(model, batch, prompt, new, static, repeats=3):
     return steps[len(steps) // 2] * 1e3
 
 
+def host_profile(model, batch, prompt, new, static, top):
+    """cProfile of one generate() after the warm-ups of ms_per_token: the `top` functions by own
+    and by cumulative time, [("own" | "cumulative", function, ms per decode step, calls per
+    step)], to tell where the host's share of a step goes."""
+    import cProfile
+    import pstats
+    ids = _prompt(model, batch, prompt)
+    profiler = cProfile.Profile()
+    profiler.enable()
+    _generate(model, ids, new, static)
+    profiler.disable()
+    stats = pstats.Stats(profiler).stats
+    rows = []
+    for kind, index in (("own", 2), ("cumulative", 3)):  # pstats: (cc, nc, tt, ct, callers)
+        for func, entry in sorted(stats.items(), key=lambda item: -item[1][index])[:top]:
+            rows.append((kind, pstats.func_std_string(func), round(entry[index] / new * 1e3, 3),
+                         round(entry[1] / new, 1)))
+    return rows
+
+
 def _kernel_times(model, ids, new, static):
     """{kernel name: (device µs, launches)} over one generate() of `new` tokens."""
     from torch.autograd import DeviceType
@@ -164,29 +189,44 @@ def decode_kernels(model, batch, prompt, new, static):
 
 
 def _rows(model, args, measure):
-    """measure(patch, mode, batch) for every row, patching `model` in the order of --patches."""
+    """measure(patch, mode, batch) for every row of `model` patched as --patches says (one
+    patch: each runs in its own process)."""
     rows = []
-    for patch in args.patches.split(","):
-        if patch != "none":
-            report = ropejit.nn.patch_hf_model(model, fuse=patch)
-            if patch == "all" and report.not_fused:
-                print(json.dumps(dict(not_fused=report.not_fused)), file=sys.stderr, flush=True)
-        for mode in args.modes.split(","):
-            for batch in (int(b) for b in args.batch.split(",")):
-                rows.append(dict(patch=patch, mode=mode, batch=batch, prompt=args.prompt,
-                                 **measure(patch, mode, batch)))
-        torch._dynamo.reset()
+    patch = args.patches
+    fuse, _, stop = patch.partition(":")
+    if fuse != "none":
+        report = ropejit.nn.patch_hf_model(model, fuse=fuse)
+        if fuse == "all" and report.not_fused:
+            print(json.dumps(dict(not_fused=report.not_fused)), file=sys.stderr, flush=True)
+    if stop:
+        ropejit.nn.defer_stop(model, stop == "defer")
+    for mode in args.modes.split(","):
+        for batch in (int(b) for b in args.batch.split(",")):
+            rows.append(dict(patch=patch, mode=mode, batch=batch, prompt=args.prompt,
+                             **measure(patch, mode, batch)))
     return rows
 
 
-def _device_rows(argv, floor_ms, top):
-    """The device time per step of every row, from a second process: torch.profiler leaves
+def _children(argv, patches, kind):
+    """The rows of every patch, each from a fresh process (`kind`: "timed" or "device"): rows
+    measured in one process after another patch's ran slower there, and torch.profiler leaves
     CUPTI's callbacks in place, which slows every later launch of the process it ran in."""
-    child = subprocess.run([sys.executable, __file__, *argv, "--device-time"],
-                           stdout=subprocess.PIPE, text=True, check=True)
+    rows = []
+    for patch in patches:
+        child = subprocess.run([sys.executable, __file__, *argv, "--patches", patch, "--child",
+                                kind], stdout=subprocess.PIPE, text=True, check=True)
+        for line in child.stdout.splitlines():
+            if line.startswith("{"):
+                rows.append(json.loads(line))
+                if kind == "timed":
+                    print(line, flush=True)
+    return rows
+
+
+def _device_rows(argv, patches, floor_ms, top):
+    """The device time per step of every row (see _children)."""
     rows = {}
-    for line in child.stdout.splitlines():
-        row = json.loads(line)
+    for row in _children(argv, patches, "device"):
         kernels = row.pop("kernels")
         gpu_ms = sum(k[1] for k in kernels) / 1e3
         row.update(gpu_ms=round(gpu_ms, 3), gpu_x_floor=round(gpu_ms / floor_ms, 2),
@@ -198,6 +238,19 @@ def _device_rows(argv, floor_ms, top):
     return rows
 
 
+def _child_argv(argv):
+    """argv less --patches and its value (the parent names one patch per child)."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--patches":
+            skip = True
+        elif not arg.startswith("--patches="):
+            out.append(arg)
+    return out
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="llama3-8b", choices=sorted(CONFIGS))
@@ -207,40 +260,42 @@ def main():
     parser.add_argument("--new", type=int, default=64)
     parser.add_argument("--modes", default="eager,compile", help="eager and/or compile")
     parser.add_argument("--patches", default="none,rope,all",
-                        help="none (transformers), rope (fuse='rope'), all (fuse='all'), in order")
+                        help="none (transformers), rope (fuse='rope'), all (fuse='all'), each in "
+                        "a fresh process; a suffix :defer or :sync turns generate()'s deferred "
+                        "stop check on or off (patch_hf_model's default: on for all)")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="list each row's N costliest kernels per decode step")
+    parser.add_argument("--host-profile", type=int, default=0, metavar="N",
+                        help="list each row's N functions of most own host time per step "
+                        "(cProfile, after the timing)")
     parser.add_argument("--no-device-time", action="store_true",
                         help="skip the profiled second process (device time per step)")
-    parser.add_argument("--device-time", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=("timed", "device"), help=argparse.SUPPRESS)
+    parser.add_argument("--floor-ms", type=float, default=0.0, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    model = build(args.model, args.layers)
-    if args.device_time:  # the child of _device_rows: kernels per step, one JSON line a row
-        for row in _rows(model, args, lambda patch, mode, batch: dict(kernels=decode_kernels(
-                model, batch, args.prompt, args.new, mode == "compile"))):
-            print(json.dumps(row), flush=True)
+    patches = args.patches.split(",")
+    for patch in patches:
+        fuse, _, stop = patch.partition(":")
+        if fuse not in ("none", "rope", "all") or stop not in ("", "defer", "sync"):
+            parser.error(f"--patches: {patch!r} is not none, rope or all with an optional :defer "
+                         f"or :sync")
+    if args.child:
+        _child(args)
         return
     gpu = torch.cuda.get_device_name()
     gbps = copy_gbps()
-    floor_ms = weight_bytes(model) / (gbps * 1e9) * 1e3
-    print(json.dumps(dict(gpu=gpu, model=args.model, layers=model.config.num_hidden_layers,
-                          weight_gb=round(weight_bytes(model) / 1e9, 3),
-                          copy_gbps=round(gbps, 1), floor_ms=round(floor_ms, 3))), flush=True)
-
-    def timed(patch, mode, batch):
-        ms = ms_per_token(model, batch, args.prompt, args.new, mode == "compile")
-        row = dict(ms_per_token=round(ms, 3), tokens_per_s=round(batch * 1e3 / ms, 1),
-                   x_floor=round(ms / floor_ms, 2))
-        print(json.dumps(dict(patch=patch, mode=mode, batch=batch, **row)), flush=True)
-        return row
-
-    results = _rows(model, args, timed)
-    layers = model.config.num_hidden_layers
-    weights_gb = weight_bytes(model) / 1e9
+    shapes = build(args.model, args.layers, device="meta")
+    weights_gb = weight_bytes(shapes) / 1e9
+    floor_ms = weights_gb / gbps * 1e3
+    layers = shapes.config.num_hidden_layers
+    del shapes
+    print(json.dumps(dict(gpu=gpu, model=args.model, layers=layers,
+                          weight_gb=round(weights_gb, 3), copy_gbps=round(gbps, 1),
+                          floor_ms=round(floor_ms, 3))), flush=True)
+    argv = _child_argv(sys.argv[1:]) + ["--floor-ms", str(floor_ms)]
+    results = _children(argv, patches, "timed")
     if not args.no_device_time:
-        del model
-        torch.cuda.empty_cache()
-        device = _device_rows(sys.argv[1:], floor_ms, args.profile)
+        device = _device_rows(argv, patches, floor_ms, args.profile)
         for r in results:
             r.update(device.get((r["patch"], r["mode"], r["batch"]), {}))
             print(json.dumps(r), flush=True)
@@ -252,6 +307,33 @@ def main():
         print(f"| {r['patch']} | {r['mode']} | {r['batch']} | {r['ms_per_token']} | "
               f"{r['tokens_per_s']} | {r['x_floor']} | {r.get('gpu_ms', '')} | "
               f"{r.get('gpu_x_floor', '')} |")
+
+
+def _child(args):
+    """One patch's rows, one JSON line each: timed (--child timed) or its kernels per step
+    (--child device)."""
+    model = build(args.model, args.layers)
+    if args.child == "device":
+        for row in _rows(model, args, lambda patch, mode, batch: dict(kernels=decode_kernels(
+                model, batch, args.prompt, args.new, mode == "compile"))):
+            print(json.dumps(row), flush=True)
+        return
+    floor_ms = args.floor_ms
+
+    def timed(patch, mode, batch):
+        ms = ms_per_token(model, batch, args.prompt, args.new, mode == "compile")
+        row = dict(ms_per_token=round(ms, 3), tokens_per_s=round(batch * 1e3 / ms, 1),
+                   x_floor=round(ms / floor_ms, 2))
+        if args.host_profile:
+            for kind, func, ms_step, calls in host_profile(
+                    model, batch, args.prompt, args.new, mode == "compile", args.host_profile):
+                print(f"  host {patch} {mode} b{batch} {kind}: {ms_step:8.3f} ms {calls:7.1f}x "
+                      f"{func}", file=sys.stderr, flush=True)
+        print(json.dumps(dict(patch=patch, mode=mode, batch=batch, prompt=args.prompt, **row)),
+              flush=True)
+        return row
+
+    _rows(model, args, timed)
 
 
 if __name__ == "__main__":

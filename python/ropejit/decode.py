@@ -62,7 +62,7 @@ shapes), unless the tuning file chooses otherwise; ``path="unfused"`` forces tha
 
 import ctypes
 
-from ropejit import _call, _capi
+from ropejit import _apply, _call, _capi
 from ropejit._cvalues import choice, fill, flag, integer, real
 
 _NORMS = {"none": 0, "rms": 1, "rms_one_plus": 2}
@@ -133,17 +133,55 @@ def _addresses(a, fields, tensors):
 
 def _launch_planned(x, plan, a, call):
     """Runs a remembered plan's C call on torch's current stream, with a fresh workspace for the
-    unfused path."""
+    unfused path; x's device is made current only when it is not."""
+    guard = _apply.torch_device_guard(x)
+    if guard is not None:
+        with guard:
+            return _launch_planned(x, plan, a, call)
     import torch
     spec, _, taken, size = plan
-    with torch.cuda.device(x.device):
-        a.stream = torch.cuda.current_stream(x.device).cuda_stream
-        workspace = None
-        if taken == "unfused":
-            workspace = torch.empty(size, dtype=torch.uint8, device=x.device)
-            a.workspace, a.workspace_bytes = workspace.data_ptr(), size
-        _capi.check(call(ctypes.byref(spec), ctypes.byref(a)))
-        del workspace  # the caching allocator keeps it for this stream's queued work
+    a.stream = _apply.torch_stream(x)
+    workspace = None
+    if taken == "unfused":
+        workspace = torch.empty(size, dtype=torch.uint8, device=x.device)
+        a.workspace, a.workspace_bytes = workspace.data_ptr(), size
+    _capi.check(call(ctypes.byref(spec), ctypes.byref(a)))
+    del workspace  # the caching allocator keeps it for this stream's queued work
+    return None
+
+
+def qkv_replay(plan, x, position_ids, k_cache, v_cache, cache_seqlens, q_heads, kv_heads,
+               head_dim):
+    """The packed [tokens, q_heads + 2 kv_heads, head_dim] output of a contiguous-cache (or
+    cache-less) projection repeated from `plan` (one that qkv_projection handed to its
+    ``_plans`` list) with new activations, positions and cache: the caller guarantees the shapes,
+    strides and dtypes the plan was made for (C checks the addresses again). The patched
+    transformers layer's eager decode step, which spares the checks and the plan cache's key."""
+    import torch
+    a = _capi.ropejit_qkv_proj_args.from_buffer_copy(plan[1])
+    a.x = x.data_ptr()
+    a.position_ids = position_ids.data_ptr()
+    if k_cache is not None:
+        a.cache.k, a.cache.v = k_cache.data_ptr(), v_cache.data_ptr()
+        a.cache.seq_lens = cache_seqlens.data_ptr()
+    out = torch.empty(x.shape[0], q_heads + 2 * kv_heads, head_dim, dtype=x.dtype,
+                      device=x.device)
+    a.q.data = out.data_ptr()
+    step = head_dim * out.element_size()
+    a.k.data, a.v.data = a.q.data + q_heads * step, a.q.data + (q_heads + kv_heads) * step
+    _launch_planned(x, plan, a, _capi.lib.ropejit_qkv_projection)
+    return out
+
+
+def ffn_replay(plan, x, intermediate):
+    """ffn_gate_up's output repeated from `plan` (see qkv_replay) for a new x."""
+    import torch
+    a = _capi.ropejit_ffn_args.from_buffer_copy(plan[1])
+    a.x = x.data_ptr()
+    out = torch.empty(x.shape[0], intermediate, dtype=x.dtype, device=x.device)
+    a.out = out.data_ptr()
+    _launch_planned(x, plan, a, _capi.lib.ropejit_ffn_gate_up)
+    return out
 
 
 def _fail(message):
@@ -211,7 +249,7 @@ def qkv_projection(x, weight, *, q_heads, kv_heads, head_dim=128, rotary_dim=Non
                    kv_indptr=None, kv_indices=None, kv_last_page_len=None, cache_seqlens=None,
                    k_scale=1.0, v_scale=1.0, skipped=None, write_kv=True, cu_seqlens=None,
                    k_cache_scales=None, v_cache_scales=None, kv_layout="NHD", _packed=False,
-                   _fake=False):
+                   _fake=False, _plans=None):
     """Returns (q, k, v), new tensors ``[tokens, heads, head_dim]``; see the module docstring.
     ``norm="none"`` skips RMSNorm; ``"rms_one_plus"`` is Gemma's ``(1 + w)``; float8_e4m3fn
     weights take ``weight_scale``, a float32 scale per weight row. ``cu_seqlens`` (int32,
@@ -236,6 +274,8 @@ def qkv_projection(x, weight, *, q_heads, kv_heads, head_dim=128, rotary_dim=Non
             step = head_dim * out.element_size()
             a.k.data, a.v.data = a.q.data + q_heads * step, a.q.data + (q_heads + kv_heads) * step
         _launch_planned(x, plan, a, _capi.lib.ropejit_qkv_projection)
+        if _plans is not None:  # the plan with this call's addresses (the kept one has another's)
+            _plans.append((plan[0], bytes(a), plan[2], plan[3]))
         if _packed:
             return out
         return tuple(out.split([q_heads, kv_heads, kv_heads], dim=1)) if write_kv else (
@@ -370,7 +410,10 @@ def qkv_projection(x, weight, *, q_heads, kv_heads, head_dim=128, rotary_dim=Non
             workspace = torch.empty(size.value, dtype=torch.uint8, device=x.device)
             fill(a, workspace=workspace.data_ptr(), workspace_bytes=size.value)
         _capi.check(_capi.lib.ropejit_qkv_projection(ctypes.byref(spec), ctypes.byref(a)))
-    _remember_plan(key, (spec, bytes(a), taken, size.value))
+    plan = (spec, bytes(a), taken, size.value)
+    _remember_plan(key, plan)
+    if _plans is not None:
+        _plans.append(plan)
     return result
 
 
@@ -518,7 +561,7 @@ def _workspace(x, size_fn, spec, a):
 
 def ffn_gate_up(x, weight=None, *, intermediate=None, gate_weight=None, up_weight=None,
                 norm_weight=None, eps=1e-6, norm="rms", act="silu", path="auto",
-                weight_scale=None, gate_scale=None, up_scale=None, _fake=False):
+                weight_scale=None, gate_scale=None, up_scale=None, _fake=False, _plans=None):
     """Returns ``act(RMSNorm(x) @ gate.T) * (RMSNorm(x) @ up.T)``, a new ``[tokens,
     intermediate]`` tensor; see the module docstring. ``norm="none"`` skips RMSNorm;
     ``"rms_one_plus"`` is Gemma's ``(1 + w)``. float8_e4m3fn weights take float32 scales per row:
@@ -541,6 +584,8 @@ def ffn_gate_up(x, weight=None, *, intermediate=None, gate_weight=None, up_weigh
         out = torch.empty(x.shape[0], gate_weight.shape[0], dtype=x.dtype, device=x.device)
         a.out = out.data_ptr()
         _launch_planned(x, plan, a, _capi.lib.ropejit_ffn_gate_up)
+        if _plans is not None:  # the plan with this call's addresses (the kept one has another's)
+            _plans.append((plan[0], bytes(a), plan[2], plan[3]))
         return out
     _choices(path=(path, _capi.PROJ_PATHS), act=(act, _capi.ACTIVATIONS), norm=(norm, _NORMS))
     if intermediate is not None:  # checked first: the shape checks below compute with it
@@ -641,8 +686,10 @@ def ffn_gate_up(x, weight=None, *, intermediate=None, gate_weight=None, up_weigh
         if taken == "unfused":
             workspace = _workspace(x, _capi.lib.ropejit_ffn_gate_up_workspace_bytes, spec, a)
         _capi.check(_capi.lib.ropejit_ffn_gate_up(ctypes.byref(spec), ctypes.byref(a)))
-        _remember_plan(key, (spec, bytes(a), taken, 0 if workspace is None else
-                             workspace.numel()))
+        plan = (spec, bytes(a), taken, 0 if workspace is None else workspace.numel())
+        _remember_plan(key, plan)
+        if _plans is not None:
+            _plans.append(plan)
         del workspace  # the caching allocator keeps it for this stream's queued work
     return out
 

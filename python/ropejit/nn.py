@@ -5,6 +5,7 @@ module (patch_hf_model)."""
 
 import dataclasses
 import sys
+import warnings
 
 import torch
 
@@ -218,7 +219,7 @@ class RotaryEmbedding(torch.nn.Module):
                         position_ids=ids, position_offset=position_offset, **kwargs)
 
 
-def patch_hf_model(model, *, fuse="rope"):
+def patch_hf_model(model, *, fuse="rope", defer_stop_check=None):
     """Makes a transformers model use ropejit. Returns a PatchReport (what was replaced, and
     what was not and why).
 
@@ -235,9 +236,20 @@ def patch_hf_model(model, *, fuse="rope"):
     RMSNorm -> gate/up -> SiLU * up in one op (ropejit.ops.ffn_gate_up), and down_proj. The q/k/v
     and gate/up weights are packed into one tensor each and the Linear weights re-pointed into
     them: no weight is held twice. Layers it cannot fuse keep transformers' forward (with
-    ropejit's RoPE) and are listed in the report with the reason. Inference only."""
+    ropejit's RoPE) and are listed in the report with the reason. Inference only.
+
+    defer_stop_check (default: on with fuse="all", off with fuse="rope"): the model's generate()
+    on CUDA reads its stop decision one step late, as transformers itself does only on Apple's
+    mps, so the host prepares and queues step n + 1 while the GPU runs step n. generate() returns
+    the same tokens; where it defers (no returned static cache) it runs one extra forward per
+    call and undoes it. The report's ``deferred_stop`` says whether it was installed."""
     if fuse not in ("rope", "all"):
         raise InvalidArgument(f"ropejit: fuse ({fuse!r}) must be 'rope' or 'all'")
+    if defer_stop_check is None:
+        defer_stop_check = fuse == "all"
+    if not isinstance(defer_stop_check, bool):
+        raise InvalidArgument(f"ropejit: defer_stop_check ({defer_stop_check!r}) must be True, "
+                              f"False or None")
     config = model.config
     config = getattr(config, "get_text_config", lambda: config)()
     replaced = []
@@ -266,7 +278,22 @@ def patch_hf_model(model, *, fuse="rope"):
             for owner in replaced:
                 parent = model.get_submodule(owner.rpartition(".")[0]) if "." in owner else model
                 parent.rotary_emb = _hf_patch.NoPositionEmbeddings()
+    if hasattr(model, "generate"):
+        report.deferred_stop = defer_stop(model, defer_stop_check)
     return report
+
+
+def defer_stop(model, on=True):
+    """Turns patch_hf_model's defer_stop_check on or off for `model` (a transformers model with
+    generate()); returns whether it is on. Where this transformers cannot defer, warns and
+    returns False."""
+    from ropejit import _hf_patch
+    if not isinstance(on, bool):
+        raise InvalidArgument(f"ropejit: on ({on!r}) must be True or False")
+    why = _hf_patch.defer_stop_check(model, on)
+    if why:
+        warnings.warn(f"ropejit: defer_stop_check stays off: {why}", stacklevel=2)
+    return on and not why
 
 
 @dataclasses.dataclass
@@ -276,3 +303,4 @@ class PatchReport:
     rotary: list
     layers: list
     not_fused: dict
+    deferred_stop: bool = False

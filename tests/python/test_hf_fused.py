@@ -116,13 +116,18 @@ def test_layers_that_cannot_be_fused_are_named_and_keep_transformers_forward(mon
 
 
 @requires_cuda
+@pytest.mark.parametrize("kind", ["static", "dynamic"])
 @pytest.mark.parametrize("rope", ["llama3", "qwen3"])
-def test_a_static_cache_holds_what_transformers_writes(rope, monkeypatch):
-    """A StaticCache filled by the patched model (prefill through update(), decode steps and a
-    3-token chunk appended by the projection itself) holds k and v at least as close to the
-    float32 model's as the unpatched bf16 model's cache, at the same rows, the same length, and
-    zeros beyond."""
-    from transformers import StaticCache
+def test_the_cache_holds_what_transformers_writes(rope, kind, monkeypatch):
+    """A StaticCache or DynamicCache filled by the patched model (prefill through update(),
+    decode steps appended by the projection itself, then a 3-token chunk: appended too into a
+    StaticCache, through update() into a DynamicCache) holds k and v at least as close to the
+    float32 model's as the unpatched bf16 model's cache, at the same rows and the same length
+    (a StaticCache: zeros beyond). The DynamicCache's room is made 2 rows, so the decode steps
+    outgrow it twice."""
+    from ropejit import _hf_patch
+    from transformers import DynamicCache, StaticCache
+    monkeypatch.setattr(_hf_patch, "_ROOM_ROWS", 2)
     config = _config(rope)
     _keep_apply_rotary(monkeypatch, config)
     fp32, bf16 = _models(config)
@@ -132,7 +137,8 @@ def test_a_static_cache_holds_what_transformers_writes(rope, monkeypatch):
                         generator=torch.Generator("cuda").manual_seed(2))
     caches = []
     for model in (fp32, bf16, fused):
-        cache = StaticCache(config=config, max_cache_len=48)
+        cache = StaticCache(config=config, max_cache_len=48) if kind == "static" else \
+            DynamicCache(config=config)
         with torch.no_grad():
             model(ids[:, :24], past_key_values=cache, use_cache=True)
             for t in range(24, 29):  # one token per sequence: the fused kernel's append
@@ -142,11 +148,84 @@ def test_a_static_cache_holds_what_transformers_writes(rope, monkeypatch):
     torch.cuda.synchronize()
     want, plain, got = caches
     for i in range(config.num_hidden_layers):
-        assert int(got.layers[i].cumulative_length) == int(plain.layers[i].cumulative_length) == 32
+        assert got.get_seq_length(i) == plain.get_seq_length(i) == 32
         for name in ("keys", "values"):
             w, p, g = (getattr(c.layers[i], name) for c in caches)
-            assert g.shape == p.shape == (2, 2, 48, 64)
-            assert torch.all(g[:, :, 32:] == 0), f"layer {i} {name}: a row past the length"
+            assert g.shape == p.shape == (2, 2, 48 if kind == "static" else 32, 64)
+            if kind == "static":
+                assert torch.all(g[:, :, 32:] == 0), f"layer {i} {name}: a row past the length"
             err_plain, err_fused = _rel_l2(p[:, :, :32], w[:, :, :32]), \
                 _rel_l2(g[:, :, :32], w[:, :, :32])
             assert err_fused <= err_plain * 1.05 + 1e-4, (i, name, err_plain, err_fused)
+
+
+@requires_cuda
+def test_the_eager_step_repeats_its_plan_only_while_its_addresses_hold(monkeypatch):
+    """Decode steps outside a trace repeat the layer's previous plan: the same logits as a fresh
+    plan, and a norm weight replaced by a new tensor (a new address) is read, not the old one."""
+    config = _config("llama3")
+    _keep_apply_rotary(monkeypatch, config)
+    _, bf16 = _models(config)
+    ropejit.nn.patch_hf_model(bf16, fuse="all")
+    ids = torch.randint(0, config.vocab_size, (2, 9), device="cuda",
+                        generator=torch.Generator("cuda").manual_seed(3))
+    layer = bf16.model.layers[1]
+
+    def last_step():
+        from transformers import DynamicCache
+        cache = DynamicCache(config=config)
+        with torch.no_grad():
+            bf16(ids[:, :8], past_key_values=cache, use_cache=True)
+            return bf16(ids[:, 8:], past_key_values=cache, use_cache=True).logits
+
+    first = last_step()  # makes the plans
+    assert layer._ropejit["qkv_plan"] is not None and layer._ropejit["ffn_plan"] is not None
+    assert torch.equal(last_step(), first)  # repeated plans: the same bits
+    for norm in (layer.input_layernorm, layer.post_attention_layernorm):
+        norm.weight = torch.nn.Parameter(norm.weight.detach() * 2)
+    scaled = last_step()
+    layer._ropejit["qkv_plan"] = layer._ropejit["ffn_plan"] = None
+    assert torch.equal(scaled, last_step())  # the same as fresh plans with the new weights
+    assert not torch.equal(scaled, first)
+
+
+@requires_cuda
+def test_the_deferred_stop_check_returns_the_same_tokens(monkeypatch):
+    """patch_hf_model(fuse="all") defers generate()'s stop check on CUDA: an eos-stopped greedy
+    generation returns the same tokens as without, after one extra (undone) step; off, no
+    extra step."""
+    config = _config("default")
+    _keep_apply_rotary(monkeypatch, config)
+    _, bf16 = _models(config)
+    report = ropejit.nn.patch_hf_model(bf16, fuse="all")
+    assert report.deferred_stop and getattr(bf16.generate, "_ropejit", False)
+    prompt = torch.randint(0, config.vocab_size, (1, 12), device="cuda",
+                           generator=torch.Generator("cuda").manual_seed(4))
+    forwards = []
+    never = torch.zeros(1, dtype=torch.bool, device="cuda")
+
+    def steps(input_ids, scores, **_):  # a stopping criterion: called once per decode step
+        forwards.append(1)
+        return never
+
+    from transformers import StoppingCriteriaList
+    kwargs = dict(do_sample=False, pad_token_id=0, max_new_tokens=10,
+                  stopping_criteria=StoppingCriteriaList([steps]))
+    with torch.no_grad():
+        free = bf16.generate(prompt, min_new_tokens=10, **kwargs)
+        eos = int(free[0, 12 + 4])  # stop at the fifth new token
+        if eos in free[0, 12:16].tolist():
+            pytest.skip("the greedy tokens repeat before the fifth; no clean eos to test")
+        results = {}
+        for static in (False, True):
+            for on in (True, False):
+                ropejit.nn.defer_stop(bf16, on)
+                forwards.clear()
+                out = bf16.generate(prompt, eos_token_id=eos,
+                                    cache_implementation="static" if static else None, **kwargs)
+                results[static, on] = (out, len(forwards))
+    for static in (False, True):
+        (deferred, n_deferred), (synced, n_synced) = results[static, True], results[static, False]
+        assert torch.equal(deferred, synced) and deferred.shape[1] == 12 + 5
+        assert n_deferred == n_synced + 1 == 6, (static, n_deferred, n_synced)
+    assert "generate" not in vars(bf16)  # defer_stop(model, False) restores the class's
