@@ -241,8 +241,10 @@ def patch_hf_model(model, *, fuse="rope", defer_stop_check=None):
     defer_stop_check (default: on with fuse="all", off with fuse="rope"): the model's generate()
     on CUDA reads its stop decision one step late, as transformers itself does only on Apple's
     mps, so the host prepares and queues step n + 1 while the GPU runs step n. generate() returns
-    the same tokens; where it defers (no returned static cache) it runs one extra forward per
-    call and undoes it. The report's ``deferred_stop`` says whether it was installed."""
+    the same tokens. Where transformers can defer (a cache generate() hands back must be one it
+    can crop), it runs one extra forward per call and undoes it. The report's ``deferred_stop``
+    says whether it was installed; ``ropejit.nn.defer_stop(model, on)`` turns it on or off
+    later."""
     if fuse not in ("rope", "all"):
         raise InvalidArgument(f"ropejit: fuse ({fuse!r}) must be 'rope' or 'all'")
     if defer_stop_check is None:
