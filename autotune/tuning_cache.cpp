@@ -18,6 +18,7 @@
 
 #include "jit/disk_cache.hpp"
 #include "jit/errors.hpp"
+#include "jit/family.hpp"
 #include "jit/files.hpp"
 #include "jit/proj.hpp"
 
@@ -385,7 +386,7 @@ bool operator==(const ProjTuningEntry& a, const ProjTuningEntry& b) {
 std::string invalid_entry_reason(const ProjTuningEntry& e) {
   bool fp8_weights = false;
   try {
-    if (e.key.rfind("ffnglu_", 0) == 0)
+    if (detail::family_of(e.key) == detail::Family::ffn_gate_up)
       fp8_weights = parse_ffn_key(e.key).weights == Weights::e4m3;
     else
       fp8_weights = parse_qkv_proj_key(e.key).weights == Weights::e4m3;

@@ -15,6 +15,7 @@
 #include "cli/cli.hpp"
 #include "cli/presets.hpp"
 #include "jit/coverage.hpp"
+#include "jit/family.hpp"
 #include "jit/names.hpp"
 #include "jit/nvrtc.hpp"
 #include "jit/proj.hpp"
@@ -149,7 +150,7 @@ int run_compile(const CompileOptions& o) {
     if (proj_archs.empty()) proj_archs.push_back(detail::concat("sm_", cache.fingerprint().cc));
     std::set<std::string> keys, variants;
     for (const autotune::ProjTuningEntry& e : cache.proj_entries()) {
-      const bool ffn = e.key.rfind("ffnglu_", 0) == 0;
+      const bool ffn = detail::family_of(e.key) == detail::Family::ffn_gate_up;
       detail::ProjVariant v;
       const bool tuned = !e.variant.empty() && detail::parse_proj_variant(e.variant, &v) &&
                          variants.insert(e.key + " " + e.variant).second;  // each once
@@ -178,21 +179,27 @@ int run_compile(const CompileOptions& o) {
       for (const Spec& s : model_specs(m, dtype))
         (detail::missing_kernel(s).empty() ? specs : skipped).push_back(s);
     for (const std::string& key : o.keys) {
-      if (key.rfind("qkvproj_", 0) == 0) {  // the decode block's projection: its own family
-        proj_specs.push_back(parse_qkv_proj_key(key));
-        continue;
+      switch (detail::family_of(key)) {
+        case detail::Family::qkv_projection:
+          proj_specs.push_back(parse_qkv_proj_key(key));
+          break;
+        case detail::Family::ffn_gate_up:
+          ffn_specs.push_back(parse_ffn_key(key));
+          break;
+        case detail::Family::rms_norm:
+          norm_specs.push_back(parse_rms_norm_key(key));
+          break;
+        case detail::Family::dequant:
+          detail::invalid("key '", key,
+                          "': the e4m3 dequantization kernel is compiled with the "
+                          "e4m3-weight projection and FFN keys that use it, not by itself");
+        case detail::Family::rope: {
+          const Spec s = parse_key(key);
+          detail::require_kernel(s);  // asked for by name: an error, not a skip
+          specs.push_back(s);
+          break;
+        }
       }
-      if (key.rfind("ffnglu_", 0) == 0) {  // the FFN's gate/up: its own family
-        ffn_specs.push_back(parse_ffn_key(key));
-        continue;
-      }
-      if (key.rfind("rmsnorm_", 0) == 0) {  // RMSNorm alone: its own family
-        norm_specs.push_back(parse_rms_norm_key(key));
-        continue;
-      }
-      const Spec s = parse_key(key);
-      detail::require_kernel(s);  // asked for by name: an error, not a skip
-      specs.push_back(s);
     }
     if (specs.empty() && skipped.empty() && proj_specs.empty() && ffn_specs.empty() &&
         norm_specs.empty())

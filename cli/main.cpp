@@ -10,6 +10,7 @@
 #include "cli/cli.hpp"
 #include "cli/presets.hpp"
 #include "jit/coverage.hpp"
+#include "jit/family.hpp"
 #include "jit/names.hpp"
 #include "jit/norm.hpp"
 #include "jit/nvrtc.hpp"
@@ -22,7 +23,8 @@ namespace {}  // namespace
 int run_source(const std::string& key, const std::string& hf_config, const std::string& dtype) {
   if (key.empty() == hf_config.empty())
     detail::invalid("source needs a KEY or --hf-config FILE (one of them)");
-  if (key.rfind("ffnglu_", 0) == 0) {  // the FFN's gate/up, its one-token kernel
+  const detail::Family family = detail::family_of(key);
+  if (family == detail::Family::ffn_gate_up) {  // the FFN's gate/up, its one-token kernel
     const FfnSpec spec = parse_ffn_key(key);
     detail::ProjShape one_token;
     one_token.tokens = 1;
@@ -30,7 +32,7 @@ int run_source(const std::string& key, const std::string& hf_config, const std::
     std::fputs(detail::render(spec, v).source.c_str(), stdout);
     return 0;
   }
-  if (key.rfind("qkvproj_", 0) == 0) {  // the decode block's projection, its one-token kernel
+  if (family == detail::Family::qkv_projection) {  // the projection, its one-token kernel
     const QkvProjSpec spec = parse_qkv_proj_key(key);
     detail::ProjShape one_token;
     one_token.tokens = 1;
@@ -38,7 +40,7 @@ int run_source(const std::string& key, const std::string& hf_config, const std::
     std::fputs(detail::render(spec, v).source.c_str(), stdout);
     return 0;
   }
-  if (key.rfind("rmsnorm_", 0) == 0) {  // RMSNorm: its kernel for the shortest rows
+  if (family == detail::Family::rms_norm) {  // RMSNorm: its kernel for the shortest rows
     const RmsNormSpec spec = parse_rms_norm_key(key);
     std::fputs(detail::render(spec.canonical(), detail::NormVariant{}).source.c_str(), stdout);
     return 0;

@@ -16,6 +16,7 @@
 #include "cli/presets.hpp"
 #include "jit/coverage.hpp"
 #include "jit/driver.hpp"
+#include "jit/family.hpp"
 #include "jit/names.hpp"
 #include "jit/nvrtc.hpp"
 #include "jit/proj.hpp"
@@ -283,8 +284,9 @@ int run_tune_ffn(const TuneOptions& o) {
 }  // namespace
 
 int run_tune(const TuneOptions& o) {
-  const bool ffn = std::any_of(o.keys.begin(), o.keys.end(),
-                               [](const std::string& k) { return k.rfind("ffnglu_", 0) == 0; });
+  const bool ffn = std::any_of(o.keys.begin(), o.keys.end(), [](const std::string& k) {
+    return detail::family_of(k) == detail::Family::ffn_gate_up;
+  });
   if (ffn) {
     if (!o.presets.empty() || !o.hf_configs.empty())
       detail::invalid("FFN keys are tuned alone: drop --preset/--hf-config");
@@ -292,8 +294,9 @@ int run_tune(const TuneOptions& o) {
   }
   if (o.intermediate != 0)
     detail::invalid("--intermediate (", o.intermediate, ") is for FFN keys only");
-  const bool proj = std::any_of(o.keys.begin(), o.keys.end(),
-                                [](const std::string& k) { return k.rfind("qkvproj_", 0) == 0; });
+  const bool proj = std::any_of(o.keys.begin(), o.keys.end(), [](const std::string& k) {
+    return detail::family_of(k) == detail::Family::qkv_projection;
+  });
   if (proj) {
     if (!o.presets.empty() || !o.hf_configs.empty())
       detail::invalid("projection keys are tuned alone: drop --preset/--hf-config");

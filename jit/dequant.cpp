@@ -7,6 +7,7 @@
 
 #include "jit/embedded.hpp"
 #include "jit/errors.hpp"
+#include "jit/family.hpp"
 #include "jit/launch_config.hpp"
 #include "jit/names.hpp"
 
@@ -26,7 +27,9 @@ size_t dequant_workspace_bytes(DType dtype, Weights weights, int64_t hidden, int
   return size_t((bytes + 255) / 256 * 256);
 }
 
-std::string dequant_key(DType dtype) { return std::string("dequant_e4m3_") + to_string(dtype); }
+std::string dequant_key(DType dtype) {
+  return std::string(family_tag(Family::dequant)) + "_e4m3_" + to_string(dtype);
+}
 
 RenderedKernel render_dequant(DType dtype) {
   if (dtype != DType::bf16 && dtype != DType::f16)

@@ -4,6 +4,7 @@
 #include <utility>
 #include <vector>
 
+#include "jit/family.hpp"
 #include "jit/names.hpp"
 
 namespace ropejit {
@@ -113,8 +114,9 @@ bool operator==(const Spec& a, const Spec& b) {
 std::string Spec::key() const {
   const Spec c = canonical();
   std::ostringstream os;
-  os << "rope_" << to_string(c.layout) << '_' << to_string(c.dtype) << "_d" << c.head_dim << "_r"
-     << c.rotary_dim << '_' << to_string(c.style) << "_pos-" << to_string(c.positions);
+  os << detail::family_tag(detail::Family::rope) << '_' << to_string(c.layout) << '_'
+     << to_string(c.dtype) << "_d" << c.head_dim << "_r" << c.rotary_dim << '_'
+     << to_string(c.style) << "_pos-" << to_string(c.positions);
   if (c.positions != Positions::offset) os << '-' << to_string(c.index_type);
   if (c.freqs == Freqs::table)
     os << "_tab-" << to_string(c.table_dtype) << '-' << to_string(c.table_width);
@@ -164,7 +166,7 @@ int32_t parse_dim(const std::string& field, char prefix, const std::string& key)
 
 Spec parse_key(const std::string& key) {
   const std::vector<std::string> f = split(key, '_');
-  if (f.size() != 11 || f[0] != "rope")
+  if (f.size() != 11 || f[0] != detail::family_tag(detail::Family::rope))
     detail::invalid("key '", detail::clipped(key),
                     "' is not a ropejit key (rope_<layout>_<dtype>_d.._r.._...)");
   Spec s;
@@ -342,8 +344,9 @@ bool operator==(const QkvProjSpec& a, const QkvProjSpec& b) {
 std::string QkvProjSpec::key() const {
   const QkvProjSpec c = canonical();
   std::ostringstream os;
-  os << "qkvproj_" << to_string(c.dtype) << "_d" << c.head_dim << "_r" << c.rotary_dim << '_'
-     << to_string(c.style) << "_pos-" << to_string(c.positions);
+  os << detail::family_tag(detail::Family::qkv_projection) << '_' << to_string(c.dtype) << "_d"
+     << c.head_dim << "_r" << c.rotary_dim << '_' << to_string(c.style) << "_pos-"
+     << to_string(c.positions);
   if (c.positions != Positions::offset) os << '-' << to_string(c.index_type);
   if (c.freqs == Freqs::table)
     os << "_tab-" << to_string(c.table_dtype) << '-' << to_string(c.table_width);
@@ -360,7 +363,7 @@ std::string QkvProjSpec::key() const {
 
 QkvProjSpec parse_qkv_proj_key(const std::string& key) {
   const std::vector<std::string> f = split(key, '_');
-  if (f.size() < 8 || f.size() > 10 || f[0] != "qkvproj")
+  if (f.size() < 8 || f.size() > 10 || f[0] != detail::family_tag(detail::Family::qkv_projection))
     detail::invalid(
         "key '", detail::clipped(key),
         "' is not a projection key (qkvproj_<dtype>_d.._r.._<style>_pos-.._.._n..[_w..][_c..])");
@@ -437,14 +440,14 @@ RmsNormSpec RmsNormSpec::canonical() const {
 // rmsnorm_<dtype>_n<norm>[_res]
 std::string RmsNormSpec::key() const {
   validate();
-  return std::string("rmsnorm_") + to_string(dtype) + "_n" + to_string(norm) +
-         (residual ? "_res" : "");
+  return std::string(detail::family_tag(detail::Family::rms_norm)) + '_' + to_string(dtype) + "_n" +
+         to_string(norm) + (residual ? "_res" : "");
 }
 
 RmsNormSpec parse_rms_norm_key(const std::string& key) {
   const std::vector<std::string> f = split(key, '_');
-  if (f.size() < 3 || f.size() > 4 || f[0] != "rmsnorm" || f[2].size() < 2 || f[2][0] != 'n' ||
-      (f.size() == 4 && f[3] != "res"))
+  if (f.size() < 3 || f.size() > 4 || f[0] != detail::family_tag(detail::Family::rms_norm) ||
+      f[2].size() < 2 || f[2][0] != 'n' || (f.size() == 4 && f[3] != "res"))
     detail::invalid("key '", detail::clipped(key),
                     "' is not an RMSNorm key (rmsnorm_<dtype>_n<norm>[_res])");
   RmsNormSpec s;
@@ -484,15 +487,16 @@ FfnSpec FfnSpec::canonical() const {
 // ffnglu_<dtype>_n<norm>_<act>[_we4m3]
 std::string FfnSpec::key() const {
   validate();
-  std::string key =
-      std::string("ffnglu_") + to_string(dtype) + "_n" + to_string(norm) + '_' + to_string(act);
+  std::string key = std::string(detail::family_tag(detail::Family::ffn_gate_up)) + '_' +
+                    to_string(dtype) + "_n" + to_string(norm) + '_' + to_string(act);
   if (weights != Weights::same) key += std::string("_w") + to_string(weights);
   return key;
 }
 
 FfnSpec parse_ffn_key(const std::string& key) {
   const std::vector<std::string> f = split(key, '_');
-  if (f.size() < 4 || f.size() > 5 || f[0] != "ffnglu" || f[2].size() < 2 || f[2][0] != 'n')
+  if (f.size() < 4 || f.size() > 5 || f[0] != detail::family_tag(detail::Family::ffn_gate_up) ||
+      f[2].size() < 2 || f[2][0] != 'n')
     detail::invalid("key '", detail::clipped(key),
                     "' is not an FFN gate/up key (ffnglu_<dtype>_n<norm>_<act>[_w..])");
   FfnSpec s;

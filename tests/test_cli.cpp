@@ -135,6 +135,9 @@ TEST_CASE("ropejit compile --key: the decode families' keys, counted") {
   r = run("source rmsnorm_bf16_nrms1p");
   CHECK(r.status == 0);
   CHECK(has(r, "#include"));
+  r = run("compile --arch sm_90 --key dequant_e4m3_bf16");  // not compiled alone: said so
+  CHECK(r.status != 0);
+  CHECK(has(r, "compiled with the e4m3-weight projection and FFN keys that use it"));
 }
 
 TEST_CASE(

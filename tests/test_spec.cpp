@@ -3,6 +3,8 @@
 
 #include <string>
 
+#include "jit/dequant.hpp"
+#include "jit/family.hpp"
 #include "ropejit/ropejit.hpp"
 
 using namespace ropejit;
@@ -142,4 +144,25 @@ TEST_CASE("contiguous strides per layout") {
   const Tensor thd = contiguous(Layout::thd, nullptr, 0, 11, 3, 64);
   CHECK(thd.stride_seq == 3 * 64);
   CHECK(thd.stride_head == 64);
+}
+
+TEST_CASE("a key's family is told by its first field, and each family's keys carry its tag") {
+  using detail::Family;
+  using detail::family_of;
+  CHECK(family_of(QkvProjSpec{}.key()) == Family::qkv_projection);
+  CHECK(family_of(FfnSpec{}.key()) == Family::ffn_gate_up);
+  CHECK(family_of(RmsNormSpec{}.key()) == Family::rms_norm);
+  CHECK(family_of(detail::dequant_key(DType::bf16)) == Family::dequant);
+  CHECK(family_of(Spec{}.key()) == Family::rope);
+  CHECK(family_of("") == Family::rope);               // no family's: parse_key says why
+  CHECK(family_of("qkvprojx_bf16") == Family::rope);  // the whole first field, not a prefix
+  CHECK(Spec{}.key().rfind(std::string(detail::family_tag(Family::rope)) + "_", 0) == 0);
+  for (const Family f :
+       {Family::qkv_projection, Family::ffn_gate_up, Family::rms_norm, Family::dequant})
+    CHECK(std::string(detail::family_tag(f)).size() > 1);
+  // Each parser refuses another family's key by its tag.
+  CHECK_THROWS_AS(parse_qkv_proj_key(FfnSpec{}.key()), Error);
+  CHECK_THROWS_AS(parse_ffn_key(RmsNormSpec{}.key()), Error);
+  CHECK_THROWS_AS(parse_rms_norm_key(QkvProjSpec{}.key()), Error);
+  CHECK_THROWS_AS(parse_key(FfnSpec{}.key()), Error);
 }
