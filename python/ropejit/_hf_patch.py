@@ -7,7 +7,6 @@ one fused op for QK-norm -> RoPE -> the cache append instead of the first op. Th
 weights are packed once at patch time and the model's Linear weights re-pointed into the packed
 tensors, so no weight is held twice."""
 
-import functools
 import sys
 import threading
 import types
@@ -366,7 +365,7 @@ def defer_stop_check(model, on=True):
     DeferredStopCheck)."""
     generate = model.__dict__.get("generate")
     if not on:
-        if getattr(generate, "_ropejit", False):
+        if getattr(generate, "__func__", None) is _deferred_generate:
             del model.generate
         return ""
     try:
@@ -387,19 +386,18 @@ def defer_stop_check(model, on=True):
 
         is_supported._ropejit = True
         check.is_supported = staticmethod(is_supported)
-    if getattr(generate, "_ropejit", False):
-        return ""
-    generate = model.generate
-
-    @functools.wraps(generate)
-    def deferred_generate(*args, **kwargs):
-        before = getattr(_deferring, "on", False)
-        _deferring.on = True
-        try:
-            return generate(*args, **kwargs)
-        finally:
-            _deferring.on = before
-
-    deferred_generate._ropejit = True
-    model.generate = deferred_generate
+    if getattr(generate, "__func__", None) is not _deferred_generate:
+        # A method bound to the model, not a closure over it: a deepcopy of the model then
+        # defers its own generate(), not the original's.
+        model.generate = types.MethodType(_deferred_generate, model)
     return ""
+
+
+def _deferred_generate(self, *args, **kwargs):
+    """The model class's generate() with the stop check deferred (see defer_stop_check)."""
+    before = getattr(_deferring, "on", False)
+    _deferring.on = True
+    try:
+        return type(self).generate(self, *args, **kwargs)
+    finally:
+        _deferring.on = before

@@ -194,11 +194,12 @@ def test_the_deferred_stop_check_returns_the_same_tokens(monkeypatch):
     """patch_hf_model(fuse="all") defers generate()'s stop check on CUDA: an eos-stopped greedy
     generation returns the same tokens as without, after one extra (undone) step; off, no
     extra step."""
+    from ropejit import _hf_patch
     config = _config("default")
     _keep_apply_rotary(monkeypatch, config)
     _, bf16 = _models(config)
     report = ropejit.nn.patch_hf_model(bf16, fuse="all")
-    assert report.deferred_stop and getattr(bf16.generate, "_ropejit", False)
+    assert report.deferred_stop and bf16.generate.__func__ is _hf_patch._deferred_generate
     prompt = torch.randint(0, config.vocab_size, (1, 12), device="cuda",
                            generator=torch.Generator("cuda").manual_seed(4))
     forwards = []
@@ -229,3 +230,30 @@ def test_the_deferred_stop_check_returns_the_same_tokens(monkeypatch):
         assert torch.equal(deferred, synced) and deferred.shape[1] == 12 + 5
         assert n_deferred == n_synced + 1 == 6, (static, n_deferred, n_synced)
     assert "generate" not in vars(bf16)  # defer_stop(model, False) restores the class's
+
+
+def test_the_deferred_generate_belongs_to_its_model():
+    """defer_stop(model) binds generate() to the model itself: a deepcopy defers (and runs) its
+    own generate(), and turning it off restores the class's. Runs on the CPU too (where
+    transformers itself decides whether to defer)."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from ropejit import _hf_patch
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                         head_dim=16, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    prompt = torch.randint(0, 64, (1, 5), generator=torch.Generator().manual_seed(5))
+    kwargs = dict(do_sample=False, max_new_tokens=4, min_new_tokens=4, pad_token_id=0)
+    with torch.no_grad():
+        plain = model.generate(prompt, **kwargs)
+        assert ropejit.nn.defer_stop(model, True)
+        assert model.generate.__func__ is _hf_patch._deferred_generate
+        twin = copy.deepcopy(model)
+        assert twin.generate.__self__ is twin and model.generate.__self__ is model
+        torch.nn.init.zeros_(twin.lm_head.weight)  # the twin's tokens are all 0
+        assert torch.equal(model.generate(prompt, **kwargs), plain)
+        assert torch.equal(twin.generate(prompt, **kwargs)[:, 5:], torch.zeros(1, 4).long())
+    ropejit.nn.defer_stop(model, False)
+    assert "generate" not in vars(model) and "generate" in vars(twin)
