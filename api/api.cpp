@@ -20,6 +20,16 @@ detail::Engine& api::engine() {
   return engine;
 }
 
+detail::DecodeEngine& api::decode_engine() {
+  static detail::DecodeEngine& engine = []() -> detail::DecodeEngine& {
+    api::engine();  // the core's policy too: the unfused paths launch RoPE kernels
+    detail::DecodeEngine& e = detail::DecodeEngine::instance();
+    e.set_policy(&autotune::decode_tuning_policy());
+    return e;
+  }();
+  return engine;
+}
+
 void apply(const Spec& spec, const Args& args) { api::engine().apply(spec, args); }
 
 std::vector<std::string> precompile(const Spec& spec, const std::string& arch) {
@@ -41,7 +51,7 @@ std::vector<std::string> precompile(const Spec& spec, const std::string& arch) {
 }
 
 void qkv_projection(const QkvProjSpec& spec, const QkvProjArgs& args) {
-  api::engine().qkv_projection(spec, args);
+  api::decode_engine().qkv_projection(spec, args);
 }
 
 size_t qkv_projection_workspace_bytes(const QkvProjSpec& spec, const QkvProjArgs& args) {
@@ -55,7 +65,7 @@ size_t qkv_projection_workspace_bytes(const QkvProjSpec& spec, const QkvProjArgs
 }
 
 ProjPath qkv_projection_path(const QkvProjSpec& spec, const QkvProjArgs& args) {
-  return api::engine().qkv_projection_path(spec, args, true);
+  return api::decode_engine().qkv_projection_path(spec, args, true);
 }
 
 namespace {
@@ -78,8 +88,8 @@ std::vector<std::string> precompile_unfused(const QkvProjSpec& c, const std::str
   }
   if (c.weights == Weights::e4m3) {
     paths.emplace_back();
-    api::engine().dequant_image(c.dtype, detail::target_for(detail::parse_arch(arch, "arch")),
-                                &paths.back());
+    api::decode_engine().dequant_image(
+        c.dtype, detail::target_for(detail::parse_arch(arch, "arch")), &paths.back());
   }
   return paths;
 }
@@ -102,16 +112,17 @@ std::vector<std::string> precompile(const QkvProjSpec& spec, const std::string& 
   std::vector<std::string> paths(variants.size() + (w8 ? 1 : 0));
   std::vector<std::future<void>> builds;
   for (size_t i = 0; i < variants.size(); ++i)
-    builds.push_back(api::engine().image_async(c, variants[i], target, &paths[i]));
+    builds.push_back(api::decode_engine().image_async(c, variants[i], target, &paths[i]));
   if (w8)
-    builds.push_back(std::async(
-        std::launch::async, [&] { api::engine().dequant_image(c.dtype, target, &paths.back()); }));
+    builds.push_back(std::async(std::launch::async, [&] {
+      api::decode_engine().dequant_image(c.dtype, target, &paths.back());
+    }));
   for (std::future<void>& f : builds) f.get();
   return paths;
 }
 
 void ffn_gate_up(const FfnSpec& spec, const FfnArgs& args) {
-  api::engine().ffn_gate_up(spec, args);
+  api::decode_engine().ffn_gate_up(spec, args);
 }
 
 size_t ffn_gate_up_workspace_bytes(const FfnSpec& spec, const FfnArgs& args) {
@@ -125,7 +136,7 @@ size_t ffn_gate_up_workspace_bytes(const FfnSpec& spec, const FfnArgs& args) {
 }
 
 ProjPath ffn_gate_up_path(const FfnSpec& spec, const FfnArgs& args) {
-  return api::engine().ffn_gate_up_path(spec, args, true);
+  return api::decode_engine().ffn_gate_up_path(spec, args, true);
 }
 
 std::vector<std::string> precompile(const FfnSpec& spec, const std::string& arch) {
@@ -142,21 +153,22 @@ std::vector<std::string> precompile(const FfnSpec& spec, const std::string& arch
   std::vector<std::string> paths(variants.size() + 2 + (w8 ? 1 : 0));
   std::vector<std::future<void>> builds;
   for (size_t i = 0; i < variants.size(); ++i)
-    builds.push_back(api::engine().image_async(c, variants[i], target, &paths[i]));
+    builds.push_back(api::decode_engine().image_async(c, variants[i], target, &paths[i]));
   for (const int32_t vec : {8, 1})
     builds.push_back(std::async(std::launch::async, [&, vec] {
-      api::engine().glu_image(c, detail::GluVariant{vec}, target,
-                              &paths[variants.size() + (vec == 8 ? 0 : 1)]);
+      api::decode_engine().glu_image(c, detail::GluVariant{vec}, target,
+                                     &paths[variants.size() + (vec == 8 ? 0 : 1)]);
     }));
   if (w8)
-    builds.push_back(std::async(
-        std::launch::async, [&] { api::engine().dequant_image(c.dtype, target, &paths.back()); }));
+    builds.push_back(std::async(std::launch::async, [&] {
+      api::decode_engine().dequant_image(c.dtype, target, &paths.back());
+    }));
   for (std::future<void>& f : builds) f.get();
   return paths;
 }
 
 void rms_norm(const RmsNormSpec& spec, const RmsNormArgs& args) {
-  api::engine().rms_norm(spec, args);
+  api::decode_engine().rms_norm(spec, args);
 }
 
 std::vector<std::string> precompile(const RmsNormSpec& spec, const std::string& arch) {
@@ -166,7 +178,7 @@ std::vector<std::string> precompile(const RmsNormSpec& spec, const std::string& 
   std::vector<std::future<void>> builds;
   for (int32_t i = 0; i < 5; ++i)
     builds.push_back(std::async(std::launch::async, [&, i] {
-      api::engine().image(c, detail::NormVariant{1 << i}, target, &paths[size_t(i)]);
+      api::decode_engine().image(c, detail::NormVariant{1 << i}, target, &paths[size_t(i)]);
     }));
   for (std::future<void>& f : builds) f.get();
   return paths;

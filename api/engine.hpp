@@ -2,6 +2,7 @@
 // installed. This is the one place where the two layers meet.
 #pragma once
 
+#include "jit/decode/engine.hpp"
 #include "jit/engine.hpp"
 
 namespace ropejit::api {
@@ -9,5 +10,7 @@ namespace ropejit::api {
 // The process's engine, its launch policy installed on first use. Everything that launches
 // without an explicit configuration (apply(), the command, tests, benchmarks) goes through it.
 detail::Engine& engine();
+// The decode families' engine (on the same core engine), its policy installed on first use.
+detail::DecodeEngine& decode_engine();
 
 }  // namespace ropejit::api

@@ -10,8 +10,8 @@
 
 #include "autotune/tuner.hpp"
 #include "autotune/tuning_cache.hpp"
+#include "jit/decode/proj.hpp"
 #include "jit/errors.hpp"
-#include "jit/proj.hpp"
 
 namespace ropejit::autotune {
 namespace {
@@ -262,7 +262,7 @@ std::vector<detail::ProjVariant> select_ffn_variants(const FfnSpec& c,
 
 namespace {
 
-class TuningPolicy final : public detail::LaunchPolicy {
+class TuningPolicy final : public detail::LaunchPolicy, public detail::DecodePolicy {
  public:
   detail::LaunchConfig choose(const Spec& c, const detail::CallShape& shape,
                               const detail::DeviceInfo& device, bool capturing) override {
@@ -301,9 +301,17 @@ class TuningPolicy final : public detail::LaunchPolicy {
 
 }  // namespace
 
-detail::LaunchPolicy& tuning_policy() {
+namespace {
+
+TuningPolicy& the_policy() {
   static TuningPolicy policy;
   return policy;
 }
+
+}  // namespace
+
+detail::LaunchPolicy& tuning_policy() { return the_policy(); }
+
+detail::DecodePolicy& decode_tuning_policy() { return the_policy(); }
 
 }  // namespace ropejit::autotune

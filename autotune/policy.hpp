@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "jit/decode/policy.hpp"
 #include "jit/launch_config.hpp"
 #include "jit/launch_policy.hpp"
 
@@ -39,8 +40,8 @@ std::vector<detail::KernelVariant> policy_variants(const Spec& canonical,
                                                    const detail::CallShape& shape,
                                                    const detail::DeviceInfo& device);
 
-// The QKV projection's variant for a call (autotune/proj_heuristic.cpp), and every variant it
-// may return for a key (compiled together on the key's first use).
+// The QKV projection's variant for a call (autotune/decode/proj_heuristic.cpp), and every variant
+// it may return for a key (compiled together on the key's first use).
 detail::ProjVariant proj_heuristic(const QkvProjSpec& canonical, const detail::ProjShape& shape,
                                    const detail::DeviceInfo& device);
 // `shape`'s hidden size and head counts fix the grid's columns, so the clusters the heuristic can
@@ -87,6 +88,8 @@ std::vector<detail::ProjVariant> select_ffn_variants(const FfnSpec& canonical,
 // The policy api/ installs in the engine: select_config() and policy_variants() behind
 // detail::LaunchPolicy. One per process.
 detail::LaunchPolicy& tuning_policy();
+// The same policy's answers for the decode families, behind detail::DecodePolicy.
+detail::DecodePolicy& decode_tuning_policy();
 
 // Tunings performed in this process (tests: a second process must reuse, not re-time).
 size_t tunings_performed();

@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "autotune/tuning_cache.hpp"
+#include "jit/decode/proj.hpp"
 #include "jit/launch_config.hpp"
-#include "jit/proj.hpp"
 
 namespace ropejit::autotune {
 

@@ -16,11 +16,11 @@
 #include <sstream>
 #include <tuple>
 
+#include "jit/decode/proj.hpp"
 #include "jit/disk_cache.hpp"
 #include "jit/errors.hpp"
 #include "jit/family.hpp"
 #include "jit/files.hpp"
-#include "jit/proj.hpp"
 
 namespace ropejit::autotune {
 namespace {

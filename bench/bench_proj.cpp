@@ -32,12 +32,12 @@
 #include <vector>
 
 #include "api/engine.hpp"
-#include "autotune/ffn_workload.hpp"
-#include "autotune/norm_workload.hpp"
-#include "autotune/proj_workload.hpp"
+#include "autotune/decode/ffn_workload.hpp"
+#include "autotune/decode/norm_workload.hpp"
+#include "autotune/decode/proj_workload.hpp"
 #include "bench_common.hpp"
-#include "jit/gemm.hpp"
-#include "jit/proj.hpp"
+#include "jit/decode/gemm.hpp"
+#include "jit/decode/proj.hpp"
 
 namespace ropejit::bench {
 namespace {
@@ -77,7 +77,7 @@ void run_proj(benchmark::State& state, int64_t tokens, const detail::ProjVariant
   const detail::ProjShape shape = detail::check_proj_call(c, args);
   auto call = [&] {
     if (variant)
-      api::engine().launch_proj(c, args, shape, variant);
+      api::decode_engine().launch_proj(c, args, shape, variant);
     else
       qkv_projection(s, args);
   };

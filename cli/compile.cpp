@@ -15,10 +15,10 @@
 #include "cli/cli.hpp"
 #include "cli/presets.hpp"
 #include "jit/coverage.hpp"
+#include "jit/decode/proj.hpp"
 #include "jit/family.hpp"
 #include "jit/names.hpp"
 #include "jit/nvrtc.hpp"
-#include "jit/proj.hpp"
 
 namespace ropejit::cli {
 namespace {
@@ -254,12 +254,13 @@ int run_compile(const CompileOptions& o) {
         else
           builds.emplace_back(what, build());
       };
+      detail::DecodeEngine& decode = api::decode_engine();
       for (const auto& t : proj_tuned)
         add(t.first.key(), t.second,
-            [&] { return engine.image_async(t.first.canonical(), t.second, target); });
+            [&] { return decode.image_async(t.first.canonical(), t.second, target); });
       for (const auto& t : ffn_tuned)
         add(t.first.key(), t.second,
-            [&] { return engine.image_async(t.first.canonical(), t.second, target); });
+            [&] { return decode.image_async(t.first.canonical(), t.second, target); });
     }
     for (auto& [what, f] : builds) {
       try {

@@ -10,11 +10,11 @@
 #include "cli/cli.hpp"
 #include "cli/presets.hpp"
 #include "jit/coverage.hpp"
+#include "jit/decode/norm.hpp"
+#include "jit/decode/proj.hpp"
 #include "jit/family.hpp"
 #include "jit/names.hpp"
-#include "jit/norm.hpp"
 #include "jit/nvrtc.hpp"
-#include "jit/proj.hpp"
 #include "jit/render.hpp"
 
 namespace ropejit::cli {

@@ -15,11 +15,11 @@
 #include "cli/cli.hpp"
 #include "cli/presets.hpp"
 #include "jit/coverage.hpp"
+#include "jit/decode/proj.hpp"
 #include "jit/driver.hpp"
 #include "jit/family.hpp"
 #include "jit/names.hpp"
 #include "jit/nvrtc.hpp"
-#include "jit/proj.hpp"
 
 namespace ropejit::cli {
 namespace {

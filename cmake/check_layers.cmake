@@ -8,6 +8,9 @@
 #   api/        the public entry points; installs autotune's policy in the engine
 #   cli/        the `ropejit` command
 # Public headers (include/ropejit/...) may be included from every host layer.
+# Within a host layer, a kernel family's folder (jit/decode/, autotune/decode/) is a room: the
+# layer's own files (those directly in jit/, autotune/) never include one, so the core of each
+# layer builds without any family on top of it.
 if(NOT ROOT)
   message(FATAL_ERROR "usage: cmake -DROOT=<tree> -P check_layers.cmake")
 endif()
@@ -52,6 +55,11 @@ foreach(layer IN LISTS layers)
         continue()  # the public headers
       endif()
       list(FIND layers ${folder} theirs)
+      string(REGEX MATCH "^${layer}/[^/]+$" in_core "${file}")
+      string(REGEX MATCH "^${layer}/[a-z_]+/" into_room "${target}")
+      if(in_core AND into_room)
+        string(APPEND problems "  ${file}: \"${target}\" is a family's room: ${layer}/'s own files include no family folder\n")
+      endif()
       if(theirs EQUAL -1)
         string(APPEND problems "  ${file}: \"${target}\" is in no layer\n")
       elseif(theirs GREATER own)

@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "api/engine.hpp"
-#include "autotune/ffn_workload.hpp"
+#include "autotune/decode/ffn_workload.hpp"
 #include "autotune/policy.hpp"
-#include "jit/ffn.hpp"
+#include "jit/decode/ffn.hpp"
 #include "jit/nvrtc.hpp"
 
 using namespace ropejit;

@@ -1,15 +1,15 @@
 // The FFN's gate/up half on the GPU: the fused kernel (projection kernel, GLU epilogue) and the
 // unfused path (RMSNorm key -> cuBLASLt -> GLU key) against their float64 references
-// (autotune/ffn_workload.cpp) on fresh random inputs, the output poisoned, row gaps and the
+// (autotune/decode/ffn_workload.cpp) on fresh random inputs, the output poisoned, row gaps and the
 // guard after it checked untouched; every variant, the automatic choice, a CUDA graph.
 #include <doctest/doctest.h>
 
 #include <string>
 
 #include "api/engine.hpp"
-#include "autotune/ffn_workload.hpp"
+#include "autotune/decode/ffn_workload.hpp"
 #include "gpu_helpers.hpp"
-#include "jit/dequant.hpp"
+#include "jit/decode/dequant.hpp"
 #include "test_util.hpp"
 
 using namespace ropejit;
@@ -101,7 +101,7 @@ TEST_SUITE("gpu") {
           const int32_t tiles = detail::proj_token_tiles(z.tokens);
           const detail::ProjVariant other{tiles, 2 + n % 3, tiles <= 4 ? 1 + n % 2 : 1};
           p.upload();
-          api::engine().launch_ffn(c, p.args(), shape, &other);
+          api::decode_engine().launch_ffn(c, p.args(), shape, &other);
           expect_ok(p, what + " " + other.name());
         }
   }
@@ -135,7 +135,7 @@ TEST_SUITE("gpu") {
                   v.rows = rows;
                   if (!detail::proj_variant_problem(v).empty()) continue;
                   p.upload();
-                  api::engine().launch_ffn(c, p.args(), shape, &v);
+                  api::decode_engine().launch_ffn(c, p.args(), shape, &v);
                   expect_ok(p, s.key() + " " + v.name() + " tokens " + std::to_string(tokens));
                 }
     }

@@ -1,6 +1,6 @@
 // The decode block's QKV projection on the GPU: RMSNorm -> QKV GEMM -> RoPE against the float64
-// reference (autotune/proj_workload.cpp) on fresh random inputs, outputs poisoned, guard bytes
-// after every output and gaps between heads checked untouched; every variant, every axis.
+// reference (autotune/decode/proj_workload.cpp) on fresh random inputs, outputs poisoned, guard
+// bytes after every output and gaps between heads checked untouched; every variant, every axis.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -10,15 +10,15 @@
 #include <vector>
 
 #include "api/engine.hpp"
-#include "autotune/ffn_workload.hpp"
-#include "autotune/norm_workload.hpp"
+#include "autotune/decode/ffn_workload.hpp"
+#include "autotune/decode/norm_workload.hpp"
+#include "autotune/decode/proj_workload.hpp"
 #include "autotune/numbers.hpp"
 #include "autotune/policy.hpp"
-#include "autotune/proj_workload.hpp"
 #include "autotune/tuner.hpp"
 #include "autotune/tuning_cache.hpp"
 #include "gpu_helpers.hpp"
-#include "jit/dequant.hpp"
+#include "jit/decode/dequant.hpp"
 #include "jit/errors.hpp"
 #include "test_util.hpp"
 
@@ -84,7 +84,7 @@ void check_call_and_variant(autotune::ProjProblem& p, const QkvProjSpec& s, int3
   const int32_t tiles = detail::proj_token_tiles(p.sizes().tokens);
   const detail::ProjVariant other{tiles, splits, tiles <= 4 ? unroll : 1};
   p.upload();
-  api::engine().launch_proj(c, p.args(), shape, &other);
+  api::decode_engine().launch_proj(c, p.args(), shape, &other);
   expect_ok(p, what + " " + other.name());
   const bool fp8 = s.weights == Weights::e4m3;
   for (const int32_t rows : {4, 2}) {
@@ -93,7 +93,7 @@ void check_call_and_variant(autotune::ProjProblem& p, const QkvProjSpec& s, int3
     staged.swap = !fp8 && tiles >= 2 && splits % 2 == 0;
     if (!detail::proj_variant_problem(staged, fp8).empty()) continue;
     p.upload();
-    api::engine().launch_proj(c, p.args(), shape, &staged);
+    api::decode_engine().launch_proj(c, p.args(), shape, &staged);
     expect_ok(p, what + " " + staged.name());
     break;
   }
@@ -611,7 +611,7 @@ TEST_SUITE("gpu") {
         detail::check(d.MemcpyHtoD(dout.ptr, got.data(), got.size()), "cuMemcpyHtoD");
         if (v) {
           const QkvProjSpec c = s.canonical();
-          api::engine().launch_proj(c, a, detail::check_proj_call(c, a), v);
+          api::decode_engine().launch_proj(c, a, detail::check_proj_call(c, a), v);
         } else {
           qkv_projection(s, a);
         }
@@ -678,7 +678,7 @@ TEST_SUITE("gpu") {
                 v.rows = rows;
                 if (!detail::proj_variant_problem(v).empty()) continue;
                 p.upload();
-                api::engine().launch_proj(c, p.args(), shape, &v);
+                api::decode_engine().launch_proj(c, p.args(), shape, &v);
                 expect_ok(p, s.key() + " " + v.name() + " tokens " + std::to_string(tokens));
               }
       p.upload();
@@ -729,7 +729,7 @@ TEST_SUITE("gpu") {
             if (n % 3 == 2 && detail::proj_variant_problem(staged, w == Weights::e4m3).empty())
               v = staged;
             REQUIRE(detail::proj_variant_problem(v, w == Weights::e4m3).empty());
-            api::engine().launch_proj(c, p.args(), shape, &v);
+            api::decode_engine().launch_proj(c, p.args(), shape, &v);
             expect_ok(p, s.key() + " " + v.name() + " tokens " + std::to_string(z.tokens) +
                              " hidden " + std::to_string(z.hidden));
           }

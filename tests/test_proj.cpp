@@ -9,11 +9,11 @@
 #include <vector>
 
 #include "api/engine.hpp"
+#include "autotune/decode/proj_workload.hpp"
 #include "autotune/policy.hpp"
-#include "autotune/proj_workload.hpp"
-#include "jit/dequant.hpp"
+#include "jit/decode/dequant.hpp"
+#include "jit/decode/proj.hpp"
 #include "jit/nvrtc.hpp"
-#include "jit/proj.hpp"
 
 using namespace ropejit;
 using detail::ProjVariant;
@@ -262,10 +262,11 @@ TEST_CASE("projection variants: names, legality, token tiles") {
   v.cluster = 3;
   CHECK(contains(detail::proj_variant_problem(v), "cluster (3) must be 1, 2, 4 or 8"));
   v.cluster = 2;
-  CHECK(contains(error_of([&] { api::engine().image(QkvProjSpec{}.canonical(), v, "sm_80"); }),
-                 "cluster (2) needs thread-block clusters, sm_90 or newer (target sm_80)"));
-  CHECK_NOTHROW(api::engine().image(QkvProjSpec{}.canonical(), v, "sm_90"));
-  CHECK(contains(error_of([&] { api::engine().image(FfnSpec{}.canonical(), v, "sm_80"); }),
+  CHECK(
+      contains(error_of([&] { api::decode_engine().image(QkvProjSpec{}.canonical(), v, "sm_80"); }),
+               "cluster (2) needs thread-block clusters, sm_90 or newer (target sm_80)"));
+  CHECK_NOTHROW(api::decode_engine().image(QkvProjSpec{}.canonical(), v, "sm_90"));
+  CHECK(contains(error_of([&] { api::decode_engine().image(FfnSpec{}.canonical(), v, "sm_80"); }),
                  "needs thread-block clusters"));
   {  // The heuristic's cluster: only for grids smaller than the GPU, only on sm_90+.
     detail::DeviceInfo h100;
@@ -870,19 +871,20 @@ TEST_CASE("projection keys compile for sm_80 and sm_90 (every default variant)")
       if (api::engine().disk().enabled())  // each variant's cache file was written
         for (const std::string& path : paths) CHECK_MESSAGE(!path.empty(), s.key(), " ", arch);
       // A variant the heuristic does not pick: unrolled, two warps.
-      CHECK_NOTHROW(api::engine().image(s.canonical(), ProjVariant{4, 2, 2},
-                                        detail::target_for(detail::parse_arch(arch, "arch"))));
+      CHECK_NOTHROW(
+          api::decode_engine().image(s.canonical(), ProjVariant{4, 2, 2},
+                                     detail::target_for(detail::parse_arch(arch, "arch"))));
       // Staged activations: four row groups of two warps (swapped with 16-bit weights).
       ProjVariant staged{4, 2, 1};
       staged.rows = 4;
       staged.swap = s.weights != Weights::e4m3;
-      CHECK_NOTHROW(api::engine().image(s.canonical(), staged,
-                                        detail::target_for(detail::parse_arch(arch, "arch"))));
+      CHECK_NOTHROW(api::decode_engine().image(
+          s.canonical(), staged, detail::target_for(detail::parse_arch(arch, "arch"))));
       if (s.weights == Weights::e4m3) {  // 64-element chunks at two tiles
         ProjVariant wide{2, 8, 1};
         wide.wide = true;
-        CHECK_NOTHROW(api::engine().image(s.canonical(), wide,
-                                          detail::target_for(detail::parse_arch(arch, "arch"))));
+        CHECK_NOTHROW(api::decode_engine().image(
+            s.canonical(), wide, detail::target_for(detail::parse_arch(arch, "arch"))));
       }
     }
   }

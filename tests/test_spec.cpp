@@ -3,7 +3,7 @@
 
 #include <string>
 
-#include "jit/dequant.hpp"
+#include "jit/decode/dequant.hpp"
 #include "jit/family.hpp"
 #include "ropejit/ropejit.hpp"
 

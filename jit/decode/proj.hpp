@@ -3,6 +3,8 @@
 // key; autotune/ chooses the variant.
 #pragma once
 
+#include <cuda.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
@@ -81,7 +83,7 @@ std::string proj_variant_problem(const ProjVariant& v, bool fp8_weights = false)
 // elements, 16 with e4m3 weights) up to 2^24; throws naming it otherwise.
 void check_hidden(int64_t hidden, Weights weights);
 
-// Call-checking helpers shared with the FFN (jit/ffn.cpp); ranges and overlaps are
+// Call-checking helpers shared with the FFN (jit/decode/ffn.cpp); ranges and overlaps are
 // jit/call.hpp's.
 // A read-only matrix of 16-byte rows: [rows][cols] with `stride`, 16-byte aligned.
 void check_matrix(const char* name, const char* stride_name, const void* p, int64_t rows,
@@ -112,7 +114,7 @@ ropejit_dev::ProjParams make_proj_params(const QkvProjSpec& canonical, const Qkv
 
 // The unfused path (RMSNorm key -> cuBLASLt GEMM -> RoPE key). Its workspace holds the
 // normalized activation (none without a norm), 256-byte aligned, with e4m3 weights a chunk of
-// dequantized weight rows (jit/dequant.hpp), then cuBLASLt's scratch.
+// dequantized weight rows (jit/decode/dequant.hpp), then cuBLASLt's scratch.
 constexpr size_t kGemmWorkspaceBytes = size_t(32) << 20;
 // Workspace sizes come from the caller's counts, so every product and sum is checked: one past
 // size_t would otherwise wrap to a small size that the call then writes past.
@@ -129,7 +131,7 @@ size_t proj_norm_bytes(const QkvProjSpec& canonical, int64_t tokens, int64_t hid
 // args.q_heads and args.kv_heads each in [1, 65536], else InvalidArgument naming the one.
 void check_proj_heads(int64_t q_heads, int64_t kv_heads);
 // With e4m3 weights, the chunk of dequantized rows for a weight of (q + 2 kv heads) · head_dim
-// rows (jit/dequant.hpp); 0 otherwise.
+// rows (jit/decode/dequant.hpp); 0 otherwise.
 size_t proj_chunk_bytes(const QkvProjSpec& canonical, int64_t hidden, int64_t q_heads,
                         int64_t kv_heads);
 size_t proj_workspace_bytes(const QkvProjSpec& canonical, int64_t tokens, int64_t hidden,
@@ -166,5 +168,14 @@ uint32_t proj_grid_x(const ProjShape& shape, const ProjVariant& v);
 uint32_t proj_grid_y(const ProjShape& shape, const ProjVariant& v);
 
 RenderedKernel render(const QkvProjSpec& canonical, const ProjVariant& variant);
+
+// A projection or FFN variant whose blocks form clusters needs sm_90; refused by name before
+// anything is compiled for an older target.
+void check_cluster_target(const ProjVariant& v, const std::string& target);
+
+// One launch of a projection or FFN kernel: grid (x, y, cluster), the cluster's blocks along z
+// (rank = blockIdx.z) when the variant has one.
+void launch_proj_kernel(CUfunction fn, const ProjShape& shape, const ProjVariant& v,
+                        CUstream stream, void** kernel_args);
 
 }  // namespace ropejit::detail

@@ -2,7 +2,7 @@
 // (reproduced bit for bit); the output's tolerance: one rounding to the dtype, plus Σx² in fp32
 // (a chain of at most hidden / 256 + 8 terms per thread, then 10 shuffle levels), a division,
 // a square root and two fp32 products.
-#include "autotune/norm_workload.hpp"
+#include "autotune/decode/norm_workload.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -1,7 +1,7 @@
 // cuBLASLt loaded lazily (dlopen), and row-major GEMMs with their algorithm chosen once per
 // shape. cuBLASLt is column major: the row-major D[m][n] = A[m][k] · B[n][k]ᵀ is the
 // column-major Dᵀ[n][m] = op(B)·Aᵀ with B read transposed, so the call passes B first.
-#include "jit/gemm.hpp"
+#include "jit/decode/gemm.hpp"
 
 #include <cublasLt.h>
 #include <dlfcn.h>

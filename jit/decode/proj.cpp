@@ -1,5 +1,5 @@
 // The QKV projection's variants, call checks, argument block and rendering.
-#include "jit/proj.hpp"
+#include "jit/decode/proj.hpp"
 
 #include <cfloat>
 #include <climits>
@@ -7,12 +7,14 @@
 #include <map>
 
 #include "jit/call.hpp"
-#include "jit/dequant.hpp"
+#include "jit/decode/dequant.hpp"
+#include "jit/decode/norm.hpp"
+#include "jit/driver.hpp"
 #include "jit/embedded.hpp"
 #include "jit/errors.hpp"
 #include "jit/launch_config.hpp"
+#include "jit/launching.hpp"
 #include "jit/names.hpp"
-#include "jit/norm.hpp"
 
 namespace ropejit::detail {
 namespace {
@@ -652,6 +654,42 @@ RenderedKernel render(const QkvProjSpec& c, const ProjVariant& v) {
   };
   r.source = substitute_template(embedded_file("proj_entry.cu.in"), vars);
   return r;
+}
+
+// A projection or FFN variant whose blocks form clusters needs sm_90; refused by name before
+// anything is compiled for an older target.
+void check_cluster_target(const ProjVariant& v, const std::string& target) {
+  if (v.cluster > 1 && target_cc(target) < 90)
+    invalid("projection variant ", v.name(), ": cluster (", v.cluster,
+            ") needs thread-block clusters, sm_90 or newer (target ", target, ")");
+}
+
+// One launch of a projection or FFN kernel: grid (x, y, cluster), the cluster's blocks along z
+// (rank = blockIdx.z) when the variant has one.
+void launch_proj_kernel(CUfunction fn, const ProjShape& shape, const ProjVariant& v,
+                        CUstream stream, void** kernel_args) {
+  const Driver& d = driver();
+  if (v.cluster <= 1) {
+    check(d.LaunchKernel(fn, proj_grid_x(shape, v), proj_grid_y(shape, v), 1, unsigned(v.threads()),
+                         1, 1, 0, stream, kernel_args, nullptr),
+          "cuLaunchKernel");
+    return;
+  }
+  CUlaunchAttribute attr{};
+  attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+  attr.value.clusterDim.x = 1;
+  attr.value.clusterDim.y = 1;
+  attr.value.clusterDim.z = unsigned(v.cluster);
+  CUlaunchConfig config{};
+  config.gridDimX = proj_grid_x(shape, v);
+  config.gridDimY = proj_grid_y(shape, v);
+  config.gridDimZ = unsigned(v.cluster);
+  config.blockDimX = unsigned(v.threads());
+  config.blockDimY = config.blockDimZ = 1;
+  config.hStream = stream;
+  config.attrs = &attr;
+  config.numAttrs = 1;
+  check(d.LaunchKernelEx(&config, fn, kernel_args, nullptr), "cuLaunchKernelEx (cluster)");
 }
 
 }  // namespace ropejit::detail

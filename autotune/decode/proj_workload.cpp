@@ -15,7 +15,7 @@
 //   - one rounding to the output dtype.
 // With e4m3 weights the products use the decoded codes (exact in the operand dtype) and the
 // column's scale multiplies the fp32 sum: one more fp32 rounding of y.
-#include "autotune/proj_workload.hpp"
+#include "autotune/decode/proj_workload.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -23,10 +23,10 @@
 
 #include "autotune/host_threads.hpp"
 #include "autotune/numbers.hpp"
+#include "jit/decode/proj.hpp"
 #include "jit/driver.hpp"
 #include "jit/errors.hpp"
 #include "jit/launch_config.hpp"
-#include "jit/proj.hpp"
 
 namespace ropejit::autotune {
 namespace {

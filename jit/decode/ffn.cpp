@@ -1,5 +1,5 @@
 // The FFN gate/up half's call checks, argument blocks and rendering.
-#include "jit/ffn.hpp"
+#include "jit/decode/ffn.hpp"
 
 #include <cfloat>
 #include <cmath>
@@ -7,12 +7,12 @@
 #include <utility>
 
 #include "jit/call.hpp"
-#include "jit/dequant.hpp"
+#include "jit/decode/dequant.hpp"
+#include "jit/decode/norm.hpp"
 #include "jit/embedded.hpp"
 #include "jit/errors.hpp"
 #include "jit/launch_config.hpp"
 #include "jit/names.hpp"
-#include "jit/norm.hpp"
 
 namespace ropejit::detail {
 namespace {

@@ -1,5 +1,5 @@
 // RMSNorm's variants, call checks, argument block and rendering.
-#include "jit/norm.hpp"
+#include "jit/decode/norm.hpp"
 
 #include <cfloat>
 #include <cmath>

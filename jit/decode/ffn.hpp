@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string>
 
-#include "jit/proj.hpp"
+#include "jit/decode/proj.hpp"
 #include "jit/render.hpp"
 #include "templates/glu_params.cuh"
 
@@ -32,7 +32,7 @@ RenderedKernel render(const FfnSpec& canonical, const ProjVariant& variant);
 // The unfused path: RMSNorm key -> GEMM(s) into the workspace -> the GLU kernel. Its workspace
 // holds the normalized activation (none without a norm), the gate and up products
 // ([tokens][2 intermediate]), with e4m3 weights a chunk of dequantized weight rows
-// (jit/dequant.hpp), each 256-byte aligned, then cuBLASLt's scratch.
+// (jit/decode/dequant.hpp), each 256-byte aligned, then cuBLASLt's scratch.
 size_t ffn_product_bytes(const FfnSpec& canonical, int64_t tokens, int64_t intermediate);
 size_t ffn_workspace_bytes(const FfnSpec& canonical, int64_t tokens, int64_t hidden,
                            int64_t intermediate);

@@ -16,7 +16,7 @@
 // neighbour allowed where float64 lies within rstd's error of a rounding boundary (as the
 // projection's unfused reference); g and u from cuBLASLt ((K/8 + 64) · 2^-22 · Σ|a W|) each
 // rounded to the dtype; act(g) · u on those, in fp32, rounded once.
-#include "autotune/ffn_workload.hpp"
+#include "autotune/decode/ffn_workload.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -24,9 +24,9 @@
 
 #include "autotune/host_threads.hpp"
 #include "autotune/numbers.hpp"
+#include "jit/decode/ffn.hpp"
 #include "jit/driver.hpp"
 #include "jit/errors.hpp"
-#include "jit/ffn.hpp"
 #include "jit/launch_config.hpp"
 
 namespace ropejit::autotune {

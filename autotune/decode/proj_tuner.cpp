@@ -7,15 +7,16 @@
 #include <string>
 #include <vector>
 
-#include "autotune/ffn_workload.hpp"
+#include "autotune/decode/ffn_workload.hpp"
+#include "autotune/decode/proj_workload.hpp"
 #include "autotune/policy.hpp"
-#include "autotune/proj_workload.hpp"
 #include "autotune/timing.hpp"
 #include "autotune/tuner.hpp"
+#include "jit/decode/engine.hpp"
+#include "jit/decode/gemm.hpp"
 #include "jit/driver.hpp"
 #include "jit/engine.hpp"
 #include "jit/errors.hpp"
-#include "jit/gemm.hpp"
 #include "jit/nvrtc.hpp"
 
 namespace ropejit::autotune {
@@ -199,7 +200,7 @@ ProjTuneReport tune_proj(const QkvProjSpec& spec, int64_t bucket, int64_t hidden
     detail::invalid(c.key(), " has one path, nothing to tune: ", why);
   const bool fp8 = c.weights == Weights::e4m3;
   const detail::DeviceInfo& device = tuning_device("the projection's path");
-  detail::Engine& engine = detail::Engine::instance();
+  detail::DecodeEngine& engine = detail::DecodeEngine::instance();
   const int64_t columns = int64_t(q_heads + 2 * kv_heads) * c.head_dim;
   ProjSizes z;
   z.tokens = bucket;
@@ -241,7 +242,7 @@ ProjTuneReport tune_ffn(const FfnSpec& spec, int64_t bucket, int64_t hidden, int
   const FfnSpec c = spec.canonical();
   const bool fp8 = c.weights == Weights::e4m3;
   const detail::DeviceInfo& device = tuning_device("the FFN's path");
-  detail::Engine& engine = detail::Engine::instance();
+  detail::DecodeEngine& engine = detail::DecodeEngine::instance();
   FfnSizes z;
   z.tokens = bucket;
   z.hidden = hidden;

@@ -1,6 +1,6 @@
 // The e4m3 weight dequantization kernel of the unfused paths: chunk sizes, key, rendering and
 // argument block.
-#include "jit/dequant.hpp"
+#include "jit/decode/dequant.hpp"
 
 #include <algorithm>
 #include <map>

@@ -111,11 +111,11 @@ detail::ProjVariant proj_heuristic(const QkvProjSpec& canonical, const detail::P
 // tokens and the fused FFN up to 16, level at 32 (bench/history/2026-11-24.md, "The chooser:
 // fused or unfused per token bucket, QKV projection and FFN gate/up"; 2026-11-26.md, "The
 // decode block's kernel loop, reworked"). With e4m3 weights the fused kernel reads half the
-// bytes, while the unfused path first dequantizes the weight chunk by chunk (jit/dequant.hpp)
-// before the same GEMM, a nearly flat cost, so both run fused up to 64 tokens
-// (bench/history/2026-11-26.md, "e4m3 weights: where the unfused path takes over").
-// `ropejit tune --key qkvproj_...` races both paths on a shape's GPU, each checked against
-// float64 first, and its file overrides this.
+// bytes, while the unfused path first dequantizes the weight chunk by chunk
+// (jit/decode/dequant.hpp) before the same GEMM, a nearly flat cost, so both run fused up to 64
+// tokens (bench/history/2026-11-26.md, "e4m3 weights: where the unfused path takes over"). `ropejit
+// tune --key qkvproj_...` races both paths on a shape's GPU, each checked against float64 first,
+// and its file overrides this.
 ProjPath proj_heuristic_path(const QkvProjSpec& canonical, const detail::ProjShape& shape,
                              const detail::DeviceInfo& device) {
   (void)device;
