@@ -93,11 +93,15 @@ if [ "$what" = proj ]; then
   exit 0
 fi
 if [ "$what" = tests ] || [ "$what" = all ]; then
-  # The README's test command (CPU and GPU suites), then compute-sanitizer over the matrix's
-  # sanitizer subset: memcheck (out-of-bounds and misaligned accesses), racecheck (shared-memory
-  # hazards of the computed-frequency path), initcheck (reads of uninitialized device memory).
+  # The README's test command (CPU and GPU suites), the sweeps over every variant, then
+  # compute-sanitizer over the matrix's sanitizer subset: memcheck (out-of-bounds and misaligned
+  # accesses), racecheck (shared-memory hazards of the computed-frequency path), initcheck
+  # (reads of uninitialized device memory).
   ROPEJIT_BUILD_DIR=$build tools/dev.sh test > "$out/gpu_tests.log" 2>&1
   grep -E "dev.sh:|MESSAGE|tests passed|tests failed|\*\*\*Failed|ERROR" "$out/gpu_tests.log" | cut -c1-240
+  ROPEJIT_BUILD_DIR=$build ROPEJIT_SKIP_BUILD=1 tools/dev.sh exhaustive > "$out/gpu_exhaustive.log" 2>&1
+  echo "exhaustive sweeps: exit $?"
+  grep -E "MESSAGE|tests passed|tests failed|\*\*\*Failed|ERROR" "$out/gpu_exhaustive.log" | cut -c1-240
   for tool in memcheck racecheck initcheck; do
     compute-sanitizer --tool $tool --error-exitcode 99 \
       $build/tests/ropejit_gpu_tests "--test-case=sanitizer subset*,projection: every axis*,projection, unfused path*,FFN gate/up: both paths*" \

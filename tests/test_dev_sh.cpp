@@ -38,12 +38,21 @@ class StandIn {
   StandIn& operator=(const StandIn&) = delete;
 
   // Runs `tools/dev.sh ARGS` from another working directory, with ctest replaced by `ctest`
-  // (by default `echo CTEST`) and the Python step by `echo PYTEST`.
-  CommandResult dev_sh(const std::string& args, const std::string& ctest = "echo CTEST") const {
-    return ropejit::testing::run_command(
-        "cd / && PATH='" + bin_ + "':\"$PATH\" ROPEJIT_BUILD_DIR=" + name_ +
-        " ROPEJIT_SKIP_BUILD=1 ROPEJIT_CTEST='" + ctest + "' ROPEJIT_PYTEST='echo PYTEST' bash '" +
-        ROPEJIT_SOURCE_DIR + "/tools/dev.sh' " + args);
+  // (by default `echo CTEST`), the Python step by `pytest` and `env` (NAME=VALUE ...) added to
+  // the environment.
+  CommandResult dev_sh(const std::string& args, const std::string& ctest = "echo CTEST",
+                       const std::string& pytest = "echo PYTEST",
+                       const std::string& env = "") const {
+    return ropejit::testing::run_command("cd / && unset ROPEJIT_CACHE_DIR && PATH='" + bin_ +
+                                         "':\"$PATH\" ROPEJIT_BUILD_DIR=" + name_ +
+                                         " ROPEJIT_SKIP_BUILD=1 ROPEJIT_CTEST='" + ctest +
+                                         "' ROPEJIT_PYTEST='" + pytest + "' " + env + " bash '" +
+                                         ROPEJIT_SOURCE_DIR + "/tools/dev.sh' " + args);
+  }
+  // A stand-in command `name` on the PATH dev.sh runs with, its body a shell script.
+  std::string command(const std::string& name, const std::string& body) const {
+    script(bin_ + "/" + name, body);
+    return bin_ + "/" + name;
   }
   const std::string& dir() const { return dir_; }
 
@@ -68,7 +77,9 @@ TEST_CASE("dev.sh test runs the GPU suite when ropejit sees a GPU") {
   INFO(r.output);
   CHECK(r.status == 0);
   CHECK(has(r, "GPU found: running the CPU and GPU suites"));
-  CHECK(has(r, "--output-on-failure\n"));
+  CHECK(has(r, "--output-on-failure -LE exhaustive\n"));
+  CHECK(has(r, "-N -L exhaustive"));  // the sweeps left out are counted
+  CHECK(has(r, "tools/dev.sh exhaustive runs them"));
   CHECK_FALSE(has(r, "-LE gpu"));
   CHECK_FALSE(has(r, "SKIPPED"));
   CHECK(has(r, "the Python package\nPYTEST\n"));
@@ -116,4 +127,44 @@ TEST_CASE("dev.sh test fails when the ropejit command is missing") {
   CHECK(r.status == 2);
   CHECK(has(r, "is missing or not executable"));
   CHECK_FALSE(has(r, "CTEST"));
+}
+
+TEST_CASE("dev.sh test gives the run's test processes one fresh kernel cache, removed after") {
+  const StandIn s(kInfoGpu, "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-1)");
+  s.command("show-cache", "echo \"$1 cache=$ROPEJIT_CACHE_DIR\"; test -d \"$ROPEJIT_CACHE_DIR\"");
+  const CommandResult r = s.dev_sh("test", "show-cache CTEST", "show-cache PYTEST");
+  INFO(r.output);
+  CHECK(r.status == 0);
+  const std::string prefix = "CTEST cache=" + s.dir() + "/test-kernels.";
+  const size_t at = r.output.find(prefix);
+  REQUIRE(at != std::string::npos);
+  const std::string dir = r.output.substr(at + 12, r.output.find('\n', at) - at - 12);
+  CHECK(has(r, "PYTEST cache=" + dir + "\n"));  // the Python stage shares it
+  CHECK(ropejit::testing::run_command("test -e '" + dir + "'").status != 0);  // removed
+
+  // A cache directory the caller names is used as it is, and kept.
+  const std::string own = ropejit::testing::temp_dir();
+  const CommandResult mine =
+      s.dev_sh("test", "show-cache CTEST", "show-cache PYTEST", "ROPEJIT_CACHE_DIR='" + own + "'");
+  INFO(mine.output);
+  CHECK(mine.status == 0);
+  CHECK(has(mine, "CTEST cache=" + own + "\n"));
+  CHECK(has(mine, "PYTEST cache=" + own + "\n"));
+  CHECK(ropejit::testing::run_command("test -d '" + own + "'").status == 0);
+}
+
+TEST_CASE("dev.sh exhaustive runs the sweeps over every variant, and needs a GPU") {
+  const StandIn gpu(kInfoGpu, "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-1)");
+  const CommandResult r = gpu.dev_sh("exhaustive");
+  INFO(r.output);
+  CHECK(r.status == 0);
+  CHECK(has(r, "--output-on-failure -L exhaustive\n"));
+  CHECK_FALSE(has(r, "PYTEST"));
+
+  const StandIn none(kInfoNone, "");
+  const CommandResult n = none.dev_sh("exhaustive");
+  INFO(n.output);
+  CHECK(n.status == 2);
+  CHECK(has(n, "the exhaustive sweeps need a usable GPU; here: none: libcuda.so.1"));
+  CHECK_FALSE(has(n, "CTEST"));
 }

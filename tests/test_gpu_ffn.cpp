@@ -106,7 +106,8 @@ TEST_SUITE("gpu") {
         }
   }
 
-  TEST_CASE("FFN gate/up: every kernel variant (a Llama-3-8B row count, hidden 4096)") {
+  TEST_CASE("FFN gate/up: every kernel variant (a Llama-3-8B row count, hidden 4096)" *
+            doctest::test_suite("exhaustive")) {
     const detail::DeviceInfo& device = api::engine().device_info(testing::use_primary_context());
     // Thread-block clusters (sm_90+) split the hidden dimension: a cluster of 4 with each
     // block's split count of 4, every tile count and unroll.

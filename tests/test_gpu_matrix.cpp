@@ -148,14 +148,18 @@ void run_cases(const std::vector<Case>& cases, unsigned threads) {
 }  // namespace
 
 TEST_SUITE("gpu") {
-  TEST_CASE("matrix: every variant matches the float64 reference") {
+  // Exhaustive (ctest -L exhaustive, tests/CMakeLists.txt): the default run checks the spread
+  // below, in which every pair of the matrix's axis values appears.
+  TEST_CASE("matrix: every variant matches the float64 reference" *
+            doctest::test_suite("exhaustive")) {
     testing::use_primary_context();
     run_cases(matrix_cases(), std::max(2u, std::thread::hardware_concurrency()));
   }
 
-  // What bench/run_gpu.sh runs under compute-sanitizer (memcheck, racecheck, initcheck): every
-  // 61st case of the matrix, which still visits every layout, dtype, style, position mode,
-  // frequency source, direction and both in and out of place.
+  // The default run's matrix, and what bench/run_gpu.sh runs under compute-sanitizer (memcheck,
+  // racecheck, initcheck): every 61st case, in which every pair of values of the nine axes
+  // (layout, dtype, head size, rotary width, style, positions, frequencies, in place, direction)
+  // appears.
   TEST_CASE("sanitizer subset: a spread of the matrix on two threads") {
     testing::use_primary_context();
     std::vector<Case> subset;

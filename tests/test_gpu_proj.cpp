@@ -468,18 +468,20 @@ TEST_SUITE("gpu") {
     CHECK(warm_then_capture(s, z, 1, "e4m3dyn cache, 24 tokens") == ProjPath::unfused);
   }
 
-  TEST_CASE("projection with a KV cache: a chunk's sequences (cu_seqlens), and the unfused path") {
+  // The two halves of one matrix (dims, tokens), two test cases so that they run side by side.
+  const int32_t kCacheDims[][2] = {{128, 128}, {64, 32}, {80, 80}};
+  const int64_t kCacheTokens[] = {3, 16, 40, 64, 130};
+
+  TEST_CASE("projection with a KV cache: a chunk's sequences (cu_seqlens)") {
     // Several new tokens per sequence (cu_seqlens, some sequences empty) into a paged cache
     // (the sequence's last positions after the append, across page boundaries) or a contiguous
-    // one (rows from seq_lens on; tokens past the row skipped and counted), fused; then the
-    // unfused path (GEMM, then the fused RoPE key appending k and v) with every addressing, a
-    // decode step's and a chunk's, in the dtype and e4m3, forced and automatic; every other
+    // one (rows from seq_lens on; tokens past the row skipped and counted), fused; every other
     // cache byte untouched.
     testing::use_primary_context();
     testing::ScopedEnv off("ROPEJIT_TUNING",
                            "off");  // the heuristic: unfused from 33 tokens (e4m3: 65)
-    const int32_t dims[][2] = {{128, 128}, {64, 32}, {80, 80}};
-    const int64_t tokens[] = {3, 16, 40, 64, 130};
+    const auto& dims = kCacheDims;
+    const auto& tokens = kCacheTokens;
     int n = 0;
     for (const auto& d : dims)
       for (const DType dt : {DType::bf16, DType::f16})
@@ -506,7 +508,18 @@ TEST_SUITE("gpu") {
                                        std::to_string(z.cache_sequences) + " sequences, page " +
                                        std::to_string(z.cache_page_size));
           }
-    n = 0;
+  }
+
+  TEST_CASE("projection with a KV cache: the unfused path, every addressing, a chunk in a graph") {
+    // The unfused path (GEMM, then the fused RoPE key appending k and v) with every addressing,
+    // a decode step's and a chunk's, in the dtype and e4m3, forced and automatic; every other
+    // cache byte untouched.
+    testing::use_primary_context();
+    testing::ScopedEnv off("ROPEJIT_TUNING",
+                           "off");  // the heuristic: unfused from 33 tokens (e4m3: 65)
+    const auto& dims = kCacheDims;
+    const auto& tokens = kCacheTokens;
+    int n = 0;
     for (const auto& d : dims)
       for (const DType dt : {DType::bf16, DType::f16})
         for (const KvCache mode : {KvCache::slots, KvCache::paged, KvCache::contiguous})
@@ -557,7 +570,8 @@ TEST_SUITE("gpu") {
     CHECK(warm_then_capture(s, z, 96, "paged chunk") == ProjPath::unfused);
   }
 
-  TEST_CASE("projection, e4m3 weights: every code decodes exactly, in every variant (bits)") {
+  TEST_CASE("projection, e4m3 weights: every code decodes exactly, in every variant (bits)" *
+            doctest::test_suite("exhaustive")) {
     // Token m is one-hot at k = m, so each output is one weight code times its column's scale
     // (1 or 2^-3: exact in bf16 and f16), and every position is 0 (cos 1, sin 0: the rotation
     // is exact). Column n of token m holds code (n + 7 m) mod 256, so every code meets every
@@ -653,7 +667,8 @@ TEST_SUITE("gpu") {
     }
   }
 
-  TEST_CASE("projection: every kernel variant gives a correct result (Llama-3-8B shape)") {
+  TEST_CASE("projection: every kernel variant gives a correct result (Llama-3-8B shape)" *
+            doctest::test_suite("exhaustive")) {
     testing::use_primary_context();
     const QkvProjSpec s =
         spec_of(DType::bf16, 128, 128, Style::neox, Positions::ids, Freqs::table, Norm::rms);

@@ -30,7 +30,8 @@ std::string temp_file(const char* name) { return ropejit::testing::temp_dir() + 
 }  // namespace
 
 TEST_SUITE("gpu") {
-  TEST_CASE("tuner: every candidate reproduces the default output bit for bit") {
+  TEST_CASE("tuner: every candidate reproduces the default output bit for bit" *
+            doctest::test_suite("exhaustive")) {
     testing::use_primary_context();
     // 4096 tokens: the persistent-grid candidates (grid-stride variants, "p") are among them.
     const std::pair<const char*, int64_t> cases[] = {

@@ -3,8 +3,14 @@
 # then run the demo or the tests.
 #   tools/dev.sh demo [ARGS...]   build the library and the command, then `ropejit demo ARGS`
 #   tools/dev.sh test             build, then ctest: the CPU suite, and the GPU suite when
-#                                 `ropejit info` sees a GPU (skipped visibly otherwise); then
-#                                 the Python package (see `python`)
+#                                 `ropejit info` sees a GPU (skipped visibly otherwise), less
+#                                 the sweeps over every variant (label `exhaustive`); beside it
+#                                 the Python package (see `python`). Every test process of the
+#                                 run shares one fresh kernel cache, so each kernel is compiled
+#                                 once per run
+#   tools/dev.sh exhaustive       build, then the GPU sweeps over every variant (ctest -L
+#                                 exhaustive); run before a change to templates/, jit/ or
+#                                 autotune/ lands
 #   tools/dev.sh python           pip-install the Python package into BUILD/pyenv, a virtual
 #                                 environment that also sees the system's packages (a GPU
 #                                 host's torch), and run pytest on tests/python
@@ -12,7 +18,9 @@
 #   tools/dev.sh gpu              say whether this machine can run the GPU suite (no build)
 # ROPEJIT_BUILD_DIR picks the build folder (default build), ROPEJIT_CMAKE_ARGS adds -D options,
 # ROPEJIT_PYTHON the interpreter (default python3), ROPEJIT_PIP_ARGS extra pip options (an
-# offline host: "--no-index --find-links DIR").
+# offline host: "--no-index --find-links DIR"), ROPEJIT_CTEST_JOBS and ROPEJIT_PYTEST_JOBS the
+# test processes run side by side (default: the cores; pytest at most 8, with pytest-xdist).
+# A ROPEJIT_CACHE_DIR set by the caller is used instead of the run's own kernel cache.
 # For the test of this script (tests/test_dev_sh.cpp): ROPEJIT_SKIP_BUILD=1 uses the build
 # folder as it is, ROPEJIT_CTEST replaces the ctest command, ROPEJIT_PYTEST the Python step.
 set -euo pipefail
@@ -30,7 +38,7 @@ if [ "$what" != gpu ] && [ "${ROPEJIT_SKIP_BUILD:-0}" != 1 ]; then
     # shellcheck disable=SC2086  # ROPEJIT_CMAKE_ARGS holds extra -D options, split on spaces
     cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
       -DCMAKE_PREFIX_PATH="$PWD/.deps/usr" -DROPEJIT_WERROR=ON ${ROPEJIT_CMAKE_ARGS:-}
-  elif [ "$what" = test ] && grep -q '^ROPEJIT_BUILD_TESTS:BOOL=OFF' "$build/CMakeCache.txt"; then
+  elif { [ "$what" = test ] || [ "$what" = exhaustive ]; } && grep -q '^ROPEJIT_BUILD_TESTS:BOOL=OFF' "$build/CMakeCache.txt"; then
     # A folder configured for benchmarks alone: the test command turns its tests back on.
     echo "dev.sh: $build was configured with ROPEJIT_BUILD_TESTS=OFF; turning the tests on"
     cmake -S . -B "$build" -DROPEJIT_BUILD_TESTS=ON > /dev/null
@@ -133,7 +141,24 @@ print(" ".join(p for m, p in (("pytest", "pytest"), ("numpy", "numpy"),
   if [ "${state:-}" = yes ] && ! "$py" -c 'import torch' >/dev/null 2>&1; then
     echo "dev.sh: a GPU is here but $py cannot import torch: the Python GPU tests are SKIPPED"
   fi
-  "$py" -m pytest -rs tests/python
+  local jobs=()
+  if "$py" -c 'import xdist' >/dev/null 2>&1; then
+    local n=${ROPEJIT_PYTEST_JOBS:-$(nproc)}
+    if [ -z "${ROPEJIT_PYTEST_JOBS:-}" ] && [ "$n" -gt 8 ]; then n=8; fi
+    if [ "$n" -gt 1 ]; then jobs=(-n "$n"); fi
+  fi
+  "$py" -m pytest -rs "${jobs[@]}" tests/python
+}
+
+# One kernel cache for every test process of this run (ctest's cases and pytest's workers): a
+# kernel is compiled once per run, the per-entry lock making the others wait and load it. Fresh
+# per run, so that compiling stays under test; removed at exit. Unless the caller set
+# ROPEJIT_CACHE_DIR.
+run_scoped_cache() {
+  if [ -n "${ROPEJIT_CACHE_DIR+set}" ]; then return 0; fi
+  run_cache=$(mktemp -d "$build/test-kernels.XXXXXX")
+  export ROPEJIT_CACHE_DIR=$run_cache
+  trap 'rm -rf "$run_cache"' EXIT
 }
 
 case "$what" in
@@ -143,6 +168,7 @@ case "$what" in
   python) state=$(gpu_state) && python_tests ;;
   test)
     state=$(gpu_state)
+    run_scoped_cache
     ctest_cmd=${ROPEJIT_CTEST:-ctest}
     # Test processes run side by side (the GPU ones too: each checks its own buffers, and no
     # test asserts a time); ROPEJIT_CTEST_JOBS=1 runs them one at a time.
@@ -151,23 +177,55 @@ case "$what" in
     jobs=(--parallel "${ROPEJIT_CTEST_JOBS:-$(nproc)}" --no-tests=error)
     # Every stage runs even when one fails, and one line at the end names what failed.
     failed=()
+    # The Python stage (its own build, then pytest) runs beside ctest, its output in a log that
+    # is printed when both are done: the stages share the machine's cores and GPU, not a
+    # sequence. ROPEJIT_TEST_SERIAL=1 runs it after ctest instead.
+    mkdir -p "$build/test-logs"
+    python_log="$build/test-logs/python.log"
+    if [ "${ROPEJIT_TEST_SERIAL:-0}" != 1 ]; then
+      echo "dev.sh: the Python package runs beside ctest (log: $python_log)"
+      (cd "$root" && python_tests) > "$python_log" 2>&1 &
+      python_pid=$!
+    fi
     cd "$build"
     if [ "$state" = yes ]; then
-      echo "dev.sh: GPU found: running the CPU and GPU suites"
-      $ctest_cmd "${jobs[@]}" --output-on-failure || failed+=("ctest (C++ suites)")
+      echo "dev.sh: GPU found: running the CPU and GPU suites, less the sweeps over every variant"
+      $ctest_cmd "${jobs[@]}" --output-on-failure -LE exhaustive || failed+=("ctest (C++ suites)")
+      echo "dev.sh: the sweeps over every variant were left out" \
+        "($($ctest_cmd -N -L exhaustive | tail -1); tools/dev.sh exhaustive runs them)"
     else
       echo "dev.sh: no usable GPU here (${state#no: }): tests labelled 'gpu' are excluded (ctest -LE gpu)"
       $ctest_cmd "${jobs[@]}" --output-on-failure -LE gpu || failed+=("ctest (CPU suite)")
       echo "dev.sh: GPU tests SKIPPED: $($ctest_cmd -N -L gpu | tail -1)"
     fi
     cd "$root"
-    echo "dev.sh: the Python package"
-    python_tests || failed+=("pytest (Python package)")
+    if [ "${ROPEJIT_TEST_SERIAL:-0}" != 1 ]; then
+      python_status=0
+      wait "$python_pid" || python_status=$?
+      echo "dev.sh: the Python package"
+      cat "$python_log"
+    else
+      echo "dev.sh: the Python package"
+      python_status=0
+      python_tests || python_status=$?
+    fi
+    if [ "$python_status" != 0 ]; then failed+=("pytest (Python package)"); fi
     if [ ${#failed[@]} -gt 0 ]; then
       echo "dev.sh: FAILED: $(IFS=,; echo "${failed[*]}" | sed 's/,/, /g')" >&2
       exit 1
     fi
     echo "dev.sh: all stages passed"
     ;;
-  *) echo "usage: tools/dev.sh demo|test|python|build|gpu" >&2; exit 2 ;;
+  exhaustive)
+    state=$(gpu_state)
+    if [ "$state" != yes ]; then
+      echo "dev.sh: the exhaustive sweeps need a usable GPU; here: ${state#no: }" >&2
+      exit 2
+    fi
+    run_scoped_cache
+    cd "$build"
+    ${ROPEJIT_CTEST:-ctest} --parallel "${ROPEJIT_CTEST_JOBS:-$(nproc)}" --no-tests=error \
+      --output-on-failure -L exhaustive
+    ;;
+  *) echo "usage: tools/dev.sh demo|test|exhaustive|python|build|gpu" >&2; exit 2 ;;
 esac
