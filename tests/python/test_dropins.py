@@ -118,6 +118,57 @@ def test_liger_entry_points_agree_forward_and_backward(backend):
     assert torch.equal(grads_f[0], grads_c[0]) and torch.equal(grads_f[1], grads_c[1])
 
 
+def _liger_odd_reference(x, cos, sin):
+    """Liger's kernel on an odd head_dim in float64: with h = head_dim // 2, element i < h
+    pairs with i + h, rotated by cos/sin's first h columns; the last element passes through."""
+    h = x.shape[-1] // 2
+    c, s = cos[..., :h].double().unsqueeze(1), sin[..., :h].double().unsqueeze(1)
+    x1, x2, last = x[..., :h], x[..., h:2 * h], x[..., 2 * h:]
+    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s, last), dim=-1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("head_dim, per_batch", [(41, False), (41, True), (9, True), (1, False)])
+def test_liger_odd_head_dim_as_liger_kernel(backend, dtype, head_dim, per_batch):
+    """An odd head_dim (Liger's own test uses 41) through liger_rope and LigerRopeFunction:
+    the first 2 * (head_dim // 2) elements rotated in halves by cos/sin's first head_dim // 2
+    columns of transformers' head_dim + 1, the last passed through; forward and gradient
+    against float64; the inputs untouched."""
+    q = torch.randn(3, 5, 7, head_dim).to(dtype).to(backend.device).requires_grad_(True)
+    k = torch.randn(3, 2, 7, head_dim).to(dtype).to(backend.device).requires_grad_(True)
+    cos, sin = hf_tables(3, 7, head_dim, torch.float32, backend.device, per_batch=per_batch)
+    assert cos.shape[-1] == head_dim + 1  # what transformers' rotary module gives
+    q_before, k_before = q.detach().clone(), k.detach().clone()
+    q64 = q.detach().cpu().double().requires_grad_(True)
+    k64 = k.detach().cpu().double().requires_grad_(True)
+    want = (_liger_odd_reference(q64, cos.cpu(), sin.cpu()),
+            _liger_odd_reference(k64, cos.cpu(), sin.cpu()))
+    f_q, f_k = liger.liger_rope(q, k, cos, sin)
+    c_q, c_k, _, _ = liger.LigerRopeFunction.apply(q, k, cos, sin)
+    g = [torch.randn_like(f_q), torch.randn_like(f_k)]
+    grads_f = torch.autograd.grad((f_q, f_k), (q, k), g)
+    grads_c = torch.autograd.grad((c_q, c_k), (q, k), g)
+    torch.autograd.backward(want, [t.cpu().double() for t in g])
+    backend.sync()
+    assert torch.equal(q.detach(), q_before) and torch.equal(k.detach(), k_before)
+    for got in ((f_q, f_k), (c_q, c_k)):
+        assert got[0].shape == q.shape and got[1].shape == k.shape
+        ref.assert_close(got[0], want[0].detach(), dtype)
+        ref.assert_close(got[1], want[1].detach(), dtype)
+        assert torch.equal(got[0][..., -1], q.detach()[..., -1])  # passed through, exactly
+    for grads in (grads_f, grads_c):
+        ref.assert_close(grads[0], q64.grad, dtype)
+        ref.assert_close(grads[1], k64.grad, dtype)
+        assert torch.equal(grads[0][..., -1], g[0][..., -1])
+
+
+def test_liger_odd_head_dim_needs_its_cos_columns():
+    q = torch.randn(1, 2, 3, 41)
+    cos = torch.ones(1, 3, 19)
+    with pytest.raises(ropejit.InvalidArgument, match="head_dim // 2 = 20 pairs"):
+        liger.liger_rope(q, q, cos, cos)
+
+
 def _fa_tables(rotary, dtype, device, rows=40):
     angles = torch.arange(rows, dtype=torch.float64)[:, None] * 10000.0 ** (
         -torch.arange(0, rotary, 2, dtype=torch.float64) / rotary)
@@ -237,6 +288,38 @@ def test_vllm_rotary_embedding(backend, dtype, is_neox, shape):
     ref.assert_close(query, want_q)
     if key is not None:
         ref.assert_close(key, want_k)
+
+
+@pytest.mark.parametrize("is_neox", [True, False])
+@pytest.mark.parametrize("offsets", [False, True])
+def test_vllm_forward_cuda_as_models_call_it(backend, is_neox, offsets):
+    """RotaryEmbedding.forward_cuda as a vLLM attention layer calls it: query and key are views
+    of the packed QKV output, partial rotary (a scaled variant's cache: YaRN-like factors per
+    frequency), int64 positions, optional offsets; rotated in place, the other columns
+    (v, the unrotated tail of each head) untouched."""
+    from types import SimpleNamespace
+    device, head_size, rot, tokens = backend.device, 64, 48, 9
+    scale = torch.linspace(1.0, 4.0, rot // 2, dtype=torch.float64)
+    angles = torch.arange(200, dtype=torch.float64)[:, None] * 10000.0 ** (
+        -torch.arange(0, rot, 2, dtype=torch.float64) / rot) / scale
+    cache = torch.cat((angles.cos(), angles.sin()), dim=-1).float().to(device)
+    rope = SimpleNamespace(head_size=head_size, rotary_dim=rot, is_neox_style=is_neox,
+                           cos_sin_cache=cache)
+    qkv = torch.randn(tokens, (4 + 2 + 2) * head_size, dtype=torch.bfloat16).to(device)
+    before = qkv.clone()
+    q, k = qkv[:, :4 * head_size], qkv[:, 4 * head_size:6 * head_size]
+    positions = torch.randint(0, 100, (tokens,), device=device)
+    shift = torch.randint(0, 100, (tokens,), device=device) if offsets else None
+    at = positions if shift is None else positions + shift
+    want_q, want_k = ref.vllm(at.cpu(), q.cpu(), k.cpu(), head_size, cache.cpu(), is_neox)
+    got_q, got_k = vllm.forward_cuda(rope, positions, q, k, shift)
+    backend.sync()
+    assert got_q is q and got_k is k
+    ref.assert_close(q, want_q)
+    ref.assert_close(k, want_k)
+    assert torch.equal(qkv[:, 6 * head_size:], before[:, 6 * head_size:])  # v untouched
+    with pytest.raises(ropejit.InvalidArgument, match="has no cos_sin_cache"):
+        vllm.forward_cuda(SimpleNamespace(head_size=64, is_neox_style=True), positions, q, k)
 
 
 def te_freqs(rows, rotary, interleaved, device):
@@ -409,8 +492,8 @@ def _cuda(*shape, dtype=torch.bfloat16):
 
 
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
-@pytest.mark.parametrize("name", ["hf", "liger", "flash_attn", "flash_attn_inplace", "vllm",
-                                  "transformer_engine", "ops_rope_"])
+@pytest.mark.parametrize("name", ["hf", "liger", "liger_odd", "flash_attn", "flash_attn_inplace",
+                                  "vllm", "transformer_engine", "ops_rope_"])
 def test_dropins_trace_without_graph_breaks(name, dynamic):
     ids = lambda: torch.zeros(8, dtype=torch.int64, device="cuda")  # noqa: E731
     cases = {
@@ -418,6 +501,8 @@ def test_dropins_trace_without_graph_breaks(name, dynamic):
                [_cuda(2, 4, 8, 64), _cuda(2, 2, 8, 64), _cuda(1, 8, 64), _cuda(1, 8, 64)]),
         "liger": (lambda q, k, c, s: liger.liger_rotary_pos_emb(q, k, c, s),
                   [_cuda(2, 4, 8, 64), _cuda(2, 2, 8, 64), _cuda(2, 8, 64), _cuda(2, 8, 64)]),
+        "liger_odd": (lambda q, k, c, s: liger.liger_rotary_pos_emb(q, k, c, s),
+                      [_cuda(2, 4, 8, 41), _cuda(2, 2, 8, 41), _cuda(1, 8, 42), _cuda(1, 8, 42)]),
         "flash_attn": (lambda x, c, s: flash_attn.apply_rotary_emb(x, c, s, True),
                        [_cuda(2, 8, 4, 64), _cuda(16, 32), _cuda(16, 32)]),
         "flash_attn_inplace": (lambda x, c, s: flash_attn.apply_rotary_emb(x, c, s, False, True),

@@ -48,8 +48,9 @@ def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
     return rotate(q, k, cos, sin, unsqueeze_dim)
 
 
-def rotate(q, k, cos, sin, unsqueeze_dim=1, backward=False):
-    """apply_rotary_pos_emb's rotation; backward=True rotates by -angle (the gradient's)."""
+def layout_and_tables(q, cos, sin, unsqueeze_dim):
+    """(layout, cos table, sin table, per-sequence row offsets) of a call with q 4-d and cos's
+    broadcast axis `unsqueeze_dim`."""
     layout = _LAYOUTS.get(unsqueeze_dim)
     if layout is None:
         raise InvalidArgument(f"ropejit: unsqueeze_dim ({unsqueeze_dim!r}) must be 1 (q is "
@@ -58,6 +59,11 @@ def rotate(q, k, cos, sin, unsqueeze_dim=1, backward=False):
     if q.dim() != 4:
         raise InvalidArgument(f"ropejit: q must be 4-d, got shape {list(q.shape)}")
     seq = q.shape[2] if layout == "bhsd" else q.shape[1]
-    cos2, sin2, offsets = tables(cos, sin, q.shape[0], seq)
+    return (layout, *tables(cos, sin, q.shape[0], seq))
+
+
+def rotate(q, k, cos, sin, unsqueeze_dim=1, backward=False):
+    """apply_rotary_pos_emb's rotation; backward=True rotates by -angle (the gradient's)."""
+    layout, cos2, sin2, offsets = layout_and_tables(q, cos, sin, unsqueeze_dim)
     return ops.rope(q, k, cos=cos2, sin=sin2, layout=layout, style="neox",
                     rotary_dim=cos.shape[-1], seq_offsets=offsets, backward=backward)

@@ -1,5 +1,9 @@
 """vLLM's `rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)`
-(vllm._custom_ops) on ropejit: in place, one launch for query and key.
+(vllm._custom_ops) on ropejit: in place, one launch for query and key. `forward_cuda(rope,
+positions, query, key=None, offsets=None)` is the call vLLM's models make through
+`RotaryEmbedding.forward_cuda`, given the module (or anything with its head_size,
+is_neox_style and cos_sin_cache): any get_rope variant, since the scaled ones differ only in
+the cache they build.
 
 Differences from vLLM's:
 - cos_sin_cache may be f32, f16 or bf16 whatever the query's dtype (vLLM requires the
@@ -49,3 +53,22 @@ def rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox):
     ops.rope_(q, k, cos=cos_sin_cache[:, : rot // 2], sin=cos_sin_cache[:, rot // 2:],
               layout="bshd", style="neox" if is_neox else "gptj", rotary_dim=rot,
               position_ids=positions.reshape(-1))
+
+
+def forward_cuda(rope, positions, query, key=None, offsets=None):
+    """RotaryEmbedding.forward_cuda: rotates query and key ([tokens, heads * head_size], views
+    of the packed QKV projection as vLLM's attention layers pass them) in place by the module's
+    cos_sin_cache at `positions` (+ `offsets`, as older vLLM versions take them); returns
+    (query, key)."""
+    for name in ("head_size", "is_neox_style", "cos_sin_cache"):
+        if not hasattr(rope, name):
+            raise InvalidArgument(f"ropejit: rope ({type(rope).__name__}) has no {name}: pass "
+                                  f"vLLM's RotaryEmbedding module")
+    if offsets is not None:
+        positions = positions + offsets
+    cache = rope.cos_sin_cache
+    if cache.device != query.device:
+        raise InvalidArgument(f"ropejit: cos_sin_cache is on {cache.device}, query on "
+                              f"{query.device}")
+    rotary_embedding(positions, query, key, rope.head_size, cache, rope.is_neox_style)
+    return query, key
