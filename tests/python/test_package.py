@@ -61,6 +61,11 @@ def test_console_script_and_exit_codes():
     assert script.is_file(), f"{script} was not installed"
     r = subprocess.run([str(script), "--version"], capture_output=True, text=True)
     assert r.returncode == 0 and header_version() in r.stdout
+    # The script does not import the package (whose import loads the library): with the
+    # library pointed at nothing, the command still runs.
+    env = dict(os.environ, ROPEJIT_LIB="/nonexistent/libropejit.so")
+    r = subprocess.run([str(script), "--version"], capture_output=True, text=True, env=env)
+    assert r.returncode == 0 and header_version() in r.stdout, r.stderr
     r = run_module("no-such-command")
     assert r.returncode == 2
     assert "unknown command 'no-such-command'" in r.stderr
