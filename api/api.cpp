@@ -184,6 +184,11 @@ std::vector<std::string> precompile(const RmsNormSpec& spec, const std::string& 
   return paths;
 }
 
+CacheCounts cache_counts() {
+  const detail::EngineStats s = api::engine().stats();
+  return CacheCounts{s.nvrtc_compiles, s.disk_hits, s.memory_hits, s.module_loads};
+}
+
 Info info() {
   Info out;
   out.version = kVersion;

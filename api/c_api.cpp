@@ -245,6 +245,15 @@ ropejit_status ropejit_model_init_sized(ropejit_model* model, size_t size) {
   return init_sized(model, size, "model", from_model(ropejit::ModelRope()));
 }
 
+void ropejit_cache_counts(uint64_t* compiled, uint64_t* disk_hits, uint64_t* memory_hits,
+                          uint64_t* module_loads) {
+  const ropejit::CacheCounts c = ropejit::cache_counts();
+  if (compiled) *compiled = c.compiled;
+  if (disk_hits) *disk_hits = c.disk_hits;
+  if (memory_hits) *memory_hits = c.memory_hits;
+  if (module_loads) *module_loads = c.module_loads;
+}
+
 void ropejit_struct_sizes(size_t* spec, size_t* args) {
   if (spec) *spec = sizeof(ropejit_spec);
   if (args) *args = sizeof(ropejit_args);

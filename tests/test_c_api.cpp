@@ -26,6 +26,23 @@ TEST_CASE("C defaults match the C++ defaults and produce the same key") {
   CHECK(std::string(ropejit_version()) == ropejit::kVersion);
 }
 
+TEST_CASE("C cache counts: what precompiling compiled or loaded, as the C++ API counts it") {
+  uint64_t compiled = 0, disk = 0, memory = 0, loads = 0;
+  ropejit_cache_counts(&compiled, &disk, &memory, &loads);
+  const ropejit::CacheCounts before = ropejit::cache_counts();
+  CHECK(before.compiled >= compiled);  // counts only grow (other threads may compile too)
+  ropejit_spec spec;
+  REQUIRE(ropejit_spec_init(&spec) == ROPEJIT_OK);
+  spec.head_dim = 96;
+  REQUIRE(ropejit_precompile(&spec, "sm_80") == ROPEJIT_OK);
+  uint64_t after_compiled = 0, after_disk = 0, after_memory = 0;
+  ropejit_cache_counts(&after_compiled, &after_disk, &after_memory, nullptr);  // NULL: skipped
+  // Both default kernels came from somewhere: NVRTC, the disk cache or memory.
+  CHECK(after_compiled + after_disk + after_memory >= compiled + disk + memory + 2);
+  CHECK(ropejit::cache_counts().module_loads == before.module_loads);  // no GPU work
+  ropejit_cache_counts(nullptr, nullptr, nullptr, nullptr);
+}
+
 TEST_CASE("C errors: status code plus a message naming the argument") {
   ropejit_spec s;
   ropejit_spec_init(&s);

@@ -245,6 +245,12 @@ ROPEJIT_API const char* ropejit_last_error(void);
 
 ROPEJIT_API const char* ropejit_version(void);
 
+/* What this process's kernel cache has done so far (ropejit::cache_counts): kernels compiled with
+ * NVRTC, loaded from the disk cache, found in memory, modules loaded onto a device. A NULL
+ * pointer skips that count. */
+ROPEJIT_API void ropejit_cache_counts(uint64_t* compiled, uint64_t* disk_hits,
+                                      uint64_t* memory_hits, uint64_t* module_loads);
+
 /* sizeof(ropejit_spec) and sizeof(ropejit_args) as this library was built: bindings (ctypes,
  * cffi) check their own layouts against them. */
 ROPEJIT_API void ropejit_struct_sizes(size_t* spec, size_t* args);

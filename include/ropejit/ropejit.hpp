@@ -279,6 +279,18 @@ struct Info {
 };
 Info info();
 
+// What this process's kernel cache has done so far, over every key family: kernels compiled
+// with NVRTC, loaded from the disk cache, found in memory (another key or thread built them), and
+// modules loaded onto a device. A warm start (every kernel in the disk cache) compiles nothing;
+// ranks sharing one cache directory compile each kernel once between them.
+struct CacheCounts {
+  uint64_t compiled = 0;
+  uint64_t disk_hits = 0;
+  uint64_t memory_hits = 0;
+  uint64_t module_loads = 0;
+};
+CacheCounts cache_counts();
+
 // ---------------------------------------------------------------------------------------
 // The decode block: RMSNorm -> QKV projection -> RoPE in one kernel.
 // ---------------------------------------------------------------------------------------

@@ -12,7 +12,8 @@ Importing needs no GPU: the driver is loaded on the first launch."""
 
 from ropejit import _capi
 from ropejit._apply import apply
-from ropejit._library import Info, Spec, command_path, info, key, precompile
+from ropejit._library import (CacheCounts, Info, Spec, cache_counts, command_path, info, key,
+                              precompile)
 from ropejit._model import (ModelRope, Scaling, attention_factor, inverse_frequencies,
                             model_from_hf_config, model_from_hf_config_text)
 from ropejit.errors import (CompileError, DriverError, Error, ErrorCode, InternalError,
@@ -35,8 +36,8 @@ def __getattr__(name):
 def __dir__():
     return sorted(set(globals()) | set(_SUBMODULES))
 
-__all__ = ["apply", "key", "precompile", "info", "Info", "Spec", "Scaling", "ModelRope",
-           "model_from_hf_config", "model_from_hf_config_text", "inverse_frequencies",
-           "attention_factor", "command_path", "Error",
+__all__ = ["apply", "key", "precompile", "info", "Info", "cache_counts", "CacheCounts", "Spec",
+           "Scaling", "ModelRope", "model_from_hf_config", "model_from_hf_config_text",
+           "inverse_frequencies", "attention_factor", "command_path", "Error",
            "ErrorCode", "InvalidArgument", "CompileError", "NoDriverError", "DriverError",
            "InternalError", "__version__"]

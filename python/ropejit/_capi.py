@@ -215,6 +215,7 @@ _PROTOTYPES = {
                                             ctypes.c_char_p, ctypes.c_size_t]),
     "ropejit_last_error": (ctypes.c_char_p, []),
     "ropejit_version": (ctypes.c_char_p, []),
+    "ropejit_cache_counts": (None, [ctypes.POINTER(ctypes.c_uint64)] * 4),
     "ropejit_struct_sizes": (None, [ctypes.POINTER(ctypes.c_size_t),
                                     ctypes.POINTER(ctypes.c_size_t)]),
     "ropejit_decode_struct_sizes": (None, [ctypes.POINTER(ctypes.c_size_t)] * 4),

@@ -88,6 +88,25 @@ def command_path():
 
 
 @dataclasses.dataclass(frozen=True)
+class CacheCounts:
+    """What this process's kernel cache has done so far, over every key family: kernels
+    compiled with NVRTC, loaded from the disk cache, found in memory, and modules loaded onto a
+    device. A warm start (every kernel in the disk cache) compiles nothing."""
+
+    compiled: int
+    disk_hits: int
+    memory_hits: int
+    module_loads: int
+
+
+def cache_counts():
+    """The process's CacheCounts so far (ropejit_cache_counts)."""
+    counts = [ctypes.c_uint64() for _ in range(4)]
+    _capi.lib.ropejit_cache_counts(*(ctypes.byref(c) for c in counts))
+    return CacheCounts(*(c.value for c in counts))
+
+
+@dataclasses.dataclass(frozen=True)
 class Info:
     """What `ropejit info` reports, plus where this package's files are."""
 

@@ -3,6 +3,7 @@ keys, precompiling, the C structs against the C header, errors, and the no-drive
 
 import ctypes
 import importlib.metadata
+import json
 import os
 import pathlib
 import pickle
@@ -133,6 +134,27 @@ def test_precompile_fills_the_disk_cache(tmp_path):
     assert r.returncode == 0, r.stderr
     entries = [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]
     assert len(entries) >= 2, entries  # prefill's and decode's kernels
+
+
+def test_cache_counts_say_what_was_compiled_and_what_was_loaded(tmp_path):
+    # A cold process compiles every kernel; the next one, on the same directory, loads them all.
+    code = ("import json, ropejit; before = ropejit.cache_counts(); "
+            "ropejit.precompile(ropejit.Spec(dtype='f16', head_dim=64), arch='sm_80'); "
+            "print(json.dumps([vars(before), vars(ropejit.cache_counts())]))")
+    env = dict(os.environ, ROPEJIT_CACHE_DIR=str(tmp_path / "cache"), ROPEJIT_QUIET="1")
+    runs = []
+    for _ in range(2):
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                           text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        runs.append(json.loads(r.stdout))
+    entries = len([p for p in (tmp_path / "cache").rglob("*.rjk")])
+    zero = dict(compiled=0, disk_hits=0, memory_hits=0, module_loads=0)
+    assert runs[0][0] == zero and runs[1][0] == zero
+    assert runs[0][1] == dict(zero, compiled=entries), runs
+    assert runs[1][1] == dict(zero, disk_hits=entries), runs
+    assert entries >= 2
+    assert isinstance(ropejit.cache_counts(), ropejit.CacheCounts)
 
 
 def test_precompile_rejects_a_bad_arch():
