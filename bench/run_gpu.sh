@@ -23,6 +23,8 @@
 #     torch block (proj_torch.json)
 #   bench/run_gpu.sh OUTDIR flags "NVRTC OPTIONS"   kernel speed and cold compile with extra NVRTC
 #     options against the defaults, heuristic launches, runs alternated A B A B (flags_*.json)
+#   bench/run_gpu.sh OUTDIR sweep   the plain-RoPE shape sweep, heuristic and tuned, with the
+#     peers (sweep.json), and its check against bench/baselines/sweep_<gpu>.json
 # bench: tuned run (bench.json), heuristic-only run (bench_untuned.json), torch comparison
 # (compare.json), peer comparison (peers.json: Liger-Kernel and FlashInfer where importable),
 # plots/.
@@ -230,6 +232,18 @@ fi
 if [ "$what" = weightread ]; then
   # How fast one launch reads Llama-3-8B's projection weight from a cold L2 (bench/weight_read.cu).
   nvcc -O3 -arch=sm_90 -std=c++17 bench/weight_read.cu -o $build/weight_read && $build/weight_read | tee "$out/weight_read.txt"
+fi
+if [ "$what" = sweep ]; then
+  # The shape sweep with this GPU's tuning file and the peers (bench/sweep.py), then the check
+  # against this GPU kind's baseline (bench/sweep_check.py: exit 2 while there is none).
+  gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oE "H100|H200" | tr A-Z a-z)
+  tuning=(); [ -f "bench/tuning_$gpu.json" ] && tuning=(--tuning "bench/tuning_$gpu.json")
+  PYTHONUNBUFFERED=1 python3 bench/sweep.py --lib $build/libropejit.so "${tuning[@]}" --peers \
+    --out "$out/sweep.json" > "$out/sweep.txt" 2>&1
+  echo "sweep: exit $?"
+  sed -n '/measured rows, lowest/,$p' "$out/sweep.txt"
+  python3 bench/sweep_check.py "$out/sweep.json" | tee "$out/sweep_check.txt"
+  echo "sweep_check: exit ${PIPESTATUS[0]}"
 fi
 if [ "$what" = graphcfg ]; then
   # Graph-replayed decode with forced launch configurations (bench/graph_configs.py).
