@@ -121,6 +121,167 @@ size_t compile_all(const std::vector<Kernel>& kernels, unsigned threads) {
 
 }  // namespace
 
+namespace {
+
+// What one `compile` run builds: the plain and fused RoPE kernels, the decode families' keys
+// (every kernel each can launch) and the tuned variants a tuning file names for them.
+struct CompilePlan {
+  std::vector<Kernel> kernels;
+  std::vector<QkvProjSpec> proj_specs;
+  std::vector<FfnSpec> ffn_specs;
+  std::vector<RmsNormSpec> norm_specs;
+  std::vector<std::pair<QkvProjSpec, detail::ProjVariant>> proj_tuned;
+  std::vector<std::pair<FfnSpec, detail::ProjVariant>> ffn_tuned;
+  std::vector<std::string> decode_archs;  // the decode families' targets, as given
+  std::string about;                      // "12 keys", "40 tuning entries for ..."
+};
+
+// The kernels a tuning file names: its RoPE entries and their keys' defaults, its projection
+// and FFN entries' keys and the variants they name.
+CompilePlan plan_from_tuning(const CompileOptions& o, const std::vector<std::string>& targets) {
+  CompilePlan p;
+  p.decode_archs = o.archs;
+  p.kernels = tuning_file_kernels(o.from_tuning, targets, &p.about);
+  const autotune::TuningCache cache = autotune::TuningCache::load_as_tuned(o.from_tuning);
+  if (p.decode_archs.empty())
+    p.decode_archs.push_back(detail::concat("sm_", cache.fingerprint().cc));
+  std::set<std::string> keys, variants;
+  for (const autotune::ProjTuningEntry& e : cache.proj_entries()) {
+    detail::ProjVariant v;
+    const bool tuned = !e.variant.empty() && detail::parse_proj_variant(e.variant, &v) &&
+                       variants.insert(e.key + " " + e.variant).second;  // each once
+    if (detail::family_of(e.key) == detail::Family::ffn_gate_up) {
+      const FfnSpec f = parse_ffn_key(e.key);
+      if (keys.insert(e.key).second) p.ffn_specs.push_back(f);
+      if (tuned) p.ffn_tuned.emplace_back(f, v);
+    } else {
+      const QkvProjSpec q = parse_qkv_proj_key(e.key);
+      if (keys.insert(e.key).second) p.proj_specs.push_back(q);
+      if (tuned) p.proj_tuned.emplace_back(q, v);
+    }
+  }
+  if (!cache.proj_entries().empty())
+    p.about += detail::concat(" and ", cache.proj_entries().size(), " projection entries");
+  return p;
+}
+
+// Adds `key` to the plan by its family; a RoPE key asked for by name must have a kernel.
+void add_key(const std::string& key, CompilePlan* p, std::vector<Spec>* specs) {
+  switch (detail::family_of(key)) {
+    case detail::Family::qkv_projection:
+      p->proj_specs.push_back(parse_qkv_proj_key(key));
+      return;
+    case detail::Family::ffn_gate_up:
+      p->ffn_specs.push_back(parse_ffn_key(key));
+      return;
+    case detail::Family::rms_norm:
+      p->norm_specs.push_back(parse_rms_norm_key(key));
+      return;
+    case detail::Family::dequant:
+      detail::invalid("key '", key,
+                      "': the e4m3 dequantization kernel is compiled with the "
+                      "e4m3-weight projection and FFN keys that use it, not by itself");
+    case detail::Family::rope: {
+      const Spec s = parse_key(key);
+      detail::require_kernel(s);  // asked for by name: an error, not a skip
+      specs->push_back(s);
+      return;
+    }
+  }
+}
+
+// The kernels of --preset, --hf-config and --key: each RoPE spec's default variants per target
+// (specs this build has no kernel for are listed as skipped), and the decode families' keys.
+CompilePlan plan_from_models_and_keys(const CompileOptions& o, std::vector<std::string>* targets) {
+  CompilePlan p;
+  p.decode_archs = o.archs;
+  const DType dtype = detail::parse_name<DType>(o.dtype, "--dtype");
+  std::vector<ModelRope> models;
+  for (const std::string& name : o.presets) models.push_back(preset_model(find_preset(name)));
+  for (const std::string& file : o.hf_configs) {
+    models.push_back(model_from_hf_config_file(file));
+    std::printf("%s: %s\n", detail::clipped_path(file).c_str(), describe(models.back()).c_str());
+  }
+  std::vector<Spec> specs, skipped;
+  for (const ModelRope& m : models)
+    for (const Spec& s : model_specs(m, dtype))
+      (detail::missing_kernel(s).empty() ? specs : skipped).push_back(s);
+  for (const std::string& key : o.keys) add_key(key, &p, &specs);
+  const size_t decode_keys = p.proj_specs.size() + p.ffn_specs.size() + p.norm_specs.size();
+  if (specs.empty() && skipped.empty() && decode_keys == 0)
+    detail::invalid(
+        "compile needs --preset NAME, --hf-config FILE, --key KEY or --from-tuning FILE");
+  if (targets->empty()) targets->push_back("sm_90");
+  for (const Spec& s : skipped)
+    std::printf("%s  SKIPPED: %s has no kernel in this build yet\n", s.key().c_str(),
+                detail::missing_kernel(s).c_str());
+  p.kernels = default_kernels(specs, *targets);
+  p.about = detail::concat(specs.size() + decode_keys, " keys");
+  if (!skipped.empty()) p.about += detail::concat(" (", skipped.size(), " skipped)");
+  return p;
+}
+
+// Every kernel each decode-family key can launch, per target, one line per key. Returns the
+// number of failures; adds the kernels to `*built`.
+size_t precompile_decode_keys(const CompilePlan& p, size_t* built) {
+  size_t failures = 0;
+  auto precompile_family = [&](const auto& family) {
+    for (const auto& s : family)
+      for (const std::string& arch : p.decode_archs) {
+        try {
+          const size_t n = precompile(s, arch).size();
+          *built += n;
+          std::printf("%s: %zu kernels for %s\n", s.key().c_str(), n, arch.c_str());
+        } catch (const Error& e) {
+          std::fprintf(stderr, "%s (%s): %s\n", s.key().c_str(), arch.c_str(), e.what());
+          ++failures;
+        }
+      }
+  };
+  precompile_family(p.proj_specs);
+  precompile_family(p.ffn_specs);
+  precompile_family(p.norm_specs);
+  return failures;
+}
+
+// The tuned fused variants of the projection and FFN entries, in parallel (the engine compiles
+// each once). Returns the number of failures; adds the kernels to `*built`.
+size_t build_tuned_decode_variants(const CompilePlan& p, size_t* built) {
+  std::vector<std::pair<std::string, std::future<void>>> builds;
+  detail::DecodeEngine& decode = api::decode_engine();
+  for (const std::string& arch : p.decode_archs) {
+    const int cc = detail::parse_arch(arch, "--arch");
+    const std::string target = detail::target_for(cc);
+    auto add = [&](const std::string& key, const detail::ProjVariant& v, auto build) {
+      const std::string what = key + " " + v.name() + " (" + arch + ")";
+      if (v.cluster > 1 && cc < 90)  // tuned on sm_90+; this target has no clusters
+        std::printf("%s: tuned variant SKIPPED: thread-block clusters need sm_90\n", what.c_str());
+      else
+        builds.emplace_back(what, build());
+    };
+    for (const auto& t : p.proj_tuned)
+      add(t.first.key(), t.second,
+          [&] { return decode.image_async(t.first.canonical(), t.second, target); });
+    for (const auto& t : p.ffn_tuned)
+      add(t.first.key(), t.second,
+          [&] { return decode.image_async(t.first.canonical(), t.second, target); });
+  }
+  size_t failures = 0;
+  for (auto& [what, f] : builds) {
+    try {
+      f.get();
+      ++*built;
+      std::printf("%s: tuned variant\n", what.c_str());
+    } catch (const Error& e) {
+      std::fprintf(stderr, "%s: %s\n", what.c_str(), e.what());
+      ++failures;
+    }
+  }
+  return failures;
+}
+
+}  // namespace
+
 int run_compile(const CompileOptions& o) {
   const bool from_tuning = !o.from_tuning.empty();
   if (from_tuning && (!o.presets.empty() || !o.keys.empty() || !o.hf_configs.empty()))
@@ -134,151 +295,24 @@ int run_compile(const CompileOptions& o) {
     if (const std::string note = detail::target_note(cc); !note.empty())
       std::fprintf(stderr, "ropejit: compile: --arch %s\n", note.c_str());
   }
-  std::vector<Kernel> kernels;
-  std::vector<QkvProjSpec> proj_specs;
-  std::vector<FfnSpec> ffn_specs;
-  std::vector<RmsNormSpec> norm_specs;
-  std::string about;
-  // The decode block's tuned fused variants (from a tuning file's projection entries).
-  std::vector<std::pair<QkvProjSpec, detail::ProjVariant>> proj_tuned;
-  std::vector<std::pair<FfnSpec, detail::ProjVariant>> ffn_tuned;
-  std::vector<std::string> proj_archs = o.archs;
-  if (from_tuning) {
-    kernels = tuning_file_kernels(o.from_tuning, targets, &about);
-    // Projection and FFN entries: their keys' defaults and the variants they name.
-    const autotune::TuningCache cache = autotune::TuningCache::load_as_tuned(o.from_tuning);
-    if (proj_archs.empty()) proj_archs.push_back(detail::concat("sm_", cache.fingerprint().cc));
-    std::set<std::string> keys, variants;
-    for (const autotune::ProjTuningEntry& e : cache.proj_entries()) {
-      const bool ffn = detail::family_of(e.key) == detail::Family::ffn_gate_up;
-      detail::ProjVariant v;
-      const bool tuned = !e.variant.empty() && detail::parse_proj_variant(e.variant, &v) &&
-                         variants.insert(e.key + " " + e.variant).second;  // each once
-      if (ffn) {
-        const FfnSpec f = parse_ffn_key(e.key);
-        if (keys.insert(e.key).second) ffn_specs.push_back(f);
-        if (tuned) ffn_tuned.emplace_back(f, v);
-      } else {
-        const QkvProjSpec q = parse_qkv_proj_key(e.key);
-        if (keys.insert(e.key).second) proj_specs.push_back(q);
-        if (tuned) proj_tuned.emplace_back(q, v);
-      }
-    }
-    if (!cache.proj_entries().empty())
-      about += detail::concat(" and ", cache.proj_entries().size(), " projection entries");
-  } else {
-    const DType dtype = detail::parse_name<DType>(o.dtype, "--dtype");
-    std::vector<ModelRope> models;
-    for (const std::string& name : o.presets) models.push_back(preset_model(find_preset(name)));
-    for (const std::string& file : o.hf_configs) {
-      models.push_back(model_from_hf_config_file(file));
-      std::printf("%s: %s\n", detail::clipped_path(file).c_str(), describe(models.back()).c_str());
-    }
-    std::vector<Spec> specs, skipped;
-    for (const ModelRope& m : models)
-      for (const Spec& s : model_specs(m, dtype))
-        (detail::missing_kernel(s).empty() ? specs : skipped).push_back(s);
-    for (const std::string& key : o.keys) {
-      switch (detail::family_of(key)) {
-        case detail::Family::qkv_projection:
-          proj_specs.push_back(parse_qkv_proj_key(key));
-          break;
-        case detail::Family::ffn_gate_up:
-          ffn_specs.push_back(parse_ffn_key(key));
-          break;
-        case detail::Family::rms_norm:
-          norm_specs.push_back(parse_rms_norm_key(key));
-          break;
-        case detail::Family::dequant:
-          detail::invalid("key '", key,
-                          "': the e4m3 dequantization kernel is compiled with the "
-                          "e4m3-weight projection and FFN keys that use it, not by itself");
-        case detail::Family::rope: {
-          const Spec s = parse_key(key);
-          detail::require_kernel(s);  // asked for by name: an error, not a skip
-          specs.push_back(s);
-          break;
-        }
-      }
-    }
-    if (specs.empty() && skipped.empty() && proj_specs.empty() && ffn_specs.empty() &&
-        norm_specs.empty())
-      detail::invalid(
-          "compile needs --preset NAME, --hf-config FILE, --key KEY or --from-tuning FILE");
-    if (targets.empty()) targets.push_back("sm_90");
-    for (const Spec& s : skipped)
-      std::printf("%s  SKIPPED: %s has no kernel in this build yet\n", s.key().c_str(),
-                  detail::missing_kernel(s).c_str());
-    kernels = default_kernels(specs, targets);
-    about = detail::concat(specs.size() + proj_specs.size() + ffn_specs.size() + norm_specs.size(),
-                           " keys");
-    if (!skipped.empty()) about += detail::concat(" (", skipped.size(), " skipped)");
-  }
-  for (const Kernel& k : kernels)
+  CompilePlan plan =
+      from_tuning ? plan_from_tuning(o, targets) : plan_from_models_and_keys(o, &targets);
+  if (plan.decode_archs.empty()) plan.decode_archs.push_back("sm_90");
+  for (const Kernel& k : plan.kernels)
     detail::compile_options(k.target);  // bad ROPEJIT_NVRTC_FLAGS: once
   detail::Engine& engine = api::engine();
   const detail::EngineStats before = engine.stats();
   const auto t0 = std::chrono::steady_clock::now();
   const unsigned threads = o.jobs ? o.jobs : std::max(1u, std::thread::hardware_concurrency());
-  size_t failures = compile_all(kernels, threads);
-  size_t family_kernels = 0;  // the projection's and FFN's
-  if (proj_archs.empty()) proj_archs.push_back("sm_90");
-  // The decode families' keys: every kernel a key can launch, per target.
-  auto precompile_family = [&](const auto& family) {
-    for (const auto& s : family)
-      for (const std::string& arch : proj_archs) {
-        try {
-          const size_t n = precompile(s, arch).size();
-          family_kernels += n;
-          std::printf("%s: %zu kernels for %s\n", s.key().c_str(), n, arch.c_str());
-        } catch (const Error& e) {
-          std::fprintf(stderr, "%s (%s): %s\n", s.key().c_str(), arch.c_str(), e.what());
-          ++failures;
-        }
-      }
-  };
-  precompile_family(proj_specs);
-  precompile_family(ffn_specs);
-  precompile_family(norm_specs);
-  // The tuned fused variants, in parallel (the engine compiles each once).
-  {
-    std::vector<std::pair<std::string, std::future<void>>> builds;
-    for (const std::string& arch : proj_archs) {
-      const int cc = detail::parse_arch(arch, "--arch");
-      const std::string target = detail::target_for(cc);
-      auto add = [&](const std::string& key, const detail::ProjVariant& v, auto build) {
-        const std::string what = key + " " + v.name() + " (" + arch + ")";
-        if (v.cluster > 1 && cc < 90)  // tuned on sm_90+; this target has no clusters
-          std::printf("%s: tuned variant SKIPPED: thread-block clusters need sm_90\n",
-                      what.c_str());
-        else
-          builds.emplace_back(what, build());
-      };
-      detail::DecodeEngine& decode = api::decode_engine();
-      for (const auto& t : proj_tuned)
-        add(t.first.key(), t.second,
-            [&] { return decode.image_async(t.first.canonical(), t.second, target); });
-      for (const auto& t : ffn_tuned)
-        add(t.first.key(), t.second,
-            [&] { return decode.image_async(t.first.canonical(), t.second, target); });
-    }
-    for (auto& [what, f] : builds) {
-      try {
-        f.get();
-        ++family_kernels;
-        std::printf("%s: tuned variant\n", what.c_str());
-      } catch (const Error& e) {
-        std::fprintf(stderr, "%s: %s\n", what.c_str(), e.what());
-        ++failures;
-      }
-    }
-  }
+  size_t failures = compile_all(plan.kernels, threads);
+  size_t decode_kernels = 0;
+  failures += precompile_decode_keys(plan, &decode_kernels);
+  failures += build_tuned_decode_variants(plan, &decode_kernels);
   const detail::EngineStats after = engine.stats();
-  std::printf("%s: %zu kernels in %.2f s: %zu compiled, %zu from the disk cache, %zu failed\n",
-              about.c_str(), kernels.size() + family_kernels, ms_since(t0) / 1000,
-              after.nvrtc_compiles - before.nvrtc_compiles, after.disk_hits - before.disk_hits,
-              failures);
   const size_t compiled = after.nvrtc_compiles - before.nvrtc_compiles;
+  std::printf("%s: %zu kernels in %.2f s: %zu compiled, %zu from the disk cache, %zu failed\n",
+              plan.about.c_str(), plan.kernels.size() + decode_kernels, ms_since(t0) / 1000,
+              compiled, after.disk_hits - before.disk_hits, failures);
   if (engine.disk().read_only() && compiled == 0) {
     std::printf("the disk cache is read-only and held every kernel\n");
   } else if (!engine.disk().enabled()) {
