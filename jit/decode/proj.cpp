@@ -377,30 +377,28 @@ void check_hidden(int64_t hidden, Weights weights) {
             kMaxHidden, "] (16-byte vectors", w8 ? " of e4m3 weights" : "", ")");
 }
 
-ProjShape check_proj_call(const QkvProjSpec& c, const QkvProjArgs& a) {
-  ProjShape s;
-  const int64_t elem = element_bytes(c.dtype);
-  if (!is_valid(a.path)) invalid("args.path (", int32_t(a.path), ") is not a known value");
-  if (a.tokens < 0) invalid("args.tokens (", a.tokens, ") must be >= 0");
-  if (a.tokens > kMaxGridY * 8)  // the smallest token group a variant takes
-    invalid("args.tokens (", a.tokens, ") exceeds ", kMaxGridY * 8,
-            "; the fused projection is for decode-sized calls");
-  const bool w8 = c.weights == Weights::e4m3;
-  const int64_t welem = w8 ? 1 : elem;
-  check_hidden(a.hidden, c.weights);
-  check_proj_heads(a.q_heads, a.kv_heads);
-  s.tokens = a.tokens;
-  s.hidden = a.hidden;
-  s.q_heads = int32_t(a.q_heads);
-  s.kv_heads = int32_t(a.kv_heads);
-  const int64_t columns = (a.q_heads + 2 * a.kv_heads) * c.head_dim;
-  s.pairs = columns / 2;
+namespace {
 
-  const int64_t x_stride = a.x_stride == 0 ? a.hidden : a.x_stride;
-  const int64_t w_stride = a.weight_stride == 0 ? a.hidden : a.weight_stride;
-  check_matrix("args.x", "args.x_stride", a.x, a.tokens, a.hidden, x_stride, elem);
-  check_matrix("args.weight", "args.weight_stride", a.weight, columns, a.hidden, w_stride, welem);
-  if (w8) {
+// The operands a call writes: q, k, v, the cache's k and v, a dynamic FP8 cache's scales.
+constexpr size_t kProjWritten = 7;
+
+// What check_proj_call derives once and its steps share.
+struct ProjCallFacts {
+  int64_t elem = 0;      // activation bytes
+  int64_t welem = 0;     // weight bytes (1 for e4m3)
+  int64_t columns = 0;   // rows of the packed weight: (q_heads + 2 kv_heads) · head_dim
+  int64_t x_stride = 0;  // the defaults (0: hidden) resolved
+  int64_t w_stride = 0;
+  int64_t sequences = 0;  // what the paged / contiguous addressing arrays describe
+  bool cached = false;
+};
+
+// x, the weight and its scales, the norm weight.
+void check_proj_inputs(const QkvProjSpec& c, const QkvProjArgs& a, const ProjCallFacts& f) {
+  check_matrix("args.x", "args.x_stride", a.x, a.tokens, a.hidden, f.x_stride, f.elem);
+  check_matrix("args.weight", "args.weight_stride", a.weight, f.columns, a.hidden, f.w_stride,
+               f.welem);
+  if (c.weights == Weights::e4m3) {
     if (!a.weight_scale) invalid("args.weight_scale is null but spec.weights is e4m3");
     if (reinterpret_cast<uintptr_t>(a.weight_scale) % 4 != 0)
       invalid("args.weight_scale (", static_cast<const void*>(a.weight_scale),
@@ -408,29 +406,62 @@ ProjShape check_proj_call(const QkvProjSpec& c, const QkvProjArgs& a) {
   }
   if (c.norm != Norm::none) {
     if (!a.norm_weight) invalid("args.norm_weight is null but spec.norm is ", to_string(c.norm));
-    check_matrix("args.norm_weight", "args.hidden", a.norm_weight, 1, a.hidden, a.hidden, elem);
+    check_matrix("args.norm_weight", "args.hidden", a.norm_weight, 1, a.hidden, a.hidden, f.elem);
     check_norm_eps(a.norm_eps);
   }
+}
 
-  // Outputs: rows of head_dim that never overlap; q, k and v may be heads of one tensor.
-  Operand outs[3];
+// Outputs: rows of head_dim that never overlap; q, k and v may be heads of one tensor.
+void check_proj_outputs(const QkvProjSpec& c, const QkvProjArgs& a, const ProjCallFacts& f,
+                        Operand outs[3]) {
   const char* names[3] = {"args.q", "args.k", "args.v"};
   const Tensor* ts[3] = {&a.q, &a.k, &a.v};
   const int64_t heads[3] = {a.q_heads, a.kv_heads, a.kv_heads};
-  const bool cached = c.cache != KvCache::none;
   for (int i = 0; i < 3; ++i) {
-    if (i > 0 && cached && !ts[i]->data) continue;  // k or v to the cache only
+    if (i > 0 && f.cached && !ts[i]->data) continue;  // k or v to the cache only
     if (ts[i]->data && ts[i]->heads != heads[i])
       invalid(names[i], ".heads (", ts[i]->heads, ") must be ", heads[i]);
     const Dims dims = {Dim{ts[i]->stride_seq, a.tokens, "stride_seq"},
                        Dim{ts[i]->stride_head, heads[i], "stride_head"}, Dim{0, 1, "-"}};
-    check_strided(names[i], ts[i]->data, dims, c.head_dim, elem, true, &outs[i]);
+    check_strided(names[i], ts[i]->data, dims, c.head_dim, f.elem, true, &outs[i]);
   }
-  // The KV cache: rows of head_dim at page · stride_page + row · stride_slot + head ·
-  // stride_head, k and v alike (page and row from the addressing, read on the device).
-  Operand caches[2];
-  // The sequences the paged / contiguous addressing arrays describe.
-  const int64_t sequences = a.cu_seqlens ? a.batch : a.tokens;
+}
+
+// The KV cache's addressing for its mode.
+void check_proj_cache_addressing(const QkvProjSpec& c, const QkvProjArgs& a,
+                                 const ProjCallFacts& f) {
+  const KvCacheArgs& kc = a.cache;
+  switch (c.cache) {
+    case KvCache::slots:
+      check_aligned(kc.slot_mapping, 8, "args.cache.slot_mapping", "spec.cache is slots");
+      break;
+    case KvCache::paged:
+      check_aligned(kc.indptr, 4, "args.cache.indptr", "spec.cache is paged");
+      check_aligned(kc.indices, 4, "args.cache.indices", "spec.cache is paged");
+      check_aligned(kc.last_page_len, 4, "args.cache.last_page_len", "spec.cache is paged");
+      if (kc.num_indices < 0 || kc.num_indices > INT32_MAX)
+        invalid("args.cache.num_indices (", kc.num_indices, ") must be in [0, 2^31)");
+      // Positions are page counts read from the table (int32) times the page size.
+      if (kc.page_size > INT32_MAX)
+        invalid("args.cache.page_size (", kc.page_size, ") must be below 2^31 for a paged cache");
+      break;
+    case KvCache::contiguous:
+      check_aligned(kc.seq_lens, 4, "args.cache.seq_lens", "spec.cache is cont");
+      if (kc.pages < f.sequences)
+        invalid("args.cache.pages (", kc.pages, ") holds fewer sequences than ",
+                a.cu_seqlens ? "args.batch (" : "args.tokens (", f.sequences,
+                a.cu_seqlens ? ")" : "): token t appends to sequence t");
+      break;
+    case KvCache::none:
+      break;
+  }
+}
+
+// The KV cache: rows of head_dim at page · stride_page + row · stride_slot + head ·
+// stride_head, k and v alike (page and row from the addressing, read on the device); a dynamic
+// FP8 cache's scales, a float per cached row and head, placed like the rows.
+void check_proj_cache(const QkvProjSpec& c, const QkvProjArgs& a, const ProjCallFacts& f,
+                      Operand caches[2], Operand scales[2]) {
   if (a.cu_seqlens) {
     if (c.cache != KvCache::paged && c.cache != KvCache::contiguous)
       invalid("args.cu_seqlens is given but spec.cache is ", to_string(c.cache),
@@ -439,120 +470,128 @@ ProjShape check_proj_call(const QkvProjSpec& c, const QkvProjArgs& a) {
     if (a.batch < 1 || a.batch >= INT32_MAX)
       invalid("args.batch (", a.batch, ") must be in [1, 2^31 - 1) with args.cu_seqlens");
   }
-  if (cached) {
-    const KvCacheArgs& kc = a.cache;
-    const int64_t celem = is_fp8(c.cache_store) ? 1 : elem;
-    if (kc.pages < 1) invalid("args.cache.pages (", kc.pages, ") must be >= 1");
-    if (kc.page_size < 1) invalid("args.cache.page_size (", kc.page_size, ") must be >= 1");
-    int64_t slots = 0;
-    if (__builtin_mul_overflow(kc.pages, kc.page_size, &slots))
-      invalid("args.cache.pages (", kc.pages, ") x args.cache.page_size (", kc.page_size,
-              ") overflows 64 bits");
-    if (!kc.v) invalid("args.cache.v is null: the projection appends k and v");
-    const Dims dims = {Dim{kc.stride_page, kc.pages, "stride_page"},
-                       Dim{kc.stride_slot, kc.page_size, "stride_slot"},
-                       Dim{kc.stride_head, a.kv_heads, "stride_head"}};
-    check_strided("args.cache.k", kc.k, dims, c.head_dim, celem, true, &caches[0]);
-    check_strided("args.cache.v", kc.v, dims, c.head_dim, celem, true, &caches[1]);
-    if (c.cache_store == Store::e4m3) {
-      check_scale(kc.k_quant_scale, "args.cache.k_quant_scale");
-      check_scale(kc.v_quant_scale, "args.cache.v_quant_scale");
-    }
-    switch (c.cache) {
-      case KvCache::slots:
-        check_aligned(kc.slot_mapping, 8, "args.cache.slot_mapping", "spec.cache is slots");
-        break;
-      case KvCache::paged:
-        check_aligned(kc.indptr, 4, "args.cache.indptr", "spec.cache is paged");
-        check_aligned(kc.indices, 4, "args.cache.indices", "spec.cache is paged");
-        check_aligned(kc.last_page_len, 4, "args.cache.last_page_len", "spec.cache is paged");
-        if (kc.num_indices < 0 || kc.num_indices > INT32_MAX)
-          invalid("args.cache.num_indices (", kc.num_indices, ") must be in [0, 2^31)");
-        // Positions are page counts read from the table (int32) times the page size.
-        if (kc.page_size > INT32_MAX)
-          invalid("args.cache.page_size (", kc.page_size, ") must be below 2^31 for a paged cache");
-        break;
-      case KvCache::contiguous:
-        check_aligned(kc.seq_lens, 4, "args.cache.seq_lens", "spec.cache is cont");
-        if (kc.pages < sequences)
-          invalid("args.cache.pages (", kc.pages, ") holds fewer sequences than ",
-                  a.cu_seqlens ? "args.batch (" : "args.tokens (", sequences,
-                  a.cu_seqlens ? ")" : "): token t appends to sequence t");
-        break;
-      case KvCache::none:
-        break;
-    }
-    if (reinterpret_cast<uintptr_t>(kc.skipped) % 4 != 0)
-      invalid("args.cache.skipped (", static_cast<const void*>(kc.skipped),
-              ") is not 4-byte aligned");
+  if (!f.cached) return;
+  const KvCacheArgs& kc = a.cache;
+  const int64_t celem = is_fp8(c.cache_store) ? 1 : f.elem;
+  if (kc.pages < 1) invalid("args.cache.pages (", kc.pages, ") must be >= 1");
+  if (kc.page_size < 1) invalid("args.cache.page_size (", kc.page_size, ") must be >= 1");
+  int64_t slots = 0;
+  if (__builtin_mul_overflow(kc.pages, kc.page_size, &slots))
+    invalid("args.cache.pages (", kc.pages, ") x args.cache.page_size (", kc.page_size,
+            ") overflows 64 bits");
+  if (!kc.v) invalid("args.cache.v is null: the projection appends k and v");
+  const Dims dims = {Dim{kc.stride_page, kc.pages, "stride_page"},
+                     Dim{kc.stride_slot, kc.page_size, "stride_slot"},
+                     Dim{kc.stride_head, a.kv_heads, "stride_head"}};
+  check_strided("args.cache.k", kc.k, dims, c.head_dim, celem, true, &caches[0]);
+  check_strided("args.cache.v", kc.v, dims, c.head_dim, celem, true, &caches[1]);
+  if (c.cache_store == Store::e4m3) {
+    check_scale(kc.k_quant_scale, "args.cache.k_quant_scale");
+    check_scale(kc.v_quant_scale, "args.cache.v_quant_scale");
   }
-  // A dynamic FP8 cache's scales: a float per cached row and head, placed like the rows.
-  Operand scales[2];
-  if (cached && c.cache_store == Store::e4m3_dynamic) {
-    const KvCacheArgs& kc = a.cache;
+  check_proj_cache_addressing(c, a, f);
+  if (reinterpret_cast<uintptr_t>(kc.skipped) % 4 != 0)
+    invalid("args.cache.skipped (", static_cast<const void*>(kc.skipped),
+            ") is not 4-byte aligned");
+  if (c.cache_store == Store::e4m3_dynamic) {
     const Dims sdims = {Dim{kc.scale_stride_page, kc.pages, "scale_stride_page"},
                         Dim{kc.scale_stride_slot, kc.page_size, "scale_stride_slot"},
                         Dim{kc.scale_stride_head, a.kv_heads, "scale_stride_head"}};
     check_strided("args.cache.k_scales", kc.k_scales, sdims, 1, 4, true, &scales[0]);
     check_strided("args.cache.v_scales", kc.v_scales, sdims, 1, 4, true, &scales[1]);
   }
-  const Operand written[7] = {outs[0],   outs[1],   outs[2],  caches[0],
-                              caches[1], scales[0], scales[1]};
-  check_no_overlap(written, 7);
+}
 
-  // Positions and frequencies.
+// Positions and frequencies; returns the table's row stride and width (0 without a table).
+std::pair<int64_t, int64_t> check_proj_frequencies(const QkvProjSpec& c, const QkvProjArgs& a) {
   if (c.positions == Positions::ids) {
     check_index(a.position_ids, c.index_type, "args.position_ids");
   } else if (a.position_offset < 0 || a.position_offset > (int64_t(1) << 62) - a.tokens) {
     invalid("args.position_offset (", a.position_offset, ") must be in [0, 2^62 - tokens]");
   }
-  int64_t table_stride = 0, width = 0;
-  const int64_t telem = element_bytes(c.table_dtype);
   if (c.freqs == Freqs::computed) {
     if (!(std::isfinite(a.base) && a.base > 1.0))
       invalid("args.base (", a.base, ") must be a finite number > 1");
-  } else {
-    width = c.table_width == TableWidth::half ? c.rotary_dim / 2 : c.rotary_dim;
-    table_stride = check_table(a.cos, a.sin, c.table_dtype, width, a.table_rows, a.table_stride);
+    return {0, 0};
   }
+  const int64_t width = c.table_width == TableWidth::half ? c.rotary_dim / 2 : c.rotary_dim;
+  return {check_table(a.cos, a.sin, c.table_dtype, width, a.table_rows, a.table_stride), width};
+}
 
-  // Nothing read may be written: every output against every input.
-  if (a.tokens > 0) {
-    const int64_t ibytes = c.index_type == IndexType::i64 ? 8 : 4;
-    const Range inputs[] = {
-        range_of("args.x", a.x, a.tokens, x_stride, a.hidden, elem),
-        range_of("args.weight", a.weight, columns, w_stride, a.hidden, welem),
-        range_of("args.weight_scale", w8 ? a.weight_scale : nullptr, columns, 1, 1, 4),
-        range_of("args.norm_weight", c.norm != Norm::none ? a.norm_weight : nullptr, 1, a.hidden,
-                 a.hidden, elem),
-        range_of("args.position_ids", c.positions == Positions::ids ? a.position_ids : nullptr,
-                 a.tokens, 1, 1, ibytes),
-        range_of("args.cos", c.freqs == Freqs::table ? a.cos : nullptr, a.table_rows, table_stride,
-                 width, telem),
-        range_of("args.sin", c.freqs == Freqs::table ? a.sin : nullptr, a.table_rows, table_stride,
-                 width, telem),
-        range_of("args.cache.slot_mapping",
-                 c.cache == KvCache::slots ? a.cache.slot_mapping : nullptr, a.tokens, 1, 1, 8),
-        range_of("args.cache.indptr", c.cache == KvCache::paged ? a.cache.indptr : nullptr,
-                 sequences + 1, 1, 1, 4),
-        range_of("args.cache.indices", c.cache == KvCache::paged ? a.cache.indices : nullptr,
-                 a.cache.num_indices, 1, 1, 4),
-        range_of("args.cache.last_page_len",
-                 c.cache == KvCache::paged ? a.cache.last_page_len : nullptr, sequences, 1, 1, 4),
-        range_of("args.cache.seq_lens", c.cache == KvCache::contiguous ? a.cache.seq_lens : nullptr,
-                 sequences, 1, 1, 4),
-        range_of("args.cu_seqlens", a.cu_seqlens, a.batch + 1, 1, 1, 4)};
-    Range all[std::size(inputs) + std::size(written) + 1];
-    std::copy(std::begin(inputs), std::end(inputs), all);
-    Range* outputs = all + std::size(inputs);
-    for (size_t i = 0; i < std::size(written); ++i)
-      outputs[i] = Range{written[i].name, written[i].first, written[i].end};
-    outputs[std::size(written)] =
-        range_of("args.cache.skipped", cached ? a.cache.skipped : nullptr, 1, 1, 1, 4);
-    // The workspace is written by the unfused path: it may overlap nothing.
-    check_workspace(a.workspace, a.workspace_bytes, all, std::size(all));
-    check_untouched(outputs, std::size(written) + 1, inputs, std::size(inputs));
-  }
+// Nothing read may be written: every output (and the workspace) against every input.
+void check_proj_reads_and_writes(const QkvProjSpec& c, const QkvProjArgs& a, const ProjCallFacts& f,
+                                 const Operand (&written)[7], int64_t table_stride, int64_t width) {
+  const int64_t ibytes = c.index_type == IndexType::i64 ? 8 : 4;
+  const int64_t telem = element_bytes(c.table_dtype);
+  const bool w8 = c.weights == Weights::e4m3;
+  const Range inputs[] = {
+      range_of("args.x", a.x, a.tokens, f.x_stride, a.hidden, f.elem),
+      range_of("args.weight", a.weight, f.columns, f.w_stride, a.hidden, f.welem),
+      range_of("args.weight_scale", w8 ? a.weight_scale : nullptr, f.columns, 1, 1, 4),
+      range_of("args.norm_weight", c.norm != Norm::none ? a.norm_weight : nullptr, 1, a.hidden,
+               a.hidden, f.elem),
+      range_of("args.position_ids", c.positions == Positions::ids ? a.position_ids : nullptr,
+               a.tokens, 1, 1, ibytes),
+      range_of("args.cos", c.freqs == Freqs::table ? a.cos : nullptr, a.table_rows, table_stride,
+               width, telem),
+      range_of("args.sin", c.freqs == Freqs::table ? a.sin : nullptr, a.table_rows, table_stride,
+               width, telem),
+      range_of("args.cache.slot_mapping",
+               c.cache == KvCache::slots ? a.cache.slot_mapping : nullptr, a.tokens, 1, 1, 8),
+      range_of("args.cache.indptr", c.cache == KvCache::paged ? a.cache.indptr : nullptr,
+               f.sequences + 1, 1, 1, 4),
+      range_of("args.cache.indices", c.cache == KvCache::paged ? a.cache.indices : nullptr,
+               a.cache.num_indices, 1, 1, 4),
+      range_of("args.cache.last_page_len",
+               c.cache == KvCache::paged ? a.cache.last_page_len : nullptr, f.sequences, 1, 1, 4),
+      range_of("args.cache.seq_lens", c.cache == KvCache::contiguous ? a.cache.seq_lens : nullptr,
+               f.sequences, 1, 1, 4),
+      range_of("args.cu_seqlens", a.cu_seqlens, a.batch + 1, 1, 1, 4)};
+  Range all[std::size(inputs) + kProjWritten + 1];
+  std::copy(std::begin(inputs), std::end(inputs), all);
+  Range* outputs = all + std::size(inputs);
+  for (size_t i = 0; i < kProjWritten; ++i)
+    outputs[i] = Range{written[i].name, written[i].first, written[i].end};
+  outputs[kProjWritten] =
+      range_of("args.cache.skipped", f.cached ? a.cache.skipped : nullptr, 1, 1, 1, 4);
+  // The workspace is written by the unfused path: it may overlap nothing.
+  check_workspace(a.workspace, a.workspace_bytes, all, std::size(all));
+  check_untouched(outputs, kProjWritten + 1, inputs, std::size(inputs));
+}
+
+}  // namespace
+
+ProjShape check_proj_call(const QkvProjSpec& c, const QkvProjArgs& a) {
+  ProjShape s;
+  ProjCallFacts f;
+  f.elem = element_bytes(c.dtype);
+  if (!is_valid(a.path)) invalid("args.path (", int32_t(a.path), ") is not a known value");
+  if (a.tokens < 0) invalid("args.tokens (", a.tokens, ") must be >= 0");
+  if (a.tokens > kMaxGridY * 8)  // the smallest token group a variant takes
+    invalid("args.tokens (", a.tokens, ") exceeds ", kMaxGridY * 8,
+            "; the fused projection is for decode-sized calls");
+  f.welem = c.weights == Weights::e4m3 ? 1 : f.elem;
+  check_hidden(a.hidden, c.weights);
+  check_proj_heads(a.q_heads, a.kv_heads);
+  s.tokens = a.tokens;
+  s.hidden = a.hidden;
+  s.q_heads = int32_t(a.q_heads);
+  s.kv_heads = int32_t(a.kv_heads);
+  f.columns = (a.q_heads + 2 * a.kv_heads) * c.head_dim;
+  s.pairs = f.columns / 2;
+  f.x_stride = a.x_stride == 0 ? a.hidden : a.x_stride;
+  f.w_stride = a.weight_stride == 0 ? a.hidden : a.weight_stride;
+  f.cached = c.cache != KvCache::none;
+  f.sequences = a.cu_seqlens ? a.batch : a.tokens;
+  check_proj_inputs(c, a, f);
+  Operand outs[3], caches[2], scales[2];
+  check_proj_outputs(c, a, f, outs);
+  check_proj_cache(c, a, f, caches, scales);
+  const Operand written[kProjWritten] = {outs[0],   outs[1],   outs[2],  caches[0],
+                                         caches[1], scales[0], scales[1]};
+  check_no_overlap(written, kProjWritten);
+  const auto [table_stride, width] = check_proj_frequencies(c, a);
+  if (a.tokens > 0) check_proj_reads_and_writes(c, a, f, written, table_stride, width);
   if (a.path == ProjPath::unfused)
     if (const std::string why = proj_split_problem(c, a, s, true); !why.empty())
       invalid(why, " (args.path is unfused)");
