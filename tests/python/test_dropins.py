@@ -432,6 +432,75 @@ def test_transformer_engine_any_strides_and_a_contiguous_output(backend):
     torch.testing.assert_close(out.double().cpu(), want, rtol=rtol, atol=atol + 2e-6)
 
 
+@pytest.mark.parametrize("tensor_format", ["sbhd", "bshd"])
+@pytest.mark.parametrize("case", ["plain", "interleaved", "start_positions", "partial",
+                                  "cp", "own_k_freqs"])
+def test_transformer_engine_fused_qkv(backend, tensor_format, case):
+    """apply_fused_qkv_rotary_pos_emb on Megatron's grouped packed QKV (each group: 4 q heads,
+    one k, one v), as TE's own test builds it: q, k and v against apply_rotary_pos_emb's float64
+    semantics on the split heads, and the gradient (q and k rotated back, v passed through)."""
+    device, d, groups, batch, seqlen = backend.device, 64, 3, 2, 6
+    interleaved = case == "interleaved"
+    rot = 32 if case == "partial" else d
+    cp_size, cp_rank = (2, 1) if case == "cp" else (1, 0)
+    freqs = te_freqs(cp_size * seqlen + 8, rot, interleaved, device)
+    k_freqs = te_freqs(cp_size * seqlen + 8, rot, interleaved, device) * (
+        0.5 if case == "own_k_freqs" else 1.0)
+    if case != "own_k_freqs":
+        k_freqs = freqs  # one launch for q and k
+    shape = (seqlen, batch, groups, 6 * d) if tensor_format == "sbhd" else \
+        (batch, seqlen, groups, 6 * d)
+    qkv = torch.randn(*shape, device=device, requires_grad=True)
+    start = (torch.tensor([3, 5], dtype=torch.int32, device=device)
+             if case == "start_positions" else None)
+    q, k, v = transformer_engine.apply_fused_qkv_rotary_pos_emb(
+        qkv, freqs, k_freqs, tensor_format, start, interleaved, cp_size, cp_rank,
+        qkv_split_arg_list=[4 * d, d, d])
+    g = [torch.randn_like(t) for t in (q, k, v)]
+    torch.autograd.backward((q, k, v), g)
+    backend.sync()
+    lead = shape[:2]
+    assert q.shape == (*lead, 4 * groups, d) and k.shape == v.shape == (*lead, groups, d)
+    assert q.is_contiguous() and k.is_contiguous() and v.is_contiguous()
+
+    def rotated(x, f, sign=1):
+        f = sign * f.cpu()
+        if cp_size > 1:
+            f = _te_rank_freqs(f, seqlen, cp_size, cp_rank)
+        return ref.transformer_engine(x.detach().cpu(), f, tensor_format, interleaved,
+                                      start_positions=None if start is None else start.cpu())
+
+    x = qkv.detach()
+    q_in, k_in, v_in = x[..., :4 * d].reshape(*lead, 4 * groups, d), x[..., 4 * d:5 * d], \
+        x[..., 5 * d:]
+    rtol, atol = ref.tolerance(torch.float32)
+    close = dict(rtol=rtol, atol=atol + 2e-6)
+    torch.testing.assert_close(q.detach().double().cpu(), rotated(q_in, freqs), **close)
+    torch.testing.assert_close(k.detach().double().cpu(), rotated(k_in, k_freqs), **close)
+    assert torch.equal(v.detach().cpu(), v_in.cpu())
+    want = torch.cat((rotated(g[0], freqs, -1).reshape(*lead, groups, 4 * d),
+                      rotated(g[1], k_freqs, -1), g[2].double().cpu()), dim=-1)
+    torch.testing.assert_close(qkv.grad.double().cpu(), want, **close)
+
+
+def test_transformer_engine_fused_qkv_argument_errors():
+    qkv = torch.zeros(4, 1, 2, 6 * 8)
+    f = torch.zeros(8, 1, 1, 8)
+    with pytest.raises(ropejit.InvalidArgument, match="qkv_split_arg_list"):
+        transformer_engine.apply_fused_qkv_rotary_pos_emb(qkv, f, f)
+    with pytest.raises(ropejit.InvalidArgument, match="summing to its last dimension"):
+        transformer_engine.apply_fused_qkv_rotary_pos_emb(qkv, f, f, qkv_split_arg_list=[32, 8, 4])
+    with pytest.raises(ropejit.InvalidArgument, match="one head each"):
+        transformer_engine.apply_fused_qkv_rotary_pos_emb(qkv, f, f,
+                                                          qkv_split_arg_list=[30, 12, 6])
+    with pytest.raises(ropejit.InvalidArgument, match="'sbhd' or 'bshd' for packed QKV"):
+        transformer_engine.apply_fused_qkv_rotary_pos_emb(qkv, f, f, "thd",
+                                                          qkv_split_arg_list=[32, 8, 8])
+    with pytest.raises(ropejit.InvalidArgument, match=r"k_freqs must be \[rows, 1, 1"):
+        transformer_engine.apply_fused_qkv_rotary_pos_emb(qkv, f, f[0],
+                                                          qkv_split_arg_list=[32, 8, 8])
+
+
 def test_dropin_argument_errors():
     q = torch.zeros(1, 2, 4, 64)
     cos = torch.zeros(1, 4, 64)
@@ -493,7 +562,7 @@ def _cuda(*shape, dtype=torch.bfloat16):
 
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
 @pytest.mark.parametrize("name", ["hf", "liger", "liger_odd", "flash_attn", "flash_attn_inplace",
-                                  "vllm", "transformer_engine", "ops_rope_"])
+                                  "vllm", "transformer_engine", "te_fused_qkv", "ops_rope_"])
 def test_dropins_trace_without_graph_breaks(name, dynamic):
     ids = lambda: torch.zeros(8, dtype=torch.int64, device="cuda")  # noqa: E731
     cases = {
@@ -511,6 +580,9 @@ def test_dropins_trace_without_graph_breaks(name, dynamic):
                  [ids, _cuda(8, 256), _cuda(8, 128), _cuda(32, 64)]),
         "transformer_engine": (lambda t, f: transformer_engine.apply_rotary_pos_emb(t, f),
                                [_cuda(8, 2, 4, 64), _cuda(16, 1, 1, 64, dtype=torch.float32)]),
+        "te_fused_qkv": (lambda t, f: transformer_engine.apply_fused_qkv_rotary_pos_emb(
+            t, f, f, qkv_split_arg_list=[256, 64, 64]),
+            [_cuda(8, 2, 3, 384), _cuda(16, 1, 1, 64, dtype=torch.float32)]),
         "ops_rope_": (lambda q, k: ropejit.ops.rope_(q, k, base=500000.0),
                       [_cuda(2, 8, 4, 64), _cuda(2, 8, 1, 64)]),
     }

@@ -1,7 +1,10 @@
 """TransformerEngine's `apply_rotary_pos_emb(t, freqs, tensor_format="sbhd",
 start_positions=None, interleaved=False, fused=False, cu_seqlens=None, cp_size=1, cp_rank=0)`
 (transformer_engine.pytorch) on ropejit: sbhd, bshd and thd, per-sequence start positions,
-context parallelism, forward and backward.
+context parallelism, forward and backward. `apply_fused_qkv_rotary_pos_emb(qkv, q_freqs,
+k_freqs, tensor_format="sbhd", start_positions=None, interleaved=False, cp_size=1, cp_rank=0,
+qkv_split_arg_list=None)` takes the packed QKV projection (Megatron's grouped layout) and
+returns q and k rotated and v, one launch for q and k when they share their freqs.
 
 Context parallelism (cp_size > 1) follows TE's load-balanced split: each sequence of
 cp_size * s tokens is cut into 2 * cp_size chunks, and rank r holds chunks r and
@@ -20,12 +23,15 @@ Differences from TransformerEngine's:
 - `fused` is accepted and unused: every call is one fused launch.
 - the older signature, with interleaved in start_positions' place, is accepted: a bool there is
   taken for interleaved.
-- a position beyond freqs' rows gives NaN for that token (cp_size 1)."""
+- a position beyond freqs' rows gives NaN for that token (cp_size 1).
+- apply_fused_qkv_rotary_pos_emb gives each token of each group its position id (one int32
+  per row of qkv, made per call), and its gradient is assembled with one concatenation."""
 
 import torch
 
 from ropejit import ops
 from ropejit.errors import InvalidArgument
+from ropejit.ops import _dense  # a gradient ropejit can read
 
 _FORMATS = ("sbhd", "bshd", "thd")
 
@@ -113,3 +119,122 @@ def apply_rotary_pos_emb(t, freqs, tensor_format="sbhd", start_positions=None, i
                       style="gptj" if interleaved else "neox", rotary_dim=freqs.shape[3],
                       seq_offsets=offsets, cu_seqlens=cu_seqlens)
     return out
+
+
+def _check_qkv_split(qkv, split):
+    """(q, k, v) widths of a group's row, and the head size (k's width: one k and one v head per
+    group, q_width / head_size q heads)."""
+    if split is None or len(split) != 3 or any(isinstance(n, bool) or not isinstance(n, int)
+                                               or n < 1 for n in split):
+        _fail(f"qkv_split_arg_list ({split!r}) must be three positive ints: the q, k and v "
+              f"widths of a group")
+    q, k, v = split
+    if qkv.dim() != 4 or q + k + v != qkv.shape[-1]:
+        _fail(f"qkv must be [seq, batch, groups, q + k + v] (or [batch, seq, ...]) with the "
+              f"widths of qkv_split_arg_list {list(split)} summing to its last dimension, got "
+              f"shape {list(qkv.shape)}")
+    if k != v or q % k:
+        _fail(f"qkv_split_arg_list {list(split)}: k and v are one head each (equal widths) and "
+              f"q a whole number of heads of that size")
+    return q, k, v
+
+
+def _group_positions(qkv, tensor_format, seqlen, start_positions, cp_size, cp_rank, rows):
+    """Each row of qkv (a token's group), its position: its sequence index, through the rank's
+    chunks with cp_size > 1, plus its sequence's start position; int32, one per row."""
+    device = qkv.device
+    pos = (_rank_rows(seqlen, cp_size, cp_rank, device) if cp_size > 1
+           else torch.arange(seqlen, device=device))
+    batch, groups = (qkv.shape[1], qkv.shape[2]) if tensor_format == "sbhd" else \
+        (qkv.shape[0], qkv.shape[2])
+    start = (torch.zeros(batch, dtype=torch.long, device=device) if start_positions is None
+             else start_positions.to(device=device, dtype=torch.long))
+    if start.shape != (batch,):
+        _fail(f"start_positions must be [batch] ({batch}), got shape {list(start.shape)}")
+    if tensor_format == "sbhd":
+        ids = pos[:, None] + start[None, :]
+    else:
+        ids = start[:, None] + pos[None, :]
+    if cp_size > 1 and seqlen and int(pos.max()) >= rows:
+        _fail(f"q_freqs has {rows} rows; rank {cp_rank} of {cp_size} with local sequence length "
+              f"{seqlen} needs {int(pos.max()) + 1}")
+    return ids[:, :, None].expand(-1, -1, groups).reshape(-1).to(torch.int32)
+
+
+def _check_freqs(freqs, name):
+    if not isinstance(freqs, torch.Tensor) or freqs.dim() != 4 or freqs.shape[1] != 1 or \
+            freqs.shape[2] != 1:
+        _fail(f"{name} must be [rows, 1, 1, rotary_dim], got shape "
+              f"{list(getattr(freqs, 'shape', ()))}")
+
+
+def _tables(freqs):
+    angles = freqs.reshape(freqs.shape[0], freqs.shape[3]).float()
+    return torch.cos(angles), torch.sin(angles)
+
+
+def _rotate_groups(q, k, ids, q_freqs, k_freqs, interleaved, backward):
+    """q [1, rows, q heads, d] and k [1, rows, 1, d] rotated at ids: one launch when they share
+    their freqs, else one each."""
+    style = "gptj" if interleaved else "neox"
+    cos, sin = _tables(q_freqs)
+    if k_freqs is q_freqs:
+        return ops.rope(q, k, cos=cos, sin=sin, layout="bshd", style=style,
+                        rotary_dim=q_freqs.shape[3], position_ids=ids, backward=backward)
+    k_cos, k_sin = _tables(k_freqs)
+    q_out, _ = ops.rope(q, cos=cos, sin=sin, layout="bshd", style=style,
+                        rotary_dim=q_freqs.shape[3], position_ids=ids, backward=backward)
+    k_out, _ = ops.rope(k, cos=k_cos, sin=k_sin, layout="bshd", style=style,
+                        rotary_dim=k_freqs.shape[3], position_ids=ids, backward=backward)
+    return q_out, k_out
+
+
+class _FusedQKVRope(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, qkv, q_freqs, k_freqs, ids, split, interleaved):
+        q_w, k_w, _ = split
+        d, n = k_w, qkv.numel() // qkv.shape[-1]
+        flat = qkv.reshape(n, qkv.shape[-1])
+        q_out, k_out = _rotate_groups(flat[:, :q_w].view(1, n, q_w // d, d),
+                                      flat[:, q_w:q_w + k_w].view(1, n, 1, d), ids, q_freqs,
+                                      k_freqs, interleaved, False)
+        lead = qkv.shape[:2]
+        ctx.save_for_backward(q_freqs, k_freqs, ids)
+        ctx.shape, ctx.split, ctx.interleaved = qkv.shape, split, interleaved
+        ctx.same_freqs = k_freqs is q_freqs
+        return (q_out.view(*lead, -1, d), k_out.view(*lead, -1, d),
+                flat[:, q_w + k_w:].reshape(*lead, -1, d).contiguous())
+
+    @staticmethod
+    def backward(ctx, dq, dk, dv):
+        q_freqs, k_freqs, ids = ctx.saved_tensors
+        if ctx.same_freqs:
+            k_freqs = q_freqs
+        q_w, k_w, v_w = ctx.split
+        d, n = k_w, ids.numel()
+        g_q, g_k = _rotate_groups(_dense(dq.reshape(1, n, q_w // d, d)),
+                                  _dense(dk.reshape(1, n, 1, d)), ids, q_freqs, k_freqs,
+                                  ctx.interleaved, True)
+        grad = torch.cat((g_q.reshape(n, q_w), g_k.reshape(n, k_w), dv.reshape(n, v_w)), dim=1)
+        return grad.view(ctx.shape), None, None, None, None, None
+
+
+def apply_fused_qkv_rotary_pos_emb(qkv, q_freqs, k_freqs, tensor_format="sbhd",
+                                   start_positions=None, interleaved=False, cp_size=1, cp_rank=0,
+                                   qkv_split_arg_list=None):
+    """qkv: [seq, batch, groups, q + k + v] (sbhd) or [batch, seq, ...] (bshd), each group's row
+    holding its q heads, then one k head and one v head (widths qkv_split_arg_list); q_freqs,
+    k_freqs: [rows, 1, 1, rotary_dim] float angles as apply_rotary_pos_emb takes them. Returns
+    new contiguous (q [.., groups * q heads, head], k [.., groups, head], v [.., groups, head]),
+    q and k rotated at each token's position (start_positions and context parallelism as in
+    apply_rotary_pos_emb); differentiable in qkv."""
+    if tensor_format not in ("sbhd", "bshd"):
+        _fail(f"tensor_format ({tensor_format!r}) must be 'sbhd' or 'bshd' for packed QKV")
+    split = _check_qkv_split(qkv, qkv_split_arg_list)
+    _check_cp(qkv, tensor_format, cp_size, cp_rank, start_positions)
+    _check_freqs(q_freqs, "q_freqs")
+    _check_freqs(k_freqs, "k_freqs")
+    seqlen = qkv.shape[0] if tensor_format == "sbhd" else qkv.shape[1]
+    ids = _group_positions(qkv, tensor_format, seqlen, start_positions, cp_size, cp_rank,
+                           q_freqs.shape[0])
+    return _FusedQKVRope.apply(qkv, q_freqs, k_freqs, ids, tuple(split), bool(interleaved))
