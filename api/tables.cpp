@@ -3,11 +3,11 @@
 #include <cmath>
 #include <cstring>
 
-#include "autotune/numbers.hpp"
 #include "jit/errors.hpp"
 #include "jit/launch_config.hpp"
 #include "jit/names.hpp"
 #include "jit/scaling.hpp"
+#include "oracle/numbers.hpp"
 
 namespace ropejit {
 
@@ -26,17 +26,17 @@ namespace {
 void store(DType dtype, double v, unsigned char* out) {
   switch (dtype) {
     case DType::f32: {
-      const float f = autotune::f32_value(v);
+      const float f = oracle::f32_value(v);
       std::memcpy(out, &f, sizeof f);
       return;
     }
     case DType::f16: {
-      const uint16_t b = autotune::f16_bits(v);
+      const uint16_t b = oracle::f16_bits(v);
       std::memcpy(out, &b, sizeof b);
       return;
     }
     case DType::bf16: {
-      const uint16_t b = autotune::bf16_bits(v);
+      const uint16_t b = oracle::bf16_bits(v);
       std::memcpy(out, &b, sizeof b);
       return;
     }

@@ -9,14 +9,19 @@
 #include "autotune/candidates.hpp"
 #include "autotune/policy.hpp"
 #include "autotune/timing.hpp"
-#include "autotune/workload.hpp"
 #include "jit/call.hpp"
 #include "jit/driver.hpp"
 #include "jit/engine.hpp"
 #include "jit/errors.hpp"
 #include "jit/nvrtc.hpp"
+#include "oracle/workload.hpp"
 
 namespace ropejit::autotune {
+
+using oracle::CheckReport;
+using oracle::Sizes;
+using oracle::Workload;
+
 namespace {
 
 constexpr int kWarmup = 2;

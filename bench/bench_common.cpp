@@ -54,10 +54,10 @@ void report_weight_floor(benchmark::State& state, int64_t weight_bytes) {
   state.counters["pct_copy"] = 100.0 * floor_us / us;
 }
 
-bool checked_first(benchmark::State& state, autotune::Workload& w, const Spec& spec,
+bool checked_first(benchmark::State& state, oracle::Workload& w, const Spec& spec,
                    const Args& args) {
   apply(spec, args);
-  const autotune::CheckReport r = w.check();
+  const oracle::CheckReport r = w.check();
   if (!r.ok) state.SkipWithError(("float64 check failed: " + r.first_failure).c_str());
   return r.ok;
 }

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "autotune/timing.hpp"
-#include "autotune/workload.hpp"
 #include "jit/driver.hpp"
+#include "oracle/workload.hpp"
 
 namespace ropejit::bench {
 
@@ -55,7 +55,7 @@ void time_against_copy(benchmark::State& state, int64_t bytes, const Call& call,
 
 // Runs the call once on the uploaded workload and checks it against float64 before anything is
 // timed; false (and the row skipped with the first mismatch) when it fails.
-bool checked_first(benchmark::State& state, autotune::Workload& w, const Spec& spec,
+bool checked_first(benchmark::State& state, oracle::Workload& w, const Spec& spec,
                    const Args& args);
 
 // kGraphCalls calls captured once into a CUDA graph on g_stream, for replay.

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "api/engine.hpp"
-#include "autotune/workload.hpp"
 #include "bench/bench_common.hpp"
+#include "oracle/workload.hpp"
 
 namespace ropejit::bench {
 namespace {
@@ -18,7 +18,7 @@ namespace {
 struct FusedCase {
   std::string name;
   Spec spec;
-  autotune::Sizes sizes;
+  oracle::Sizes sizes;
 };
 
 FusedCase qwen3_step(int64_t tokens, bool fp8, bool dynamic = false) {
@@ -38,7 +38,7 @@ FusedCase qwen3_step(int64_t tokens, bool fp8, bool dynamic = false) {
     s.out_store = dynamic ? Store::e4m3_dynamic : Store::e4m3;
     s.cache_store = s.out_store;
   }
-  autotune::Sizes& z = c.sizes;
+  oracle::Sizes& z = c.sizes;
   // Decode: one token per sequence; prefill: sequences of 1024 tokens.
   const int64_t per_seq = tokens <= 256 ? 1 : 1024;
   z.seq_lens.assign(size_t((tokens + per_seq - 1) / per_seq), per_seq);
@@ -85,7 +85,7 @@ std::vector<int64_t> unfused_passes(const FusedCase& c, int64_t tokens) {
 }
 
 void run_fused(benchmark::State& state, const FusedCase& c) {
-  autotune::Workload w(c.spec, c.sizes);
+  oracle::Workload w(c.spec, c.sizes);
   w.upload();  // before args(): device pointers exist only after the upload
   const Args args = w.args(g_stream);
   if (!checked_first(state, w, c.spec, args)) return;

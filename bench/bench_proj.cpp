@@ -32,12 +32,12 @@
 #include <vector>
 
 #include "api/engine.hpp"
-#include "autotune/decode/ffn_workload.hpp"
-#include "autotune/decode/norm_workload.hpp"
-#include "autotune/decode/proj_workload.hpp"
 #include "bench_common.hpp"
 #include "jit/decode/gemm.hpp"
 #include "jit/decode/proj.hpp"
+#include "oracle/decode/ffn_workload.hpp"
+#include "oracle/decode/norm_workload.hpp"
+#include "oracle/decode/proj_workload.hpp"
 
 namespace ropejit::bench {
 namespace {
@@ -53,8 +53,8 @@ struct Shape {
   int32_t q_heads = 32, kv_heads = 8;
 };
 
-autotune::ProjSizes llama_sizes(int64_t tokens, Shape shape = {}) {
-  autotune::ProjSizes z;
+oracle::ProjSizes llama_sizes(int64_t tokens, Shape shape = {}) {
+  oracle::ProjSizes z;
   z.tokens = tokens;
   z.hidden = shape.hidden;
   z.q_heads = shape.q_heads;
@@ -71,7 +71,7 @@ void run_proj(benchmark::State& state, int64_t tokens, const detail::ProjVariant
   s.cache = cache;
   s.cache_store = cache_store;
   const QkvProjSpec c = s.canonical();
-  autotune::ProjProblem p(s, llama_sizes(tokens, dims));
+  oracle::ProjProblem p(s, llama_sizes(tokens, dims));
   p.upload();
   const QkvProjArgs args = p.args(g_stream);
   const detail::ProjShape shape = detail::check_proj_call(c, args);
@@ -82,7 +82,7 @@ void run_proj(benchmark::State& state, int64_t tokens, const detail::ProjVariant
       qkv_projection(s, args);
   };
   call();
-  const autotune::CheckReport r = p.check();
+  const oracle::CheckReport r = p.check();
   if (!r.ok) {
     state.SkipWithError(("wrong result: " + r.first_failure).c_str());
     return;
@@ -101,18 +101,18 @@ void run_path(benchmark::State& state, int64_t tokens, ProjPath path, KvCache ca
   s.weights = weights;
   s.cache = cache;
   s.cache_store = cache_store;
-  autotune::ProjSizes z = llama_sizes(tokens);
+  oracle::ProjSizes z = llama_sizes(tokens);
   z.cache_sequences = sequences;
   z.path = path == ProjPath::fused ? ProjPath::fused : ProjPath::automatic;  // workspace
   z.reference = tokens <= 64;
-  autotune::ProjProblem p(s, z);
+  oracle::ProjProblem p(s, z);
   p.upload();
   QkvProjArgs args = p.args(g_stream);
   args.path = path;
   auto call = [&] { qkv_projection(s, args); };
   call();
   if (z.reference) {
-    const autotune::CheckReport r = p.check();
+    const oracle::CheckReport r = p.check();
     if (!r.ok) {
       state.SkipWithError(("wrong result: " + r.first_failure).c_str());
       return;
@@ -155,10 +155,10 @@ const char* step_name(Step s) {
 void run_step(benchmark::State& state, int64_t tokens, Step step) {
   const QkvProjSpec s = llama_spec();
   const QkvProjSpec c = s.canonical();
-  autotune::ProjSizes z = llama_sizes(tokens);
+  oracle::ProjSizes z = llama_sizes(tokens);
   z.path = ProjPath::automatic;  // a workspace
   z.reference = false;
-  autotune::ProjProblem p(s, z);
+  oracle::ProjProblem p(s, z);
   p.upload();
   QkvProjArgs args = p.args(g_stream);
   args.path = ProjPath::unfused;
@@ -211,20 +211,20 @@ void run_ffn_path(benchmark::State& state, int64_t tokens, ProjPath path,
                   Weights weights = Weights::same) {
   FfnSpec s;  // bf16, RMSNorm, SiLU
   s.weights = weights;
-  autotune::FfnSizes z;
+  oracle::FfnSizes z;
   z.tokens = tokens;
   z.hidden = 4096;
   z.intermediate = 14336;
   z.path = path == ProjPath::fused ? ProjPath::fused : ProjPath::automatic;  // workspace
   z.reference = tokens <= 8;
-  autotune::FfnProblem p(s, z);
+  oracle::FfnProblem p(s, z);
   p.upload();
   FfnArgs args = p.args(g_stream);
   args.path = path;
   auto call = [&] { ffn_gate_up(s, args); };
   call();
   if (z.reference) {
-    const autotune::CheckReport r = p.check();
+    const oracle::CheckReport r = p.check();
     if (!r.ok) {
       state.SkipWithError(("wrong result: " + r.first_failure).c_str());
       return;
@@ -413,14 +413,14 @@ namespace {
 
 void run_norm(benchmark::State& state, int64_t rows, bool residual) {
   const RmsNormSpec s{DType::bf16, Norm::rms, residual};
-  autotune::NormSizes z;
+  oracle::NormSizes z;
   z.rows = rows;
   z.hidden = 4096;
-  autotune::NormProblem p(s, z);
+  oracle::NormProblem p(s, z);
   p.upload();
   const RmsNormArgs args = p.args(g_stream);
   rms_norm(s, args);
-  const autotune::CheckReport r = p.check();
+  const oracle::CheckReport r = p.check();
   if (!r.ok) {
     state.SkipWithError(("wrong result: " + r.first_failure).c_str());
     return;

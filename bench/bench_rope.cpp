@@ -15,11 +15,11 @@
 #include "api/engine.hpp"
 #include "autotune/policy.hpp"
 #include "autotune/timing.hpp"
-#include "autotune/workload.hpp"
 #include "bench/bench_common.hpp"
 #include "jit/driver.hpp"
 #include "jit/nvrtc.hpp"
 #include "jit/render.hpp"
+#include "oracle/workload.hpp"
 
 using namespace ropejit;
 using namespace ropejit::bench;
@@ -29,11 +29,11 @@ namespace {
 struct Case {
   std::string name;
   Spec spec;
-  autotune::Sizes sizes;
+  oracle::Sizes sizes;
 };
 
 void run_case(benchmark::State& state, const Case& c) {
-  autotune::Workload w(c.spec, c.sizes);
+  oracle::Workload w(c.spec, c.sizes);
   w.upload();  // before args(): device pointers exist only after the upload
   const Args args = w.args(g_stream);
   if (!checked_first(state, w, c.spec, args)) return;
@@ -71,7 +71,7 @@ double graph_copies_us(const Case& c) {
 // (the launch gaps of eager launches excluded, as the peers' decode table in
 // docs/performance.md#peers-figures-quoted measures).
 void run_graph(benchmark::State& state, const Case& c) {
-  autotune::Workload w(c.spec, c.sizes);
+  oracle::Workload w(c.spec, c.sizes);
   w.upload();
   const Args args = w.args(g_stream);
   apply(c.spec, args);
@@ -164,7 +164,7 @@ void host_overhead(benchmark::State& state, bool bare) {
     return f;
   }();
   Case c = make("decode64", DType::bf16, 128, 128, 64, 32, 8);
-  autotune::Workload w(c.spec, c.sizes);
+  oracle::Workload w(c.spec, c.sizes);
   w.upload();
   const Args args = w.args(g_stream);
   apply(c.spec, args);

@@ -4,12 +4,12 @@
 
 #include "api/engine.hpp"
 #include "autotune/timing.hpp"
-#include "autotune/workload.hpp"
 #include "cli/cli.hpp"
 #include "cli/presets.hpp"
 #include "jit/coverage.hpp"
 #include "jit/driver.hpp"
 #include "jit/names.hpp"
+#include "oracle/workload.hpp"
 
 namespace ropejit::cli {
 namespace {
@@ -48,7 +48,7 @@ int run_demo(const DemoOptions& o) {
   }
 
   detail::use_primary_context(0);
-  autotune::Sizes sizes;
+  oracle::Sizes sizes;
   sizes.batch = 1;
   // The model's own frequency scaling (its factors, when longrope).
   sizes.scaling = model.scaling;
@@ -62,7 +62,7 @@ int run_demo(const DemoOptions& o) {
   sizes.k_heads = model.kv_heads;
   sizes.max_position = (int64_t(1) << 20) - 1;  // long-context positions
   sizes.base = model.base;
-  autotune::Workload w(spec, sizes);
+  oracle::Workload w(spec, sizes);
   w.upload();
   const detail::Driver& d = detail::driver();
   CUstream stream = nullptr;
@@ -77,7 +77,7 @@ int run_demo(const DemoOptions& o) {
   std::printf("first call (JIT %s + load + run): %.1f ms\n",
               st.nvrtc_compiles ? "compile" : "disk-cache hit", first_ms);
 
-  const autotune::CheckReport r = w.check();
+  const oracle::CheckReport r = w.check();
   std::printf("check vs float64: %s (%lld elements, relative L2 error %.2e, max abs error %.2e)\n",
               r.ok ? "PASS" : "FAIL", static_cast<long long>(r.checked), r.max_rel_l2,
               r.max_abs_err);

@@ -4,17 +4,19 @@
 #   templates/  device code; includes only other templates/ headers, by bare name (NVRTC sees
 #               them under those names)
 #   jit/        key -> source -> NVRTC -> cache -> driver -> engine -> launch
+#   oracle/     float64 references, host number formats, the workloads that check a call (the
+#               tests' and the tuner's self-check's, not the tuner)
 #   autotune/   launch policy, heuristic, candidates, tuner, tuning file
 #   api/        the public entry points; installs autotune's policy in the engine
 #   cli/        the `ropejit` command
 # Public headers (include/ropejit/...) may be included from every host layer.
-# Within a host layer, a kernel family's folder (jit/decode/, autotune/decode/) is a room: the
-# layer's own files (those directly in jit/, autotune/) never include one, so the core of each
-# layer builds without any family on top of it.
+# Within a host layer, a kernel family's folder (jit/decode/, oracle/decode/, autotune/decode/) is
+# a room: the layer's own files (those directly in jit/, oracle/, autotune/) never include one, so
+# the core of each layer builds without any family on top of it.
 if(NOT ROOT)
   message(FATAL_ERROR "usage: cmake -DROOT=<tree> -P check_layers.cmake")
 endif()
-set(layers templates jit autotune api cli)
+set(layers templates jit oracle autotune api cli)
 set(problems "")
 
 file(GLOB device_files RELATIVE ${ROOT} ${ROOT}/templates/*.cuh ${ROOT}/templates/*.cu.in)

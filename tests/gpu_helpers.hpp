@@ -3,17 +3,16 @@
 
 #include <functional>
 
-#include "autotune/workload.hpp"
 #include "jit/driver.hpp"
+#include "oracle/workload.hpp"
 
 namespace ropejit::testing {
 
 inline CUcontext use_primary_context() { return detail::use_primary_context(0); }
 
 // A dense-layout workload's sizes: `batch` sequences of `seq_len` tokens, q and k heads.
-inline autotune::Sizes dense_sizes(int64_t batch, int64_t seq_len, int32_t q_heads,
-                                   int32_t k_heads) {
-  autotune::Sizes z;
+inline oracle::Sizes dense_sizes(int64_t batch, int64_t seq_len, int32_t q_heads, int32_t k_heads) {
+  oracle::Sizes z;
   z.batch = batch;
   z.seq_len = seq_len;
   z.q_heads = q_heads;

@@ -11,10 +11,10 @@
 #include <vector>
 
 #include "api/engine.hpp"
-#include "autotune/decode/ffn_workload.hpp"
 #include "autotune/policy.hpp"
 #include "jit/decode/ffn.hpp"
 #include "jit/nvrtc.hpp"
+#include "oracle/decode/ffn_workload.hpp"
 
 using namespace ropejit;
 
@@ -316,12 +316,12 @@ TEST_CASE("FFN references: tolerances stay within a few roundings of the output"
     for (const Activation act : {Activation::silu, Activation::gelu_tanh}) {
       FfnSpec s;
       s.act = act;
-      autotune::FfnSizes z;
+      oracle::FfnSizes z;
       z.tokens = 2;
       z.hidden = 512;
       z.intermediate = 64;
       z.path = path;
-      autotune::FfnProblem p(s, z);
+      oracle::FfnProblem p(s, z);
       const auto& e = p.expected(path);
       REQUIRE(e.value.size() == 128);
       double typical = 0, scale = 0;

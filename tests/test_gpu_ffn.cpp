@@ -1,23 +1,23 @@
 // The FFN's gate/up half on the GPU: the fused kernel (projection kernel, GLU epilogue) and the
 // unfused path (RMSNorm key -> cuBLASLt -> GLU key) against their float64 references
-// (autotune/decode/ffn_workload.cpp) on fresh random inputs, the output poisoned, row gaps and the
+// (oracle/decode/ffn_workload.cpp) on fresh random inputs, the output poisoned, row gaps and the
 // guard after it checked untouched; every variant, the automatic choice, a CUDA graph.
 #include <doctest/doctest.h>
 
 #include <string>
 
 #include "api/engine.hpp"
-#include "autotune/decode/ffn_workload.hpp"
 #include "gpu_helpers.hpp"
 #include "jit/decode/dequant.hpp"
+#include "oracle/decode/ffn_workload.hpp"
 #include "test_util.hpp"
 
 using namespace ropejit;
 
 namespace {
 
-void expect_ok(autotune::FfnProblem& p, const std::string& what) {
-  const autotune::CheckReport r = p.check();
+void expect_ok(oracle::FfnProblem& p, const std::string& what) {
+  const oracle::CheckReport r = p.check();
   CHECK_MESSAGE(r.ok, what, ": ", r.mismatches, " of ", r.checked, " wrong; ", r.first_failure);
   CHECK_MESSAGE(r.checked > 0, what);
 }
@@ -42,7 +42,7 @@ TEST_SUITE("gpu") {
             // weight dequantized first).
             const bool w8 = (n / 2) % 2 == 0;
             if (w8) s.weights = Weights::e4m3;
-            autotune::FfnSizes z;
+            oracle::FfnSizes z;
             z.tokens = tokens[size_t(n) % 6];
             // 264: a partial last 32-element chunk (e4m3: 272, a partial 64-element one).
             z.hidden = n % 2 ? (w8 ? 272 : 264) : 512;
@@ -53,7 +53,7 @@ TEST_SUITE("gpu") {
             z.out_gap = n % 7 == 2 ? 6 : 0;
             z.path = path;
             z.seed = uint64_t(3000 + n);
-            autotune::FfnProblem p(s, z);
+            oracle::FfnProblem p(s, z);
             p.upload();
             ffn_gate_up(s, p.args());
             expect_ok(p, s.key() + " " + to_string(path) + " tokens " + std::to_string(z.tokens) +
@@ -74,7 +74,7 @@ TEST_SUITE("gpu") {
           ++n;
           FfnSpec s{dt, norm, act};
           s.weights = Weights::e4m3;
-          autotune::FfnSizes z;
+          oracle::FfnSizes z;
           z.tokens = tokens[size_t(n) % 6];
           z.hidden = n % 2 ? 272 : 1024;  // 272: the last 64-element chunk is partial
           z.intermediate = n % 3 == 0 ? 100 : 96;
@@ -84,7 +84,7 @@ TEST_SUITE("gpu") {
           z.out_gap = n % 7 == 2 ? 6 : 0;
           z.path = ProjPath::fused;
           z.seed = uint64_t(4000 + n);
-          autotune::FfnProblem p(s, z);
+          oracle::FfnProblem p(s, z);
           p.upload();
           // The automatic choice: fused with e4m3 weights up to 64 tokens (proj_heuristic.cpp;
           // these cases have at most 64).
@@ -114,12 +114,12 @@ TEST_SUITE("gpu") {
     const int32_t max_cluster = device.cc >= 90 ? 4 : 1;
     const FfnSpec s;
     for (const int64_t tokens : {1, 16}) {
-      autotune::FfnSizes z;
+      oracle::FfnSizes z;
       z.tokens = tokens;
       z.hidden = 4096;
       z.intermediate = 1024;
       z.seed = uint64_t(tokens);
-      autotune::FfnProblem p(s, z);
+      oracle::FfnProblem p(s, z);
       p.upload();
       const FfnSpec c = s.canonical();
       const detail::FfnShape shape = detail::check_ffn_call(c, p.args());
@@ -147,13 +147,13 @@ TEST_SUITE("gpu") {
     testing::ScopedEnv off("ROPEJIT_TUNING", "off");  // the heuristic: fused up to 16 tokens
     const FfnSpec s{DType::bf16, Norm::rms, Activation::silu};
     for (const int64_t tokens : {4, 16, 17, 90}) {
-      autotune::FfnSizes z;
+      oracle::FfnSizes z;
       z.tokens = tokens;
       z.hidden = 1040;  // a shape no other test plans
       z.intermediate = 136;
       z.path = ProjPath::automatic;
       z.seed = uint64_t(tokens);
-      autotune::FfnProblem p(s, z);
+      oracle::FfnProblem p(s, z);
       p.upload();
       const ProjPath want = tokens <= 16 ? ProjPath::fused : ProjPath::unfused;
       CHECK(ffn_gate_up_path(s, p.args()) == want);
@@ -171,17 +171,17 @@ TEST_SUITE("gpu") {
     // A new key warmed at one token, then captured at 64 (unfused: plan, GEMM algorithm and the
     // GLU launch made inside the capture), replayed.
     const FfnSpec g{DType::f16, Norm::rms_one_plus, Activation::gelu_tanh};
-    autotune::FfnSizes z;
+    oracle::FfnSizes z;
     z.tokens = 1;
     z.hidden = 520;
     z.intermediate = 88;
     z.path = ProjPath::automatic;
-    autotune::FfnProblem warm(g, z);
+    oracle::FfnProblem warm(g, z);
     warm.upload();
     ffn_gate_up(g, warm.args());
     expect_ok(warm, "warm-up");
     z.tokens = 64;
-    autotune::FfnProblem p(g, z);
+    oracle::FfnProblem p(g, z);
     p.upload();
     const detail::Driver& d = detail::driver();
     CUstream stream = nullptr;
@@ -206,7 +206,7 @@ TEST_SUITE("gpu") {
         FfnSpec s{dt, n % 2 ? Norm::rms : Norm::none,
                   n % 2 ? Activation::silu : Activation::gelu_tanh};
         s.weights = Weights::e4m3;
-        autotune::FfnSizes z;
+        oracle::FfnSizes z;
         z.tokens = 2 + n;
         z.hidden = 16400;
         z.intermediate = 1280;
@@ -214,7 +214,7 @@ TEST_SUITE("gpu") {
         z.weight_gap = n == 4 ? 16 : 0;
         z.path = ProjPath::unfused;
         z.seed = uint64_t(4500 + n);
-        autotune::FfnProblem p(s, z);
+        oracle::FfnProblem p(s, z);
         p.upload();
         ffn_gate_up(s, p.args());
         expect_ok(p, s.key() + (packed ? " merged" : " separate"));

@@ -1,7 +1,7 @@
 // The fused keys on the GPU: QK-norm -> RoPE -> FP8 -> KV-cache append against the float64
 // reference of the whole chain, with poisoned outputs, guard bytes after every allocation and
 // after every cache page, every cache byte the call does not address checked unchanged, FP8
-// bits compared exactly (up to the fp32 rounding boundary, see autotune/reference.cpp), and the
+// bits compared exactly (up to the fp32 rounding boundary, see oracle/reference.cpp), and the
 // skipped-token counter checked.
 #include <doctest/doctest.h>
 
@@ -16,9 +16,9 @@
 #include "autotune/policy.hpp"
 #include "autotune/tuner.hpp"
 #include "autotune/tuning_cache.hpp"
-#include "autotune/workload.hpp"
 #include "gpu_helpers.hpp"
 #include "jit/call.hpp"
+#include "oracle/workload.hpp"
 #include "test_util.hpp"
 
 using namespace ropejit;
@@ -27,7 +27,7 @@ namespace {
 
 struct Case {
   Spec spec;
-  autotune::Sizes sizes;
+  oracle::Sizes sizes;
 };
 
 // Deterministic spread over the fused axes crossed with the plain ones: every value of every
@@ -64,7 +64,7 @@ std::vector<Case> fused_cases() {
     s.in_place = output == 0;
     s.out_store = output < 2 ? Store::same : Store(output - 1);
     if (!s.fused()) s.norm = Norm::rms;
-    autotune::Sizes& z = c.sizes;
+    oracle::Sizes& z = c.sizes;
     z.seed = 1000 + n;
     z.batch = 2;
     z.seq_len = 3 + int64_t(n % 4);  // odd and even token counts
@@ -103,10 +103,10 @@ std::vector<Case> fused_cases() {
 // placement, and a skipped token must still be counted once). Each launch that is legal for
 // the case. Returns "" or the first failure.
 std::string run_case(const Case& c, const detail::DeviceInfo& device) {
-  autotune::Workload w(c.spec, c.sizes);
+  oracle::Workload w(c.spec, c.sizes);
   w.upload();
   apply(w.spec(), w.args());
-  autotune::CheckReport r = w.check();
+  oracle::CheckReport r = w.check();
   if (!r.ok) return r.first_failure + " (" + std::to_string(r.mismatches) + " mismatches)";
   const Spec s = w.spec().canonical();
   const Args args = w.args();
@@ -135,7 +135,7 @@ std::string run_case(const Case& c, const detail::DeviceInfo& device) {
 // The sizes the prefill-sized cases below share: `tokens` in two sequences of unequal length,
 // positions within a 4096-row table, FP8 scales (a power of two for q, others for the cache), a
 // computed-frequency base.
-void prefill_sizes(const Spec& s, int64_t tokens, autotune::Sizes* z) {
+void prefill_sizes(const Spec& s, int64_t tokens, oracle::Sizes* z) {
   z->batch = 2;
   z->seq_len = tokens / 2;
   z->seq_lens = {tokens / 2 - 9, tokens / 2 + 9};
@@ -148,7 +148,7 @@ void prefill_sizes(const Spec& s, int64_t tokens, autotune::Sizes* z) {
 
 // Uploads fresh inputs (outputs poisoned), runs the call through `cfg` (nullptr: apply(), the
 // heuristic's launch) and checks it against the float64 chain.
-autotune::CheckReport run_checked(autotune::Workload& w, const detail::LaunchConfig* cfg) {
+oracle::CheckReport run_checked(oracle::Workload& w, const detail::LaunchConfig* cfg) {
   w.upload();
   if (cfg) {
     const Spec c = w.spec().canonical();
@@ -253,7 +253,7 @@ TEST_SUITE("gpu") {
           s.cache_store = q_dynamic && n % 3 == 1 ? Store::e4m3 : Store::e4m3_dynamic;
           s.in_place = false;
           s.out_store = q_dynamic ? Store::e4m3_dynamic : Store::same;
-          autotune::Sizes z;
+          oracle::Sizes z;
           z.seed = uint64_t(4400 + n);
           // A decode size above 64 tokens, or a prefill size (above 4 blocks per SM).
           const int64_t tokens = n % 2 ? 100 : 4 * int64_t(device.sm_count) + 72;
@@ -265,8 +265,8 @@ TEST_SUITE("gpu") {
           z.bad_tokens = n % 5 == 0 ? 1 : 0;
           prefill_sizes(s, tokens, &z);
           const std::string what = s.key() + " tokens " + std::to_string(tokens);
-          autotune::Workload w(s, z);
-          autotune::CheckReport r = run_checked(w, nullptr);
+          oracle::Workload w(s, z);
+          oracle::CheckReport r = run_checked(w, nullptr);
           CHECK_MESSAGE(r.ok, what, " (heuristic): ", r.first_failure);
           const Spec c = w.spec().canonical();
           const Args args = w.args();
@@ -333,7 +333,7 @@ TEST_SUITE("gpu") {
       s.cache_store = f.cache_store;
       s.in_place = false;
       s.out_store = f.out;
-      autotune::Sizes z;
+      oracle::Sizes z;
       z.seed = uint64_t(5100 + n);
       // More tokens than one persistent block per SM covers: those blocks loop.
       const int64_t tokens = 4 * int64_t(device.sm_count) + 72;
@@ -346,8 +346,8 @@ TEST_SUITE("gpu") {
       z.bad_tokens = n % 3 == 0 ? 1 : 0;
       prefill_sizes(s, tokens, &z);
       const std::string what = s.key() + " tokens " + std::to_string(tokens);
-      autotune::Workload w(s, z);
-      autotune::CheckReport r = run_checked(w, nullptr);
+      oracle::Workload w(s, z);
+      oracle::CheckReport r = run_checked(w, nullptr);
       CHECK_MESSAGE(r.ok, what, " (heuristic): ", r.first_failure);
       const Spec c = w.spec().canonical();
       const Args args = w.args();
@@ -394,7 +394,7 @@ TEST_SUITE("gpu") {
     s.out_store = Store::e4m3;
     s.cache = KvCache::paged;
     s.cache_store = Store::e4m3;
-    autotune::Sizes z;
+    oracle::Sizes z;
     z.seq_lens = {1, 1, 1, 1};  // four sequences decoding one token each
     z.q_heads = 32;
     z.k_heads = 8;
@@ -402,7 +402,7 @@ TEST_SUITE("gpu") {
     z.out_quant_scale = 8.0f;
     z.k_quant_scale = 16.0f;
     z.v_quant_scale = 16.0f;
-    autotune::Workload w(s, z);
+    oracle::Workload w(s, z);
     w.upload();
     CUstream stream = nullptr;
     detail::check(d.StreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
@@ -411,7 +411,7 @@ TEST_SUITE("gpu") {
     w.upload();
     const detail::EngineStats before = api::engine().stats();
     testing::capture_and_replay(stream, [&] { apply(s, w.args(stream)); });
-    const autotune::CheckReport r = w.check();
+    const oracle::CheckReport r = w.check();
     CHECK_MESSAGE(r.ok, r.first_failure);
     const detail::EngineStats after = api::engine().stats();
     CHECK(after.module_loads == before.module_loads);
@@ -433,11 +433,11 @@ TEST_SUITE("gpu") {
     s.norm = Norm::rms_one_plus;
     s.in_place = false;
     s.cache = KvCache::slots;
-    autotune::Sizes z;
+    oracle::Sizes z;
     z.seq_lens = {1, 1, 1};
     z.q_heads = 8;
     z.k_heads = 2;
-    autotune::Workload w(s, z);
+    oracle::Workload w(s, z);
     w.upload();
     CUstream stream = nullptr;
     detail::check(d.StreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
@@ -457,7 +457,7 @@ TEST_SUITE("gpu") {
     CHECK(before.module_loads > first.module_loads);  // the key was new here
     w.upload();
     testing::capture_and_replay(stream, [&] { apply(s, narrow); });
-    const autotune::CheckReport r = w.check();
+    const oracle::CheckReport r = w.check();
     CHECK_MESSAGE(r.ok, r.first_failure);
     CHECK(api::engine().stats().module_loads == before.module_loads);
     d.StreamDestroy(stream);
@@ -469,13 +469,13 @@ TEST_SUITE("gpu") {
       Spec s;
       s.cache = cache;
       s.norm = Norm::rms;
-      autotune::Sizes z = testing::dense_sizes(3, 7, 4, 2);
+      oracle::Sizes z = testing::dense_sizes(3, 7, 4, 2);
       z.bad_tokens = 3;
       z.padding_slots = 2;
-      autotune::Workload w(s, z);
+      oracle::Workload w(s, z);
       w.upload();
       apply(w.spec(), w.args());
-      const autotune::CheckReport r = w.check();  // the counter is one of the outputs
+      const oracle::CheckReport r = w.check();  // the counter is one of the outputs
       CHECK_MESSAGE(r.ok, to_string(cache), ": ", r.first_failure);
     }
   }
@@ -490,21 +490,21 @@ TEST_SUITE("gpu") {
     const detail::Driver& d = detail::driver();
     for (KvCache cache : {KvCache::slots, KvCache::paged, KvCache::contiguous})
       for (Layout layout : {Layout::thd, Layout::bshd})
-        for (int32_t hostile = 1; hostile <= autotune::hostile_tables(cache); ++hostile) {
+        for (int32_t hostile = 1; hostile <= oracle::hostile_tables(cache); ++hostile) {
           Spec s;
           s.layout = layout;
           s.cache = cache;
           s.norm = Norm::rms;
           s.cache_store = hostile % 2 ? Store::e4m3 : Store::same;
-          autotune::Sizes z = testing::dense_sizes(3, 5, 4, 2);
+          oracle::Sizes z = testing::dense_sizes(3, 5, 4, 2);
           z.seq_lens = {4, 2, 5};
           z.page_size = hostile % 3 == 0 ? 1 : 4;
           z.hostile_table = hostile;
-          autotune::Workload w(s, z);
+          oracle::Workload w(s, z);
           w.upload();
           const Args a = w.args();
           apply(w.spec(), a);
-          const autotune::CheckReport r = w.check();
+          const oracle::CheckReport r = w.check();
           INFO(to_string(cache), " ", to_string(layout), " table ", hostile);
           CHECK_MESSAGE(r.ok, r.first_failure);
           int32_t skipped = -1;

@@ -13,8 +13,8 @@
 
 #include "api/engine.hpp"
 #include "autotune/policy.hpp"
-#include "autotune/workload.hpp"
 #include "gpu_helpers.hpp"
+#include "oracle/workload.hpp"
 
 using namespace ropejit;
 
@@ -22,7 +22,7 @@ namespace {
 
 struct Case {
   Spec spec;
-  autotune::Sizes sizes;
+  oracle::Sizes sizes;
 };
 
 std::vector<Case> matrix_cases() {
@@ -59,7 +59,7 @@ std::vector<Case> matrix_cases() {
                     s.table_width = tables[n % 6].width;
                     s.in_place = in_place;
                     s.direction = dir;
-                    autotune::Sizes& z = c.sizes;
+                    oracle::Sizes& z = c.sizes;
                     z.seed = n;
                     z.batch = 2;
                     z.seq_len = 5;  // odd token counts
@@ -98,10 +98,10 @@ void run_cases(const std::vector<Case>& cases, unsigned threads) {
     for (size_t i; (i = next++) < cases.size();) {
       std::string failure;
       try {
-        autotune::Workload w(cases[i].spec, cases[i].sizes);
+        oracle::Workload w(cases[i].spec, cases[i].sizes);
         w.upload();
         apply(w.spec(), w.args());  // decode-sized: the one-head kernel, or two when needed
-        const autotune::CheckReport r = w.check();
+        const oracle::CheckReport r = w.check();
         if (!r.ok) failure = r.first_failure + " (" + std::to_string(r.mismatches) + " mismatches)";
         // The same call through the heuristic's prefill kernel, two heads per thread.
         const Spec c = w.spec().canonical();
@@ -113,7 +113,7 @@ void run_cases(const std::vector<Case>& cases, unsigned threads) {
         if (failure.empty() && detail::illegal_reason(c, shape, two, device).empty()) {
           w.upload();
           api::engine().launch(c, args, shape, &two);
-          const autotune::CheckReport r2 = w.check();
+          const oracle::CheckReport r2 = w.check();
           if (!r2.ok)
             failure = two.name() + ": " + r2.first_failure + " (" + std::to_string(r2.mismatches) +
                       " mismatches)";

@@ -1,5 +1,5 @@
 // The decode block's QKV projection on the GPU: RMSNorm -> QKV GEMM -> RoPE against the float64
-// reference (autotune/decode/proj_workload.cpp) on fresh random inputs, outputs poisoned, guard
+// reference (oracle/decode/proj_workload.cpp) on fresh random inputs, outputs poisoned, guard
 // bytes after every output and gaps between heads checked untouched; every variant, every axis.
 #include <doctest/doctest.h>
 
@@ -10,24 +10,24 @@
 #include <vector>
 
 #include "api/engine.hpp"
-#include "autotune/decode/ffn_workload.hpp"
-#include "autotune/decode/norm_workload.hpp"
-#include "autotune/decode/proj_workload.hpp"
-#include "autotune/numbers.hpp"
 #include "autotune/policy.hpp"
 #include "autotune/tuner.hpp"
 #include "autotune/tuning_cache.hpp"
 #include "gpu_helpers.hpp"
 #include "jit/decode/dequant.hpp"
 #include "jit/errors.hpp"
+#include "oracle/decode/ffn_workload.hpp"
+#include "oracle/decode/norm_workload.hpp"
+#include "oracle/decode/proj_workload.hpp"
+#include "oracle/numbers.hpp"
 #include "test_util.hpp"
 
 using namespace ropejit;
 
 namespace {
 
-void expect_ok(autotune::ProjProblem& p, const std::string& what) {
-  const autotune::CheckReport r = p.check();
+void expect_ok(oracle::ProjProblem& p, const std::string& what) {
+  const oracle::CheckReport r = p.check();
   CHECK_MESSAGE(r.ok, what, ": ", r.mismatches, " of ", r.checked, " wrong; ", r.first_failure);
   CHECK_MESSAGE(r.checked > 0, what);
 }
@@ -50,7 +50,7 @@ QkvProjSpec spec_of(DType dtype, int32_t d, int32_t r, Style style, Positions po
 // the weight gap, the path and the seed.
 struct MatrixCase {
   QkvProjSpec spec;
-  autotune::ProjSizes sizes;
+  oracle::ProjSizes sizes;
 };
 template <size_t N>
 MatrixCase matrix_case(int n, const int32_t (&d)[2], DType dt, Norm norm,
@@ -59,7 +59,7 @@ MatrixCase matrix_case(int n, const int32_t (&d)[2], DType dt, Norm norm,
   const Positions pos = (n / 2) % 2 ? Positions::offset : Positions::ids;
   const Freqs fr = (n / 3) % 2 ? Freqs::computed : Freqs::table;
   MatrixCase m{spec_of(dt, d[0], d[1], style, pos, fr, norm), {}};
-  autotune::ProjSizes& z = m.sizes;
+  oracle::ProjSizes& z = m.sizes;
   z.tokens = tokens[size_t(n) % N];
   z.q_heads = 3 + n % 3;
   z.kv_heads = 1 + n % 2;
@@ -73,7 +73,7 @@ MatrixCase matrix_case(int n, const int32_t (&d)[2], DType dt, Norm norm,
 // The library's call (and, when `fused_only`, the check that it takes the fused path), then
 // another split of the hidden dimension and unroll of the same key on the same problem, and the
 // same with staged activations (4 or 2 row groups, where legal), each checked against float64.
-void check_call_and_variant(autotune::ProjProblem& p, const QkvProjSpec& s, int32_t splits,
+void check_call_and_variant(oracle::ProjProblem& p, const QkvProjSpec& s, int32_t splits,
                             int32_t unroll, bool fused_only, const std::string& what) {
   p.upload();
   if (fused_only) CHECK(qkv_projection_path(s, p.args()) == ProjPath::fused);
@@ -102,16 +102,16 @@ void check_call_and_variant(autotune::ProjProblem& p, const QkvProjSpec& s, int3
 // The key's first use outside a capture (`warm_tokens` of the same shape, another seed), then a
 // call of `z` captured in a CUDA graph and replayed twice, each checked against float64. Returns
 // the path the replay's result matched.
-ProjPath warm_then_capture(const QkvProjSpec& s, const autotune::ProjSizes& z, int64_t warm_tokens,
+ProjPath warm_then_capture(const QkvProjSpec& s, const oracle::ProjSizes& z, int64_t warm_tokens,
                            const std::string& what) {
-  autotune::ProjSizes w = z;
+  oracle::ProjSizes w = z;
   w.tokens = warm_tokens;
   w.seed = z.seed + 1;
-  autotune::ProjProblem warm(s, w);
+  oracle::ProjProblem warm(s, w);
   warm.upload();
   qkv_projection(s, warm.args());
   expect_ok(warm, what + ", warm-up");
-  autotune::ProjProblem p(s, z);
+  oracle::ProjProblem p(s, z);
   p.upload();
   const detail::Driver& d = detail::driver();
   CUstream stream = nullptr;
@@ -152,7 +152,7 @@ TEST_SUITE("gpu") {
           }
           z.path = ProjPath::unfused;
           z.seed = uint64_t(2000 + n);
-          autotune::ProjProblem p(s, z);
+          oracle::ProjProblem p(s, z);
           p.upload();
           qkv_projection(s, p.args());
           expect_ok(p, s.key() + " unfused, tokens " + std::to_string(z.tokens) +
@@ -166,14 +166,14 @@ TEST_SUITE("gpu") {
     const QkvProjSpec s =
         spec_of(DType::bf16, 128, 128, Style::neox, Positions::ids, Freqs::table, Norm::rms);
     for (const int64_t tokens : {8, 32, 33, 64, 200}) {
-      autotune::ProjSizes z;
+      oracle::ProjSizes z;
       z.tokens = tokens;
       z.hidden = 1032;  // a shape no other test plans
       z.q_heads = 6;
       z.kv_heads = 2;
       z.path = ProjPath::automatic;
       z.seed = uint64_t(tokens);
-      autotune::ProjProblem p(s, z);
+      oracle::ProjProblem p(s, z);
       p.upload();
       const ProjPath want = tokens <= 32 ? ProjPath::fused : ProjPath::unfused;
       CHECK(qkv_projection_path(s, p.args()) == want);
@@ -190,14 +190,14 @@ TEST_SUITE("gpu") {
       CHECK(p.matched() == ProjPath::fused);
     }
     // Outputs with gaps between heads cannot be a GEMM's rows: fused, and unfused is refused.
-    autotune::ProjSizes z;
+    oracle::ProjSizes z;
     z.tokens = 64;
     z.hidden = 1032;
     z.q_heads = 6;
     z.kv_heads = 2;
     z.out_head_gap = 8;
     z.path = ProjPath::automatic;
-    autotune::ProjProblem p(s, z);
+    oracle::ProjProblem p(s, z);
     p.upload();
     CHECK(qkv_projection_path(s, p.args()) == ProjPath::fused);
     qkv_projection(s, p.args());
@@ -215,7 +215,7 @@ TEST_SUITE("gpu") {
     testing::ScopedEnv off("ROPEJIT_TUNING", "off");
     const QkvProjSpec s =
         spec_of(DType::f16, 64, 64, Style::gptj, Positions::offset, Freqs::computed, Norm::rms);
-    autotune::ProjSizes z;
+    oracle::ProjSizes z;
     z.tokens = 96;  // a new bucket whose plan, GEMM algorithm and RoPE plan are made in capture
     z.hidden = 776;
     z.q_heads = 8;
@@ -303,7 +303,7 @@ TEST_SUITE("gpu") {
           z.out_head_gap = n % 4 == 2 ? 8 : 0;
           z.weight_gap = n % 6 == 4 ? 8 : 0;
           z.seed = uint64_t(1000 + n);
-          autotune::ProjProblem p(s, z);
+          oracle::ProjProblem p(s, z);
           check_call_and_variant(p, s, 2 + n % 3, 1 + n % 2, false,
                                  s.key() + " tokens " + std::to_string(z.tokens));
         }
@@ -326,7 +326,7 @@ TEST_SUITE("gpu") {
           z.out_head_gap = n % 4 == 2 ? 8 : 0;
           z.weight_gap = n % 6 == 4 ? 16 : 0;
           z.seed = uint64_t(3000 + n);
-          autotune::ProjProblem p(s, z);
+          oracle::ProjProblem p(s, z);
           check_call_and_variant(p, s, 2 + n % 3, 1 + n % 2, true,
                                  s.key() + " tokens " + std::to_string(z.tokens));
         }
@@ -347,7 +347,7 @@ TEST_SUITE("gpu") {
         QkvProjSpec s = spec_of(dt, 64, 64, n % 2 ? Style::neox : Style::gptj, Positions::ids,
                                 Freqs::table, n % 2 ? Norm::rms : Norm::none);
         s.weights = Weights::e4m3;
-        autotune::ProjSizes z;
+        oracle::ProjSizes z;
         z.tokens = 3 + n;
         z.hidden = 16400;
         z.q_heads = 40;
@@ -356,7 +356,7 @@ TEST_SUITE("gpu") {
         z.weight_gap = n == 3 ? 16 : 0;
         z.path = ProjPath::unfused;
         z.seed = uint64_t(2500 + n);
-        autotune::ProjProblem p(s, z);
+        oracle::ProjProblem p(s, z);
         p.upload();
         qkv_projection(s, p.args());
         expect_ok(p, s.key() + (packed ? " packed" : " three outputs"));
@@ -391,7 +391,7 @@ TEST_SUITE("gpu") {
             z.padded_slots = z.tokens > 2 ? 1 + n % 2 : 0;
             z.bad_slots = z.tokens > 4 ? 1 + n % 3 : 0;
             z.seed = uint64_t(7000 + n);
-            autotune::ProjProblem p(s, z);
+            oracle::ProjProblem p(s, z);
             // Up to 32 tokens the automatic path is the fused one (beyond, it would be the
             // unfused one given a workspace; without one it runs fused).
             check_call_and_variant(p, s, 1 + n % 4, 1 + n % 2, z.tokens <= 32,
@@ -431,7 +431,7 @@ TEST_SUITE("gpu") {
             z.bad_slots = z.tokens > 4 ? 1 : 0;
             z.path = n % 2 ? ProjPath::unfused : ProjPath::automatic;
             z.seed = uint64_t(9800 + n);
-            autotune::ProjProblem p(s, z);
+            oracle::ProjProblem p(s, z);
             p.upload();
             const std::string what =
                 s.key() + " tokens " + std::to_string(z.tokens) + (chunk ? " in sequences" : "");
@@ -459,7 +459,7 @@ TEST_SUITE("gpu") {
         spec_of(DType::bf16, 128, 128, Style::neox, Positions::ids, Freqs::table, Norm::rms);
     s.cache = KvCache::paged;
     s.cache_store = Store::e4m3_dynamic;
-    autotune::ProjSizes z;
+    oracle::ProjSizes z;
     z.tokens = 24;
     z.hidden = 512;
     z.q_heads = 4;
@@ -502,7 +502,7 @@ TEST_SUITE("gpu") {
             z.cache_slot_gap = n % 4 == 1 ? 16 : 0;
             z.bad_slots = n % 3;
             z.seed = uint64_t(9000 + n);
-            autotune::ProjProblem p(s, z);
+            oracle::ProjProblem p(s, z);
             check_call_and_variant(p, s, 1 + n % 4, 1 + n % 2, z.tokens <= 32,
                                    s.key() + " chunk of " + std::to_string(z.tokens) + " in " +
                                        std::to_string(z.cache_sequences) + " sequences, page " +
@@ -544,7 +544,7 @@ TEST_SUITE("gpu") {
             z.bad_slots = 1 + n % 2;
             z.path = n % 2 ? ProjPath::unfused : ProjPath::automatic;
             z.seed = uint64_t(9500 + n);
-            autotune::ProjProblem p(s, z);
+            oracle::ProjProblem p(s, z);
             p.upload();
             const std::string what = s.key() + " unfused, tokens " + std::to_string(z.tokens) +
                                      (chunk ? " in sequences" : "");
@@ -559,7 +559,7 @@ TEST_SUITE("gpu") {
         spec_of(DType::bf16, 128, 128, Style::neox, Positions::ids, Freqs::table, Norm::rms);
     s.cache = KvCache::paged;
     s.cache_store = Store::e4m3;
-    autotune::ProjSizes z;
+    oracle::ProjSizes z;
     z.tokens = 96;
     z.hidden = 1024;
     z.q_heads = 8;
@@ -600,7 +600,7 @@ TEST_SUITE("gpu") {
       QkvProjSpec s = spec_of(dt, kD, kD, Style::neox, Positions::ids, Freqs::computed, Norm::none);
       s.weights = Weights::e4m3;
       auto bits_of = [&](double v) {
-        return dt == DType::bf16 ? autotune::bf16_bits(v) : autotune::f16_bits(v);
+        return dt == DType::bf16 ? oracle::bf16_bits(v) : oracle::f16_bits(v);
       };
       std::vector<uint16_t> x(size_t(kTokens * kHidden), bits_of(0.0));
       for (int64_t m = 0; m < kTokens; ++m) x[size_t(m * kHidden + m % kHidden)] = bits_of(1.0);
@@ -636,7 +636,7 @@ TEST_SUITE("gpu") {
         for (int64_t m = 0; m < kTokens; ++m)
           for (int64_t n = 0; n < kColumns; ++n) {
             const uint8_t code = code_at(n, m % kHidden);
-            const uint16_t want = bits_of(autotune::e4m3_value(code) * double(scale[size_t(n)]));
+            const uint16_t want = bits_of(oracle::e4m3_value(code) * double(scale[size_t(n)]));
             uint16_t have = 0;
             std::memcpy(&have, got.data() + size_t(m * kColumns + n) * 2, 2);
             const bool zero = (want & 0x7fff) == 0 && (have & 0x7fff) == 0;
@@ -673,13 +673,13 @@ TEST_SUITE("gpu") {
     const QkvProjSpec s =
         spec_of(DType::bf16, 128, 128, Style::neox, Positions::ids, Freqs::table, Norm::rms);
     for (const int64_t tokens : {1, 16, 64}) {
-      autotune::ProjSizes z;
+      oracle::ProjSizes z;
       z.tokens = tokens;
       z.hidden = 4096;
       z.q_heads = 32;
       z.kv_heads = 8;
       z.seed = uint64_t(tokens);
-      autotune::ProjProblem p(s, z);
+      oracle::ProjProblem p(s, z);
       p.upload();  // device pointers exist from here
       const QkvProjSpec c = s.canonical();
       const detail::ProjShape shape = detail::check_proj_call(c, p.args());
@@ -727,7 +727,7 @@ TEST_SUITE("gpu") {
             if (n % 4 == 2) s.cache = KvCache::slots;
             z.hidden = n % 3 == 0 ? 272 : n % 3 == 1 ? 1024 : 4096;
             z.seed = uint64_t(8000 + n);
-            autotune::ProjProblem p(s, z);
+            oracle::ProjProblem p(s, z);
             p.upload();
             const QkvProjSpec c = s.canonical();
             const detail::ProjShape shape = detail::check_proj_call(c, p.args());
@@ -765,13 +765,13 @@ TEST_SUITE("gpu") {
                               {24, 4096, 32, 8},
                               {32, 4096, 32, 8}};
       for (const Shape& h : shapes) {
-        autotune::ProjSizes z;
+        oracle::ProjSizes z;
         z.tokens = h.tokens;
         z.hidden = h.hidden;
         z.q_heads = h.q_heads;
         z.kv_heads = h.kv_heads;
         z.seed = uint64_t(90 + h.tokens);
-        autotune::ProjProblem p(s, z);
+        oracle::ProjProblem p(s, z);
         p.upload();
         const detail::ProjShape shape = detail::check_proj_call(s.canonical(), p.args());
         const detail::ProjVariant v = autotune::proj_heuristic(s.canonical(), shape, device);
@@ -787,13 +787,13 @@ TEST_SUITE("gpu") {
     testing::use_primary_context();
     const QkvProjSpec s =
         spec_of(DType::bf16, 128, 128, Style::neox, Positions::ids, Freqs::computed, Norm::rms);
-    autotune::ProjSizes z;
+    oracle::ProjSizes z;
     z.tokens = 5;
     z.hidden = 1024;
     z.x_scale = 300.0;  // rstd is tiny; x·w is large: bf16 keeps the range
     z.norm_eps = 0;
     z.max_position = (int64_t(1) << 20) - 1;
-    autotune::ProjProblem p(s, z);
+    oracle::ProjProblem p(s, z);
     p.upload();
     qkv_projection(s, p.args());  // warms the key outside the capture
     expect_ok(p, "large activations");
@@ -818,30 +818,30 @@ TEST_SUITE("gpu") {
           for (const int64_t hidden : {8, 72, 2048, 4104, 8192}) {
             ++n;
             const RmsNormSpec s{t, norm, residual};
-            autotune::NormSizes z;
+            oracle::NormSizes z;
             z.rows = n % 4 == 0 ? 1 : 37;
             z.hidden = hidden;
             z.gap = n % 3 == 0 ? 8 : 0;
             z.in_place = n % 5 == 2;
             z.x_scale = n % 7 == 0 ? 100.0 : 1.0;
             z.seed = uint64_t(n);
-            autotune::NormProblem p(s, z);
+            oracle::NormProblem p(s, z);
             p.upload();
             rms_norm(s, p.args());
-            const autotune::CheckReport r = p.check();
+            const oracle::CheckReport r = p.check();
             CHECK_MESSAGE(r.ok, s.key(), " hidden ", hidden, ": ", r.mismatches, " of ", r.checked,
                           " wrong; ", r.first_failure);
           }
     // The longest rows each dtype takes (16 vectors per thread).
     for (const DType t : {DType::bf16, DType::f32}) {
       const RmsNormSpec s{t, Norm::rms, true};
-      autotune::NormSizes z;
+      oracle::NormSizes z;
       z.rows = 3;
       z.hidden = t == DType::f32 ? 16384 : 32768;
-      autotune::NormProblem p(s, z);
+      oracle::NormProblem p(s, z);
       p.upload();
       rms_norm(s, p.args());
-      const autotune::CheckReport r = p.check();
+      const oracle::CheckReport r = p.check();
       CHECK_MESSAGE(r.ok, s.key(), ": ", r.first_failure);
     }
   }

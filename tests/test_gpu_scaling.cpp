@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "api/engine.hpp"
-#include "autotune/workload.hpp"
 #include "gpu_helpers.hpp"
 #include "jit/scaling.hpp"
+#include "oracle/workload.hpp"
 
 using namespace ropejit;
 using detail::check;
@@ -34,7 +34,7 @@ TEST_SUITE("gpu") {
       s.positions = Positions::ids;
       s.freqs = freqs;
       // A workload only for its scaling parameters (the variant's typical values).
-      autotune::Workload params(s, testing::dense_sizes(1, 1, 1, 0));
+      oracle::Workload params(s, testing::dense_sizes(1, 1, 1, 0));
       const Args defaults = params.args();
       const std::vector<double> inv =
           detail::inverse_frequencies(freqs, kDim, defaults.base, defaults.scaling, "args.scaling");
@@ -99,18 +99,18 @@ TEST_SUITE("gpu") {
               s.norm = Norm::rms;
               s.cache = KvCache::paged;
             }
-            autotune::Sizes z = testing::dense_sizes(2, 5, 4, 2);
+            oracle::Sizes z = testing::dense_sizes(2, 5, 4, 2);
             z.seq_lens = {3, 6, 1};
             z.padding_tokens = n % 2 ? 2 : 0;
             z.max_position = freqs == Freqs::table ? 300 : (int64_t(1) << 20) - 1;
             z.mrope_interleaved = n % 4 == 1;
             z.seed = 7000 + uint64_t(n);
-            autotune::Workload w(s, z);
+            oracle::Workload w(s, z);
             w.upload();
             std::string failure;
             try {
               apply(w.spec(), w.args());
-              const autotune::CheckReport r = w.check();
+              const oracle::CheckReport r = w.check();
               if (!r.ok) failure = r.first_failure;
             } catch (const std::exception& e) {
               failure = e.what();

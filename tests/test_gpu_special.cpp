@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "api/engine.hpp"
-#include "autotune/workload.hpp"
 #include "gpu_helpers.hpp"
+#include "oracle/workload.hpp"
 #include "test_util.hpp"
 
 using namespace ropejit;
@@ -257,7 +257,7 @@ TEST_SUITE("gpu") {
     Spec s;
     s.in_place = false;  // replays are then idempotent
     s.positions = Positions::ids;
-    autotune::Workload w(s, testing::dense_sizes(3, 64, 32, 8));
+    oracle::Workload w(s, testing::dense_sizes(3, 64, 32, 8));
     w.upload();
     CUstream stream = nullptr;
     check(d.StreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
@@ -271,7 +271,7 @@ TEST_SUITE("gpu") {
           for (int i = 0; i < 20; ++i) apply(s, args);
         },
         3);
-    const autotune::CheckReport r = w.check();
+    const oracle::CheckReport r = w.check();
     CHECK_MESSAGE(r.ok, r.first_failure);
 
     // A key's first use inside a capture is refused with a clear message, and the capture
@@ -291,13 +291,13 @@ TEST_SUITE("gpu") {
     s.head_dim = 112;  // a key nothing else in this process uses
     s.dtype = DType::f16;
     s.freqs = Freqs::computed;
-    autotune::Sizes z;
+    oracle::Sizes z;
     z.q_heads = 4;
     z.k_heads = 2;
-    std::vector<std::unique_ptr<autotune::Workload>> loads;
+    std::vector<std::unique_ptr<oracle::Workload>> loads;
     for (int i = 0; i < 16; ++i) {
       z.seed = uint64_t(100 + i);
-      loads.push_back(std::make_unique<autotune::Workload>(s, z));
+      loads.push_back(std::make_unique<oracle::Workload>(s, z));
       loads.back()->upload();
     }
     const detail::EngineStats before = api::engine().stats();
@@ -319,7 +319,7 @@ TEST_SUITE("gpu") {
     CHECK(after.nvrtc_compiles + after.disk_hits - before.nvrtc_compiles - before.disk_hits == 2);
     CHECK(after.module_loads - before.module_loads == 2);
     for (auto& w : loads) {
-      const autotune::CheckReport r = w->check();
+      const oracle::CheckReport r = w->check();
       CHECK_MESSAGE(r.ok, r.first_failure);
     }
   }
@@ -329,19 +329,19 @@ TEST_SUITE("gpu") {
     Spec s;
     s.layout = Layout::thd;
     s.positions = Positions::seq_offsets;
-    autotune::Sizes z;
+    oracle::Sizes z;
     z.seq_lens = {7};
-    autotune::Workload first(s, z);
+    oracle::Workload first(s, z);
     first.upload();
     apply(s, first.args());
     const detail::EngineStats before = api::engine().stats();
     for (int64_t tokens : {1, 64, 300, 4096}) {
       z.seq_lens = {tokens / 2 + 1, tokens / 2};
       z.q_heads = int32_t(8 + tokens % 5);
-      autotune::Workload w(s, z);
+      oracle::Workload w(s, z);
       w.upload();
       apply(s, w.args());
-      const autotune::CheckReport r = w.check();
+      const oracle::CheckReport r = w.check();
       CHECK_MESSAGE(r.ok, r.first_failure);
     }
     const detail::EngineStats after = api::engine().stats();
@@ -356,13 +356,13 @@ TEST_SUITE("gpu") {
     Spec s;
     s.positions = Positions::ids;
     s.in_place = false;
-    autotune::Sizes z;
+    oracle::Sizes z;
     z.max_position = 40;  // ids up to 40 ...
     z.table_rows = 20;    // ... in a 20-row table
-    autotune::Workload w(s, z);
+    oracle::Workload w(s, z);
     w.upload();
     apply(s, w.args());
-    const autotune::CheckReport r = w.check();  // the reference expects NaN for those tokens
+    const oracle::CheckReport r = w.check();  // the reference expects NaN for those tokens
     CHECK_MESSAGE(r.ok, r.first_failure);
   }
 

@@ -13,8 +13,8 @@
 #include "autotune/policy.hpp"
 #include "autotune/tuner.hpp"
 #include "autotune/tuning_cache.hpp"
-#include "autotune/workload.hpp"
 #include "gpu_helpers.hpp"
+#include "oracle/workload.hpp"
 #include "test_util.hpp"
 
 using namespace ropejit;
@@ -100,23 +100,23 @@ TEST_SUITE("gpu") {
     s.head_dim = 64;
     s.freqs = Freqs::computed;
     s.in_place = false;
-    autotune::Sizes z = testing::dense_sizes(1, 40, 16, 2);
-    autotune::Workload w(s, z);
+    oracle::Sizes z = testing::dense_sizes(1, 40, 16, 2);
+    oracle::Workload w(s, z);
     w.upload();
     const size_t before = autotune::tunings_performed();
     apply(s, w.args());
     CHECK(autotune::tunings_performed() == before + 1);
-    const autotune::CheckReport r = w.check();
+    const oracle::CheckReport r = w.check();
     CHECK_MESSAGE(r.ok, r.first_failure);
 
     z.seq_len = 200;  // another bucket: a miss, but inside a capture it must not tune
-    autotune::Workload w2(s, z);
+    oracle::Workload w2(s, z);
     w2.upload();
     CUstream stream = nullptr;
     detail::check(d.StreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
     testing::capture_and_replay(stream, [&] { apply(s, w2.args(stream)); });
     CHECK(autotune::tunings_performed() == before + 1);
-    const autotune::CheckReport r2 = w2.check();
+    const oracle::CheckReport r2 = w2.check();
     CHECK_MESSAGE(r2.ok, r2.first_failure);
     d.StreamDestroy(stream);
   }
@@ -164,22 +164,22 @@ TEST_SUITE("gpu") {
         autotune::select_config(c, decode, dev, false) == *other,
         "the tuning file was read before this test wrote it: run this case in its own process");
 
-    autotune::Sizes z = testing::dense_sizes(1, 4096, 32, 8);
-    autotune::Workload prefill(s, z);
+    oracle::Sizes z = testing::dense_sizes(1, 4096, 32, 8);
+    oracle::Workload prefill(s, z);
     prefill.upload();
     apply(s, prefill.args());  // the heuristic's kernel, and the tuned decode kernel with it
-    const autotune::CheckReport r1 = prefill.check();
+    const oracle::CheckReport r1 = prefill.check();
     CHECK_MESSAGE(r1.ok, r1.first_failure);
     const detail::EngineStats warm = api::engine().stats();
 
     z.seq_len = decode.tokens;
-    autotune::Workload w(s, z);
+    oracle::Workload w(s, z);
     w.upload();
     CUstream stream = nullptr;
     detail::check(d.StreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
     REQUIRE(w.args(stream).seq_len == decode.tokens);  // the tuned entry's bucket
     testing::capture_and_replay(stream, [&] { CHECK_NOTHROW(apply(s, w.args(stream))); });
-    const autotune::CheckReport r2 = w.check();
+    const oracle::CheckReport r2 = w.check();
     CHECK_MESSAGE(r2.ok, r2.first_failure);
     CHECK(api::engine().planned(s, w.args(stream)).first == *other);
     const detail::EngineStats after = api::engine().stats();

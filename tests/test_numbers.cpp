@@ -1,4 +1,4 @@
-// Host rounding to fp16, bf16 and FP8 e4m3 (autotune/numbers.hpp): the float64 references build
+// Host rounding to fp16, bf16 and FP8 e4m3 (oracle/numbers.hpp): the float64 references build
 // expected bytes with it, so it is checked against known encodings and, for fp16 where the
 // compiler has _Float16, against the compiler's own conversion.
 #include <doctest/doctest.h>
@@ -8,9 +8,9 @@
 #include <cstring>
 #include <random>
 
-#include "autotune/numbers.hpp"
+#include "oracle/numbers.hpp"
 
-using namespace ropejit::autotune;
+using namespace ropejit::oracle;
 
 TEST_CASE("e4m3: known encodings, saturation, subnormals, ties to even, NaN") {
   CHECK(e4m3_bits(0.0) == 0x00);

@@ -9,11 +9,11 @@
 #include <vector>
 
 #include "api/engine.hpp"
-#include "autotune/decode/proj_workload.hpp"
 #include "autotune/policy.hpp"
 #include "jit/decode/dequant.hpp"
 #include "jit/decode/proj.hpp"
 #include "jit/nvrtc.hpp"
+#include "oracle/decode/proj_workload.hpp"
 
 using namespace ropejit;
 using detail::ProjVariant;
@@ -898,10 +898,10 @@ TEST_CASE("projection reference: tolerances stay near one rounding of the output
   QkvProjSpec s;
   s.freqs = Freqs::computed;
   s.positions = Positions::offset;
-  autotune::ProjSizes z;
+  oracle::ProjSizes z;
   z.tokens = 2;
   z.hidden = 512;
-  autotune::ProjProblem p(s, z);
+  oracle::ProjProblem p(s, z);
   const auto& e = p.expected();
   double worst = 0, typical = 0;
   for (size_t i = 0; i < e.value.size(); ++i) {
@@ -920,11 +920,11 @@ TEST_CASE("projection reference, unfused path: within a few roundings of the out
   QkvProjSpec s;
   s.freqs = Freqs::computed;
   s.positions = Positions::offset;
-  autotune::ProjSizes z;
+  oracle::ProjSizes z;
   z.tokens = 2;
   z.hidden = 512;
   z.path = ProjPath::unfused;
-  autotune::ProjProblem p(s, z);
+  oracle::ProjProblem p(s, z);
   const auto& e = p.expected_unfused();
   REQUIRE(e.value.size() == size_t(2 * 8 * 128));
   double typical = 0;

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "autotune/numbers.hpp"
 #include "jit/scaling.hpp"
+#include "oracle/numbers.hpp"
 #include "ropejit/ropejit.h"
 #include "ropejit/ropejit.hpp"
 #include "test_util.hpp"
@@ -341,15 +341,15 @@ namespace {
 uint32_t expected_bits(DType dtype, double v) {
   switch (dtype) {
     case DType::f32: {
-      const float f = autotune::f32_value(v);
+      const float f = oracle::f32_value(v);
       uint32_t u;
       std::memcpy(&u, &f, 4);
       return u;
     }
     case DType::f16:
-      return autotune::f16_bits(v);
+      return oracle::f16_bits(v);
     case DType::bf16:
-      return autotune::bf16_bits(v);
+      return oracle::bf16_bits(v);
   }
   return 0;
 }
@@ -399,7 +399,7 @@ TEST_CASE("build_tables: every value is the float64 value rounded once, where th
             wrong += stored_bits(dtype, cos, at) != expected_bits(dtype, c);
             wrong += stored_bits(dtype, sin, at) != expected_bits(dtype, s);
             if (dtype == DType::bf16)  // rounding through float32 first would differ here
-              double_rounding_differs += autotune::bf16_bits(c) != autotune::bf16_bits(float(c));
+              double_rounding_differs += oracle::bf16_bits(c) != oracle::bf16_bits(float(c));
           }
         CHECK(wrong == 0);
         CHECK(cos[size_t(cols * (dtype == DType::f32 ? 4 : 2))] == 0xAB);  // the gap is untouched
@@ -443,8 +443,8 @@ TEST_CASE("build_tables refuses what it cannot build, writing nothing") {
   build_tables(spec, t, cos.data(), sin.data());  // positions 0..3 of base 10000
   CHECK(cos[0] == 1.0f);
   CHECK(sin[0] == 0.0f);
-  CHECK(cos[64] == autotune::f32_value(std::cos(1.0)));
-  CHECK(sin[64 + 1] == autotune::f32_value(std::sin(std::pow(10000.0, -2.0 / 128))));
+  CHECK(cos[64] == oracle::f32_value(std::cos(1.0)));
+  CHECK(sin[64 + 1] == oracle::f32_value(std::sin(std::pow(10000.0, -2.0 / 128))));
 }
 
 TEST_CASE("C API: tables, frequencies and attention factors") {
@@ -462,7 +462,7 @@ TEST_CASE("C API: tables, frequencies and attention factors") {
   t.rows = 16;
   std::vector<uint16_t> cos(16 * 64), sin(16 * 64);
   REQUIRE(ropejit_build_tables(&spec, &t, cos.data(), sin.data()) == ROPEJIT_OK);
-  CHECK(cos[64] == autotune::bf16_bits(std::cos(0.5)));
+  CHECK(cos[64] == oracle::bf16_bits(std::cos(0.5)));
   CHECK(std::string(ropejit_last_error()).empty());
   t.rows = -1;
   CHECK(ropejit_build_tables(&spec, &t, cos.data(), sin.data()) == ROPEJIT_ERROR_INVALID_ARGUMENT);

@@ -7,8 +7,6 @@
 #include <string>
 #include <vector>
 
-#include "autotune/decode/ffn_workload.hpp"
-#include "autotune/decode/proj_workload.hpp"
 #include "autotune/policy.hpp"
 #include "autotune/timing.hpp"
 #include "autotune/tuner.hpp"
@@ -18,8 +16,17 @@
 #include "jit/engine.hpp"
 #include "jit/errors.hpp"
 #include "jit/nvrtc.hpp"
+#include "oracle/decode/ffn_workload.hpp"
+#include "oracle/decode/proj_workload.hpp"
 
 namespace ropejit::autotune {
+
+using oracle::CheckReport;
+using oracle::FfnProblem;
+using oracle::FfnSizes;
+using oracle::ProjProblem;
+using oracle::ProjSizes;
+
 namespace {
 
 constexpr int kWarmup = 3;

@@ -1,12 +1,12 @@
 // Exact host rounding to the kernels' number formats (round to nearest even, once).
-#include "autotune/numbers.hpp"
+#include "oracle/numbers.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
 
-namespace ropejit::autotune {
+namespace ropejit::oracle {
 namespace {
 
 // Magnitude bits (exponent field, then fraction) of an exactly representable finite value `r`
@@ -152,4 +152,4 @@ double half_ulp(DType t, double x) {
   return std::max(tiny, std::ldexp(1.0, std::ilogb(x) - mant - 1));
 }
 
-}  // namespace ropejit::autotune
+}  // namespace ropejit::oracle

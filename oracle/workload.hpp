@@ -12,7 +12,7 @@
 
 #include "ropejit/ropejit.hpp"
 
-namespace ropejit::autotune {
+namespace ropejit::oracle {
 
 struct Sizes {
   int64_t batch = 2;
@@ -148,7 +148,7 @@ class Workload {
   void add_fusion();
   void add_cache();
   void add_scaling();
-  // The reference (autotune/reference.cpp).
+  // The reference (oracle/reference.cpp).
   void build_reference();
 
   Spec spec_;
@@ -167,4 +167,4 @@ class Workload {
   bool initial_failed_ = false;  // reset() could not allocate its copies: it uploads
 };
 
-}  // namespace ropejit::autotune
+}  // namespace ropejit::oracle

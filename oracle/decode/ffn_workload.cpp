@@ -16,20 +16,20 @@
 // neighbour allowed where float64 lies within rstd's error of a rounding boundary (as the
 // projection's unfused reference); g and u from cuBLASLt ((K/8 + 64) · 2^-22 · Σ|a W|) each
 // rounded to the dtype; act(g) · u on those, in fp32, rounded once.
-#include "autotune/decode/ffn_workload.hpp"
+#include "oracle/decode/ffn_workload.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
-#include "autotune/host_threads.hpp"
-#include "autotune/numbers.hpp"
 #include "jit/decode/ffn.hpp"
 #include "jit/driver.hpp"
 #include "jit/errors.hpp"
 #include "jit/launch_config.hpp"
+#include "oracle/host_threads.hpp"
+#include "oracle/numbers.hpp"
 
-namespace ropejit::autotune {
+namespace ropejit::oracle {
 namespace {
 
 constexpr uint8_t kPoison = 0xff;  // NaN in f16 and bf16
@@ -367,4 +367,4 @@ CheckReport FfnProblem::compare(const Expected& want, const std::vector<uint8_t>
   return r;
 }
 
-}  // namespace ropejit::autotune
+}  // namespace ropejit::oracle

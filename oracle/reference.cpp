@@ -5,13 +5,13 @@
 #include <cstring>
 #include <vector>
 
-#include "autotune/numbers.hpp"
-#include "autotune/workload.hpp"
 #include "jit/errors.hpp"
 #include "jit/launch_config.hpp"
 #include "jit/scaling.hpp"
+#include "oracle/numbers.hpp"
+#include "oracle/workload.hpp"
 
-namespace ropejit::autotune {
+namespace ropejit::oracle {
 
 using detail::element_bytes;
 
@@ -382,4 +382,4 @@ void Workload::build_reference() {
   }
 }
 
-}  // namespace ropejit::autotune
+}  // namespace ropejit::oracle

@@ -2,17 +2,17 @@
 // (reproduced bit for bit); the output's tolerance: one rounding to the dtype, plus Σx² in fp32
 // (a chain of at most hidden / 256 + 8 terms per thread, then 10 shuffle levels), a division,
 // a square root and two fp32 products.
-#include "autotune/decode/norm_workload.hpp"
+#include "oracle/decode/norm_workload.hpp"
 
 #include <algorithm>
 #include <cmath>
 
-#include "autotune/numbers.hpp"
 #include "jit/driver.hpp"
 #include "jit/errors.hpp"
 #include "jit/launch_config.hpp"
+#include "oracle/numbers.hpp"
 
-namespace ropejit::autotune {
+namespace ropejit::oracle {
 namespace {
 
 constexpr uint8_t kPoison = 0xff;
@@ -184,4 +184,4 @@ CheckReport NormProblem::check() {
   return r;
 }
 
-}  // namespace ropejit::autotune
+}  // namespace ropejit::oracle

@@ -1,17 +1,17 @@
 // Workload: random inputs, device buffers, and the float64 reference check.
-#include "autotune/workload.hpp"
+#include "oracle/workload.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
 
-#include "autotune/numbers.hpp"
 #include "jit/driver.hpp"
 #include "jit/errors.hpp"
 #include "jit/launch_config.hpp"
+#include "oracle/numbers.hpp"
 
-namespace ropejit::autotune {
+namespace ropejit::oracle {
 
 using detail::element_bytes;
 
@@ -500,4 +500,4 @@ int64_t Workload::bytes_moved() const {
   return bytes;
 }
 
-}  // namespace ropejit::autotune
+}  // namespace ropejit::oracle

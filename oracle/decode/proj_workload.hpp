@@ -7,10 +7,10 @@
 #include <random>
 #include <vector>
 
-#include "autotune/workload.hpp"
+#include "oracle/workload.hpp"
 #include "ropejit/ropejit.hpp"
 
-namespace ropejit::autotune {
+namespace ropejit::oracle {
 
 struct ProjSizes {
   int64_t tokens = 3;
@@ -152,4 +152,4 @@ class ProjProblem {
   bool unfused_only_ = false;
 };
 
-}  // namespace ropejit::autotune
+}  // namespace ropejit::oracle

@@ -15,20 +15,20 @@
 //   - one rounding to the output dtype.
 // With e4m3 weights the products use the decoded codes (exact in the operand dtype) and the
 // column's scale multiplies the fp32 sum: one more fp32 rounding of y.
-#include "autotune/decode/proj_workload.hpp"
+#include "oracle/decode/proj_workload.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
-#include "autotune/host_threads.hpp"
-#include "autotune/numbers.hpp"
 #include "jit/decode/proj.hpp"
 #include "jit/driver.hpp"
 #include "jit/errors.hpp"
 #include "jit/launch_config.hpp"
+#include "oracle/host_threads.hpp"
+#include "oracle/numbers.hpp"
 
-namespace ropejit::autotune {
+namespace ropejit::oracle {
 namespace {
 
 constexpr uint8_t kPoison = 0xff;  // NaN in f16 and bf16
@@ -858,4 +858,4 @@ void ProjProblem::compare_cache(CheckReport& r, const Expected& expected) const 
     fail(detail::concat("args.cache.skipped holds ", skipped, ", expected ", want_skipped_));
 }
 
-}  // namespace ropejit::autotune
+}  // namespace ropejit::oracle

@@ -8,12 +8,12 @@
 #include <numeric>
 #include <random>
 
-#include "autotune/numbers.hpp"
-#include "autotune/workload.hpp"
 #include "jit/errors.hpp"
 #include "jit/launch_config.hpp"
+#include "oracle/numbers.hpp"
+#include "oracle/workload.hpp"
 
-namespace ropejit::autotune {
+namespace ropejit::oracle {
 
 using detail::element_bytes;
 
@@ -211,4 +211,4 @@ void Workload::add_cache() {
   add_output(k.skipped, kI32, false);
 }
 
-}  // namespace ropejit::autotune
+}  // namespace ropejit::oracle

@@ -7,10 +7,10 @@
 #include <random>
 #include <vector>
 
-#include "autotune/workload.hpp"
+#include "oracle/workload.hpp"
 #include "ropejit/ropejit.hpp"
 
-namespace ropejit::autotune {
+namespace ropejit::oracle {
 
 struct FfnSizes {
   int64_t tokens = 3;
@@ -79,4 +79,4 @@ class FfnProblem {
   ProjPath matched_ = ProjPath::fused;
 };
 
-}  // namespace ropejit::autotune
+}  // namespace ropejit::oracle

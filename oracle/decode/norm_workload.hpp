@@ -6,10 +6,10 @@
 #include <random>
 #include <vector>
 
-#include "autotune/workload.hpp"
+#include "oracle/workload.hpp"
 #include "ropejit/ropejit.hpp"
 
-namespace ropejit::autotune {
+namespace ropejit::oracle {
 
 struct NormSizes {
   int64_t rows = 3;
@@ -53,4 +53,4 @@ class NormProblem {
   std::vector<uint8_t> want_residual_;  // the residual buffer's expected bytes
 };
 
-}  // namespace ropejit::autotune
+}  // namespace ropejit::oracle

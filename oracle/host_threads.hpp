@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-namespace ropejit::autotune {
+namespace ropejit::oracle {
 
 // work(begin, end) for ranges covering [0, count); waits for all, rethrows the first failure.
 template <class Work>
@@ -31,4 +31,4 @@ void for_each_range(int64_t count, Work work) {
   for (std::future<void>& p : parts) p.get();
 }
 
-}  // namespace ropejit::autotune
+}  // namespace ropejit::oracle

@@ -8,7 +8,7 @@
 
 #include "ropejit/ropejit.hpp"
 
-namespace ropejit::autotune {
+namespace ropejit::oracle {
 
 // IEEE binary16: overflow rounds to infinity, NaN to the quiet NaN 0x7e00 (sign kept).
 uint16_t f16_bits(double v);
@@ -48,4 +48,4 @@ void store_value(DType dtype, uint8_t* p, double v);
 // Half an ulp of `dtype` at magnitude x: the error of one correct rounding.
 double half_ulp(DType dtype, double x);
 
-}  // namespace ropejit::autotune
+}  // namespace ropejit::oracle
