@@ -20,7 +20,7 @@ case "${1:-}" in
   tidy)
     build=${2:?usage: tools/lint.sh tidy BUILD_DIR}
     [ -f "$build/compile_commands.json" ] || { echo "lint: $build has no compile_commands.json" >&2; exit 2; }
-    git ls-files 'jit/*.cpp' 'autotune/*.cpp' 'api/*.cpp' 'cli/*.cpp' |
+    git ls-files 'jit/*.cpp' 'oracle/*.cpp' 'autotune/*.cpp' 'api/*.cpp' 'cli/*.cpp' |
       xargs -P "$(nproc)" -n 1 clang-tidy -p "$build" --quiet
     echo "lint: clang-tidy clean"
     ;;
