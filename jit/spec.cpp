@@ -80,12 +80,7 @@ bool Spec::fused() const {
 Spec Spec::canonical() const {
   validate();
   Spec c = *this;
-  if (c.rotary_dim == 0) c.rotary_dim = c.head_dim;
-  if (c.positions == Positions::offset) c.index_type = IndexType::i64;
-  if (c.freqs != Freqs::table) {
-    c.table_dtype = DType::f32;
-    c.table_width = TableWidth::half;
-  }
+  detail::canonicalize_rope_axes(&c);
   if (c.cache == KvCache::none) c.cache_store = Store::same;
   return c;
 }

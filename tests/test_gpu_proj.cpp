@@ -480,16 +480,14 @@ TEST_SUITE("gpu") {
     testing::use_primary_context();
     testing::ScopedEnv off("ROPEJIT_TUNING",
                            "off");  // the heuristic: unfused from 33 tokens (e4m3: 65)
-    const auto& dims = kCacheDims;
-    const auto& tokens = kCacheTokens;
     int n = 0;
-    for (const auto& d : dims)
+    for (const auto& d : kCacheDims)
       for (const DType dt : {DType::bf16, DType::f16})
         for (const Store store : {Store::same, Store::e4m3})
           for (const KvCache mode : {KvCache::paged, KvCache::contiguous}) {
             ++n;
             const Norm norm = n % 3 == 0 ? Norm::none : n % 3 == 1 ? Norm::rms : Norm::rms_one_plus;
-            auto [s, z] = matrix_case(n, d, dt, norm, tokens);
+            auto [s, z] = matrix_case(n, d, dt, norm, kCacheTokens);
             s.cache = mode;
             s.cache_store = store;
             s.weights = n % 4 == 3 ? Weights::e4m3 : Weights::same;
@@ -517,17 +515,15 @@ TEST_SUITE("gpu") {
     testing::use_primary_context();
     testing::ScopedEnv off("ROPEJIT_TUNING",
                            "off");  // the heuristic: unfused from 33 tokens (e4m3: 65)
-    const auto& dims = kCacheDims;
-    const auto& tokens = kCacheTokens;
     int n = 0;
-    for (const auto& d : dims)
+    for (const auto& d : kCacheDims)
       for (const DType dt : {DType::bf16, DType::f16})
         for (const KvCache mode : {KvCache::slots, KvCache::paged, KvCache::contiguous})
           for (const bool chunk : {false, true}) {
             if (chunk && mode == KvCache::slots) continue;
             ++n;
             const Norm norm = n % 3 == 0 ? Norm::none : n % 3 == 1 ? Norm::rms : Norm::rms_one_plus;
-            auto [s, z] = matrix_case(n, d, dt, norm, tokens);
+            auto [s, z] = matrix_case(n, d, dt, norm, kCacheTokens);
             s.positions = Positions::ids;  // offsets: the fused path only, with these caches
             z.position_offset = 0;
             s.cache = mode;

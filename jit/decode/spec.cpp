@@ -61,12 +61,7 @@ void QkvProjSpec::validate() const {
 QkvProjSpec QkvProjSpec::canonical() const {
   validate();
   QkvProjSpec c = *this;
-  if (c.rotary_dim == 0) c.rotary_dim = c.head_dim;
-  if (c.positions == Positions::offset) c.index_type = IndexType::i64;
-  if (c.freqs != Freqs::table) {
-    c.table_dtype = DType::f32;
-    c.table_width = TableWidth::half;
-  }
+  detail::canonicalize_rope_axes(&c);
   return c;
 }
 
