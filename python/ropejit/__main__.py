@@ -1,21 +1,13 @@
-"""`python -m ropejit info|compile|tune|demo|source ...` (and the `ropejit` console script): runs
-the ropejit command installed inside this package with the same arguments."""
+"""`python -m ropejit info|compile|tune|demo|source ...`: runs the ropejit command installed
+inside this package with the same arguments (the console script's _ropejit_cli.main)."""
 
 import os
-import sys
 
 
 def main(argv=None):
-    from ropejit._library import command_path
+    from _ropejit_cli import main as run_command
 
-    args = sys.argv[1:] if argv is None else list(argv)
-    try:
-        command = command_path()
-    except FileNotFoundError as e:
-        sys.exit(str(e))
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.execv(command, [command, *args])  # the command's exit code is the process's
+    run_command(argv, package_dir=os.path.dirname(os.path.abspath(__file__)))
 
 
 if __name__ == "__main__":

@@ -80,11 +80,9 @@ def precompile(spec=None, arch="sm_90", **fields):
 
 def command_path():
     """The `ropejit` command installed with this package."""
-    path = os.path.join(os.path.dirname(__file__), "bin", "ropejit")
-    if not os.access(path, os.X_OK):
-        raise FileNotFoundError(f"ropejit: the command {path} is not installed with this "
-                                f"package: reinstall it with `pip install .`")
-    return path
+    from _ropejit_cli import command_path as in_package  # the console script's definition
+
+    return in_package(os.path.dirname(os.path.abspath(__file__)))
 
 
 @dataclasses.dataclass(frozen=True)
