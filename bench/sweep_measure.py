@@ -7,7 +7,7 @@ import zlib
 
 import torch
 
-from compare_torch import first_line, time_copy, time_us
+from compare_torch import first_line, rotate_half, time_copy, time_us
 from sweep_grid import DECODE_CONTEXT, DECODE_MAX_TOKENS
 
 BASE = 10000.0
@@ -143,11 +143,6 @@ def copy_us(row, timing):
     """A device-to-device copy of half the row's bytes (it reads and writes them)."""
     flush, warmup, reps = timing
     return time_copy(row.bytes_moved // 2, flush, warmup, reps)
-
-
-def rotate_half(x):
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 def rotate_every_two(x):

@@ -199,14 +199,13 @@ case "$what" in
       echo "dev.sh: GPU tests SKIPPED: $($ctest_cmd -N -L gpu | tail -1)"
     fi
     cd "$root"
+    python_status=0
     if [ "${ROPEJIT_TEST_SERIAL:-0}" != 1 ]; then
-      python_status=0
       wait "$python_pid" || python_status=$?
       echo "dev.sh: the Python package"
       cat "$python_log"
     else
       echo "dev.sh: the Python package"
-      python_status=0
       python_tests || python_status=$?
     fi
     if [ "$python_status" != 0 ]; then failed+=("pytest (Python package)"); fi
