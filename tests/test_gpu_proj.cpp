@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -121,6 +122,124 @@ ProjPath warm_then_capture(const QkvProjSpec& s, const oracle::ProjSizes& z, int
   expect_ok(p, what + ", graph replay");
   d.StreamDestroy(stream);
   return p.matched();
+}
+
+// The cases numbered first..last (1-based, inclusive) of a matrix, the others skipped with their
+// numbers, so that a matrix split over test cases (run side by side) checks the cases, seeds and
+// variants of the whole.
+// The last range is open-ended, so that cases added to a matrix land in one of its test cases.
+struct CaseRange {
+  int first, last = std::numeric_limits<int>::max();
+  bool take(int n) const { return n >= first && n <= last; }
+};
+
+// Dims and tokens shared by the two chunk matrices (a chunk's sequences, the unfused path).
+const int32_t kCacheDims[][2] = {{128, 128}, {64, 32}, {80, 80}};
+const int64_t kCacheTokens[] = {3, 16, 40, 64, 130};
+
+// The cases of "projection: every axis" in `range`: the matrix is split over two test
+// cases.
+void proj_every_axis(CaseRange range) {
+  testing::use_primary_context();
+  const int32_t dims[][2] = {{128, 128}, {64, 32}, {80, 80}, {96, 64}, {256, 256}, {512, 128}};
+  const DType dtypes[] = {DType::bf16, DType::f16};
+  const Norm norms[] = {Norm::rms, Norm::none, Norm::rms_one_plus};
+  const int64_t tokens[] = {1, 3, 8, 13, 29, 64, 70};
+  int n = 0;
+  for (const auto& d : dims)
+    for (const DType dt : dtypes)
+      for (const Norm norm : norms) {
+        if (!range.take(++n)) continue;
+        auto [s, z] = matrix_case(n, d, dt, norm, tokens);
+        if (s.freqs == Freqs::table) {
+          s.table_dtype = n % 3 == 0 ? DType::bf16 : DType::f32;
+          s.table_width = n % 4 == 1 ? TableWidth::full : TableWidth::half;
+          s.index_type = n % 5 == 0 ? IndexType::i32 : IndexType::i64;
+        }
+        z.hidden = n % 2 ? 264 : 512;  // 264: the last 32-element chunk is partial
+        z.out_head_gap = n % 4 == 2 ? 8 : 0;
+        z.weight_gap = n % 6 == 4 ? 8 : 0;
+        z.seed = uint64_t(1000 + n);
+        oracle::ProjProblem p(s, z);
+        check_call_and_variant(p, s, 2 + n % 3, 1 + n % 2, false,
+                               s.key() + " tokens " + std::to_string(z.tokens));
+      }
+}
+
+// The cases of "projection with a KV cache (slots, paged, contiguous)" in `range`.
+void proj_cache_rows(CaseRange range) {
+  // k (rotated) and v into each token's cache row, in the dtype or e4m3, against the float64
+  // reference; padded slots (-1) not written; rows outside the cache (a slot past the end, a
+  // bad last_page_len or page number, a full sequence) not written and counted; every cache
+  // byte outside the tokens' rows (gaps, other rows, the guard) still poisoned; with
+  // cache_only the k and v outputs untouched too.
+  testing::use_primary_context();
+  const int32_t dims[][2] = {{128, 128}, {64, 32}, {80, 80}};
+  const int64_t tokens[] = {1, 7, 16, 40, 64};
+  int n = 0;
+  for (const auto& d : dims)
+    for (const DType dt : {DType::bf16, DType::f16})
+      for (const Store store : {Store::same, Store::e4m3})
+        for (const Weights w : {Weights::same, Weights::e4m3}) {
+          if (!range.take(++n)) continue;
+          const Norm norm = n % 3 == 0 ? Norm::none : n % 3 == 1 ? Norm::rms : Norm::rms_one_plus;
+          auto [s, z] = matrix_case(n, d, dt, norm, tokens);
+          s.weights = w;
+          const KvCache modes[] = {KvCache::slots, KvCache::paged, KvCache::contiguous};
+          s.cache = modes[(n / 2) % 3];  // against the norm (n % 3)
+          s.cache_store = store;
+          z.hidden = n % 2 ? 272 : 512;
+          z.cache_page_size = n % 4 == 0 ? 1 : n % 4 == 1 ? 16 : 5;
+          z.cache_slot_gap = n % 4 == 1 ? 16 : 0;
+          z.cache_only = n % 5 == 2;
+          z.padded_slots = z.tokens > 2 ? 1 + n % 2 : 0;
+          z.bad_slots = z.tokens > 4 ? 1 + n % 3 : 0;
+          z.seed = uint64_t(7000 + n);
+          oracle::ProjProblem p(s, z);
+          // Up to 32 tokens the automatic path is the fused one (beyond, it would be the
+          // unfused one given a workspace; without one it runs fused).
+          check_call_and_variant(p, s, 1 + n % 4, 1 + n % 2, z.tokens <= 32,
+                                 s.key() + " tokens " + std::to_string(z.tokens) + " page " +
+                                     std::to_string(z.cache_page_size) +
+                                     (z.cache_only ? " cache only" : ""));
+        }
+}
+
+// The cases of "projection with a KV cache: a chunk's sequences" in `range`.
+void proj_cache_chunks(CaseRange range) {
+  // Several new tokens per sequence (cu_seqlens, some sequences empty) into a paged cache
+  // (the sequence's last positions after the append, across page boundaries) or a contiguous
+  // one (rows from seq_lens on; tokens past the row skipped and counted), fused; every other
+  // cache byte untouched.
+  testing::use_primary_context();
+  testing::ScopedEnv off("ROPEJIT_TUNING",
+                         "off");  // the heuristic: unfused from 33 tokens (e4m3: 65)
+  int n = 0;
+  for (const auto& d : kCacheDims)
+    for (const DType dt : {DType::bf16, DType::f16})
+      for (const Store store : {Store::same, Store::e4m3})
+        for (const KvCache mode : {KvCache::paged, KvCache::contiguous}) {
+          if (!range.take(++n)) continue;
+          const Norm norm = n % 3 == 0 ? Norm::none : n % 3 == 1 ? Norm::rms : Norm::rms_one_plus;
+          auto [s, z] = matrix_case(n, d, dt, norm, kCacheTokens);
+          s.cache = mode;
+          s.cache_store = store;
+          s.weights = n % 4 == 3 ? Weights::e4m3 : Weights::same;
+          z.hidden = n % 2 ? 272 : 512;
+          z.cache_sequences = 1 + n % 5;
+          z.cache_page_size = mode == KvCache::contiguous ? (n % 3 == 0 ? 16 : 160)
+                                                          : (n % 3 == 0   ? 1
+                                                             : n % 3 == 1 ? 16
+                                                                          : 5);
+          z.cache_slot_gap = n % 4 == 1 ? 16 : 0;
+          z.bad_slots = n % 3;
+          z.seed = uint64_t(9000 + n);
+          oracle::ProjProblem p(s, z);
+          check_call_and_variant(p, s, 1 + n % 4, 1 + n % 2, z.tokens <= 32,
+                                 s.key() + " chunk of " + std::to_string(z.tokens) + " in " +
+                                     std::to_string(z.cache_sequences) + " sequences, page " +
+                                     std::to_string(z.cache_page_size));
+        }
 }
 
 }  // namespace
@@ -282,31 +401,11 @@ TEST_SUITE("gpu") {
     CHECK(fp8_text.find("\"unfused_us\": 0") == std::string::npos);
   }
 
-  TEST_CASE("projection: every axis against float64 (norms, styles, partial rotary, tables)") {
-    testing::use_primary_context();
-    const int32_t dims[][2] = {{128, 128}, {64, 32}, {80, 80}, {96, 64}, {256, 256}, {512, 128}};
-    const DType dtypes[] = {DType::bf16, DType::f16};
-    const Norm norms[] = {Norm::rms, Norm::none, Norm::rms_one_plus};
-    const int64_t tokens[] = {1, 3, 8, 13, 29, 64, 70};
-    int n = 0;
-    for (const auto& d : dims)
-      for (const DType dt : dtypes)
-        for (const Norm norm : norms) {
-          ++n;
-          auto [s, z] = matrix_case(n, d, dt, norm, tokens);
-          if (s.freqs == Freqs::table) {
-            s.table_dtype = n % 3 == 0 ? DType::bf16 : DType::f32;
-            s.table_width = n % 4 == 1 ? TableWidth::full : TableWidth::half;
-            s.index_type = n % 5 == 0 ? IndexType::i32 : IndexType::i64;
-          }
-          z.hidden = n % 2 ? 264 : 512;  // 264: the last 32-element chunk is partial
-          z.out_head_gap = n % 4 == 2 ? 8 : 0;
-          z.weight_gap = n % 6 == 4 ? 8 : 0;
-          z.seed = uint64_t(1000 + n);
-          oracle::ProjProblem p(s, z);
-          check_call_and_variant(p, s, 2 + n % 3, 1 + n % 2, false,
-                                 s.key() + " tokens " + std::to_string(z.tokens));
-        }
+  TEST_CASE("projection: every axis against float64 (norms, styles, rotary, tables), cases 1-18") {
+    proj_every_axis({1, 18});
+  }
+  TEST_CASE("projection: every axis against float64 (norms, styles, rotary, tables), cases 19 on") {
+    proj_every_axis({19});
   }
 
   TEST_CASE("projection, e4m3 weights with column scales: every axis against float64") {
@@ -363,42 +462,13 @@ TEST_SUITE("gpu") {
       }
   }
 
-  TEST_CASE("projection with a KV cache (slots, paged, contiguous): every other byte untouched") {
-    // k (rotated) and v into each token's cache row, in the dtype or e4m3, against the float64
-    // reference; padded slots (-1) not written; rows outside the cache (a slot past the end, a
-    // bad last_page_len or page number, a full sequence) not written and counted; every cache
-    // byte outside the tokens' rows (gaps, other rows, the guard) still poisoned; with
-    // cache_only the k and v outputs untouched too.
-    testing::use_primary_context();
-    const int32_t dims[][2] = {{128, 128}, {64, 32}, {80, 80}};
-    const int64_t tokens[] = {1, 7, 16, 40, 64};
-    int n = 0;
-    for (const auto& d : dims)
-      for (const DType dt : {DType::bf16, DType::f16})
-        for (const Store store : {Store::same, Store::e4m3})
-          for (const Weights w : {Weights::same, Weights::e4m3}) {
-            ++n;
-            const Norm norm = n % 3 == 0 ? Norm::none : n % 3 == 1 ? Norm::rms : Norm::rms_one_plus;
-            auto [s, z] = matrix_case(n, d, dt, norm, tokens);
-            s.weights = w;
-            const KvCache modes[] = {KvCache::slots, KvCache::paged, KvCache::contiguous};
-            s.cache = modes[(n / 2) % 3];  // against the norm (n % 3)
-            s.cache_store = store;
-            z.hidden = n % 2 ? 272 : 512;
-            z.cache_page_size = n % 4 == 0 ? 1 : n % 4 == 1 ? 16 : 5;
-            z.cache_slot_gap = n % 4 == 1 ? 16 : 0;
-            z.cache_only = n % 5 == 2;
-            z.padded_slots = z.tokens > 2 ? 1 + n % 2 : 0;
-            z.bad_slots = z.tokens > 4 ? 1 + n % 3 : 0;
-            z.seed = uint64_t(7000 + n);
-            oracle::ProjProblem p(s, z);
-            // Up to 32 tokens the automatic path is the fused one (beyond, it would be the
-            // unfused one given a workspace; without one it runs fused).
-            check_call_and_variant(p, s, 1 + n % 4, 1 + n % 2, z.tokens <= 32,
-                                   s.key() + " tokens " + std::to_string(z.tokens) + " page " +
-                                       std::to_string(z.cache_page_size) +
-                                       (z.cache_only ? " cache only" : ""));
-          }
+  TEST_CASE(
+      "projection with a KV cache (slots, paged, contiguous), other bytes untouched, cases 1-12") {
+    proj_cache_rows({1, 12});
+  }
+  TEST_CASE(
+      "projection with a KV cache (slots, paged, contiguous), other bytes untouched, cases 13 on") {
+    proj_cache_rows({13});
   }
 
   TEST_CASE("projection with a dynamic FP8 cache (e4m3dyn): the unfused path's scales per head") {
@@ -468,44 +538,11 @@ TEST_SUITE("gpu") {
     CHECK(warm_then_capture(s, z, 1, "e4m3dyn cache, 24 tokens") == ProjPath::unfused);
   }
 
-  // The two halves of one matrix (dims, tokens), two test cases so that they run side by side.
-  const int32_t kCacheDims[][2] = {{128, 128}, {64, 32}, {80, 80}};
-  const int64_t kCacheTokens[] = {3, 16, 40, 64, 130};
-
-  TEST_CASE("projection with a KV cache: a chunk's sequences (cu_seqlens)") {
-    // Several new tokens per sequence (cu_seqlens, some sequences empty) into a paged cache
-    // (the sequence's last positions after the append, across page boundaries) or a contiguous
-    // one (rows from seq_lens on; tokens past the row skipped and counted), fused; every other
-    // cache byte untouched.
-    testing::use_primary_context();
-    testing::ScopedEnv off("ROPEJIT_TUNING",
-                           "off");  // the heuristic: unfused from 33 tokens (e4m3: 65)
-    int n = 0;
-    for (const auto& d : kCacheDims)
-      for (const DType dt : {DType::bf16, DType::f16})
-        for (const Store store : {Store::same, Store::e4m3})
-          for (const KvCache mode : {KvCache::paged, KvCache::contiguous}) {
-            ++n;
-            const Norm norm = n % 3 == 0 ? Norm::none : n % 3 == 1 ? Norm::rms : Norm::rms_one_plus;
-            auto [s, z] = matrix_case(n, d, dt, norm, kCacheTokens);
-            s.cache = mode;
-            s.cache_store = store;
-            s.weights = n % 4 == 3 ? Weights::e4m3 : Weights::same;
-            z.hidden = n % 2 ? 272 : 512;
-            z.cache_sequences = 1 + n % 5;
-            z.cache_page_size = mode == KvCache::contiguous ? (n % 3 == 0 ? 16 : 160)
-                                                            : (n % 3 == 0   ? 1
-                                                               : n % 3 == 1 ? 16
-                                                                            : 5);
-            z.cache_slot_gap = n % 4 == 1 ? 16 : 0;
-            z.bad_slots = n % 3;
-            z.seed = uint64_t(9000 + n);
-            oracle::ProjProblem p(s, z);
-            check_call_and_variant(p, s, 1 + n % 4, 1 + n % 2, z.tokens <= 32,
-                                   s.key() + " chunk of " + std::to_string(z.tokens) + " in " +
-                                       std::to_string(z.cache_sequences) + " sequences, page " +
-                                       std::to_string(z.cache_page_size));
-          }
+  TEST_CASE("projection with a KV cache: a chunk's sequences (cu_seqlens), cases 1-12") {
+    proj_cache_chunks({1, 12});
+  }
+  TEST_CASE("projection with a KV cache: a chunk's sequences (cu_seqlens), cases 13 on") {
+    proj_cache_chunks({13});
   }
 
   TEST_CASE("projection with a KV cache: the unfused path, every addressing, a chunk in a graph") {

@@ -30,28 +30,6 @@ what=${1:-build}
 shift || true
 build=${ROPEJIT_BUILD_DIR:-build}
 
-if [ "$what" != gpu ] && [ "${ROPEJIT_SKIP_BUILD:-0}" != 1 ]; then
-  tools/fetch-deps.sh .deps
-  generator=()
-  if command -v ninja >/dev/null 2>&1; then generator=(-G Ninja); fi
-  if [ ! -f "$build/CMakeCache.txt" ]; then
-    # shellcheck disable=SC2086  # ROPEJIT_CMAKE_ARGS holds extra -D options, split on spaces
-    cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-      -DCMAKE_PREFIX_PATH="$PWD/.deps/usr" -DROPEJIT_WERROR=ON ${ROPEJIT_CMAKE_ARGS:-}
-  elif { [ "$what" = test ] || [ "$what" = exhaustive ]; } && grep -q '^ROPEJIT_BUILD_TESTS:BOOL=OFF' "$build/CMakeCache.txt"; then
-    # A folder configured for benchmarks alone: the test command turns its tests back on.
-    echo "dev.sh: $build was configured with ROPEJIT_BUILD_TESTS=OFF; turning the tests on"
-    cmake -S . -B "$build" -DROPEJIT_BUILD_TESTS=ON > /dev/null
-  fi
-  # The demo needs the library and the command only, not every test and benchmark.
-  targets=()
-  if [ "$what" = demo ]; then targets=(--target ropejit_cli); fi
-  cmake --build "$build" -j "$(nproc)" "${targets[@]}"
-fi
-# Absolute from here on: the test step runs ctest from inside the build folder, and a relative
-# path to the command once made every GPU host look GPU-less.
-build=$(cd "$build" && pwd)
-ropejit="$build/ropejit"
 
 # Prints "yes" when ropejit sees a GPU, "no: WHY" when this machine has none. A machine whose
 # driver lists a GPU that ropejit cannot use is an error, never a skip: that is how the GPU
@@ -120,9 +98,8 @@ if sys.prefix != sys.base_prefix: print("\n".join(site.getsitepackages()))')
 # Builds and installs the package with pip (pyproject.toml: scikit-build-core over this CMake
 # project) into BUILD/pyenv, then runs pytest: the CPU tests always, the GPU tests where torch
 # sees a GPU (skipped with their reason otherwise, -rs lists them).
-python_tests() {
+python_install() {
   local env="$build/pyenv"
-  if [ -n "${ROPEJIT_PYTEST:-}" ]; then $ROPEJIT_PYTEST; return; fi
   python_env "$env"
   local py="$env/bin/python" missing
   missing=$("$py" -c 'import importlib.util as u
@@ -138,6 +115,10 @@ print(" ".join(p for m, p in (("pytest", "pytest"), ("numpy", "numpy"),
   # shellcheck disable=SC2086
   CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) "$py" -m pip install -q --no-build-isolation --no-deps \
     --force-reinstall -C "build-dir=$build/wheel/{wheel_tag}" ${ROPEJIT_PIP_ARGS:-} .
+}
+
+python_pytest() {
+  local py="$build/pyenv/bin/python"
   if [ "${state:-}" = yes ] && ! "$py" -c 'import torch' >/dev/null 2>&1; then
     echo "dev.sh: a GPU is here but $py cannot import torch: the Python GPU tests are SKIPPED"
   fi
@@ -150,6 +131,11 @@ print(" ".join(p for m, p in (("pytest", "pytest"), ("numpy", "numpy"),
   "$py" -m pytest -rs "${jobs[@]}" tests/python
 }
 
+python_tests() {
+  if [ -n "${ROPEJIT_PYTEST:-}" ]; then $ROPEJIT_PYTEST; return; fi
+  python_install && python_pytest
+}
+
 # One kernel cache for every test process of this run (ctest's cases and pytest's workers): a
 # kernel is compiled once per run, the per-entry lock making the others wait and load it. Fresh
 # per run, so that compiling stays under test; removed at exit. Unless the caller set
@@ -158,8 +144,55 @@ run_scoped_cache() {
   if [ -n "${ROPEJIT_CACHE_DIR+set}" ]; then return 0; fi
   run_cache=$(mktemp -d "$build/test-kernels.XXXXXX")
   export ROPEJIT_CACHE_DIR=$run_cache
-  trap 'rm -rf "$run_cache"' EXIT
 }
+
+# At exit: the run's kernel cache goes, and a pip build still running (the C++ build or the GPU
+# check failed) is stopped with its compilers (its own process group).
+cleanup() {
+  if [ -n "${install_pid:-}" ]; then kill -- "-$install_pid" 2>/dev/null || true; fi
+  if [ -n "${run_cache:-}" ]; then rm -rf "$run_cache"; fi
+}
+trap cleanup EXIT
+
+# The test command's pip build of the Python package starts before the C++ build, beside it (both
+# compile the library, on the same cores), and pytest starts beside ctest once it is done.
+# ROPEJIT_TEST_SERIAL=1 runs the whole Python stage after ctest instead.
+install_pid=""
+beside=no
+if [ "$what" = test ] && [ "${ROPEJIT_TEST_SERIAL:-0}" != 1 ]; then beside=yes; fi
+if [ $beside = yes ] && [ -z "${ROPEJIT_PYTEST:-}" ]; then
+  mkdir -p "$build/test-logs"
+  install_status="$build/test-logs/python-install.status"
+  rm -f "$install_status"
+  # Job control for this one job: its own process group, which cleanup() can stop whole.
+  set -m
+  (python_install; echo $? > "$install_status") > "$build/test-logs/python.log" 2>&1 &
+  install_pid=$!
+  set +m
+fi
+
+if [ "$what" != gpu ] && [ "${ROPEJIT_SKIP_BUILD:-0}" != 1 ]; then
+  tools/fetch-deps.sh .deps
+  generator=()
+  if command -v ninja >/dev/null 2>&1; then generator=(-G Ninja); fi
+  if [ ! -f "$build/CMakeCache.txt" ]; then
+    # shellcheck disable=SC2086  # ROPEJIT_CMAKE_ARGS holds extra -D options, split on spaces
+    cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+      -DCMAKE_PREFIX_PATH="$PWD/.deps/usr" -DROPEJIT_WERROR=ON ${ROPEJIT_CMAKE_ARGS:-}
+  elif { [ "$what" = test ] || [ "$what" = exhaustive ]; } && grep -q '^ROPEJIT_BUILD_TESTS:BOOL=OFF' "$build/CMakeCache.txt"; then
+    # A folder configured for benchmarks alone: the test command turns its tests back on.
+    echo "dev.sh: $build was configured with ROPEJIT_BUILD_TESTS=OFF; turning the tests on"
+    cmake -S . -B "$build" -DROPEJIT_BUILD_TESTS=ON > /dev/null
+  fi
+  # The demo needs the library and the command only, not every test and benchmark.
+  targets=()
+  if [ "$what" = demo ]; then targets=(--target ropejit_cli); fi
+  cmake --build "$build" -j "$(nproc)" "${targets[@]}"
+fi
+# Absolute from here on: the test step runs ctest from inside the build folder, and a relative
+# path to the command once made every GPU host look GPU-less.
+build=$(cd "$build" && pwd)
+ropejit="$build/ropejit"
 
 case "$what" in
   build) ;;
@@ -177,14 +210,23 @@ case "$what" in
     jobs=(--parallel "${ROPEJIT_CTEST_JOBS:-$(nproc)}" --no-tests=error)
     # Every stage runs even when one fails, and one line at the end names what failed.
     failed=()
-    # The Python stage (its own build, then pytest) runs beside ctest, its output in a log that
-    # is printed when both are done: the stages share the machine's cores and GPU, not a
-    # sequence. ROPEJIT_TEST_SERIAL=1 runs it after ctest instead.
+    # The Python stage (its own build, started above, then pytest) runs beside ctest, its output
+    # in a log that is printed when both are done: the stages share the machine's cores and GPU,
+    # not a sequence.
     mkdir -p "$build/test-logs"
     python_log="$build/test-logs/python.log"
-    if [ "${ROPEJIT_TEST_SERIAL:-0}" != 1 ]; then
+    if [ $beside = yes ]; then
       echo "dev.sh: the Python package runs beside ctest (log: $python_log)"
-      (cd "$root" && python_tests) > "$python_log" 2>&1 &
+      if [ -n "$install_pid" ]; then
+        # pytest once the pip build (a sibling job) is done and has succeeded.
+        (
+          while [ ! -s "$install_status" ] && kill -0 "$install_pid" 2>/dev/null; do sleep 1; done
+          [ "$(cat "$install_status" 2>/dev/null)" = 0 ] || exit 1
+          cd "$root" && python_pytest
+        ) >> "$python_log" 2>&1 &
+      else
+        (cd "$root" && python_tests) > "$python_log" 2>&1 &
+      fi
       python_pid=$!
     fi
     cd "$build"
@@ -200,8 +242,9 @@ case "$what" in
     fi
     cd "$root"
     python_status=0
-    if [ "${ROPEJIT_TEST_SERIAL:-0}" != 1 ]; then
+    if [ $beside = yes ]; then
       wait "$python_pid" || python_status=$?
+      install_pid=""
       echo "dev.sh: the Python package"
       cat "$python_log"
     else
