@@ -189,8 +189,12 @@ def row_summary(entry):
     if entry.get("ropejit_us") is None:
         rel = entry.get("rel_l2")
         return f"{entry.get('status')}: " + (entry.get("reason") or f"rel L2 {rel:.2e}")
+    pattern = ""
+    if entry.get("pct_pattern_copy") is not None:
+        pattern = (f", {entry['pct_pattern_copy']:.1f}% of the pattern's copy "
+                   f"({entry['pattern_copy_by']} {entry['pattern_copy_us']:.2f} µs)")
     return (f"{entry['ropejit_us']:.2f} µs, copy {entry['copy_us']:.2f} µs, "
-            f"{entry['pct_copy']:.1f}% of copy, rel L2 {entry['rel_l2']:.2e}")
+            f"{entry['pct_copy']:.1f}% of copy{pattern}, rel L2 {entry['rel_l2']:.2e}")
 
 
 def tuned_pass(args):
@@ -199,7 +203,8 @@ def tuned_pass(args):
     with open(os.path.join(args.tuned_pass, "rows.json")) as f:
         entries = json.load(f)
     measure_entries(entries, args.lib, (args.warmup, args.reps), peers=False, label="tuned ")
-    keep = ("copy_us", "ropejit_us", "pct_copy", "rel_l2", "check_ok", "status", "reason")
+    keep = ("copy_us", "ropejit_us", "pct_copy", "pattern_copy_us", "pattern_copy_by",
+            "pct_pattern_copy", "rel_l2", "check_ok", "status", "reason")
     tuned = {e["id"]: {k: e[k] for k in keep if k in e} for e in entries}
     with open(os.path.join(args.tuned_pass, "tuned.json"), "w") as f:
         json.dump(tuned, f)
@@ -291,14 +296,15 @@ def print_worst(entries, n, tuned, peers):
     measured = sorted((e for e in entries if e.get("pct_copy") is not None),
                       key=lambda e: e["pct_copy"])
     names = ["torch.compile", "liger"] if peers else []
-    cols = ["row", "MB", "copy µs", "ropejit µs", "% of copy"]
+    cols = ["row", "MB", "copy µs", "ropejit µs", "% of copy", "% of pattern copy"]
     cols += ["tuned µs (% of copy)"] if tuned else []
     cols += [f"{name} µs" for name in names]
     print(f"\n{min(n, len(measured))} of {len(measured)} measured rows, lowest % of copy first:")
     print("| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
     for e in measured[:n]:
         cells = [e["id"], f"{e['bytes'] / 1e6:.2f}", fmt(e["copy_us"]), fmt(e["ropejit_us"]),
-                 fmt(e["pct_copy"], ".1f", "%")]
+                 fmt(e["pct_copy"], ".1f", "%"),
+                 fmt(e["pct_pattern_copy"], ".1f", "%") if "pct_pattern_copy" in e else "—"]
         cells += [tuned_cell(e) or "n/a"] if tuned else []
         cells += [peer_cell(e, name) for name in names]
         print("| " + " | ".join(cells) + " |")

@@ -103,9 +103,12 @@ class Row:
     def device_bytes(self):
         """What measuring the row allocates: q and k twice (the originals the check and the
         peers start from, and the working copy), the copy's source and destination, the tables
-        in f32 and float64, and the position ids."""
+        in f32 and float64, and the position ids; with partial rotary the scratch q and k of the
+        access pattern's copy."""
         tables = 2 * self.table_rows * (self.rotary_dim // 2) * (TABLE_ITEMSIZE + 8)
-        return 2 * self.qk_bytes + self.bytes_moved + tables + self.tokens * INDEX_ITEMSIZE
+        scratch = self.qk_bytes if self.rotary_dim < self.head_dim else 0
+        return (2 * self.qk_bytes + scratch + self.bytes_moved + tables
+                + self.tokens * INDEX_ITEMSIZE)
 
     def axes(self):
         return {"dtype": self.dtype, "q_heads": self.q_heads, "k_heads": self.k_heads,

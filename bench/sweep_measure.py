@@ -2,6 +2,7 @@
 check, ropejit's in-place call, the same-run copy of the same bytes and the optional peers
 (torch.compile of the HF formula, Liger-Kernel), each timed as compare_torch.py times."""
 
+import ctypes
 import types
 import zlib
 
@@ -145,6 +146,81 @@ def copy_us(row, timing):
     return time_copy(row.bytes_moved // 2, flush, warmup, reps)
 
 
+class _Memcpy2D(ctypes.Structure):
+    """The driver's CUDA_MEMCPY2D (cuda.h)."""
+    _fields_ = [("srcXInBytes", ctypes.c_size_t), ("srcY", ctypes.c_size_t),
+                ("srcMemoryType", ctypes.c_int), ("srcHost", ctypes.c_void_p),
+                ("srcDevice", ctypes.c_uint64), ("srcArray", ctypes.c_void_p),
+                ("srcPitch", ctypes.c_size_t),
+                ("dstXInBytes", ctypes.c_size_t), ("dstY", ctypes.c_size_t),
+                ("dstMemoryType", ctypes.c_int), ("dstHost", ctypes.c_void_p),
+                ("dstDevice", ctypes.c_uint64), ("dstArray", ctypes.c_void_p),
+                ("dstPitch", ctypes.c_size_t),
+                ("WidthInBytes", ctypes.c_size_t), ("Height", ctypes.c_size_t)]
+
+
+_MEMORY_DEVICE = 2  # CU_MEMORYTYPE_DEVICE
+
+
+def _driver_copy_2d(pieces):
+    """fn() copying each (src, dst) head-row piece set with the driver's cuMemcpy2DAsync on
+    torch's stream: rows of the rotary width at the head's pitch."""
+    libcuda = ctypes.CDLL("libcuda.so.1")
+    memcpy2d = libcuda.cuMemcpy2DAsync_v2
+    memcpy2d.argtypes = [ctypes.POINTER(_Memcpy2D), ctypes.c_void_p]
+    descs = []
+    for src, dst in pieces:
+        rows = src.numel() // src.shape[-1]
+        d = _Memcpy2D()
+        d.srcMemoryType = d.dstMemoryType = _MEMORY_DEVICE
+        d.srcDevice, d.dstDevice = src.data_ptr(), dst.data_ptr()
+        d.srcPitch = d.dstPitch = src.stride(-2) * src.element_size()
+        d.WidthInBytes, d.Height = src.shape[-1] * src.element_size(), rows
+        descs.append(d)
+
+    def fn():
+        stream = torch.cuda.current_stream().cuda_stream
+        for d in descs:
+            status = memcpy2d(ctypes.byref(d), ctypes.c_void_p(stream))
+            if status != 0:
+                raise RuntimeError(f"cuMemcpy2DAsync failed with CUresult {status}")
+    return fn
+
+
+def pattern_pieces(row, x):
+    """(source, scratch) views of the rotary part of every head of q and k: [rows, rotary_dim]
+    at the head's pitch."""
+    pieces = []
+    for t in (x.q0, x.k0):
+        flat = t.view(-1, row.head_dim)
+        pieces.append((flat[:, :row.rotary_dim], torch.empty_like(flat)[:, :row.rotary_dim]))
+    return pieces
+
+
+def pattern_copy(row, x, timing):
+    """With partial rotary an in-place call moves only the first rotary_dim elements of each
+    head, pieces of a few dozen bytes at the head's pitch: the same-run copy of exactly those
+    pieces of q and k into scratch tensors shows what the memory system gives for that access
+    pattern. The faster of torch's strided copy and the driver's 2D copy: {us, by}, or None for
+    full rotary (the contiguous copy is the pattern)."""
+    if row.rotary_dim == row.head_dim:
+        return None
+    flush, warmup, reps = timing
+    pieces = pattern_pieces(row, x)
+
+    def torch_copy():
+        for src, dst in pieces:
+            dst.copy_(src)
+    best = {"us": time_us(torch_copy, flush, warmup, reps), "by": "torch"}
+    try:
+        us = time_us(_driver_copy_2d(pieces), flush, warmup, reps)
+        if us < best["us"]:
+            best = {"us": us, "by": "cuMemcpy2DAsync"}
+    except (OSError, AttributeError, RuntimeError) as e:
+        best["driver_error"] = first_line(e)
+    return best
+
+
 def rotate_every_two(x):
     return torch.stack((-x[..., 1::2], x[..., 0::2]), dim=-1).flatten(-2)
 
@@ -243,6 +319,13 @@ def _measure(ropejit, row, timing, peers, out):
         out["reason"] = result["error"]
     if out["ropejit_us"]:
         out["pct_copy"] = 100.0 * out["copy_us"] / out["ropejit_us"]
+    pattern = pattern_copy(row, x, timing)
+    if pattern:
+        out["pattern_copy_us"], out["pattern_copy_by"] = pattern["us"], pattern["by"]
+        if "driver_error" in pattern:
+            out["pattern_copy_driver_error"] = pattern["driver_error"]
+        if out["ropejit_us"]:
+            out["pct_pattern_copy"] = 100.0 * pattern["us"] / out["ropejit_us"]
     if peers:
         out["peers"] = {name: measure_peer(make, row, x, timing, out["copy_us"])
                         for name, make in PEERS.items()}

@@ -194,6 +194,19 @@ def test_check_flags_a_large_row_below_the_copy_target(tmp_path, capsys):
     assert "big_ok:" not in out and f"{SMALL}:" not in out
 
 
+def test_check_judges_partial_rotary_by_the_copy_of_its_access_pattern(tmp_path, capsys):
+    partial = "bf16_h128-16_d80_r40_gptj_sbhd_t32768_table"
+    pattern = {"pattern_copy_by": "cuMemcpy2DAsync"}
+    rows = [row(partial, 100.0, copy_us=60.0, nbytes=760_000_000, pattern_copy_us=97.0,
+                pct_pattern_copy=97.0, **pattern),     # 60% of copy, 97% of the pattern's
+            row("slow_partial", 100.0, copy_us=60.0, nbytes=760_000_000, pattern_copy_us=80.0,
+                pct_pattern_copy=80.0, **pattern)]     # 80% of the pattern's copy: flagged
+    assert check(tmp_path, rows, rows) == 1
+    out = capsys.readouterr().out
+    assert f"{partial}:" not in out
+    assert "slow_partial: 80.0% of the pattern's copy (100.00 µs, cuMemcpy2DAsync 80.00 µs" in out
+
+
 def test_check_flags_a_peer_ahead_by_more_than_one_percent(tmp_path, capsys):
     ahead = {"liger": {"us": 9.8, "check_ok": True}}          # ropejit 2% behind
     close = {"torch.compile": {"us": 9.95, "check_ok": True}}  # 0.5% behind
@@ -291,6 +304,11 @@ def test_measured_row_passes_its_float64_check(emulated_measure, row_id):
     assert out["rel_l2"] < emulated_measure.TOLERANCE[row.dtype]
     assert (out["ropejit_us"], out["copy_us"], out["pct_copy"]) == (2.0, 1.0, 50.0)
     assert out["key"].startswith(f"rope_{row.layout}_{row.dtype}_d{row.head_dim}")
+    if row.rotary_dim < row.head_dim:  # timed against a copy of the same pieces too
+        assert out["pattern_copy_us"] == 2.0 and out["pct_pattern_copy"] == 100.0
+        assert "pattern_copy_driver_error" in out  # no driver on the CPU
+    else:
+        assert "pattern_copy_us" not in out
     compiled = out["peers"]["torch.compile"]
     assert compiled["check_ok"], compiled  # the HF formula, on the same tensors
     assert set(out["peers"]["liger"]) & {"error", "unsupported"}
@@ -302,3 +320,17 @@ def test_a_wrong_result_is_reported_not_timed(emulated_measure, monkeypatch):
     monkeypatch.setattr(emulated_measure, "ropejit_call", lambda *args: lambda q, k: (q, k))
     out = emulated_measure.measure_row(ropejit, row, (None, 0, 1), peers=False)
     assert out["status"] == "wrong" and out["ropejit_us"] is None and not out["check_ok"]
+
+
+def test_the_pattern_copy_moves_the_rotary_part_of_every_head(emulated_measure):
+    import types
+
+    import torch
+    row = sweep_grid.row_from_id("f32_h5-1_d192_r96_gptj_thd_t450_table")
+    x = types.SimpleNamespace(q0=torch.randn(row.tokens, 5, 192), k0=torch.randn(row.tokens, 1, 192))
+    pieces = emulated_measure.pattern_pieces(row, x)
+    for (src, dst), heads in zip(pieces, (5, 1)):
+        assert src.shape == dst.shape == (row.tokens * heads, 96)
+        assert src.stride() == dst.stride() == (192, 1)
+        dst.copy_(src)
+        assert torch.equal(dst, src)
