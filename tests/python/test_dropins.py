@@ -118,10 +118,11 @@ def test_liger_entry_points_agree_forward_and_backward(backend):
     assert torch.equal(grads_f[0], grads_c[0]) and torch.equal(grads_f[1], grads_c[1])
 
 
-def _liger_odd_reference(x, cos, sin):
-    """Liger's kernel on an odd head_dim in float64: with h = head_dim // 2, element i < h
-    pairs with i + h, rotated by cos/sin's first h columns; the last element passes through."""
-    h = x.shape[-1] // 2
+def _liger_odd_reference(x, cos, sin, h=None):
+    """Liger's kernel in float64: with h = head_dim // 2 (an odd head_dim) or rotary_dim / 2,
+    element i < h pairs with i + h, rotated by cos/sin's first h columns; the rest of the head
+    passes through."""
+    h = x.shape[-1] // 2 if h is None else h
     c, s = cos[..., :h].double().unsqueeze(1), sin[..., :h].double().unsqueeze(1)
     x1, x2, last = x[..., :h], x[..., h:2 * h], x[..., 2 * h:]
     return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s, last), dim=-1)
@@ -162,11 +163,62 @@ def test_liger_odd_head_dim_as_liger_kernel(backend, dtype, head_dim, per_batch)
         assert torch.equal(grads[0][..., -1], g[0][..., -1])
 
 
-def test_liger_odd_head_dim_needs_its_cos_columns():
-    q = torch.randn(1, 2, 3, 41)
-    cos = torch.ones(1, 3, 19)
-    with pytest.raises(ropejit.InvalidArgument, match="head_dim // 2 = 20 pairs"):
-        liger.liger_rope(q, q, cos, cos)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("head_dim, rotary_dim", [(64, 64), (64, 32), (40, 24)])
+def test_liger_rotary_dim_with_half_width_tables(backend, dtype, head_dim, rotary_dim):
+    """Liger's rotary_dim argument (its GPT-OSS path): cos/sin hold each frequency once
+    (rotary_dim / 2 columns), the first rotary_dim elements rotated in halves, the rest passed
+    through; forward and gradient against float64, through both entry points."""
+    half = rotary_dim // 2
+    q = torch.randn(2, 4, 6, head_dim).to(dtype).to(backend.device).requires_grad_(True)
+    k = torch.randn(2, 1, 6, head_dim).to(dtype).to(backend.device).requires_grad_(True)
+    angles = torch.arange(6, dtype=torch.float64)[:, None] * 10000.0 ** (
+        -torch.arange(half, dtype=torch.float64) / half)
+    cos = angles.cos().float()[None].to(backend.device)
+    sin = angles.sin().float()[None].to(backend.device)
+    q64 = q.detach().cpu().double().requires_grad_(True)
+    k64 = k.detach().cpu().double().requires_grad_(True)
+    want = (_liger_odd_reference(q64, cos.cpu(), sin.cpu(), half),
+            _liger_odd_reference(k64, cos.cpu(), sin.cpu(), half))
+    f_q, f_k = liger.liger_rotary_pos_emb(q, k, cos, sin, rotary_dim=rotary_dim)
+    c_q, c_k, _, _ = liger.LigerRopeFunction.apply(q, k, cos, sin, None, 1, rotary_dim)
+    g = [torch.randn_like(f_q), torch.randn_like(f_k)]
+    grads = [torch.autograd.grad((f_q, f_k), (q, k), g),
+             torch.autograd.grad((c_q, c_k), (q, k), g)]
+    torch.autograd.backward(want, [t.cpu().double() for t in g])
+    backend.sync()
+    for got in ((f_q, f_k), (c_q, c_k)):
+        ref.assert_close(got[0], want[0].detach(), dtype)
+        ref.assert_close(got[1], want[1].detach(), dtype)
+        assert torch.equal(got[0][..., rotary_dim:], q.detach()[..., rotary_dim:])
+    for grad in grads:
+        ref.assert_close(grad[0], q64.grad, dtype)
+        ref.assert_close(grad[1], k64.grad, dtype)
+
+
+def test_liger_rotary_dim_errors():
+    q = torch.randn(1, 2, 3, 64)
+    cos = torch.ones(1, 3, 16)
+    with pytest.raises(ropejit.InvalidArgument, match=r"rotary_dim \(33\) must be an even int"):
+        liger.liger_rope(q, q, cos, cos, rotary_dim=33)
+    with pytest.raises(ropejit.InvalidArgument, match="needs rotary_dim / 2 = 32"):
+        liger.liger_rope(q, q, cos, cos, rotary_dim=64)
+
+
+@pytest.mark.parametrize("head_dim, width", [(41, 19), (64, 30), (64, 66)])
+def test_liger_rotary_dim_is_the_width_of_cos(backend, head_dim, width):
+    """Liger's rule without rotary_dim: the rotated width is cos/sin's (at most head_dim), h its
+    half, i pairing with i + h by cos/sin's first h columns."""
+    q = torch.randn(1, 2, 3, head_dim).to(backend.device)
+    k = torch.randn(1, 1, 3, head_dim).to(backend.device)
+    angles = torch.rand(1, 3, width, dtype=torch.float64) * 6
+    cos, sin = angles.cos().float().to(backend.device), angles.sin().float().to(backend.device)
+    got = liger.liger_rope(q, k, cos, sin)
+    backend.sync()
+    for x, out in zip((q, k), got):
+        want = _liger_odd_reference(x.cpu().double(), cos.cpu(), sin.cpu(),
+                                    min(width, head_dim) // 2)
+        ref.assert_close(out, want, torch.float32)
 
 
 def _fa_tables(rotary, dtype, device, rows=40):
@@ -453,9 +505,10 @@ def test_transformer_engine_fused_qkv(backend, tensor_format, case):
     qkv = torch.randn(*shape, device=device, requires_grad=True)
     start = (torch.tensor([3, 5], dtype=torch.int32, device=device)
              if case == "start_positions" else None)
+    # TE's positional order, cu_seqlens (unused) included.
     q, k, v = transformer_engine.apply_fused_qkv_rotary_pos_emb(
-        qkv, freqs, k_freqs, tensor_format, start, interleaved, cp_size, cp_rank,
-        qkv_split_arg_list=[4 * d, d, d])
+        qkv, freqs, k_freqs, [4 * d, d, d], tensor_format, start, interleaved, None, cp_size,
+        cp_rank)
     g = [torch.randn_like(t) for t in (q, k, v)]
     torch.autograd.backward((q, k, v), g)
     backend.sync()
@@ -494,8 +547,7 @@ def test_transformer_engine_fused_qkv_argument_errors():
         transformer_engine.apply_fused_qkv_rotary_pos_emb(qkv, f, f,
                                                           qkv_split_arg_list=[30, 12, 6])
     with pytest.raises(ropejit.InvalidArgument, match="'sbhd' or 'bshd' for packed QKV"):
-        transformer_engine.apply_fused_qkv_rotary_pos_emb(qkv, f, f, "thd",
-                                                          qkv_split_arg_list=[32, 8, 8])
+        transformer_engine.apply_fused_qkv_rotary_pos_emb(qkv, f, f, [32, 8, 8], "thd")
     with pytest.raises(ropejit.InvalidArgument, match=r"k_freqs must be \[rows, 1, 1"):
         transformer_engine.apply_fused_qkv_rotary_pos_emb(qkv, f, f[0],
                                                           qkv_split_arg_list=[32, 8, 8])

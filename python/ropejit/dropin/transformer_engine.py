@@ -2,8 +2,8 @@
 start_positions=None, interleaved=False, fused=False, cu_seqlens=None, cp_size=1, cp_rank=0)`
 (transformer_engine.pytorch) on ropejit: sbhd, bshd and thd, per-sequence start positions,
 context parallelism, forward and backward. `apply_fused_qkv_rotary_pos_emb(qkv, q_freqs,
-k_freqs, tensor_format="sbhd", start_positions=None, interleaved=False, cp_size=1, cp_rank=0,
-qkv_split_arg_list=None)` takes the packed QKV projection (Megatron's grouped layout) and
+k_freqs, qkv_split_arg_list, tensor_format="sbhd", start_positions=None, interleaved=False,
+cu_seqlens=None, cp_size=1, cp_rank=0)` takes the packed QKV projection (Megatron's grouped layout) and
 returns q and k rotated and v, one launch for q and k when they share their freqs.
 
 Context parallelism (cp_size > 1) follows TE's load-balanced split: each sequence of
@@ -219,15 +219,17 @@ class _FusedQKVRope(torch.autograd.Function):
         return grad.view(ctx.shape), None, None, None, None, None
 
 
-def apply_fused_qkv_rotary_pos_emb(qkv, q_freqs, k_freqs, tensor_format="sbhd",
-                                   start_positions=None, interleaved=False, cp_size=1, cp_rank=0,
-                                   qkv_split_arg_list=None):
+def apply_fused_qkv_rotary_pos_emb(qkv, q_freqs, k_freqs, qkv_split_arg_list=None,
+                                   tensor_format="sbhd", start_positions=None, interleaved=False,
+                                   cu_seqlens=None, cp_size=1, cp_rank=0):
     """qkv: [seq, batch, groups, q + k + v] (sbhd) or [batch, seq, ...] (bshd), each group's row
     holding its q heads, then one k head and one v head (widths qkv_split_arg_list); q_freqs,
     k_freqs: [rows, 1, 1, rotary_dim] float angles as apply_rotary_pos_emb takes them. Returns
     new contiguous (q [.., groups * q heads, head], k [.., groups, head], v [.., groups, head]),
     q and k rotated at each token's position (start_positions and context parallelism as in
-    apply_rotary_pos_emb); differentiable in qkv."""
+    apply_rotary_pos_emb); differentiable in qkv. cu_seqlens is accepted and unused, as in TE
+    (packed QKV has no thd form)."""
+    del cu_seqlens
     if tensor_format not in ("sbhd", "bshd"):
         _fail(f"tensor_format ({tensor_format!r}) must be 'sbhd' or 'bshd' for packed QKV")
     split = _check_qkv_split(qkv, qkv_split_arg_list)
