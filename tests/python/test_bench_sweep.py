@@ -194,17 +194,14 @@ def test_check_flags_a_large_row_below_the_copy_target(tmp_path, capsys):
     assert "big_ok:" not in out and f"{SMALL}:" not in out
 
 
-def test_check_judges_partial_rotary_by_the_copy_of_its_access_pattern(tmp_path, capsys):
+def test_check_names_the_pattern_copy_of_a_partial_row_and_still_flags_it(tmp_path, capsys):
     partial = "bf16_h128-16_d80_r40_gptj_sbhd_t32768_table"
-    pattern = {"pattern_copy_by": "cuMemcpy2DAsync"}
-    rows = [row(partial, 100.0, copy_us=60.0, nbytes=760_000_000, pattern_copy_us=97.0,
-                pct_pattern_copy=97.0, **pattern),     # 60% of copy, 97% of the pattern's
-            row("slow_partial", 100.0, copy_us=60.0, nbytes=760_000_000, pattern_copy_us=80.0,
-                pct_pattern_copy=80.0, **pattern)]     # 80% of the pattern's copy: flagged
+    rows = [row(partial, 100.0, copy_us=60.0, nbytes=760_000_000, pattern_copy_us=180.0,
+                pattern_copy_by="torch", pct_pattern_copy=180.0)]
     assert check(tmp_path, rows, rows) == 1
     out = capsys.readouterr().out
-    assert f"{partial}:" not in out
-    assert "slow_partial: 80.0% of the pattern's copy (100.00 µs, cuMemcpy2DAsync 80.00 µs" in out
+    assert (f"{partial}: 60.0% of copy (100.00 µs, copy 60.00 µs; the pattern's copy (torch) "
+            f"180.00 µs, 760.0 MB)") in out
 
 
 def test_check_flags_a_peer_ahead_by_more_than_one_percent(tmp_path, capsys):
