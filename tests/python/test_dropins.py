@@ -95,7 +95,7 @@ def test_flash_attn_apply_rotary_emb(backend, dtype, interleaved, variant):
 
 
 def test_liger_entry_points_agree_forward_and_backward(backend):
-    """liger_rope and LigerRopeFunction.apply (which returns (q, k, cos, sin), as Liger's): the
+    """liger_rope and LigerRopeFunction.apply (which returns (q, k), as Liger 0.8's): the
     transformers semantics, forward and gradient, against float64."""
     q = torch.randn(2, 4, 5, 64, device=backend.device, requires_grad=True)
     k = torch.randn(2, 2, 5, 64, device=backend.device, requires_grad=True)
@@ -104,8 +104,7 @@ def test_liger_entry_points_agree_forward_and_backward(backend):
     k64 = k.detach().cpu().double().requires_grad_(True)
     want = ref.hf(q64, k64, cos.cpu(), sin.cpu())
     f_q, f_k = liger.liger_rope(q, k, cos, sin)
-    c_q, c_k, c_cos, c_sin = liger.LigerRopeFunction.apply(q, k, cos, sin)
-    assert torch.equal(c_cos, cos) and torch.equal(c_sin, sin)
+    c_q, c_k = liger.LigerRopeFunction.apply(q, k, cos, sin)
     g = [torch.randn_like(f_q), torch.randn_like(f_k)]
     grads_f = torch.autograd.grad((f_q, f_k), (q, k), g)
     grads_c = torch.autograd.grad((c_q, c_k), (q, k), g)
@@ -145,7 +144,7 @@ def test_liger_odd_head_dim_as_liger_kernel(backend, dtype, head_dim, per_batch)
     want = (_liger_odd_reference(q64, cos.cpu(), sin.cpu()),
             _liger_odd_reference(k64, cos.cpu(), sin.cpu()))
     f_q, f_k = liger.liger_rope(q, k, cos, sin)
-    c_q, c_k, _, _ = liger.LigerRopeFunction.apply(q, k, cos, sin)
+    c_q, c_k = liger.LigerRopeFunction.apply(q, k, cos, sin)
     g = [torch.randn_like(f_q), torch.randn_like(f_k)]
     grads_f = torch.autograd.grad((f_q, f_k), (q, k), g)
     grads_c = torch.autograd.grad((c_q, c_k), (q, k), g)
@@ -164,11 +163,14 @@ def test_liger_odd_head_dim_as_liger_kernel(backend, dtype, head_dim, per_batch)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("head_dim, rotary_dim", [(64, 64), (64, 32), (40, 24)])
-def test_liger_rotary_dim_with_half_width_tables(backend, dtype, head_dim, rotary_dim):
+@pytest.mark.parametrize("head_dim, rotary_dim, transposed",
+                         [(64, 64, True), (64, 32, False), (40, 24, False)])
+def test_liger_rotary_dim_with_half_width_tables(backend, dtype, head_dim, rotary_dim,
+                                                 transposed):
     """Liger's rotary_dim argument (its GPT-OSS path): cos/sin hold each frequency once
-    (rotary_dim / 2 columns), the first rotary_dim elements rotated in halves, the rest passed
-    through; forward and gradient against float64, through both entry points."""
+    (rotary_dim / 2 columns; GPT-OSS's are column-major), the first rotary_dim elements rotated
+    in halves, the rest passed through; forward and gradient against float64, through both
+    entry points."""
     half = rotary_dim // 2
     q = torch.randn(2, 4, 6, head_dim).to(dtype).to(backend.device).requires_grad_(True)
     k = torch.randn(2, 1, 6, head_dim).to(dtype).to(backend.device).requires_grad_(True)
@@ -176,12 +178,15 @@ def test_liger_rotary_dim_with_half_width_tables(backend, dtype, head_dim, rotar
         -torch.arange(half, dtype=torch.float64) / half)
     cos = angles.cos().float()[None].to(backend.device)
     sin = angles.sin().float()[None].to(backend.device)
+    if transposed:
+        cos, sin = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (cos, sin))
+        assert cos.stride(-1) != 1
     q64 = q.detach().cpu().double().requires_grad_(True)
     k64 = k.detach().cpu().double().requires_grad_(True)
     want = (_liger_odd_reference(q64, cos.cpu(), sin.cpu(), half),
             _liger_odd_reference(k64, cos.cpu(), sin.cpu(), half))
     f_q, f_k = liger.liger_rotary_pos_emb(q, k, cos, sin, rotary_dim=rotary_dim)
-    c_q, c_k, _, _ = liger.LigerRopeFunction.apply(q, k, cos, sin, None, 1, rotary_dim)
+    c_q, c_k = liger.LigerRopeFunction.apply(q, k, cos, sin, None, 1, rotary_dim)
     g = [torch.randn_like(f_q), torch.randn_like(f_k)]
     grads = [torch.autograd.grad((f_q, f_k), (q, k), g),
              torch.autograd.grad((c_q, c_k), (q, k), g)]
@@ -251,10 +256,12 @@ def test_flash_attn_under_autograd_in_place_too(backend, inplace, offsets):
 
 @pytest.mark.parametrize("packing", ["3", "gqa", "gqa_cos_k"])
 @pytest.mark.parametrize("grad", [False, True])
-def test_flash_attn_qkv_and_kv_in_place(backend, packing, grad):
+@pytest.mark.parametrize("compiled", [False, True])
+def test_flash_attn_qkv_and_kv_in_place(backend, packing, grad, compiled):
     """apply_rotary_emb_qkv_ ([b, s, 3, h, d], or [b, s, hq + 2 hk, d] with num_heads_q; k with
     its own tables) and apply_rotary_emb_kv_: q and k rotated in place, v untouched, gradients
-    rotated back; apply_rotary(conjugate=True) rotates by -angle."""
+    rotated back, eager and under torch.compile (as flash-attn's own test calls it);
+    apply_rotary(conjugate=True) rotates by -angle."""
     device = backend.device
     cos, sin = _fa_tables(32, torch.float32, device)
     cos_k, sin_k = _fa_tables(32, torch.float32, device, rows=60)
@@ -275,8 +282,10 @@ def test_flash_attn_qkv_and_kv_in_place(backend, packing, grad):
     if grad:
         leaf = qkv.clone().requires_grad_(True)
         qkv = leaf * 1.0  # a non-leaf, as a projection's output
-    out = flash_attn.apply_rotary_emb_qkv_(qkv, cos, sin, seqlen_offsets=1, **kw)
-    assert out is qkv or grad
+    fn = torch.compile(flash_attn.apply_rotary_emb_qkv_) if compiled else \
+        flash_attn.apply_rotary_emb_qkv_
+    out = fn(qkv, cos, sin, seqlen_offsets=1, **kw)
+    assert out is qkv or grad or compiled
     backend.sync()
     ref.assert_close(q_of(out.detach()), ref.flash_attn(q_of(x0), cos.cpu(), sin.cpu(),
                                                         seqlen_offsets=1))
@@ -424,11 +433,13 @@ def _te_rank_freqs(freqs, seqlen, cp_size, cp_rank):
 @pytest.mark.parametrize("tensor_format", ["sbhd", "bshd", "thd"])
 @pytest.mark.parametrize("cp_size, cp_rank", [(2, 0), (2, 1), (3, 1)])
 @pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("started", [False, True])
 def test_transformer_engine_context_parallelism(backend, tensor_format, cp_size, cp_rank,
-                                                interleaved):
+                                                interleaved, started):
     """cp_size > 1: each rank's tokens take the positions of its two chunks of the whole
     sequence (TE's load-balanced split; thd with the padded cu_seqlens of the whole sequences),
-    forward and gradient (the rotation by -angle at the same positions), against float64."""
+    offset by the sequence's start position where given (TE offsets the freqs), forward and
+    gradient (the rotation by -angle at the same positions), against float64."""
     device = backend.device
     freqs = te_freqs(3 * 12, 64, interleaved, device)
     if tensor_format == "thd":
@@ -436,13 +447,19 @@ def test_transformer_engine_context_parallelism(backend, tensor_format, cp_size,
         cu_whole = torch.tensor([0] + [cp_size * n for n in local], dtype=torch.int32).cumsum(0)
         t = torch.randn(sum(local), 3, 64, device=device, requires_grad=True)
         kwargs = dict(cu_seqlens=cu_whole.to(torch.int32).to(device))
+        starts = [3, 0, 5]
     else:
         shape = (6, 2, 3, 64) if tensor_format == "sbhd" else (2, 6, 3, 64)
         t = torch.randn(*shape, device=device, requires_grad=True)
         kwargs = {}
-    out = transformer_engine.apply_rotary_pos_emb(t, freqs, tensor_format, None, interleaved,
-                                                  True, cp_size=cp_size, cp_rank=cp_rank,
-                                                  **kwargs)
+        starts = [3, 5]
+    if not started:
+        starts = [0] * len(starts)
+    start_positions = (torch.tensor(starts, dtype=torch.int32, device=device) if started
+                       else None)
+    out = transformer_engine.apply_rotary_pos_emb(t, freqs, tensor_format, start_positions,
+                                                  interleaved, True, cp_size=cp_size,
+                                                  cp_rank=cp_rank, **kwargs)
     g = torch.randn_like(out)
     out.backward(g)
     backend.sync()
@@ -452,14 +469,16 @@ def test_transformer_engine_context_parallelism(backend, tensor_format, cp_size,
         x, f = x.detach().cpu(), sign * freqs.cpu()
         if tensor_format != "thd":
             seqlen = x.shape[0] if tensor_format == "sbhd" else x.shape[1]
-            return ref.transformer_engine(x, _te_rank_freqs(f, seqlen, cp_size, cp_rank),
-                                          tensor_format, interleaved)
+            dim = 1 if tensor_format == "sbhd" else 0
+            return torch.cat([ref.transformer_engine(
+                x.narrow(dim, b, 1), _te_rank_freqs(f[st:], seqlen, cp_size, cp_rank),
+                tensor_format, interleaved) for b, st in enumerate(starts)], dim=dim)
         parts, start = [], 0
-        for n in local:
+        for n, st in zip(local, starts):
             seq_cu = torch.tensor([0, n], dtype=torch.int32)
             parts.append(ref.transformer_engine(x[start:start + n],
-                                                _te_rank_freqs(f, n, cp_size, cp_rank), "thd",
-                                                interleaved, cu_seqlens=seq_cu))
+                                                _te_rank_freqs(f[st:], n, cp_size, cp_rank),
+                                                "thd", interleaved, cu_seqlens=seq_cu))
             start += n
         return torch.cat(parts)
 
@@ -567,9 +586,12 @@ def test_dropin_argument_errors():
                                                       r"\[0, cp_size \(2\)\)"):
         transformer_engine.apply_rotary_pos_emb(q, torch.zeros(4, 1, 1, 64), cp_size=2,
                                                 cp_rank=2)
-    with pytest.raises(ropejit.InvalidArgument, match=r"start_positions with cp_size > 1"):
-        transformer_engine.apply_rotary_pos_emb(q, torch.zeros(4, 1, 1, 64), "sbhd",
-                                                torch.zeros(2, dtype=torch.int32), cp_size=2)
+    with pytest.raises(ropejit.InvalidArgument, match=r"freqs has 6 rows; start_positions \(up "
+                                                      r"to 5\) with rank 1 of 2 need 8"):
+        transformer_engine.apply_rotary_pos_emb(torch.zeros(2, 2, 4, 64),
+                                                torch.zeros(6, 1, 1, 64), "sbhd",
+                                                torch.tensor([0, 5], dtype=torch.int32),
+                                                cp_size=2, cp_rank=1)
     with pytest.raises(ropejit.InvalidArgument, match=r"freqs has 3 rows; rank 0 of 2 with "
                                                       r"local sequence length 2 needs 4"):
         transformer_engine.apply_rotary_pos_emb(torch.zeros(2, 1, 4, 64),

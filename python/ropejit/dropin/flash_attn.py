@@ -108,12 +108,26 @@ def _q_and_k(qkv, num_heads_q):
     return qkv[:, :, :num_heads_q], qkv[:, :, num_heads_q:num_heads_q + kv_heads]
 
 
+def _qk_heads(qkv, num_heads_q):
+    """q's and k's heads as one view [b, s, hq + hk, d] of a packed qkv: one tensor for one
+    launch (two views of one base, passed as two mutated arguments, are not kept apart by
+    torch.compile's functionalization)."""
+    q, k = _q_and_k(qkv, num_heads_q)
+    if qkv.dim() == 4:
+        return qkv[:, :, :q.shape[2] + k.shape[2]]
+    try:
+        return qkv[:, :, :2].view(qkv.shape[0], qkv.shape[1], 2 * qkv.shape[3], qkv.shape[4])
+    except RuntimeError:  # q's heads not at one stride from k's: two launches
+        return None
+
+
 def _rotate_qk(qkv, cos, sin, cos_k, sin_k, interleaved, seqlen_offsets, num_heads_q,
                conjugate):
-    q, k = _q_and_k(qkv, num_heads_q)
-    if cos_k is None and sin_k is None:  # q and k in one launch
-        ops.rope_(q, k, **_rotation(cos, sin, interleaved, seqlen_offsets, None, conjugate))
+    heads = _qk_heads(qkv, num_heads_q) if cos_k is None and sin_k is None else None
+    if heads is not None:  # q and k in one launch
+        ops.rope_(heads, **_rotation(cos, sin, interleaved, seqlen_offsets, None, conjugate))
         return
+    q, k = _q_and_k(qkv, num_heads_q)
     ops.rope_(q, **_rotation(cos, sin, interleaved, seqlen_offsets, None, conjugate))
     ops.rope_(k, **_rotation(cos if cos_k is None else cos_k, sin if sin_k is None else sin_k,
                              interleaved, seqlen_offsets, None, conjugate))

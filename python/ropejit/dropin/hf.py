@@ -28,6 +28,12 @@ def tables(cos, sin, batch, seq):
     if cos.shape != sin.shape or cos.dim() not in (2, 3):
         raise InvalidArgument(f"ropejit: cos {list(cos.shape)} and sin {list(sin.shape)} must have "
                               f"one shape, [batch, seq, rotary_dim] or [seq, rotary_dim]")
+    # The kernels read a table's row as contiguous columns: a transposed one (GPT-OSS's) is
+    # copied, rows * rotary_dim elements.
+    if cos.stride(-1) != 1:
+        cos = cos.contiguous()
+    if sin.stride(-1) != 1:
+        sin = sin.contiguous()
     if cos.dim() == 2:
         return cos, sin, None
     rows = cos.shape[0]

@@ -1,7 +1,7 @@
 """Liger-Kernel's RoPE entry points on ropejit: `liger_rotary_pos_emb(q, k, cos, sin,
 position_ids=None, unsqueeze_dim=1, rotary_dim=None)` (liger_kernel.transformers.rope), `liger_rope` (its
 functional form) and `LigerRopeFunction` (liger_kernel.ops, an autograd.Function whose apply
-returns (q, k, cos, sin)). The Hugging Face semantics (q, k [batch, heads, seq, head_dim],
+returns (q, k)), as Liger-Kernel 0.8 has them. The Hugging Face semantics (q, k [batch, heads, seq, head_dim],
 cos/sin [1 or batch, seq, head_dim]), so an even head_dim is
 ropejit.dropin.hf.apply_rotary_pos_emb, whose docstring lists the differences (fp32 math
 rounded once; cos/sin rows must repeat each frequency).
@@ -75,9 +75,7 @@ def liger_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1, rot
     rotated width when cos/sin hold each frequency once (rotary_dim / 2 columns, GPT-OSS)."""
     if _hf_form(q, cos, rotary_dim):
         return hf.apply_rotary_pos_emb(q, k, cos, sin, position_ids, unsqueeze_dim)
-    q_embed, k_embed, _, _ = LigerRopeFunction.apply(q, k, cos, sin, position_ids,
-                                                     unsqueeze_dim, rotary_dim)
-    return q_embed, k_embed
+    return LigerRopeFunction.apply(q, k, cos, sin, position_ids, unsqueeze_dim, rotary_dim)
 
 
 liger_rope = liger_rotary_pos_emb
@@ -85,8 +83,7 @@ liger_rope = liger_rotary_pos_emb
 
 class LigerRopeFunction(torch.autograd.Function):
     """LigerRopeFunction.apply(q, k, cos, sin, position_ids=None, unsqueeze_dim=1,
-    rotary_dim=None) returns (q_embed, k_embed, cos, sin), as Liger's; the gradient flows to q
-    and k."""
+    rotary_dim=None) returns (q_embed, k_embed), as Liger's; the gradient flows to q and k."""
 
     @staticmethod
     def forward(ctx, q, k, cos, sin, position_ids=None, unsqueeze_dim=1, rotary_dim=None):
@@ -94,10 +91,10 @@ class LigerRopeFunction(torch.autograd.Function):
         ctx.save_for_backward(cos, sin)
         ctx.unsqueeze_dim = unsqueeze_dim
         ctx.rotary_dim = rotary_dim
-        return q_embed, k_embed, cos.view_as(cos), sin.view_as(sin)
+        return q_embed, k_embed
 
     @staticmethod
-    def backward(ctx, dq, dk, _grad_cos, _grad_sin):
+    def backward(ctx, dq, dk):
         cos, sin = ctx.saved_tensors
         dq, dk = _rotate(_dense(dq), None if dk is None else _dense(dk), cos, sin,
                          ctx.unsqueeze_dim, backward=True, rotary_dim=ctx.rotary_dim)

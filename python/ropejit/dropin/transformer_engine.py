@@ -67,8 +67,6 @@ def _check_cp(t, tensor_format, cp_size, cp_rank, start_positions):
         _fail(f"cp_size ({cp_size!r}) must be an int >= 1")
     if isinstance(cp_rank, bool) or not isinstance(cp_rank, int) or not 0 <= cp_rank < cp_size:
         _fail(f"cp_rank ({cp_rank!r}) must be an int in [0, cp_size ({cp_size}))")
-    if cp_size > 1 and start_positions is not None:
-        _fail("start_positions with cp_size > 1 is not supported (as in TransformerEngine)")
     if cp_size > 1 and tensor_format != "thd":
         seqlen = t.shape[0] if tensor_format == "sbhd" else t.shape[1]
         if seqlen % 2:
@@ -100,6 +98,9 @@ def apply_rotary_pos_emb(t, freqs, tensor_format="sbhd", start_positions=None, i
         t = t.contiguous()
     angles = freqs.reshape(freqs.shape[0], freqs.shape[3]).float()
     offsets = start_positions
+    if cp_size > 1 and start_positions is not None:
+        return _rope_cp_started(t, angles, tensor_format, start_positions, interleaved,
+                                cu_seqlens, cp_size, cp_rank, freqs.shape[3])
     if cp_size > 1 and tensor_format == "thd":
         cu_seqlens = torch.div(cu_seqlens, cp_size, rounding_mode="floor").to(torch.int32)
         rows = _thd_rank_rows(cu_seqlens, t.shape[0], cp_size, cp_rank)
@@ -118,6 +119,37 @@ def apply_rotary_pos_emb(t, freqs, tensor_format="sbhd", start_positions=None, i
     out, _ = ops.rope(t, cos=torch.cos(angles), sin=torch.sin(angles), layout=tensor_format,
                       style="gptj" if interleaved else "neox", rotary_dim=freqs.shape[3],
                       seq_offsets=offsets, cu_seqlens=cu_seqlens)
+    return out
+
+
+def _rope_cp_started(t, angles, tensor_format, start_positions, interleaved, cu_seqlens,
+                     cp_size, cp_rank, rotary_dim):
+    """Context parallelism with start positions: each local token's position is its sequence's
+    start plus its place in the whole sequence (the rank's two chunks), as TE's unfused path
+    offsets the freqs; one position id per token."""
+    start = start_positions.to(device=t.device, dtype=torch.long)
+    if tensor_format == "thd":
+        cu_local = torch.div(cu_seqlens, cp_size, rounding_mode="floor").to(torch.int32)
+        lengths = (cu_local[1:] - cu_local[:-1]).long()
+        if start.shape != lengths.shape:
+            _fail(f"start_positions must be [batch] ({lengths.numel()}), got shape "
+                  f"{list(start.shape)}")
+        seq = torch.repeat_interleave(torch.arange(lengths.numel(), device=t.device), lengths,
+                                      output_size=t.shape[0])
+        ids = start[seq] + _thd_rank_rows(cu_local, t.shape[0], cp_size, cp_rank)
+    else:
+        seqlen, batch = (t.shape[0], t.shape[1]) if tensor_format == "sbhd" else \
+            (t.shape[1], t.shape[0])
+        if start.shape != (batch,):
+            _fail(f"start_positions must be [batch] ({batch}), got shape {list(start.shape)}")
+        # Sequence-major, as ropejit reads position ids in every layout.
+        ids = (start[:, None] + _rank_rows(seqlen, cp_size, cp_rank, t.device)[None, :]).reshape(-1)
+    if ids.numel() and int(ids.max()) >= angles.shape[0]:
+        _fail(f"freqs has {angles.shape[0]} rows; start_positions (up to "
+              f"{int(start.max())}) with rank {cp_rank} of {cp_size} need {int(ids.max()) + 1}")
+    out, _ = ops.rope(t, cos=torch.cos(angles), sin=torch.sin(angles), layout=tensor_format,
+                      style="gptj" if interleaved else "neox", rotary_dim=rotary_dim,
+                      position_ids=ids)
     return out
 
 

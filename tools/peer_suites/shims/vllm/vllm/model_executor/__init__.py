@@ -1,0 +1,1 @@
+"""vllm.model_executor for the peer suite."""

@@ -1,0 +1,7 @@
+"""vllm.triton_utils for the peer suite: Triton itself (vLLM's module adds placeholders for hosts
+without it)."""
+
+import triton
+import triton.language as tl
+
+__all__ = ["tl", "triton"]

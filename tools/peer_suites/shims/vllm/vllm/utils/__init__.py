@@ -1,0 +1,1 @@
+"""vllm.utils for the peer suite."""
