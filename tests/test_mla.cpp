@@ -10,23 +10,14 @@
 #include "api/engine.hpp"
 #include "jit/family.hpp"
 #include "jit/mla/mla.hpp"
+#include "test_util.hpp"
 
 using namespace ropejit;
 
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
+using testing::contains;
+using testing::error_of;
 
 // A valid decode call on made-up device addresses (nothing is dereferenced when checking).
 struct Fake {
