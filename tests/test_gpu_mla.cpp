@@ -27,7 +27,10 @@ void run_and_check(const MlaSpec& s, const oracle::MlaSizes& z, const std::strin
 TEST_SUITE("gpu") {
   TEST_CASE("MLA: every axis against float64 (dtype, ranks, rope widths, styles, stores)") {
     testing::use_primary_context();
-    const int32_t shapes[][2] = {{512, 64}, {256, 32}, {72, 2}, {128, 64}, {1024, 128}};
+    // kv_rank past 1024 takes a thread more than one vector of kv_c; rope_dim 320 more pairs
+    // than threads.
+    const int32_t shapes[][2] = {{512, 64},   {256, 32},  {72, 2},    {128, 64},
+                                 {1024, 128}, {1032, 64}, {4096, 16}, {128, 320}};
     int n = 0;
     for (const auto& rp : shapes)
       for (const DType dt : {DType::bf16, DType::f16})
@@ -37,10 +40,10 @@ TEST_SUITE("gpu") {
           s.dtype = dt;
           s.kv_rank = rp[0];
           s.rope_dim = rp[1];
-          s.style = n % 2 ? Style::gptj : Style::neox;
+          s.style = (n / 4) % 2 ? Style::neox : Style::gptj;
           s.index_type = (n / 2) % 2 ? IndexType::i32 : IndexType::i64;
           s.table_dtype = n % 3 == 0 ? DType::bf16 : DType::f32;
-          s.norm = n % 4 == 3 ? Norm::none : Norm::rms;
+          s.norm = (n / 2) % 3 == 1 ? Norm::none : Norm::rms;
           s.cache_store = (n / 3) % 2 ? Store::e4m3 : Store::same;
           s.query = q;
           if (q == MlaQuery::assemble && n % 5 < 2) s.q_store = Store::e4m3;
@@ -51,9 +54,10 @@ TEST_SUITE("gpu") {
           z.table_rows = 40 + n;
           z.row_gap = n % 4 == 1 ? 8 : 0;
           z.head_gap = n % 4 == 2 ? 3 : 0;
+          z.table_gap = n % 5 == 4 ? 3 : 0;
           z.padded = z.tokens > 3 ? 1 : 0;
           z.bad_slots = z.tokens > 5 ? 1 + n % 2 : 0;
-          z.off_table = z.tokens > 8 ? 1 : 0;
+          z.off_table = z.tokens > 8 ? 2 : 0;  // one past the table, one negative
           z.seed = uint64_t(8000 + n);
           run_and_check(s, z,
                         s.key() + " tokens " + std::to_string(z.tokens) + " heads " +
@@ -115,6 +119,7 @@ TEST_SUITE("gpu") {
     testing::capture_and_replay(stream, [&] { mla_prepare(s, p.args(stream)); });
     const oracle::CheckReport r = p.check();
     CHECK_MESSAGE(r.ok, r.first_failure);
+    CHECK(r.checked > 0);
     d.StreamDestroy(stream);
   }
 }

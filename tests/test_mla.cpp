@@ -141,6 +141,10 @@ TEST_CASE("MLA calls: each bad argument is named before anything runs") {
                  "overlap in memory"));
   CHECK(contains(err([](Fake& f) { f.args.q_pe = const_cast<void*>(f.args.kv_c); }),
                  "overlap in memory"));
+  // A small input inside a written output: refused too.
+  CHECK(contains(err([](Fake& f) { f.args.position_ids = f.args.q_pe; }), "overlap in memory"));
+  CHECK(contains(err([](Fake& f) { f.args.slots = static_cast<const int64_t*>(f.args.cache); }),
+                 "overlap in memory"));
   // No tokens: nothing to check past the counts, nothing runs.
   CHECK(err([](Fake& f) {
           f.args.tokens = 0;
@@ -173,7 +177,11 @@ TEST_CASE("MLA keys compile for sm_80 and sm_90 over their axes") {
       CHECK_MESSAGE(error_of([&] { paths = precompile(s, arch); }) == "", s.key(), " ", arch);
       CHECK_MESSAGE(paths.size() == 1u, s.key(), " ", arch);
     }
-  const std::string source = detail::render(specs[2].canonical()).source;
+  // The entry the engine looks up is the one rendered.
+  const detail::RenderedKernel r = detail::render(specs[2].canonical());
+  CHECK(r.entry == detail::entry_name(specs[2].key(), detail::mla_variant_name()));
+  CHECK(contains(r.source, r.entry + "("));
+  const std::string source = r.source;
   CHECK(contains(source, "kCacheE4m3 = true"));
   CHECK(contains(source, "kAssemble = true"));
   CHECK(contains(source, "kRank = 512"));

@@ -29,7 +29,7 @@ void MlaEngine::mla_prepare(const MlaSpec& spec, const MlaArgs& args) {
   CUstream stream = static_cast<CUstream>(args.stream);
   // The core engine keeps one loaded function per context, key and name.
   const Engine::LoadedFunction& fn = core_.named_function(
-      ctx, c.key(), "mla", stream,
+      ctx, c.key(), mla_variant_name(), stream,
       [&]() -> const CacheEntry& { return image(c, target_for(core_.device_info(ctx).cc)); });
   ropejit_dev::MlaParams params = make_mla_params(c, args);
   void* kernel_args[] = {&params};

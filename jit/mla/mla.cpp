@@ -56,7 +56,7 @@ void check_mla_call(const MlaSpec& c, const MlaArgs& a) {
   check_positions(c, a);
   const int64_t elem = element_bytes(c.dtype);
   const int64_t row = int64_t(c.kv_rank) + c.rope_dim;
-  Operand ops[8];
+  Operand ops[16];
   size_t n = 0;
   if (a.cache) {
     if (a.cache_slots < 1) invalid("args.cache_slots (", a.cache_slots, ") must be >= 1");
@@ -106,8 +106,28 @@ void check_mla_call(const MlaSpec& c, const MlaArgs& a) {
           Dim{ohs, a.heads, "q_out_head_stride"}, row, fp8 ? 1 : elem, fp8 ? 8 : 16, true);
     }
   }
+  // The small inputs, so that none of them lies inside a written output.
+  const Dim one{0, 1, "-"};
+  ops[n++] = check_operand("args.position_ids", a.position_ids, one, one, a.tokens,
+                           c.index_type == IndexType::i64 ? 8 : 4, 1, false);
+  const int64_t telem = element_bytes(c.table_dtype);
+  const int64_t tstride = or_default(a.table_stride, c.rope_dim / 2);
+  ops[n++] = check_operand("args.cos", a.cos, Dim{tstride, a.table_rows, "table_stride"}, one,
+                           c.rope_dim / 2, telem, 1, false);
+  ops[n++] = check_operand("args.sin", a.sin, Dim{tstride, a.table_rows, "table_stride"}, one,
+                           c.rope_dim / 2, telem, 1, false);
+  if (a.cache) {
+    ops[n++] = check_operand("args.slots", a.slots, one, one, a.tokens, 8, 1, false);
+    if (c.cache_store == Store::e4m3)
+      ops[n++] = check_operand("args.cache_scale", a.cache_scale, one, one, 1, 4, 1, false);
+    if (a.skipped) ops[n++] = check_operand("args.skipped", a.skipped, one, one, 1, 4, 1, true);
+  }
+  if (a.heads > 0 && c.q_store == Store::e4m3)
+    ops[n++] = check_operand("args.q_scale", a.q_scale, one, one, 1, 4, 1, false);
   check_no_overlap(ops, n);
 }
+
+std::string mla_variant_name() { return "t" + std::to_string(kMlaThreads); }
 
 ropejit_dev::MlaParams make_mla_params(const MlaSpec& c, const MlaArgs& a) {
   const int64_t row = int64_t(c.kv_rank) + c.rope_dim;
@@ -146,7 +166,7 @@ ropejit_dev::MlaParams make_mla_params(const MlaSpec& c, const MlaArgs& a) {
 RenderedKernel render(const MlaSpec& c) {
   RenderedKernel r;
   r.key = c.key();
-  r.entry = entry_name(r.key, "t" + std::to_string(kMlaThreads));
+  r.entry = entry_name(r.key, mla_variant_name());
   const std::map<std::string, std::string> vars = {
       {"key", r.key},
       {"entry", r.entry},

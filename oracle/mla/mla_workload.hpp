@@ -19,9 +19,10 @@ struct MlaSizes {
   bool with_cache = true;
   int64_t row_gap = 0;    // extra elements after every row of kv_c, k_pe and the cache
   int64_t head_gap = 0;   // extra elements after every head of q_pe, q_nope and q_out
+  int64_t table_gap = 0;  // extra elements after every cos/sin row
   int64_t padded = 0;     // tokens whose slot is -1
-  int64_t bad_slots = 0;  // tokens whose slot is past the cache (skipped and counted)
-  int64_t off_table = 0;  // tokens whose position is past the table (NaN in their rotated parts)
+  int64_t bad_slots = 0;  // tokens whose slot is past the cache or below -1 (skipped, counted)
+  int64_t off_table = 0;  // tokens whose position is outside the table (NaN in rotated parts)
   double eps = 1e-6;
   float cache_scale = 0.05f;  // e4m3 stores: the code of value / scale
   float q_scale = 0.03f;
