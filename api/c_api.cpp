@@ -225,6 +225,39 @@ ropejit_status init_sized(T* p, size_t size, const char* name, const T& defaults
   return guarded([&] { write_struct(p, ropejit::capi::checked_size<T>(size, name), defaults); });
 }
 
+// What every family's C entry points check before the C++ call: `spec` and `args` non-null (and
+// an output pointer, named), then the call under guarded().
+template <class S, class A, class F>
+ropejit_status spec_args_call(const S* spec, const A* args, F&& call) {
+  if (!spec) return null_argument("spec");
+  if (!args) return null_argument("args");
+  return guarded(std::forward<F>(call));
+}
+
+template <class S, class A, class O, class F>
+ropejit_status spec_args_out_call(const S* spec, const A* args, const O* out, const char* out_name,
+                                  F&& call) {
+  if (!spec) return null_argument("spec");
+  if (!args) return null_argument("args");
+  if (!out) return null_argument(out_name);
+  return guarded(std::forward<F>(call));
+}
+
+// A family's _key and _precompile entry points over its spec converter.
+template <class S, class ToSpec>
+ropejit_status family_key(const S* spec, char* buf, size_t size, ToSpec to_spec) {
+  if (!spec) return null_argument("spec");
+  if (!buf) return null_argument("buf");
+  return guarded([&] { copy_key(to_spec(spec).key(), buf, size); });
+}
+
+template <class S, class ToSpec>
+ropejit_status family_precompile(const S* spec, const char* arch, ToSpec to_spec) {
+  if (!spec) return null_argument("spec");
+  if (!arch) return null_argument("arch");
+  return guarded([&] { ropejit::precompile(to_spec(spec), arch); });
+}
+
 }  // namespace
 
 extern "C" {
@@ -287,21 +320,15 @@ ropejit_tensor ropejit_contiguous(int32_t layout, void* data, int64_t batch, int
 }
 
 ropejit_status ropejit_apply(const ropejit_spec* spec, const ropejit_args* args) {
-  if (!spec) return null_argument("spec");
-  if (!args) return null_argument("args");
-  return guarded([&] { ropejit::apply(to_spec(spec), to_args(spec, args)); });
+  return spec_args_call(spec, args, [&] { ropejit::apply(to_spec(spec), to_args(spec, args)); });
 }
 
 ropejit_status ropejit_key(const ropejit_spec* spec, char* buf, size_t size) {
-  if (!spec) return null_argument("spec");
-  if (!buf) return null_argument("buf");
-  return guarded([&] { copy_key(to_spec(spec).key(), buf, size); });
+  return family_key(spec, buf, size, to_spec);
 }
 
 ropejit_status ropejit_precompile(const ropejit_spec* spec, const char* arch) {
-  if (!spec) return null_argument("spec");
-  if (!arch) return null_argument("arch");
-  return guarded([&] { ropejit::precompile(to_spec(spec), arch); });
+  return family_precompile(spec, arch, to_spec);
 }
 
 ropejit_status ropejit_build_tables(const ropejit_spec* spec, const ropejit_table_spec* table,
@@ -443,42 +470,31 @@ ropejit_status ropejit_qkv_proj_args_init_sized(ropejit_qkv_proj_args* args, siz
 
 ropejit_status ropejit_qkv_projection(const ropejit_qkv_proj_spec* spec,
                                       const ropejit_qkv_proj_args* args) {
-  if (!spec) return null_argument("spec");
-  if (!args) return null_argument("args");
-  return guarded([&] { ropejit::qkv_projection(to_proj_spec(spec), to_proj_args(args)); });
+  return spec_args_call(spec, args,
+                        [&] { ropejit::qkv_projection(to_proj_spec(spec), to_proj_args(args)); });
 }
 
 ropejit_status ropejit_qkv_projection_workspace_bytes(const ropejit_qkv_proj_spec* spec,
                                                       const ropejit_qkv_proj_args* args,
                                                       size_t* bytes) {
-  if (!spec) return null_argument("spec");
-  if (!args) return null_argument("args");
-  if (!bytes) return null_argument("bytes");
-  return guarded([&] {
+  return spec_args_out_call(spec, args, bytes, "bytes", [&] {
     *bytes = ropejit::qkv_projection_workspace_bytes(to_proj_spec(spec), to_proj_args(args));
   });
 }
 
 ropejit_status ropejit_qkv_projection_path(const ropejit_qkv_proj_spec* spec,
                                            const ropejit_qkv_proj_args* args, int32_t* path) {
-  if (!spec) return null_argument("spec");
-  if (!args) return null_argument("args");
-  if (!path) return null_argument("path");
-  return guarded([&] {
+  return spec_args_out_call(spec, args, path, "path", [&] {
     *path = int32_t(ropejit::qkv_projection_path(to_proj_spec(spec), to_proj_args(args)));
   });
 }
 
 ropejit_status ropejit_qkv_proj_key(const ropejit_qkv_proj_spec* spec, char* buf, size_t size) {
-  if (!spec) return null_argument("spec");
-  if (!buf) return null_argument("buf");
-  return guarded([&] { copy_key(to_proj_spec(spec).key(), buf, size); });
+  return family_key(spec, buf, size, to_proj_spec);
 }
 
 ropejit_status ropejit_qkv_proj_precompile(const ropejit_qkv_proj_spec* spec, const char* arch) {
-  if (!spec) return null_argument("spec");
-  if (!arch) return null_argument("arch");
-  return guarded([&] { ropejit::precompile(to_proj_spec(spec), arch); });
+  return family_precompile(spec, arch, to_proj_spec);
 }
 
 namespace {
@@ -541,39 +557,30 @@ ropejit_status ropejit_ffn_args_init_sized(ropejit_ffn_args* args, size_t size) 
 }
 
 ropejit_status ropejit_ffn_gate_up(const ropejit_ffn_spec* spec, const ropejit_ffn_args* args) {
-  if (!spec) return null_argument("spec");
-  if (!args) return null_argument("args");
-  return guarded([&] { ropejit::ffn_gate_up(to_ffn_spec(spec), to_ffn_args(args)); });
+  return spec_args_call(spec, args,
+                        [&] { ropejit::ffn_gate_up(to_ffn_spec(spec), to_ffn_args(args)); });
 }
 
 ropejit_status ropejit_ffn_gate_up_workspace_bytes(const ropejit_ffn_spec* spec,
                                                    const ropejit_ffn_args* args, size_t* bytes) {
-  if (!spec) return null_argument("spec");
-  if (!args) return null_argument("args");
-  if (!bytes) return null_argument("bytes");
-  return guarded(
-      [&] { *bytes = ropejit::ffn_gate_up_workspace_bytes(to_ffn_spec(spec), to_ffn_args(args)); });
+  return spec_args_out_call(spec, args, bytes, "bytes", [&] {
+    *bytes = ropejit::ffn_gate_up_workspace_bytes(to_ffn_spec(spec), to_ffn_args(args));
+  });
 }
 
 ropejit_status ropejit_ffn_gate_up_path(const ropejit_ffn_spec* spec, const ropejit_ffn_args* args,
                                         int32_t* path) {
-  if (!spec) return null_argument("spec");
-  if (!args) return null_argument("args");
-  if (!path) return null_argument("path");
-  return guarded(
-      [&] { *path = int32_t(ropejit::ffn_gate_up_path(to_ffn_spec(spec), to_ffn_args(args))); });
+  return spec_args_out_call(spec, args, path, "path", [&] {
+    *path = int32_t(ropejit::ffn_gate_up_path(to_ffn_spec(spec), to_ffn_args(args)));
+  });
 }
 
 ropejit_status ropejit_ffn_key(const ropejit_ffn_spec* spec, char* buf, size_t size) {
-  if (!spec) return null_argument("spec");
-  if (!buf) return null_argument("buf");
-  return guarded([&] { copy_key(to_ffn_spec(spec).key(), buf, size); });
+  return family_key(spec, buf, size, to_ffn_spec);
 }
 
 ropejit_status ropejit_ffn_precompile(const ropejit_ffn_spec* spec, const char* arch) {
-  if (!spec) return null_argument("spec");
-  if (!arch) return null_argument("arch");
-  return guarded([&] { ropejit::precompile(to_ffn_spec(spec), arch); });
+  return family_precompile(spec, arch, to_ffn_spec);
 }
 
 namespace {
@@ -629,21 +636,16 @@ ropejit_status ropejit_rms_norm_args_init_sized(ropejit_rms_norm_args* args, siz
 
 ropejit_status ropejit_rms_norm(const ropejit_rms_norm_spec* spec,
                                 const ropejit_rms_norm_args* args) {
-  if (!spec) return null_argument("spec");
-  if (!args) return null_argument("args");
-  return guarded([&] { ropejit::rms_norm(to_norm_spec(spec), to_norm_args(args)); });
+  return spec_args_call(spec, args,
+                        [&] { ropejit::rms_norm(to_norm_spec(spec), to_norm_args(args)); });
 }
 
 ropejit_status ropejit_rms_norm_key(const ropejit_rms_norm_spec* spec, char* buf, size_t size) {
-  if (!spec) return null_argument("spec");
-  if (!buf) return null_argument("buf");
-  return guarded([&] { copy_key(to_norm_spec(spec).key(), buf, size); });
+  return family_key(spec, buf, size, to_norm_spec);
 }
 
 ropejit_status ropejit_rms_norm_precompile(const ropejit_rms_norm_spec* spec, const char* arch) {
-  if (!spec) return null_argument("spec");
-  if (!arch) return null_argument("arch");
-  return guarded([&] { ropejit::precompile(to_norm_spec(spec), arch); });
+  return family_precompile(spec, arch, to_norm_spec);
 }
 
 namespace {
