@@ -735,19 +735,14 @@ ropejit_status ropejit_mla_args_init_sized(ropejit_mla_args* args, size_t size) 
 }
 
 ropejit_status ropejit_mla_prepare(const ropejit_mla_spec* spec, const ropejit_mla_args* args) {
-  if (!spec) return null_argument("spec");
-  if (!args) return null_argument("args");
-  return guarded([&] { ropejit::mla_prepare(to_mla_spec(spec), to_mla_args(args)); });
+  return spec_args_call(spec, args,
+                        [&] { ropejit::mla_prepare(to_mla_spec(spec), to_mla_args(args)); });
 }
 
 ropejit_status ropejit_mla_key(const ropejit_mla_spec* spec, char* buf, size_t size) {
-  if (!spec) return null_argument("spec");
-  if (!buf) return null_argument("buf");
-  return guarded([&] { copy_key(to_mla_spec(spec).key(), buf, size); });
+  return family_key(spec, buf, size, to_mla_spec);
 }
 
 ropejit_status ropejit_mla_precompile(const ropejit_mla_spec* spec, const char* arch) {
-  if (!spec) return null_argument("spec");
-  if (!arch) return null_argument("arch");
-  return guarded([&] { ropejit::precompile(to_mla_spec(spec), arch); });
+  return family_precompile(spec, arch, to_mla_spec);
 }
