@@ -173,3 +173,35 @@ def test_key_and_the_op_traces_without_graph_breaks(device):
         torch.compile(step, fullgraph=True, backend=backend)(*args)
     assert len(graphs) == 1
     assert any("mla_prepare" in str(n.target) for n in graphs[0].graph.nodes)
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+def test_vllm_concat_and_cache_mla(device, kv_cache_dtype):
+    """vLLM's MLA cache write through the drop-in: [kv_c | k_pe] at each slot, the bits vLLM's
+    kernel writes (a copy, or e4m3 of value / scale), padding (-1) and the rows of no token
+    untouched, kv_c longer than slot_mapping (a padded CUDA graph batch)."""
+    from ropejit.dropin import vllm
+    torch.manual_seed(7)
+    L, P, tokens = 512, 64, 5
+    kv_c = torch.randn(tokens + 2, L).to(torch.bfloat16).to(device)
+    k_pe = torch.randn(tokens + 2, P).to(torch.bfloat16).to(device)
+    slot_mapping = torch.tensor([3, -1, 0, 9, 4], dtype=torch.int64, device=device)
+    fp8 = kv_cache_dtype == "fp8"
+    kv_cache = (torch.full((3, 4, L + P), 0x5a, dtype=torch.uint8, device=device) if fp8
+                else torch.full((3, 4, L + P), -7.0, dtype=torch.bfloat16, device=device))
+    before = kv_cache.clone()
+    scale = torch.tensor([0.07], device=device)
+    vllm.concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    rows, old = kv_cache.view(-1, L + P).cpu(), before.view(-1, L + P).cpu()
+    for t, slot in enumerate(slot_mapping.tolist()):
+        if slot < 0:
+            continue
+        want = torch.cat((kv_c[t], k_pe[t])).cpu()
+        if fp8:
+            want = (want.float() / 0.07).clamp(-448, 448).to(torch.float8_e4m3fn)
+            want = want.view(torch.uint8)
+        assert torch.equal(rows[slot], want), slot
+    untouched = sorted(set(range(12)) - {s for s in slot_mapping.tolist() if s >= 0})
+    assert torch.equal(rows[untouched], old[untouched])
