@@ -5,7 +5,9 @@
 
 #include <cuda.h>
 
+#include <shared_mutex>
 #include <string>
+#include <unordered_map>
 
 #include "jit/engine.hpp"
 #include "jit/mla/mla.hpp"
@@ -22,7 +24,19 @@ class MlaEngine {
 
  private:
   MlaEngine();
+  // A repeated call's plan: the loaded function per context and spec, so that the launch path
+  // is one lookup and one launch (no key string, no engine-wide map).
+  struct PlanKey {
+    CUcontext ctx;
+    MlaSpec spec;
+    bool operator==(const PlanKey& o) const { return ctx == o.ctx && spec == o.spec; }
+  };
+  struct PlanKeyHash {
+    size_t operator()(const PlanKey& k) const;
+  };
   Engine& core_;
+  mutable std::shared_mutex mutex_;  // plans_
+  std::unordered_map<PlanKey, const Engine::LoadedFunction*, PlanKeyHash> plans_;
 };
 
 }  // namespace ropejit::detail
