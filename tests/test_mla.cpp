@@ -43,8 +43,9 @@ struct Fake {
     args.sin = reinterpret_cast<const void*>(0xb00000);
     args.table_rows = 4096;
   }
+  // The library's own call check, without the launch a valid call would make on a GPU host.
   std::string error() const {
-    return error_of([&] { mla_prepare(spec, args); });
+    return error_of([&] { detail::check_mla_call(spec.canonical(), args); });
   }
 };
 
@@ -102,8 +103,8 @@ TEST_CASE("MLA specs: each bad field is named") {
 }
 
 TEST_CASE("MLA calls: each bad argument is named before anything runs") {
-  CHECK(Fake().error().find("driver") != std::string::npos);  // valid: fails only for the GPU
-  CHECK(Fake(MlaQuery::assemble).error().find("driver") != std::string::npos);
+  CHECK(Fake().error().empty());
+  CHECK(Fake(MlaQuery::assemble).error().empty());
   auto err = [](const std::function<void(Fake&)>& edit, MlaQuery q = MlaQuery::in_place) {
     Fake f(q);
     edit(f);
