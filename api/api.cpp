@@ -184,6 +184,20 @@ std::vector<std::string> precompile(const RmsNormSpec& spec, const std::string& 
   return paths;
 }
 
+void mla_prepare(const MlaSpec& spec, const MlaArgs& args) {
+  api::engine();  // the core engine, its policy installed, holds MLA's images and modules
+  detail::MlaEngine::instance().mla_prepare(spec, args);
+}
+
+std::vector<std::string> precompile(const MlaSpec& spec, const std::string& arch) {
+  const MlaSpec c = spec.canonical();
+  const std::string target = detail::target_for(detail::parse_arch(arch, "arch"));
+  api::engine();
+  std::string path;
+  detail::MlaEngine::instance().image(c, target, &path);
+  return {path};
+}
+
 CacheCounts cache_counts() {
   const detail::EngineStats s = api::engine().stats();
   return CacheCounts{s.nvrtc_compiles, s.disk_hits, s.memory_hits, s.module_loads};

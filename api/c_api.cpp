@@ -647,3 +647,102 @@ ropejit_status ropejit_rms_norm_key(const ropejit_rms_norm_spec* spec, char* buf
 ropejit_status ropejit_rms_norm_precompile(const ropejit_rms_norm_spec* spec, const char* arch) {
   return family_precompile(spec, arch, to_norm_spec);
 }
+
+namespace {
+
+ropejit_mla_spec from_mla_spec(const ropejit::MlaSpec& d) {
+  return ropejit_mla_spec{ropejit_header{},
+                          int32_t(d.dtype),
+                          d.kv_rank,
+                          d.rope_dim,
+                          int32_t(d.style),
+                          int32_t(d.index_type),
+                          int32_t(d.table_dtype),
+                          int32_t(d.norm),
+                          int32_t(d.cache_store),
+                          int32_t(d.query),
+                          int32_t(d.q_store)};
+}
+
+ropejit_mla_args default_mla_args() {
+  ropejit_mla_args args{};
+  args.norm_eps = ropejit::MlaArgs().norm_eps;
+  return args;
+}
+
+ropejit::MlaSpec to_mla_spec(const ropejit_mla_spec* p) {
+  static const auto defaults = from_mla_spec(ropejit::MlaSpec());
+  const ropejit_mla_spec s = read_struct(p, "spec", defaults);
+  ropejit::MlaSpec o;
+  o.dtype = ropejit::DType(s.dtype);
+  o.kv_rank = s.kv_rank;
+  o.rope_dim = s.rope_dim;
+  o.style = ropejit::Style(s.style);
+  o.index_type = ropejit::IndexType(s.index_type);
+  o.table_dtype = ropejit::DType(s.table_dtype);
+  o.norm = ropejit::Norm(s.norm);
+  o.cache_store = ropejit::Store(s.cache_store);
+  o.query = ropejit::MlaQuery(s.query);
+  o.q_store = ropejit::Store(s.q_store);
+  return o;
+}
+
+ropejit::MlaArgs to_mla_args(const ropejit_mla_args* p) {
+  static const auto defaults = default_mla_args();
+  const ropejit_mla_args a = read_struct(p, "args", defaults);
+  ropejit::MlaArgs o;
+  o.tokens = a.tokens;
+  o.heads = a.heads;
+  o.kv_c = a.kv_c;
+  o.kv_c_stride = a.kv_c_stride;
+  o.k_pe = a.k_pe;
+  o.k_pe_stride = a.k_pe_stride;
+  o.norm_weight = a.norm_weight;
+  o.norm_eps = a.norm_eps;
+  o.cache = a.cache;
+  o.cache_slots = a.cache_slots;
+  o.cache_stride = a.cache_stride;
+  o.slots = a.slots;
+  o.cache_scale = a.cache_scale;
+  o.skipped = a.skipped;
+  o.q_pe = a.q_pe;
+  o.q_pe_token_stride = a.q_pe_token_stride;
+  o.q_pe_head_stride = a.q_pe_head_stride;
+  o.q_nope = a.q_nope;
+  o.q_nope_token_stride = a.q_nope_token_stride;
+  o.q_nope_head_stride = a.q_nope_head_stride;
+  o.q_out = a.q_out;
+  o.q_out_token_stride = a.q_out_token_stride;
+  o.q_out_head_stride = a.q_out_head_stride;
+  o.q_scale = a.q_scale;
+  o.position_ids = a.position_ids;
+  o.cos = a.cos;
+  o.sin = a.sin;
+  o.table_rows = a.table_rows;
+  o.table_stride = a.table_stride;
+  o.stream = a.stream;
+  return o;
+}
+
+}  // namespace
+
+ropejit_status ropejit_mla_spec_init_sized(ropejit_mla_spec* spec, size_t size) {
+  return init_sized(spec, size, "spec", from_mla_spec(ropejit::MlaSpec()));
+}
+
+ropejit_status ropejit_mla_args_init_sized(ropejit_mla_args* args, size_t size) {
+  return init_sized(args, size, "args", default_mla_args());
+}
+
+ropejit_status ropejit_mla_prepare(const ropejit_mla_spec* spec, const ropejit_mla_args* args) {
+  return spec_args_call(spec, args,
+                        [&] { ropejit::mla_prepare(to_mla_spec(spec), to_mla_args(args)); });
+}
+
+ropejit_status ropejit_mla_key(const ropejit_mla_spec* spec, char* buf, size_t size) {
+  return family_key(spec, buf, size, to_mla_spec);
+}
+
+ropejit_status ropejit_mla_precompile(const ropejit_mla_spec* spec, const char* arch) {
+  return family_precompile(spec, arch, to_mla_spec);
+}

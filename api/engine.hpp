@@ -4,6 +4,7 @@
 
 #include "jit/decode/engine.hpp"
 #include "jit/engine.hpp"
+#include "jit/mla/engine.hpp"
 
 namespace ropejit::api {
 

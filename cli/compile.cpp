@@ -130,6 +130,7 @@ struct CompilePlan {
   std::vector<QkvProjSpec> proj_specs;
   std::vector<FfnSpec> ffn_specs;
   std::vector<RmsNormSpec> norm_specs;
+  std::vector<MlaSpec> mla_specs;
   std::vector<std::pair<QkvProjSpec, detail::ProjVariant>> proj_tuned;
   std::vector<std::pair<FfnSpec, detail::ProjVariant>> ffn_tuned;
   std::vector<std::string> decode_archs;  // the decode families' targets, as given
@@ -177,6 +178,9 @@ void add_key(const std::string& key, CompilePlan* p, std::vector<Spec>* specs) {
     case detail::Family::rms_norm:
       p->norm_specs.push_back(parse_rms_norm_key(key));
       return;
+    case detail::Family::mla:
+      p->mla_specs.push_back(parse_mla_key(key));
+      return;
     case detail::Family::dequant:
       detail::invalid("key '", key,
                       "': the e4m3 dequantization kernel is compiled with the "
@@ -207,7 +211,8 @@ CompilePlan plan_from_models_and_keys(const CompileOptions& o, std::vector<std::
     for (const Spec& s : model_specs(m, dtype))
       (detail::missing_kernel(s).empty() ? specs : skipped).push_back(s);
   for (const std::string& key : o.keys) add_key(key, &p, &specs);
-  const size_t decode_keys = p.proj_specs.size() + p.ffn_specs.size() + p.norm_specs.size();
+  const size_t decode_keys =
+      p.proj_specs.size() + p.ffn_specs.size() + p.norm_specs.size() + p.mla_specs.size();
   if (specs.empty() && skipped.empty() && decode_keys == 0)
     detail::invalid(
         "compile needs --preset NAME, --hf-config FILE, --key KEY or --from-tuning FILE");
@@ -241,6 +246,7 @@ size_t precompile_decode_keys(const CompilePlan& p, size_t* built) {
   precompile_family(p.proj_specs);
   precompile_family(p.ffn_specs);
   precompile_family(p.norm_specs);
+  precompile_family(p.mla_specs);
   return failures;
 }
 

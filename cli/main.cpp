@@ -40,6 +40,10 @@ int run_source(const std::string& key, const std::string& hf_config, const std::
     std::fputs(detail::render(spec, v).source.c_str(), stdout);
     return 0;
   }
+  if (family == detail::Family::mla) {  // MLA: its one kernel
+    std::fputs(detail::render(parse_mla_key(key).canonical()).source.c_str(), stdout);
+    return 0;
+  }
   if (family == detail::Family::rms_norm) {  // RMSNorm: its kernel for the shortest rows
     const RmsNormSpec spec = parse_rms_norm_key(key);
     std::fputs(detail::render(spec.canonical(), detail::NormVariant{}).source.c_str(), stdout);

@@ -8,7 +8,7 @@ namespace {
 constexpr std::pair<Family, const char*> kTags[] = {
     {Family::rope, "rope"},          {Family::qkv_projection, "qkvproj"},
     {Family::ffn_gate_up, "ffnglu"}, {Family::rms_norm, "rmsnorm"},
-    {Family::dequant, "dequant"},
+    {Family::dequant, "dequant"},    {Family::mla, "mla"},
 };
 
 }  // namespace

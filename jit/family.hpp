@@ -8,7 +8,7 @@
 
 namespace ropejit::detail {
 
-enum class Family { rope, qkv_projection, ffn_gate_up, rms_norm, dequant };
+enum class Family { rope, qkv_projection, ffn_gate_up, rms_norm, dequant, mla };
 
 // The first field of the family's keys: "rope" for rope_bshd_bf16_..., "qkvproj" for
 // qkvproj_bf16_d128_..., and so on.

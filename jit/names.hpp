@@ -39,6 +39,7 @@ ROPEJIT_NAMES(KvCache, {KvCache::none, "none"}, {KvCache::contiguous, "cont"},
 ROPEJIT_NAMES(Store, {Store::same, "same"}, {Store::e4m3, "e4m3"}, {Store::e4m3_dynamic, "e4m3dyn"})
 ROPEJIT_NAMES(Activation, {Activation::silu, "silu"}, {Activation::gelu_tanh, "gelutanh"})
 ROPEJIT_NAMES(Weights, {Weights::same, "same"}, {Weights::e4m3, "e4m3"})
+ROPEJIT_NAMES(MlaQuery, {MlaQuery::in_place, "ip"}, {MlaQuery::assemble, "asm"})
 ROPEJIT_NAMES(ProjPath, {ProjPath::automatic, "auto"}, {ProjPath::fused, "fused"},
               {ProjPath::unfused, "unfused"})
 #undef ROPEJIT_NAMES

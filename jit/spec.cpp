@@ -25,6 +25,7 @@ const char* to_string(Store v) { return detail::name_of(v); }
 const char* to_string(ProjPath v) { return detail::name_of(v); }
 const char* to_string(Weights v) { return detail::name_of(v); }
 const char* to_string(Activation v) { return detail::name_of(v); }
+const char* to_string(MlaQuery v) { return detail::name_of(v); }
 
 using detail::check_enum;
 using detail::kMaxHeadDim;

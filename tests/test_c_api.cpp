@@ -138,6 +138,8 @@ TEST_CASE("C ABI: the 0.2.0 struct sizes, the smallest each struct's header may 
   CHECK(sizeof(ropejit_ffn_args) == 152);
   CHECK(sizeof(ropejit_rms_norm_spec) == 20);
   CHECK(sizeof(ropejit_rms_norm_args) == 96);
+  CHECK(sizeof(ropejit_mla_spec) == 48);
+  CHECK(sizeof(ropejit_mla_args) == 248);
 }
 
 TEST_CASE("C ABI: int fields that stand for bools take only 0 and 1") {
@@ -355,4 +357,31 @@ TEST_CASE("C API: RMSNorm's defaults, key, errors and precompile") {
   CHECK(ropejit_rms_norm(&spec, &args) == ROPEJIT_ERROR_INVALID_ARGUMENT);
   CHECK(std::string(ropejit_last_error()).find("args.norm_eps (1e+300)") != std::string::npos);
   CHECK(ropejit_rms_norm_precompile(&spec, "sm_90") == ROPEJIT_OK);
+}
+
+TEST_CASE("C API: MLA's defaults, key, errors and precompile") {
+  ropejit_mla_spec spec;
+  REQUIRE(ropejit_mla_spec_init(&spec) == ROPEJIT_OK);
+  char key[160];
+  REQUIRE(ropejit_mla_key(&spec, key, sizeof key) == ROPEJIT_OK);
+  CHECK(std::string(key) == ropejit::MlaSpec{}.key());
+  spec.query = ROPEJIT_MLA_QUERY_ASSEMBLE;
+  spec.cache_store = ROPEJIT_STORE_E4M3;
+  spec.q_store = ROPEJIT_STORE_E4M3;
+  REQUIRE(ropejit_mla_key(&spec, key, sizeof key) == ROPEJIT_OK);
+  CHECK(std::string(key) == "mla_bf16_r512_p64_gptj_ids-i64_tab-f32_nrms_ce4m3_qasm-e4m3");
+  spec.kv_rank = 12;
+  CHECK(ropejit_mla_key(&spec, key, sizeof key) == ROPEJIT_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(ropejit_last_error()).find("spec.kv_rank (12)") != std::string::npos);
+  spec.kv_rank = 512;
+
+  ropejit_mla_args args;
+  REQUIRE(ropejit_mla_args_init(&args) == ROPEJIT_OK);
+  CHECK(args.norm_eps == 1e-6);
+  args.tokens = 3;
+  args.heads = 16;
+  CHECK(ropejit_mla_prepare(&spec, &args) == ROPEJIT_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(ropejit_last_error()).find("args.position_ids is null") != std::string::npos);
+  CHECK(ropejit_mla_prepare(nullptr, &args) == ROPEJIT_ERROR_INVALID_ARGUMENT);
+  CHECK(ropejit_mla_precompile(&spec, "sm_90") == ROPEJIT_OK);
 }

@@ -15,23 +15,14 @@
 #include "jit/decode/ffn.hpp"
 #include "jit/nvrtc.hpp"
 #include "oracle/decode/ffn_workload.hpp"
+#include "test_util.hpp"
 
 using namespace ropejit;
 
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
+using testing::contains;
+using testing::error_of;
 
 // A valid call on made-up device addresses (nothing is dereferenced when checking).
 struct Fake {

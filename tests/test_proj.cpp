@@ -14,24 +14,15 @@
 #include "jit/decode/proj.hpp"
 #include "jit/nvrtc.hpp"
 #include "oracle/decode/proj_workload.hpp"
+#include "test_util.hpp"
 
 using namespace ropejit;
 using detail::ProjVariant;
 
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
+using testing::contains;
+using testing::error_of;
 
 // A valid call on made-up device addresses (nothing is dereferenced when checking): x, weight
 // and norm weight, then a packed [tokens][q + 2 kv][d] output, ids and tables, far apart.

@@ -8,12 +8,29 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "ropejit/ropejit.hpp"
+
 namespace ropejit::testing {
+
+// The message of the ropejit::Error that `f` throws, or "" when it throws none.
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+inline bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
 
 // Sets (or unsets, with std::nullopt) an environment variable for one scope.
 class ScopedEnv {

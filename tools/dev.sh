@@ -128,7 +128,8 @@ python_pytest() {
     if [ -z "${ROPEJIT_PYTEST_JOBS:-}" ] && [ "$n" -gt 8 ]; then n=8; fi
     if [ "$n" -gt 1 ]; then jobs=(-n "$n"); fi
   fi
-  "$py" -m pytest -rs "${jobs[@]}" tests/python
+  # The slowest cases in the log: what to split when the run outgrows the GPU host's call.
+  "$py" -m pytest -rs --durations=15 "${jobs[@]}" tests/python
 }
 
 python_tests() {

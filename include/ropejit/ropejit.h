@@ -410,6 +410,61 @@ ROPEJIT_API ropejit_status ropejit_rms_norm_key(const ropejit_rms_norm_spec* spe
 ROPEJIT_API ropejit_status ropejit_rms_norm_precompile(const ropejit_rms_norm_spec* spec,
                                                        const char* arch);
 
+/* MLA's step around RoPE: ropejit::MlaSpec / MlaArgs (docs/mla.md). Per token, the latent
+ * cache row [RMSNorm(kv_c) * w | rope(k_pe)] at its slot (dtype, or e4m3 codes of value /
+ * *cache_scale; slot -1 is padding, a slot outside the cache is skipped and counted), and the
+ * query: rope(q_pe) in place (ROPEJIT_MLA_QUERY_IN_PLACE) or q_out = [q_nope | rope(q_pe)]
+ * (ROPEJIT_MLA_QUERY_ASSEMBLE; dtype, or e4m3 codes of value / *q_scale). */
+enum { ROPEJIT_MLA_QUERY_IN_PLACE = 0, ROPEJIT_MLA_QUERY_ASSEMBLE = 1 };
+
+typedef struct {
+  ropejit_header header;
+  int32_t dtype;
+  int32_t kv_rank, rope_dim;
+  int32_t style, index_type, table_dtype, norm;
+  int32_t cache_store, query, q_store;
+} ropejit_mla_spec;
+
+typedef struct {
+  ropejit_header header;
+  int64_t tokens, heads;
+  const void* kv_c;
+  int64_t kv_c_stride; /* elements; 0: kv_rank */
+  const void* k_pe;
+  int64_t k_pe_stride;
+  const void* norm_weight;
+  double norm_eps;
+  void* cache; /* [cache_slots][kv_rank + rope_dim] */
+  int64_t cache_slots, cache_stride;
+  const int64_t* slots;
+  const float* cache_scale;
+  int32_t* skipped; /* optional device counter */
+  void* q_pe;       /* [tokens][heads][rope_dim] */
+  int64_t q_pe_token_stride, q_pe_head_stride;
+  const void* q_nope; /* assemble: [tokens][heads][kv_rank] */
+  int64_t q_nope_token_stride, q_nope_head_stride;
+  void* q_out; /* assemble: [tokens][heads][kv_rank + rope_dim] */
+  int64_t q_out_token_stride, q_out_head_stride;
+  const float* q_scale;
+  const void* position_ids;
+  const void* cos;
+  const void* sin;
+  int64_t table_rows, table_stride;
+  void* stream;
+} ropejit_mla_args;
+
+/* Fill with the C++ defaults (bf16, kv_rank 512, rope_dim 64, gptj, i64 ids, f32 table, rms,
+ * cache and query in the dtype, q_pe in place; eps 1e-6). */
+ROPEJIT_API ropejit_status ropejit_mla_spec_init_sized(ropejit_mla_spec* spec, size_t size);
+ROPEJIT_API ropejit_status ropejit_mla_args_init_sized(ropejit_mla_args* args, size_t size);
+#define ropejit_mla_spec_init(spec) ropejit_mla_spec_init_sized((spec), sizeof *(spec))
+#define ropejit_mla_args_init(args) ropejit_mla_args_init_sized((args), sizeof *(args))
+/* One launch; on error nothing is launched. */
+ROPEJIT_API ropejit_status ropejit_mla_prepare(const ropejit_mla_spec* spec,
+                                               const ropejit_mla_args* args);
+ROPEJIT_API ropejit_status ropejit_mla_key(const ropejit_mla_spec* spec, char* buf, size_t size);
+ROPEJIT_API ropejit_status ropejit_mla_precompile(const ropejit_mla_spec* spec, const char* arch);
+
 #ifdef __cplusplus
 }
 #endif

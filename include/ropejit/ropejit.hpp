@@ -558,6 +558,89 @@ void rms_norm(const RmsNormSpec& spec, const RmsNormArgs& args);
 std::vector<std::string> precompile(const RmsNormSpec& spec, const std::string& arch);
 
 // ---------------------------------------------------------------------------------------
+// MLA: multi-head latent attention's step around RoPE (DeepSeek-V2/V3, Kimi K2), one launch.
+// ---------------------------------------------------------------------------------------
+
+// Per token t, at position p = args.position_ids[t]:
+//   cache[slots[t]] = [ RMSNorm(kv_c[t]) · w (kv_rank) ‖ rope(k_pe[t], p) (rope_dim) ]
+//       in the dtype, or as e4m3 codes of value / *cache_scale; a slot of -1 is padding (not
+//       written), one outside the cache is skipped and counted;
+//   q: rope(q_pe[t, h], p) for every head h, in place (query in_place), or
+//       q_out[t, h] = [ q_nope[t, h] (kv_rank) ‖ rope(q_pe[t, h], p) (rope_dim) ] (assemble: the
+//       decode query of an absorbed MLA, q_nope the caller's q·W_UK), in the dtype or as e4m3
+//       codes of value / *q_scale.
+// The rotation reads cos/sin rows [table_rows][rope_dim / 2] (half width) by position; pairs as
+// `style` (DeepSeek's reference rotates interleaved pairs: gptj). fp32 arithmetic, each output
+// rounded once; a position outside the table writes NaN into that token's rotated parts.
+enum class MlaQuery : int32_t { in_place = 0, assemble = 1 };
+const char* to_string(MlaQuery v);
+
+struct MlaSpec {
+  DType dtype = DType::bf16;  // bf16 or f16: kv_c, k_pe, q_pe, q_nope, weight, cache, q_out
+  int32_t kv_rank = 512;      // kv_lora_rank: a multiple of 8 in [8, 4096]
+  int32_t rope_dim = 64;      // qk_rope_head_dim: even, in [2, 512]
+  Style style = Style::gptj;
+  IndexType index_type = IndexType::i64;  // position_ids
+  DType table_dtype = DType::f32;         // cos/sin
+  Norm norm = Norm::rms;                  // none or rms (kv_a_layernorm over kv_c)
+  Store cache_store = Store::same;        // same or e4m3 (per-tensor scale)
+  MlaQuery query = MlaQuery::in_place;
+  Store q_store = Store::same;  // same, or e4m3 with query assemble
+
+  void validate() const;
+  MlaSpec canonical() const;
+  // mla_bf16_r512_p64_gptj_ids-i64_tab-f32_nrms_csame_qip,
+  // mla_bf16_r512_p64_gptj_ids-i64_tab-f32_nrms_ce4m3_qasm-e4m3
+  std::string key() const;
+
+  friend bool operator==(const MlaSpec& a, const MlaSpec& b) {
+    return a.dtype == b.dtype && a.kv_rank == b.kv_rank && a.rope_dim == b.rope_dim &&
+           a.style == b.style && a.index_type == b.index_type && a.table_dtype == b.table_dtype &&
+           a.norm == b.norm && a.cache_store == b.cache_store && a.query == b.query &&
+           a.q_store == b.q_store;
+  }
+  friend bool operator!=(const MlaSpec& a, const MlaSpec& b) { return !(a == b); }
+};
+
+MlaSpec parse_mla_key(const std::string& key);
+
+// Strides in elements (0: the row's own width); rows 16-byte aligned (kv_c, q_nope, q_out's
+// heads, cache rows: 8 bytes for e4m3). A tensor the call does not use may be null.
+struct MlaArgs {
+  int64_t tokens = 0;
+  int64_t heads = 0;           // q heads (0: no query work)
+  const void* kv_c = nullptr;  // [tokens][kv_rank]
+  int64_t kv_c_stride = 0;
+  const void* k_pe = nullptr;  // [tokens][rope_dim]
+  int64_t k_pe_stride = 0;
+  const void* norm_weight = nullptr;  // [kv_rank], norm rms
+  double norm_eps = 1e-6;
+  void* cache = nullptr;  // [cache_slots][kv_rank + rope_dim], rows cache_stride apart
+  int64_t cache_slots = 0;
+  int64_t cache_stride = 0;
+  const int64_t* slots = nullptr;      // [tokens]: the cache row of each token, -1 padding
+  const float* cache_scale = nullptr;  // cache_store e4m3: device scalar
+  int32_t* skipped = nullptr;          // optional device counter: + tokens whose slot is outside
+  void* q_pe = nullptr;  // [tokens][heads][rope_dim]: rotated in place, or read (assemble)
+  int64_t q_pe_token_stride = 0, q_pe_head_stride = 0;  // 0: heads * rope_dim, rope_dim
+  const void* q_nope = nullptr;                         // assemble: [tokens][heads][kv_rank]
+  int64_t q_nope_token_stride = 0, q_nope_head_stride = 0;
+  void* q_out = nullptr;  // assemble: [tokens][heads][kv_rank + rope_dim]
+  int64_t q_out_token_stride = 0, q_out_head_stride = 0;
+  const float* q_scale = nullptr;      // q_store e4m3: device scalar
+  const void* position_ids = nullptr;  // [tokens], index_type
+  const void* cos = nullptr;           // [table_rows][rope_dim / 2], table_dtype
+  const void* sin = nullptr;
+  int64_t table_rows = 0;
+  int64_t table_stride = 0;  // elements between rows (0: rope_dim / 2)
+  void* stream = nullptr;
+};
+
+void mla_prepare(const MlaSpec& spec, const MlaArgs& args);
+// Compiles the key's kernel for `arch` (no GPU needed); returns the cache files.
+std::vector<std::string> precompile(const MlaSpec& spec, const std::string& arch);
+
+// ---------------------------------------------------------------------------------------
 // Frequencies and cos/sin tables on the host, in float64 (no GPU).
 // ---------------------------------------------------------------------------------------
 

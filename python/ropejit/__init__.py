@@ -23,7 +23,7 @@ __version__ = _capi.version()
 
 # Subpackages load on first use (ropejit.ops, ropejit.nn, ...): `import ropejit` stays free of
 # torch's import cost, and `ropejit.nn.patch_hf_model(...)` needs no import of its own.
-_SUBMODULES = ("ops", "nn", "fused", "decode", "dropin")
+_SUBMODULES = ("ops", "nn", "fused", "decode", "dropin", "mla")
 
 
 def __getattr__(name):

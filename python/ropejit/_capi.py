@@ -143,6 +143,30 @@ class ropejit_rms_norm_args(ctypes.Structure):
     ]
 
 
+class ropejit_mla_spec(ctypes.Structure):
+    _fields_ = _HEADER + [
+        ("dtype", _i32), ("kv_rank", _i32), ("rope_dim", _i32), ("style", _i32),
+        ("index_type", _i32), ("table_dtype", _i32), ("norm", _i32), ("cache_store", _i32),
+        ("query", _i32), ("q_store", _i32),
+    ]
+
+
+class ropejit_mla_args(ctypes.Structure):
+    _fields_ = _HEADER + [
+        ("tokens", _i64), ("heads", _i64), ("kv_c", _ptr), ("kv_c_stride", _i64), ("k_pe", _ptr),
+        ("k_pe_stride", _i64), ("norm_weight", _ptr), ("norm_eps", _f64), ("cache", _ptr),
+        ("cache_slots", _i64), ("cache_stride", _i64), ("slots", _ptr), ("cache_scale", _ptr),
+        ("skipped", _ptr), ("q_pe", _ptr), ("q_pe_token_stride", _i64),
+        ("q_pe_head_stride", _i64), ("q_nope", _ptr), ("q_nope_token_stride", _i64),
+        ("q_nope_head_stride", _i64), ("q_out", _ptr), ("q_out_token_stride", _i64),
+        ("q_out_head_stride", _i64), ("q_scale", _ptr), ("position_ids", _ptr), ("cos", _ptr),
+        ("sin", _ptr), ("table_rows", _i64), ("table_stride", _i64), ("stream", _ptr),
+    ]
+
+
+# ropejit::MlaQuery
+MLA_QUERIES = {"in_place": 0, "assemble": 1}
+
 # ropejit::Activation
 ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}
 
@@ -168,6 +192,8 @@ _INITS = {
     ropejit_ffn_args: "ropejit_ffn_args_init_sized",
     ropejit_rms_norm_spec: "ropejit_rms_norm_spec_init_sized",
     ropejit_rms_norm_args: "ropejit_rms_norm_args_init_sized",
+    ropejit_mla_spec: "ropejit_mla_spec_init_sized",
+    ropejit_mla_args: "ropejit_mla_args_init_sized",
 }
 
 _PROTOTYPES = {
@@ -213,6 +239,10 @@ _PROTOTYPES = {
                                         ctypes.POINTER(ropejit_rms_norm_args)]),
     "ropejit_rms_norm_key": (ctypes.c_int, [ctypes.POINTER(ropejit_rms_norm_spec),
                                             ctypes.c_char_p, ctypes.c_size_t]),
+    "ropejit_mla_prepare": (ctypes.c_int, [ctypes.POINTER(ropejit_mla_spec),
+                                           ctypes.POINTER(ropejit_mla_args)]),
+    "ropejit_mla_key": (ctypes.c_int, [ctypes.POINTER(ropejit_mla_spec), ctypes.c_char_p,
+                                       ctypes.c_size_t]),
     "ropejit_last_error": (ctypes.c_char_p, []),
     "ropejit_version": (ctypes.c_char_p, []),
     "ropejit_cache_counts": (None, [ctypes.POINTER(ctypes.c_uint64)] * 4),

@@ -180,3 +180,77 @@ def emulate(spec, args, stream=None):
                 x = _read(_address(src, b, s, t, h, thd, size), spec.dtype, spec.head_dim)
                 y = _rotate(x, cos, sin, spec)
                 _write(_address(dst, b, s, t, h, thd, size), spec.dtype, y)
+
+
+def _write_e4m3(ptr, values):
+    """e4m3 codes of `values` (already divided by the scale), saturating at 448 as the kernels
+    do, NaN kept."""
+    import torch
+    codes = torch.from_numpy(np.clip(values, -448.0, 448.0)).to(torch.float8_e4m3fn)
+    raw = (ctypes.c_uint8 * len(values)).from_address(ptr)
+    np.frombuffer(raw, dtype=np.uint8)[:] = codes.view(torch.uint8).numpy()
+
+
+def _scalar(ptr, np_type):
+    return float(np.frombuffer((ctypes.c_uint8 * 4).from_address(ptr), dtype=np_type)[0])
+
+
+def emulate_mla(spec, args):
+    """ropejit_mla_prepare in float64 through the struct's pointers and strides (docs/mla.md):
+    the cache rows of the tokens' slots, and q_pe in place or q_out."""
+    R, P, half = spec.kv_rank, spec.rope_dim, spec.rope_dim // 2
+    e = _ELEM[spec.dtype][1]
+    te = _ELEM[spec.table_dtype][1]
+    gptj = spec.style == _capi.STYLES["gptj"]
+    first = np.arange(half) * 2 if gptj else np.arange(half)
+    second = first + 1 if gptj else first + half
+
+    def rotate(x, pos):
+        if pos < 0 or pos >= args.table_rows:
+            return np.full(P, np.nan)
+        c = _read(args.cos + pos * args.table_stride * te, spec.table_dtype, half)
+        s = _read(args.sin + pos * args.table_stride * te, spec.table_dtype, half)
+        out = x.copy()
+        out[first] = x[first] * c - x[second] * s
+        out[second] = x[second] * c + x[first] * s
+        return out
+
+    def store(ptr, values, fp8, scale):
+        if fp8:
+            _write_e4m3(ptr, values / scale)
+        else:
+            _write(ptr, spec.dtype, values)
+
+    skipped = 0
+    for t in range(args.tokens):
+        pos = _index(args.position_ids, spec.index_type, t)
+        if args.cache:
+            slot = _index(args.slots, 1, t)
+            if slot >= args.cache_slots or slot < -1:
+                skipped += 1
+            elif slot >= 0:
+                fp8 = spec.cache_store == _capi.STORES["e4m3"]
+                scale = _scalar(args.cache_scale, np.float32) if fp8 else 1.0
+                x = _read(args.kv_c + t * args.kv_c_stride * e, spec.dtype, R)
+                if spec.norm == _capi.NORMS["rms"]:
+                    w = _read(args.norm_weight, spec.dtype, R)
+                    x = x / np.sqrt(np.mean(x * x) + np.float32(args.norm_eps)) * w
+                k = rotate(_read(args.k_pe + t * args.k_pe_stride * e, spec.dtype, P), pos)
+                row = args.cache + slot * args.cache_stride * (1 if fp8 else e)
+                store(row, np.concatenate([x, k]), fp8, scale)
+        for h in range(args.heads):
+            at = args.q_pe + (t * args.q_pe_token_stride + h * args.q_pe_head_stride) * e
+            q = rotate(_read(at, spec.dtype, P), pos)
+            if spec.query == _capi.MLA_QUERIES["in_place"]:
+                _write(at, spec.dtype, q)
+                continue
+            fp8 = spec.q_store == _capi.STORES["e4m3"]
+            scale = _scalar(args.q_scale, np.float32) if fp8 else 1.0
+            nope = _read(args.q_nope + (t * args.q_nope_token_stride +
+                                        h * args.q_nope_head_stride) * e, spec.dtype, R)
+            out = args.q_out + (t * args.q_out_token_stride + h * args.q_out_head_stride) * \
+                (1 if fp8 else e)
+            store(out, np.concatenate([nope, q]), fp8, scale)
+    if args.skipped and skipped:
+        counter = np.frombuffer((ctypes.c_uint8 * 4).from_address(args.skipped), dtype=np.int32)
+        counter[0] += skipped

@@ -3,7 +3,8 @@
 positions, query, key=None, offsets=None)` is the call vLLM's models make through
 `RotaryEmbedding.forward_cuda`, given the module (or anything with its head_size,
 is_neox_style and cos_sin_cache): any get_rope variant, since the scaled ones differ only in
-the cache they build.
+the cache they build. `concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype,
+scale)` is vLLM's MLA cache write, on ropejit's MLA kernel.
 
 Differences from vLLM's:
 - cos_sin_cache may be f32, f16 or bf16 whatever the query's dtype (vLLM requires the
@@ -72,3 +73,32 @@ def forward_cuda(rope, positions, query, key=None, offsets=None):
                               f"{query.device}")
     rotary_embedding(positions, query, key, rope.head_size, cache, rope.is_neox_style)
     return query, key
+
+
+def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale):
+    """vLLM's MLA cache write (`vllm._custom_ops.concat_and_cache_mla`): each token's row
+    [kv_c | k_pe] into kv_cache ([num_blocks, block_size, kv_lora_rank + rope_dim], rows at
+    slot_mapping, -1 padding), as given (vLLM rotates and normalizes before), in the cache's
+    dtype ("auto") or as e4m3 codes of value / scale ("fp8", "fp8_e4m3"; vLLM keeps such a cache
+    as uint8). ropejit's MLA kernel with an identity rotation (one table row, cos 1 and sin 0):
+    finite values are copied exactly. Like vLLM, slot_mapping may have fewer tokens than kv_c (the
+    CUDA graph's padding): its length is the number of tokens. DeepSeek-V3.2's "fp8_ds_mla"
+    layout is not supported."""
+    import torch
+
+    from ropejit import mla
+    if kv_cache_dtype in ("fp8", "fp8_e4m3"):
+        cache = kv_cache.view(torch.float8_e4m3fn)
+        cache_scale = scale.reshape(1).float()
+    elif kv_cache_dtype == "auto":
+        cache, cache_scale = kv_cache, None
+    else:
+        raise InvalidArgument(f"ropejit: kv_cache_dtype ({kv_cache_dtype!r}) must be 'auto', "
+                              f"'fp8' or 'fp8_e4m3'")
+    tokens = slot_mapping.shape[0]
+    half = k_pe.shape[-1] // 2
+    device = kv_c.device
+    mla.prepare(torch.zeros(tokens, dtype=torch.int32, device=device),
+                torch.ones(1, half, device=device), torch.zeros(1, half, device=device),
+                kv_c=kv_c[:tokens], k_pe=k_pe[:tokens], cache=cache, slots=slot_mapping,
+                cache_scale=cache_scale)

@@ -1,0 +1,189 @@
+// MLA's call checks, argument block and rendering.
+#include "jit/mla/mla.hpp"
+
+#include <map>
+#include <string>
+
+#include "jit/call.hpp"
+#include "jit/embedded.hpp"
+#include "jit/errors.hpp"
+#include "jit/launch_config.hpp"
+
+namespace ropejit::detail {
+namespace {
+
+constexpr int64_t kMaxTokens = 2147483647;  // gridDim.x
+
+const char* flag(bool b) { return b ? "true" : "false"; }
+
+int64_t or_default(int64_t stride, int64_t width) { return stride ? stride : width; }
+
+// A [outer][inner][row] operand; `align`: the bytes its pointer and row starts must be aligned
+// to (the kernel's vector accesses).
+Operand check_operand(const char* name, const void* p, Dim outer, Dim inner, int64_t row,
+                      int64_t elem, int64_t align, bool written) {
+  if (!p) invalid(name, " is null");
+  if (reinterpret_cast<uintptr_t>(p) % uint64_t(align) != 0)
+    invalid(name, " (", p, ") is not ", align, "-byte aligned");
+  for (const Dim& d : {outer, inner})
+    if (d.count > 1 && (d.stride * elem) % align != 0)
+      invalid(name, " ", d.name, " (", d.stride, ") is not a multiple of ", align / elem,
+              " elements (", align, "-byte rows)");
+  Operand op;
+  check_strided(name, p, Dims{outer, inner, Dim{0, 1, "-"}}, row, elem, written, &op);
+  return op;
+}
+
+void check_positions(const MlaSpec& c, const MlaArgs& a) {
+  if (!a.position_ids) invalid("args.position_ids is null");
+  const uint64_t isz = c.index_type == IndexType::i64 ? 8 : 4;
+  if (reinterpret_cast<uintptr_t>(a.position_ids) % isz != 0)
+    invalid("args.position_ids (", a.position_ids, ") is not aligned to its ", isz,
+            "-byte elements");
+  check_table(a.cos, a.sin, c.table_dtype, c.rope_dim / 2, a.table_rows, a.table_stride);
+}
+
+}  // namespace
+
+void check_mla_call(const MlaSpec& c, const MlaArgs& a) {
+  if (a.tokens < 0 || a.tokens > kMaxTokens)
+    invalid("args.tokens (", a.tokens, ") must be in [0, ", kMaxTokens, "]");
+  if (a.heads < 0 || a.heads > (int64_t(1) << 20))
+    invalid("args.heads (", a.heads, ") must be in [0, 2^20]");
+  if (a.tokens == 0) return;
+  if (!a.cache && a.heads == 0)
+    invalid("args.cache is null and args.heads is 0: the call would do nothing");
+  check_positions(c, a);
+  const int64_t elem = element_bytes(c.dtype);
+  const int64_t row = int64_t(c.kv_rank) + c.rope_dim;
+  Operand ops[16];
+  size_t n = 0;
+  if (a.cache) {
+    if (a.cache_slots < 1) invalid("args.cache_slots (", a.cache_slots, ") must be >= 1");
+    if (!a.slots) invalid("args.slots is null but args.cache is set");
+    if (reinterpret_cast<uintptr_t>(a.slots) % 8 != 0)
+      invalid("args.slots (", static_cast<const void*>(a.slots), ") is not 8-byte aligned");
+    const bool fp8 = c.cache_store == Store::e4m3;
+    if (fp8) check_aligned(a.cache_scale, 4, "args.cache_scale", "spec.cache_store e4m3");
+    if (a.skipped) check_aligned(a.skipped, 4, "args.skipped", "a skipped count");
+    const int64_t cstride = or_default(a.cache_stride, row);
+    if (cstride < row)
+      invalid("args.cache_stride (", a.cache_stride, ") is smaller than a row (", row,
+              " elements: kv_rank + rope_dim)");
+    ops[n++] = check_operand("args.cache", a.cache, Dim{cstride, a.cache_slots, "cache_stride"},
+                             Dim{0, 1, "-"}, row, fp8 ? 1 : elem, fp8 ? 8 : 16, true);
+    const int64_t kvs = or_default(a.kv_c_stride, c.kv_rank);
+    ops[n++] = check_operand("args.kv_c", a.kv_c, Dim{kvs, a.tokens, "kv_c_stride"}, Dim{0, 1, "-"},
+                             c.kv_rank, elem, 16, false);
+    ops[n++] = check_operand("args.k_pe", a.k_pe,
+                             Dim{or_default(a.k_pe_stride, c.rope_dim), a.tokens, "k_pe_stride"},
+                             Dim{0, 1, "-"}, c.rope_dim, elem, elem, false);
+    if (c.norm == Norm::rms) {
+      check_norm_eps(a.norm_eps);
+      ops[n++] = check_operand("args.norm_weight", a.norm_weight, Dim{0, 1, "-"}, Dim{0, 1, "-"},
+                               c.kv_rank, elem, 16, false);
+    }
+  }
+  if (a.heads > 0) {
+    const bool assemble = c.query == MlaQuery::assemble;
+    const int64_t qhs = or_default(a.q_pe_head_stride, c.rope_dim);
+    const int64_t qts = or_default(a.q_pe_token_stride, a.heads * qhs);
+    ops[n++] =
+        check_operand("args.q_pe", a.q_pe, Dim{qts, a.tokens, "q_pe_token_stride"},
+                      Dim{qhs, a.heads, "q_pe_head_stride"}, c.rope_dim, elem, elem, !assemble);
+    if (assemble) {
+      const bool fp8 = c.q_store == Store::e4m3;
+      if (fp8) check_aligned(a.q_scale, 4, "args.q_scale", "spec.q_store e4m3");
+      const int64_t nhs = or_default(a.q_nope_head_stride, c.kv_rank);
+      ops[n++] = check_operand(
+          "args.q_nope", a.q_nope,
+          Dim{or_default(a.q_nope_token_stride, a.heads * nhs), a.tokens, "q_nope_token_stride"},
+          Dim{nhs, a.heads, "q_nope_head_stride"}, c.kv_rank, elem, 16, false);
+      const int64_t ohs = or_default(a.q_out_head_stride, row);
+      ops[n++] = check_operand(
+          "args.q_out", a.q_out,
+          Dim{or_default(a.q_out_token_stride, a.heads * ohs), a.tokens, "q_out_token_stride"},
+          Dim{ohs, a.heads, "q_out_head_stride"}, row, fp8 ? 1 : elem, fp8 ? 8 : 16, true);
+    }
+  }
+  // The small inputs, so that none of them lies inside a written output.
+  const Dim one{0, 1, "-"};
+  ops[n++] = check_operand("args.position_ids", a.position_ids, one, one, a.tokens,
+                           c.index_type == IndexType::i64 ? 8 : 4, 1, false);
+  const int64_t telem = element_bytes(c.table_dtype);
+  const int64_t tstride = or_default(a.table_stride, c.rope_dim / 2);
+  ops[n++] = check_operand("args.cos", a.cos, Dim{tstride, a.table_rows, "table_stride"}, one,
+                           c.rope_dim / 2, telem, 1, false);
+  ops[n++] = check_operand("args.sin", a.sin, Dim{tstride, a.table_rows, "table_stride"}, one,
+                           c.rope_dim / 2, telem, 1, false);
+  if (a.cache) {
+    ops[n++] = check_operand("args.slots", a.slots, one, one, a.tokens, 8, 1, false);
+    if (c.cache_store == Store::e4m3)
+      ops[n++] = check_operand("args.cache_scale", a.cache_scale, one, one, 1, 4, 1, false);
+    if (a.skipped) ops[n++] = check_operand("args.skipped", a.skipped, one, one, 1, 4, 1, true);
+  }
+  if (a.heads > 0 && c.q_store == Store::e4m3)
+    ops[n++] = check_operand("args.q_scale", a.q_scale, one, one, 1, 4, 1, false);
+  check_no_overlap(ops, n);
+}
+
+std::string mla_variant_name() { return "t" + std::to_string(kMlaThreads); }
+
+ropejit_dev::MlaParams make_mla_params(const MlaSpec& c, const MlaArgs& a) {
+  const int64_t row = int64_t(c.kv_rank) + c.rope_dim;
+  ropejit_dev::MlaParams p{};
+  p.kv_c = a.kv_c;
+  p.k_pe = a.k_pe;
+  p.w = a.norm_weight;
+  p.cache = a.cache;
+  p.slots = reinterpret_cast<const long long*>(a.slots);
+  p.cache_scale = a.cache_scale;
+  p.skipped = a.skipped;
+  p.q_pe = a.q_pe;
+  p.q_nope = a.q_nope;
+  p.q_out = a.q_out;
+  p.q_scale = a.q_scale;
+  p.ids = a.position_ids;
+  p.cos = a.cos;
+  p.sin = a.sin;
+  p.kv_c_stride = or_default(a.kv_c_stride, c.kv_rank);
+  p.k_pe_stride = or_default(a.k_pe_stride, c.rope_dim);
+  p.cache_stride = or_default(a.cache_stride, row);
+  p.cache_slots = a.cache_slots;
+  p.q_pe_head_stride = or_default(a.q_pe_head_stride, c.rope_dim);
+  p.q_pe_token_stride = or_default(a.q_pe_token_stride, a.heads * p.q_pe_head_stride);
+  p.q_nope_head_stride = or_default(a.q_nope_head_stride, c.kv_rank);
+  p.q_nope_token_stride = or_default(a.q_nope_token_stride, a.heads * p.q_nope_head_stride);
+  p.q_out_head_stride = or_default(a.q_out_head_stride, row);
+  p.q_out_token_stride = or_default(a.q_out_token_stride, a.heads * p.q_out_head_stride);
+  p.table_rows = a.table_rows;
+  p.table_stride = or_default(a.table_stride, c.rope_dim / 2);
+  p.heads = a.heads;
+  p.eps = float(a.norm_eps);
+  return p;
+}
+
+RenderedKernel render(const MlaSpec& c) {
+  RenderedKernel r;
+  r.key = c.key();
+  r.entry = entry_name(r.key, mla_variant_name());
+  const std::map<std::string, std::string> vars = {
+      {"key", r.key},
+      {"entry", r.entry},
+      {"dtype", std::to_string(int(c.dtype))},
+      {"table_dtype", std::to_string(int(c.table_dtype))},
+      {"kv_rank", std::to_string(c.kv_rank)},
+      {"rope_dim", std::to_string(c.rope_dim)},
+      {"threads", std::to_string(kMlaThreads)},
+      {"gptj", flag(c.style == Style::gptj)},
+      {"ids64", flag(c.index_type == IndexType::i64)},
+      {"norm", flag(c.norm == Norm::rms)},
+      {"cache_e4m3", flag(c.cache_store == Store::e4m3)},
+      {"assemble", flag(c.query == MlaQuery::assemble)},
+      {"q_e4m3", flag(c.q_store == Store::e4m3)},
+  };
+  r.source = substitute_template(embedded_file("mla_entry.cu.in"), vars);
+  return r;
+}
+
+}  // namespace ropejit::detail

@@ -1,0 +1,337 @@
+// The MLA problem and its float64 reference. Every output is fp32 arithmetic rounded once, so
+// an output is right when it lies between the roundings of (want - err) and (want + err), err
+// bounding the fp32 arithmetic before the rounding: for the rotation two products and a sum,
+// for the norm Σx² in fp32 (at most kv_rank / 128 + 10 terms a chain), a division, a square
+// root and two products, and for an e4m3 store the division by its scale. Where the rounding
+// cannot straddle a boundary, that is the bits exactly.
+#include "oracle/mla/mla_workload.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+
+#include "jit/driver.hpp"
+#include "jit/errors.hpp"
+#include "jit/launch_config.hpp"
+#include "oracle/numbers.hpp"
+
+namespace ropejit::oracle {
+namespace {
+
+constexpr uint8_t kPoison = 0xff;
+constexpr size_t kGuardBytes = 256;
+constexpr double kBase = 10000.0;
+
+int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+
+double rounded(DType t, bool fp8, double v) {
+  if (fp8) return e4m3_value(e4m3_bits(v));
+  return t == DType::bf16 ? bf16_value(bf16_bits(v)) : f16_value(f16_bits(v));
+}
+
+}  // namespace
+
+MlaProblem::Buffer& MlaProblem::add(std::vector<uint8_t> host) {
+  host.resize(host.size() + kGuardBytes, kPoison);
+  buffers_.push_back(new Buffer{std::move(host), 0});
+  return *buffers_.back();
+}
+
+MlaProblem::MlaProblem(const MlaSpec& spec, const MlaSizes& z)
+    : spec_(spec.canonical()), sizes_(z) {
+  const DType t = spec_.dtype;
+  const int64_t e = detail::element_bytes(t), R = spec_.kv_rank, P = spec_.rope_dim, half = P / 2,
+                row = R + P, T = z.tokens, H = z.heads;
+  const bool cache_fp8 = spec_.cache_store == Store::e4m3;
+  const bool assemble = spec_.query == MlaQuery::assemble;
+  const bool q_fp8 = spec_.q_store == Store::e4m3;
+  if (z.padded + z.bad_slots + z.off_table > T || T - z.padded - z.bad_slots > z.cache_slots)
+    detail::invalid(
+        "MlaSizes: more padded, bad or off-table tokens than tokens, or more cached "
+        "tokens than cache slots");
+  std::mt19937_64 rng(z.seed);
+  std::uniform_real_distribution<double> unit(-1.0, 1.0);
+  const int64_t kv_stride = round_up(R + z.row_gap, 8), pe_stride = P + z.row_gap,
+                cache_stride = round_up(row + z.row_gap, 8), qpe_hs = P + z.head_gap,
+                nope_hs = round_up(R + z.head_gap, 8), out_hs = round_up(row + z.head_gap, 8);
+  auto values = [&](int64_t rows, int64_t stride, int64_t width, double scale) {
+    std::vector<uint8_t> bytes(size_t(std::max<int64_t>(rows, 1) * stride * e), kPoison);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t k = 0; k < width; ++k)
+        store_value(t, bytes.data() + (r * stride + k) * e, scale * unit(rng));
+    return bytes;
+  };
+  kv_c_ = &add(values(T, kv_stride, R, 2.0));
+  k_pe_ = &add(values(T, pe_stride, P, 2.0));
+  {
+    std::vector<uint8_t> w(size_t(R * e));
+    for (int64_t k = 0; k < R; ++k) store_value(t, w.data() + k * e, 1.0 + 0.5 * unit(rng));
+    w_ = &add(std::move(w));
+  }
+  q_pe_ = &add(values(T * H, qpe_hs, P, 2.0));
+  if (assemble) q_nope_ = &add(values(T * H, nope_hs, R, 2.0));
+  if (assemble)
+    q_out_ = &add(std::vector<uint8_t>(
+        size_t(std::max<int64_t>(T * H, 1) * out_hs * (q_fp8 ? 1 : e)), kPoison));
+  const int64_t celem = cache_fp8 ? 1 : e;
+  cache_ = &add(std::vector<uint8_t>(size_t(z.cache_slots * cache_stride * celem), kPoison));
+
+  // Slots: distinct rows for the cached tokens, then padding and rows past the cache, shuffled.
+  std::vector<int64_t> perm(size_t(z.cache_slots));
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::vector<int64_t> slots(static_cast<size_t>(T));
+  for (int64_t i = 0; i < T; ++i)
+    slots[size_t(i)] = i < z.padded                 ? -1
+                       : i < z.padded + z.bad_slots ? (i % 2 ? -2 - i : z.cache_slots + i)
+                                                    : perm[size_t(i - z.padded - z.bad_slots)];
+  std::shuffle(slots.begin(), slots.end(), rng);
+  {
+    std::vector<uint8_t> b(size_t(T) * 8);
+    std::memcpy(b.data(), slots.data(), b.size());
+    slots_ = &add(std::move(b));
+  }
+  // Positions: in the table, the last off_table tokens past it.
+  std::vector<int64_t> pos(static_cast<size_t>(T));
+  for (int64_t i = 0; i < T; ++i)
+    pos[size_t(i)] =
+        i >= T - z.off_table ? z.table_rows + i : int64_t(rng() % uint64_t(z.table_rows));
+  {
+    const bool i64 = spec_.index_type == IndexType::i64;
+    std::vector<uint8_t> b(size_t(T) * (i64 ? 8 : 4));
+    for (int64_t i = 0; i < T; ++i) {
+      if (i64)
+        std::memcpy(b.data() + i * 8, &pos[size_t(i)], 8);
+      else {
+        const int32_t p32 = int32_t(pos[size_t(i)]);
+        std::memcpy(b.data() + i * 4, &p32, 4);
+      }
+    }
+    ids_ = &add(std::move(b));
+  }
+  // The tables as stored (the reference rotates by these rounded values).
+  const int64_t te = detail::element_bytes(spec_.table_dtype), ts = half + z.table_gap;
+  std::vector<uint8_t> cos_b(size_t(z.table_rows * ts * te), kPoison), sin_b(cos_b.size(), kPoison);
+  for (int64_t r = 0; r < z.table_rows; ++r)
+    for (int64_t i = 0; i < half; ++i) {
+      const double a = double(r) * std::pow(kBase, -2.0 * double(i) / double(P));
+      store_value(spec_.table_dtype, cos_b.data() + (r * ts + i) * te, std::cos(a));
+      store_value(spec_.table_dtype, sin_b.data() + (r * ts + i) * te, std::sin(a));
+    }
+  auto table = [&](const std::vector<uint8_t>& b, int64_t r, int64_t i) {
+    return load_value(spec_.table_dtype, b.data() + (r * ts + i) * te);
+  };
+  cos_ = &add(cos_b);
+  sin_ = &add(sin_b);
+  auto scalar = [&](float v) {
+    std::vector<uint8_t> b(4);
+    std::memcpy(b.data(), &v, 4);
+    return b;
+  };
+  cache_scale_ = &add(scalar(z.cache_scale));
+  q_scale_ = &add(scalar(z.q_scale));
+  skipped_ = &add(std::vector<uint8_t>(4, 0));
+
+  // The rotation of pair i of the `P` values at `x` (bytes of the dtype), at position p.
+  const double nan = std::nan("");
+  auto rotate = [&](const uint8_t* x, int64_t p, std::vector<double>* want,
+                    std::vector<double>* err) {
+    want->assign(size_t(P), nan);
+    err->assign(size_t(P), 0.0);
+    if (p < 0 || p >= z.table_rows) return;
+    for (int64_t i = 0; i < half; ++i) {
+      const int64_t a = spec_.style == Style::gptj ? 2 * i : i;
+      const int64_t b = spec_.style == Style::gptj ? 2 * i + 1 : i + half;
+      const double c = table(cos_b, p, i), s = table(sin_b, p, i);
+      const double xa = load_value(t, x + a * e), xb = load_value(t, x + b * e);
+      (*want)[size_t(a)] = xa * c - xb * s;
+      (*want)[size_t(b)] = xb * c + xa * s;
+      (*err)[size_t(a)] = std::ldexp(std::fabs(xa * c) + std::fabs(xb * s), -22);
+      (*err)[size_t(b)] = std::ldexp(std::fabs(xb * c) + std::fabs(xa * s), -22);
+    }
+  };
+  const double rel = ((double(R) / 128 + 10) / 2 + 6) * std::ldexp(1.0, -23);
+  std::vector<double> want, err, rot, rot_err;
+  for (int64_t i = 0; i < T; ++i) {
+    const int64_t slot = slots[size_t(i)];
+    if (slot >= z.cache_slots || slot < -1) ++want_skipped_;
+    if (z.with_cache && slot >= 0 && slot < z.cache_slots) {
+      const uint8_t* x = kv_c_->host.data() + i * kv_stride * e;
+      double ss = 0;
+      for (int64_t k = 0; k < R; ++k) ss += load_value(t, x + k * e) * load_value(t, x + k * e);
+      const double rstd = 1.0 / std::sqrt(ss / double(R) + double(float(z.eps)));
+      want.assign(size_t(R), 0.0);
+      err.assign(size_t(R), 0.0);
+      for (int64_t k = 0; k < R; ++k) {
+        const double v = load_value(t, x + k * e);
+        const double y =
+            spec_.norm == Norm::rms ? v * rstd * load_value(t, w_->host.data() + k * e) : v;
+        want[size_t(k)] = y;
+        err[size_t(k)] = spec_.norm == Norm::rms ? rel * std::fabs(y) : 0.0;
+      }
+      rotate(k_pe_->host.data() + i * pe_stride * e, pos[size_t(i)], &rot, &rot_err);
+      want.insert(want.end(), rot.begin(), rot.end());
+      err.insert(err.end(), rot_err.begin(), rot_err.end());
+      expect_row(&cache_expect_, size_t(slot * cache_stride * celem), want, err, cache_fp8,
+                 z.cache_scale);
+    }
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t qh = i * H + h;
+      rotate(q_pe_->host.data() + qh * qpe_hs * e, pos[size_t(i)], &rot, &rot_err);
+      if (!assemble) {
+        expect_row(&q_pe_expect_, size_t(qh * qpe_hs * e), rot, rot_err, false, 1.0);
+        continue;
+      }
+      want.assign(size_t(R), 0.0);
+      err.assign(size_t(R), 0.0);
+      for (int64_t k = 0; k < R; ++k)
+        want[size_t(k)] = load_value(t, q_nope_->host.data() + (qh * nope_hs + k) * e);
+      want.insert(want.end(), rot.begin(), rot.end());
+      err.insert(err.end(), rot_err.begin(), rot_err.end());
+      expect_row(&q_out_expect_, size_t(qh * out_hs * (q_fp8 ? 1 : e)), want, err, q_fp8,
+                 z.q_scale);
+    }
+  }
+}
+
+void MlaProblem::expect_row(std::vector<Expect>* out, size_t at, const std::vector<double>& want,
+                            const std::vector<double>& err, bool fp8, double scale) const {
+  const size_t step = fp8 ? 1 : size_t(detail::element_bytes(spec_.dtype));
+  for (size_t k = 0; k < want.size(); ++k) {
+    if (fp8) {
+      const double v = want[k] / scale;
+      out->push_back({at + k * step, true, v, err[k] / scale + std::ldexp(std::fabs(v), -23)});
+    } else {
+      out->push_back({at + k * step, false, want[k], err[k]});
+    }
+  }
+}
+
+MlaProblem::~MlaProblem() {
+  for (Buffer* b : buffers_) {
+    if (b->device) {
+      std::string why;
+      if (const detail::Driver* d = detail::try_driver(&why)) d->MemFree(b->device);
+    }
+    delete b;
+  }
+}
+
+void MlaProblem::upload() {
+  const detail::Driver& d = detail::driver();
+  for (Buffer* b : buffers_) {
+    if (!b->device) detail::check(d.MemAlloc(&b->device, b->host.size()), "cuMemAlloc");
+    detail::check(d.MemcpyHtoD(b->device, b->host.data(), b->host.size()), "cuMemcpyHtoD");
+  }
+}
+
+MlaArgs MlaProblem::args(void* stream) const {
+  const int64_t R = spec_.kv_rank, P = spec_.rope_dim, row = R + P;
+  auto dev = [](const Buffer* b) {
+    return b ? reinterpret_cast<void*>(b->device) : static_cast<void*>(nullptr);
+  };
+  MlaArgs a;
+  a.tokens = sizes_.tokens;
+  a.heads = sizes_.heads;
+  a.kv_c = dev(kv_c_);
+  a.kv_c_stride = round_up(R + sizes_.row_gap, 8);
+  a.k_pe = dev(k_pe_);
+  a.k_pe_stride = P + sizes_.row_gap;
+  a.norm_weight = spec_.norm == Norm::rms ? dev(w_) : nullptr;
+  a.norm_eps = sizes_.eps;
+  if (sizes_.with_cache) {
+    a.cache = dev(cache_);
+    a.cache_slots = sizes_.cache_slots;
+    a.cache_stride = round_up(row + sizes_.row_gap, 8);
+    a.slots = static_cast<const int64_t*>(dev(slots_));
+    a.cache_scale =
+        spec_.cache_store == Store::e4m3 ? static_cast<const float*>(dev(cache_scale_)) : nullptr;
+    a.skipped = static_cast<int32_t*>(dev(skipped_));
+  }
+  a.q_pe = dev(q_pe_);
+  a.q_pe_head_stride = P + sizes_.head_gap;
+  a.q_pe_token_stride = sizes_.heads * a.q_pe_head_stride;
+  if (spec_.query == MlaQuery::assemble) {
+    a.q_nope = dev(q_nope_);
+    a.q_nope_head_stride = round_up(R + sizes_.head_gap, 8);
+    a.q_nope_token_stride = sizes_.heads * a.q_nope_head_stride;
+    a.q_out = dev(q_out_);
+    a.q_out_head_stride = round_up(row + sizes_.head_gap, 8);
+    a.q_out_token_stride = sizes_.heads * a.q_out_head_stride;
+    a.q_scale = spec_.q_store == Store::e4m3 ? static_cast<const float*>(dev(q_scale_)) : nullptr;
+  }
+  a.position_ids = dev(ids_);
+  a.cos = dev(cos_);
+  a.sin = dev(sin_);
+  a.table_rows = sizes_.table_rows;
+  a.table_stride = spec_.rope_dim / 2 + sizes_.table_gap;
+  a.stream = stream;
+  return a;
+}
+
+void MlaProblem::check_buffer(const char* name, const Buffer& b,
+                              const std::vector<uint8_t>& untouched,
+                              const std::vector<Expect>& expect, CheckReport* r) const {
+  const detail::Driver& d = detail::driver();
+  std::vector<uint8_t> got(b.host.size());
+  detail::check(d.MemcpyDtoH(got.data(), b.device, got.size()), "cuMemcpyDtoH");
+  const DType t = spec_.dtype;
+  const size_t e = size_t(detail::element_bytes(t));
+  std::vector<bool> written(got.size(), false);
+  auto fail = [&](const std::string& what) {
+    ++r->mismatches;
+    if (r->first_failure.empty()) r->first_failure = what;
+  };
+  for (const Expect& x : expect) {
+    const size_t n = x.fp8 ? 1 : e;
+    for (size_t k = 0; k < n; ++k) written[x.at + k] = true;
+    const double have = x.fp8 ? e4m3_value(got[x.at]) : load_value(t, got.data() + x.at);
+    ++r->checked;
+    if (std::isnan(x.want)) {
+      // The kernels' quiet NaN exactly: the poison is a NaN too, so "is NaN" would not show that
+      // anything was written.
+      uint32_t bits = got[x.at];
+      if (!x.fp8) bits |= uint32_t(got[x.at + 1]) << 8;
+      const uint32_t want_bits = x.fp8 ? 0x7fu : t == DType::bf16 ? 0x7fc0u : 0x7e00u;
+      if (bits != want_bits)
+        fail(detail::concat(name, " byte ", x.at, ": bits ", bits, ", expected the quiet NaN ",
+                            want_bits, " (a position outside the table)"));
+      continue;
+    }
+    const double lo = rounded(t, x.fp8, x.want - x.err), hi = rounded(t, x.fp8, x.want + x.err);
+    r->max_abs_err = std::max(r->max_abs_err, std::fabs(have - x.want));
+    if (!(have >= lo && have <= hi))
+      fail(detail::concat(name, " byte ", x.at, ": got ", have, ", expected ", x.want, " +- ",
+                          x.err, " rounded once (", lo, " .. ", hi, ")"));
+  }
+  for (size_t i = 0; i < got.size(); ++i)
+    if (!written[i] && got[i] != untouched[i]) {
+      fail(detail::concat(name, " byte ", i, " is not written by the call but changed (",
+                          int(untouched[i]), " -> ", int(got[i]), ")"));
+      break;
+    }
+}
+
+CheckReport MlaProblem::check() {
+  const detail::Driver& d = detail::driver();
+  detail::check(d.CtxSynchronize(), "kernel");
+  CheckReport r;
+  check_buffer("cache", *cache_, cache_->host, cache_expect_, &r);
+  if (spec_.query == MlaQuery::assemble)
+    check_buffer("q_out", *q_out_, q_out_->host, q_out_expect_, &r);
+  check_buffer("q_pe", *q_pe_, q_pe_->host, q_pe_expect_, &r);  // in place, or untouched
+  int32_t skipped = 0;
+  detail::check(d.MemcpyDtoH(&skipped, skipped_->device, 4), "cuMemcpyDtoH");
+  const int32_t want = sizes_.with_cache ? want_skipped_ : 0;
+  if (skipped != want) {
+    ++r.mismatches;
+    if (r.first_failure.empty())
+      r.first_failure = detail::concat("skipped count ", skipped, ", expected ", want);
+  }
+  r.ok = r.mismatches == 0;
+  return r;
+}
+
+}  // namespace ropejit::oracle

@@ -1,0 +1,73 @@
+// An MLA problem (MlaSpec) that owns its data: random kv_c, k_pe, q_pe and q_nope, a poisoned
+// latent cache and query output with gaps and guard bytes, slots with padding and slots outside
+// the cache, positions some of which lie outside the table, and the float64 reference.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "oracle/workload.hpp"
+#include "ropejit/ropejit.hpp"
+
+namespace ropejit::oracle {
+
+struct MlaSizes {
+  int64_t tokens = 5;
+  int64_t heads = 4;  // 0: no query work
+  int64_t table_rows = 64;
+  int64_t cache_slots = 16;
+  bool with_cache = true;
+  int64_t row_gap = 0;    // extra elements after every row of kv_c, k_pe and the cache
+  int64_t head_gap = 0;   // extra elements after every head of q_pe, q_nope and q_out
+  int64_t table_gap = 0;  // extra elements after every cos/sin row
+  int64_t padded = 0;     // tokens whose slot is -1
+  int64_t bad_slots = 0;  // tokens whose slot is past the cache or below -1 (skipped, counted)
+  int64_t off_table = 0;  // tokens whose position is outside the table (NaN in rotated parts)
+  double eps = 1e-6;
+  float cache_scale = 0.05f;  // e4m3 stores: the code of value / scale
+  float q_scale = 0.03f;
+  uint64_t seed = 1;
+};
+
+class MlaProblem {
+ public:
+  MlaProblem(const MlaSpec& spec, const MlaSizes& sizes);
+  ~MlaProblem();
+  MlaProblem(const MlaProblem&) = delete;
+  MlaProblem& operator=(const MlaProblem&) = delete;
+
+  void upload();
+  MlaArgs args(void* stream = nullptr) const;
+  // Every written element against float64 (fp32 arithmetic, one rounding), every other byte of
+  // the cache, q_pe and q_out untouched, the skipped count.
+  CheckReport check();
+
+ private:
+  struct Buffer {
+    std::vector<uint8_t> host;
+    unsigned long long device = 0;
+  };
+  // An element the kernel writes: its byte offset, store, the float64 value, and the bound of
+  // the fp32 arithmetic's error before the final rounding (NaN expected when want is NaN).
+  struct Expect {
+    size_t at;
+    bool fp8;
+    double want, err;
+  };
+  Buffer& add(std::vector<uint8_t> host);
+  void expect_row(std::vector<Expect>* out, size_t at, const std::vector<double>& want,
+                  const std::vector<double>& err, bool fp8, double scale) const;
+  void check_buffer(const char* name, const Buffer& b, const std::vector<uint8_t>& untouched,
+                    const std::vector<Expect>& expect, CheckReport* r) const;
+
+  MlaSpec spec_;
+  MlaSizes sizes_;
+  std::vector<Buffer*> buffers_;
+  Buffer *kv_c_ = nullptr, *k_pe_ = nullptr, *w_ = nullptr, *cache_ = nullptr, *slots_ = nullptr,
+         *cache_scale_ = nullptr, *skipped_ = nullptr, *q_pe_ = nullptr, *q_nope_ = nullptr,
+         *q_out_ = nullptr, *q_scale_ = nullptr, *ids_ = nullptr, *cos_ = nullptr, *sin_ = nullptr;
+  std::vector<Expect> cache_expect_, q_pe_expect_, q_out_expect_;
+  int32_t want_skipped_ = 0;
+};
+
+}  // namespace ropejit::oracle

@@ -1,0 +1,234 @@
+"""MLA (multi-head latent attention: DeepSeek-V2/V3, Kimi K2) around RoPE in one launch, per
+token t at position positions[t] (docs/mla.md):
+
+    cache[slots[t]] = [ RMSNorm(kv_c[t]) * norm_weight  |  rope(k_pe[t]) ]
+    q_pe[t, h] = rope(q_pe[t, h])                                   (no q_out: in place)
+    q_out[t, h] = [ q_nope[t, h]  |  rope(q_pe[t, h]) ]              (the decode query)
+
+``prepare`` is the call; ``mla_prepare_op`` (``torch.ops.ropejit.mla_prepare``) the same as a
+torch.library op whose cache, q_pe, q_out and skipped are mutated arguments, so
+torch.compile(fullgraph=True) traces it and CUDA graphs replay it. A cache or q_out of
+``torch.float8_e4m3fn`` stores the e4m3 codes of value / scale (``cache_scale`` / ``q_scale``:
+float32 tensors of one element, vLLM's convention)."""
+
+import ctypes
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from ropejit import _capi
+from ropejit._cvalues import choice, fill, real
+
+_DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
+_TABLE_DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
+_FP8 = getattr(torch, "float8_e4m3fn", None)
+# The tests run the binding on CPU tensors through a host emulation of the kernel.
+_require_cuda = True
+
+
+def _fail(message):
+    from ropejit.errors import InvalidArgument
+    raise InvalidArgument(f"ropejit: {message}")
+
+
+def _tensor(name, t, dims, dtypes=None, device=None):
+    if not isinstance(t, torch.Tensor):
+        _fail(f"{name} must be a torch tensor, got {type(t).__name__}")
+    if t.dim() != dims:
+        _fail(f"{name} must be {dims}-d, got shape {tuple(t.shape)}")
+    if dtypes is not None and t.dtype not in dtypes:
+        _fail(f"{name}.dtype ({t.dtype}) must be one of {', '.join(map(str, dtypes))}")
+    if device is not None and t.device != device:
+        _fail(f"{name} is on {t.device}, the call on {device}")
+    if t.numel() and t.stride(-1) != 1:
+        _fail(f"{name} must have a contiguous last dimension, got strides {t.stride()}")
+    return t
+
+
+def _store(name, t, dtype, scale, scale_name):
+    """"same" or "e4m3" for an output tensor, checking its scale."""
+    if t.dtype == dtype:
+        if scale is not None:
+            _fail(f"{scale_name} is given but {name} is {t.dtype}: a scale goes with an e4m3 "
+                  f"{name}")
+        return "same"
+    if _FP8 is not None and t.dtype == _FP8:
+        if not isinstance(scale, torch.Tensor) or scale.dtype != torch.float32 or \
+                scale.numel() != 1 or scale.device != t.device:
+            _fail(f"{name} is float8_e4m3fn: {scale_name} must be a float32 tensor of one "
+                  f"element on {t.device}")
+        return "e4m3"
+    _fail(f"{name}.dtype ({t.dtype}) must be {dtype} or float8_e4m3fn")
+
+
+def _row_view(name, cache):
+    """The cache as [slots, row] rows one stride apart (vLLM's [blocks, block_size, row])."""
+    try:
+        return cache.view(-1, cache.shape[-1])
+    except RuntimeError:
+        _fail(f"{name} of shape {tuple(cache.shape)} and strides {cache.stride()} is not rows "
+              f"one stride apart: make it contiguous, or a 2-d [slots, row] view")
+
+
+def prepare(positions: Tensor, cos: Tensor, sin: Tensor, *, kv_c: Optional[Tensor] = None,
+            k_pe: Optional[Tensor] = None, cache: Optional[Tensor] = None,
+            slots: Optional[Tensor] = None, norm_weight: Optional[Tensor] = None,
+            eps: float = 1e-6, q_pe: Optional[Tensor] = None, q_nope: Optional[Tensor] = None,
+            q_out: Optional[Tensor] = None, cache_scale: Optional[Tensor] = None,
+            q_scale: Optional[Tensor] = None, skipped: Optional[Tensor] = None,
+            style: str = "gptj", _fake: bool = False) -> None:
+    """positions [tokens] int32/int64; cos, sin [rows, rope_dim / 2] (f32, bf16 or f16);
+    kv_c [tokens, kv_rank] and k_pe [tokens, rope_dim] (or [tokens, 1, rope_dim]) with cache
+    [..., kv_rank + rope_dim] and slots [tokens] int64 (-1: padding); norm_weight [kv_rank]
+    (None: no RMSNorm); q_pe [tokens, heads, rope_dim] (a view of q is fine), rotated in place,
+    or with q_nope [tokens, heads, kv_rank] written into q_out [tokens, heads, kv_rank +
+    rope_dim]; skipped: an int32 tensor of one element that counts slots outside the cache.
+    bf16 or fp16 activations on a CUDA device; ``style`` "gptj" (DeepSeek's pairs) or "neox"."""
+    first = q_pe if q_pe is not None else kv_c
+    if first is None:
+        _fail("prepare needs kv_c (with k_pe, cache and slots) or q_pe")
+    device = first.device
+    if _require_cuda and device.type != "cuda":
+        _fail(f"{'q_pe' if q_pe is not None else 'kv_c'} is on {device}: MLA runs on a CUDA "
+              f"device")
+    dtype = first.dtype
+    if dtype not in _DTYPES:
+        _fail(f"the activations' dtype ({dtype}) must be bfloat16 or float16")
+    _tensor("positions", positions, 1, (torch.int32, torch.int64), device)
+    tokens = positions.shape[0]
+    _tensor("cos", cos, 2, tuple(_TABLE_DTYPES), device)
+    _tensor("sin", sin, 2, (cos.dtype,), device)
+    if sin.shape != cos.shape or sin.stride() != cos.stride():
+        _fail(f"sin {tuple(sin.shape)} strides {sin.stride()} must match cos "
+              f"{tuple(cos.shape)} strides {cos.stride()}")
+    rope_dim = 2 * cos.shape[1]
+
+    def ptr(t):  # fake tensors (torch.compile's tracing) have no storage
+        return None if _fake else t.data_ptr()
+
+    spec = _capi.new(_capi.ropejit_mla_spec)
+    a = _capi.new(_capi.ropejit_mla_args)
+    fill(a, tokens=tokens, position_ids=ptr(positions), cos=ptr(cos),
+         sin=ptr(sin), table_rows=cos.shape[0],
+         table_stride=cos.stride(0) if cos.shape[0] > 1 else cos.shape[1])
+    kv_rank = None
+    fill(spec, dtype=_capi.DTYPES[_DTYPES[dtype]], rope_dim=rope_dim,
+         style=choice("style", style, _capi.STYLES),
+         index_type=_capi.INDEX_TYPES["i64" if positions.dtype == torch.int64 else "i32"],
+         table_dtype=_capi.DTYPES[_TABLE_DTYPES[cos.dtype]],
+         norm=_capi.NORMS["none" if norm_weight is None else "rms"])
+    if cache is not None:
+        for name, t in (("kv_c", kv_c), ("k_pe", k_pe), ("slots", slots)):
+            if t is None:
+                _fail(f"cache is given but {name} is not")
+        if k_pe.dim() == 3 and k_pe.shape[1] == 1:
+            k_pe = k_pe[:, 0]
+        _tensor("kv_c", kv_c, 2, (dtype,), device)
+        _tensor("k_pe", k_pe, 2, (dtype,), device)
+        _tensor("slots", slots, 1, (torch.int64,), device)
+        kv_rank = kv_c.shape[1]
+        if kv_c.shape[0] != tokens or k_pe.shape[0] != tokens or slots.shape[0] != tokens:
+            _fail(f"kv_c {tuple(kv_c.shape)}, k_pe {tuple(k_pe.shape)} and slots "
+                  f"{tuple(slots.shape)} must have positions' {tokens} tokens")
+        if k_pe.shape[1] != rope_dim:
+            _fail(f"k_pe has {k_pe.shape[1]} rotary elements, cos/sin {rope_dim // 2} pairs")
+        if cache.dim() < 2 or cache.shape[-1] != kv_rank + rope_dim or cache.device != device:
+            _fail(f"cache must be [..., kv_rank + rope_dim = {kv_rank + rope_dim}] on {device}, "
+                  f"got shape {tuple(cache.shape)} on {cache.device}")
+        store = _store("cache", cache, dtype, cache_scale, "cache_scale")
+        rows = _row_view("cache", cache)
+        fill(spec, cache_store=_capi.STORES[store])
+        fill(a, kv_c=ptr(kv_c), kv_c_stride=kv_c.stride(0) if tokens > 1 else kv_rank,
+             k_pe=ptr(k_pe), k_pe_stride=k_pe.stride(0) if tokens > 1 else rope_dim,
+             cache=ptr(rows), cache_slots=rows.shape[0],
+             cache_stride=rows.stride(0) if rows.shape[0] > 1 else rows.shape[1],
+             slots=ptr(slots),
+             cache_scale=ptr(cache_scale) if store == "e4m3" else None)
+        if norm_weight is not None:
+            _tensor("norm_weight", norm_weight, 1, (dtype,), device)
+            if norm_weight.shape[0] != kv_rank:
+                _fail(f"norm_weight has {norm_weight.shape[0]} elements, kv_c {kv_rank}")
+            fill(a, norm_weight=ptr(norm_weight))
+            a.norm_eps = real("eps", eps)
+        if skipped is not None:
+            _tensor("skipped", skipped, 1, (torch.int32,), device)
+            fill(a, skipped=ptr(skipped))
+    if q_pe is not None:
+        _tensor("q_pe", q_pe, 3, (dtype,), device)
+        if q_pe.shape[0] != tokens or q_pe.shape[2] != rope_dim:
+            _fail(f"q_pe must be [tokens = {tokens}, heads, rope_dim = {rope_dim}], got shape "
+                  f"{tuple(q_pe.shape)}")
+        heads = q_pe.shape[1]
+        fill(a, heads=heads, q_pe=ptr(q_pe), q_pe_token_stride=q_pe.stride(0),
+             q_pe_head_stride=q_pe.stride(1))
+        if q_out is not None:
+            if q_nope is None:
+                _fail("q_out is given but q_nope is not: the decode query is [q_nope | rope(q_pe)]")
+            _tensor("q_nope", q_nope, 3, (dtype,), device)
+            rank = q_nope.shape[2]
+            if kv_rank is not None and rank != kv_rank:
+                _fail(f"q_nope has {rank} elements a head, kv_c {kv_rank}")
+            kv_rank = rank
+            _tensor("q_out", q_out, 3, None, device)
+            if q_nope.shape[:2] != q_pe.shape[:2] or \
+                    tuple(q_out.shape) != (tokens, heads, kv_rank + rope_dim):
+                _fail(f"q_nope {tuple(q_nope.shape)} and q_out {tuple(q_out.shape)} must be "
+                      f"[{tokens}, {heads}, kv_rank] and [{tokens}, {heads}, kv_rank + "
+                      f"{rope_dim}]")
+            q_store = _store("q_out", q_out, dtype, q_scale, "q_scale")
+            fill(spec, query=_capi.MLA_QUERIES["assemble"], q_store=_capi.STORES[q_store])
+            fill(a, q_nope=ptr(q_nope), q_nope_token_stride=q_nope.stride(0),
+                 q_nope_head_stride=q_nope.stride(1), q_out=ptr(q_out),
+                 q_out_token_stride=q_out.stride(0), q_out_head_stride=q_out.stride(1),
+                 q_scale=ptr(q_scale) if q_store == "e4m3" else None)
+        elif q_nope is not None:
+            _fail("q_nope is given but q_out is not")
+    if kv_rank is None:
+        kv_rank = 512  # the query alone in place: the rank shapes no operand of the call
+    fill(spec, kv_rank=kv_rank)
+    if _fake or tokens == 0:
+        return
+    _launch(spec, a, device)
+
+
+def _launch(spec, args, device):
+    with torch.cuda.device(device):
+        fill(args, stream=torch.cuda.current_stream(device).cuda_stream)
+        _capi.check(_capi.lib.ropejit_mla_prepare(ctypes.byref(spec), ctypes.byref(args)))
+
+
+def key(dtype="bf16", kv_rank=512, rope_dim=64, style="gptj", index_type="i64",
+        table_dtype="f32", norm="rms", cache_store="same", query="in_place", q_store="same"):
+    """The key string of an MLA kernel (no GPU needed)."""
+    s = fill(_capi.new(_capi.ropejit_mla_spec), kv_rank=kv_rank, rope_dim=rope_dim)
+    fill(s, **{name: choice(name, value, table) for name, (value, table) in dict(
+        dtype=(dtype, _capi.DTYPES), style=(style, _capi.STYLES),
+        index_type=(index_type, _capi.INDEX_TYPES), table_dtype=(table_dtype, _capi.DTYPES),
+        norm=(norm, _capi.NORMS), cache_store=(cache_store, _capi.STORES),
+        query=(query, _capi.MLA_QUERIES), q_store=(q_store, _capi.STORES)).items()})
+    buf = ctypes.create_string_buffer(_capi.KEY_BUFFER)
+    _capi.check(_capi.lib.ropejit_mla_key(ctypes.byref(s), buf, len(buf)))
+    return buf.value.decode()
+
+
+def _op_impl(positions: Tensor, cos: Tensor, sin: Tensor, kv_c: Optional[Tensor],
+             k_pe: Optional[Tensor], cache: Optional[Tensor], slots: Optional[Tensor],
+             norm_weight: Optional[Tensor], eps: float, q_pe: Optional[Tensor],
+             q_nope: Optional[Tensor], q_out: Optional[Tensor], cache_scale: Optional[Tensor],
+             q_scale: Optional[Tensor], skipped: Optional[Tensor], style: str) -> None:
+    prepare(positions, cos, sin, kv_c=kv_c, k_pe=k_pe, cache=cache, slots=slots,
+            norm_weight=norm_weight, eps=eps, q_pe=q_pe, q_nope=q_nope, q_out=q_out,
+            cache_scale=cache_scale, q_scale=q_scale, skipped=skipped, style=style)
+
+
+mla_prepare_op = torch.library.custom_op("ropejit::mla_prepare", _op_impl,
+                                         mutates_args=("cache", "q_pe", "q_out", "skipped"))
+
+
+@mla_prepare_op.register_fake
+def _op_fake(positions, cos, sin, kv_c, k_pe, cache, slots, norm_weight, eps, q_pe, q_nope,
+             q_out, cache_scale, q_scale, skipped, style):
+    prepare(positions, cos, sin, kv_c=kv_c, k_pe=k_pe, cache=cache, slots=slots,
+            norm_weight=norm_weight, eps=eps, q_pe=q_pe, q_nope=q_nope, q_out=q_out,
+            cache_scale=cache_scale, q_scale=q_scale, skipped=skipped, style=style, _fake=True)

@@ -1,0 +1,40 @@
+// Argument block of the MLA kernels (templates/mla_kernel.cuh), shared by the host
+// (jit/mla/mla.cpp) and the generated kernels. Plain C types only; strides in elements of the
+// tensor's own storage (bytes for e4m3).
+#pragma once
+
+namespace ropejit_dev {
+
+struct MlaParams {
+  const void* kv_c;  // [tokens][kv_rank]
+  const void* k_pe;  // [tokens][rope_dim]
+  const void* w;     // [kv_rank], with the norm
+  void* cache;       // [cache_slots][kv_rank + rope_dim]; null: no cache row is written
+  const long long* slots;
+  const float* cache_scale;
+  int* skipped;        // null: not counted
+  void* q_pe;          // [tokens][heads][rope_dim]
+  const void* q_nope;  // assemble: [tokens][heads][kv_rank]
+  void* q_out;         // assemble: [tokens][heads][kv_rank + rope_dim]
+  const float* q_scale;
+  const void* ids;  // [tokens]
+  const void* cos;  // [table_rows][rope_dim / 2]
+  const void* sin;
+  long long kv_c_stride;
+  long long k_pe_stride;
+  long long cache_stride;
+  long long cache_slots;
+  long long q_pe_token_stride;
+  long long q_pe_head_stride;
+  long long q_nope_token_stride;
+  long long q_nope_head_stride;
+  long long q_out_token_stride;
+  long long q_out_head_stride;
+  long long table_rows;
+  long long table_stride;
+  long long heads;
+  float eps;
+  int pad_;
+};
+
+}  // namespace ropejit_dev

@@ -1,0 +1,209 @@
+"""ropejit.mla on the GPU and, through a float64 host emulation of the kernel (emulator.py), on
+the CPU: the binding's fields (pointers, strides, stores, scales), the cache rows, the query in
+place or assembled, padding and skipped slots, against a float64 formula written here."""
+
+import ctypes
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed")
+
+import references as ref  # noqa: E402
+
+import ropejit  # noqa: E402
+from ropejit import mla  # noqa: E402
+
+
+@pytest.fixture(params=["cuda", "emulated"])
+def device(request, monkeypatch):
+    if request.param == "cuda":
+        if not torch.cuda.is_available():
+            pytest.skip("no CUDA GPU visible to torch (GPU test)")
+        return "cuda"
+    import emulator
+    from conftest import _c_checks_calls
+    from ropejit import _capi
+
+    def launch(spec, args, dev):
+        if _c_checks_calls():  # without a driver the C checks end at no_driver; with one they
+            try:               # would launch on host pointers
+                _capi.check(_capi.lib.ropejit_mla_prepare(ctypes.byref(spec), ctypes.byref(args)))
+            except ropejit.NoDriverError:
+                pass
+        emulator.emulate_mla(spec, args)
+
+    monkeypatch.setattr(mla, "_require_cuda", False)
+    monkeypatch.setattr(mla, "_launch", launch)
+    return "cpu"
+
+
+def _rotate(x, cos, sin, gptj):
+    """x [..., P] float64 by cos/sin [..., P/2]."""
+    if gptj:
+        a, b = x[..., 0::2], x[..., 1::2]
+        return torch.stack((a * cos - b * sin, b * cos + a * sin), dim=-1).flatten(-2)
+    h = x.shape[-1] // 2
+    a, b = x[..., :h], x[..., h:]
+    return torch.cat((a * cos - b * sin, b * cos + a * sin), dim=-1)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("style", ["gptj", "neox"])
+@pytest.mark.parametrize("query", ["in_place", "assemble", "assemble_fp8"])
+def test_prepare_matches_float64(device, dtype, style, query):
+    torch.manual_seed(5)
+    T, H, R, P, rows = 6, 3, 64, 16, 40
+    kv_c = torch.randn(T, R).to(dtype).to(device)
+    k_pe = torch.randn(T, 1, P).to(dtype).to(device)
+    w = (1 + 0.5 * torch.rand(R)).to(dtype).to(device)
+    positions = torch.tensor([3, 39, 0, 17, 40, 8], dtype=torch.int64, device=device)  # 40: off
+    slots = torch.tensor([5, -1, 2, 30, 7, 0], dtype=torch.int64, device=device)  # 30: outside
+    angles = torch.arange(rows, dtype=torch.float64)[:, None] * 10000.0 ** (
+        -torch.arange(P // 2, dtype=torch.float64) / (P // 2))
+    cos, sin = angles.cos().float().to(device), angles.sin().float().to(device)
+    fp8 = query == "assemble_fp8"
+    cache = torch.full((2, 4, R + P), float("nan"), dtype=dtype, device=device)  # 8 slots
+    q = torch.randn(T, H, 32 + P).to(dtype).to(device)  # q_pe is a view: nope 32, rope 16
+    q_pe = q[..., 32:]
+    q0 = q.clone()
+    q_nope = torch.randn(T, H, R).to(dtype).to(device)
+    out_dtype = torch.float8_e4m3fn if fp8 else dtype
+    q_out = None if query == "in_place" else \
+        torch.zeros(T, H, R + P, device=device).to(out_dtype)
+    q_scale = torch.tensor([0.05], device=device) if fp8 else None
+    skipped = torch.zeros(1, dtype=torch.int32, device=device)
+    mla.prepare(positions, cos, sin, kv_c=kv_c, k_pe=k_pe, cache=cache, slots=slots,
+                norm_weight=w, q_pe=q_pe, q_nope=None if q_out is None else q_nope, q_out=q_out,
+                q_scale=q_scale, skipped=skipped, style=style)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    gptj = style == "gptj"
+    pos = positions.cpu()
+    c64, s64 = cos.cpu().double()[pos.clamp(max=rows - 1)], sin.cpu().double()[pos.clamp(max=rows - 1)]
+    off = pos >= rows
+    x = kv_c.cpu().double()
+    normed = x / torch.sqrt((x * x).mean(-1, keepdim=True) + np.float32(1e-6)) * w.cpu().double()
+    k_rot = _rotate(k_pe.cpu().double()[:, 0], c64, s64, gptj)
+    k_rot[off] = float("nan")
+    rows_out = cache.cpu().view(-1, R + P)
+    written = set()
+    for t in range(T):
+        slot = int(slots[t])
+        if 0 <= slot < 8:
+            written.add(slot)
+            ref.assert_close(rows_out[slot, :R], normed[t], dtype)
+            if off[t]:
+                assert torch.isnan(rows_out[slot, R:].double()).all()
+            else:
+                ref.assert_close(rows_out[slot, R:], k_rot[t], dtype)
+    for slot in set(range(8)) - written:
+        assert torch.isnan(rows_out[slot].double()).all()  # untouched
+    assert int(skipped.cpu()) == 1
+    q_rot = _rotate(q0.cpu().double()[..., 32:], c64[:, None], s64[:, None], gptj)
+    q_rot[off] = float("nan")
+    if q_out is None:
+        got = q.cpu()
+        assert torch.equal(got[..., :32], q0.cpu()[..., :32])  # the nope part untouched
+        for t in range(T):
+            if off[t]:
+                assert torch.isnan(got[t, :, 32:].double()).all()
+            else:
+                ref.assert_close(got[t, :, 32:], q_rot[t], dtype)
+        return
+    assert torch.equal(q.cpu(), q0.cpu())  # q_pe read, not written
+    got = q_out.cpu().double()
+    want = torch.cat((q_nope.cpu().double(), q_rot), dim=-1)
+    if fp8:
+        got = got * 0.05
+        for t in range(T):
+            if not off[t]:  # e4m3: 3 mantissa bits, one rounding
+                torch.testing.assert_close(got[t], want[t], rtol=2.0 ** -4, atol=0.05 * 2.0 ** -9)
+        return
+    for t in range(T):
+        if off[t]:
+            assert torch.isnan(got[t, :, R:]).all()
+            ref.assert_close(got[t, :, :R], want[t, :, :R], dtype)
+        else:
+            ref.assert_close(got[t], want[t], dtype)
+
+
+def test_prepare_argument_errors(device):
+    pos = torch.zeros(2, dtype=torch.int64, device=device)
+    cos = torch.zeros(8, 8, device=device)
+    q_pe = torch.zeros(2, 4, 16, dtype=torch.bfloat16, device=device)
+    with pytest.raises(ropejit.InvalidArgument, match="needs kv_c"):
+        mla.prepare(pos, cos, cos)
+    with pytest.raises(ropejit.InvalidArgument, match=r"q_pe must be \[tokens = 2, heads, "
+                                                      r"rope_dim = 16\]"):
+        mla.prepare(pos, cos, cos, q_pe=torch.zeros(2, 4, 8, dtype=torch.bfloat16, device=device))
+    with pytest.raises(ropejit.InvalidArgument, match="cache is given but kv_c is not"):
+        mla.prepare(pos, cos, cos, q_pe=q_pe, cache=torch.zeros(4, 80, dtype=torch.bfloat16))
+    with pytest.raises(ropejit.InvalidArgument, match="q_out is given but q_nope is not"):
+        mla.prepare(pos, cos, cos, q_pe=q_pe, q_out=torch.zeros(2, 4, 80, dtype=torch.bfloat16))
+    with pytest.raises(ropejit.InvalidArgument, match="style"):
+        mla.prepare(pos, cos, cos, q_pe=q_pe, style="halves")
+
+
+def test_key_and_the_op_traces_without_graph_breaks(device):
+    assert mla.key() == "mla_bf16_r512_p64_gptj_ids-i64_tab-f32_nrms_csame_qip"
+    assert mla.key(query="assemble", q_store="e4m3", cache_store="e4m3") == \
+        "mla_bf16_r512_p64_gptj_ids-i64_tab-f32_nrms_ce4m3_qasm-e4m3"
+
+    def step(positions, cos, sin, kv_c, k_pe, cache, slots, w, q_pe):
+        torch.ops.ropejit.mla_prepare(positions, cos, sin, kv_c, k_pe, cache, slots, w, 1e-6,
+                                      q_pe, None, None, None, None, None, "gptj")
+        return cache, q_pe
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    dev = "cuda" if device == "cuda" else "cpu"
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        args = (torch.zeros(4, dtype=torch.int64, device=dev), torch.zeros(16, 8, device=dev),
+                torch.zeros(16, 8, device=dev), torch.zeros(4, 64, dtype=torch.bfloat16, device=dev),
+                torch.zeros(4, 16, dtype=torch.bfloat16, device=dev),
+                torch.zeros(8, 80, dtype=torch.bfloat16, device=dev),
+                torch.zeros(4, dtype=torch.int64, device=dev),
+                torch.zeros(64, dtype=torch.bfloat16, device=dev),
+                torch.zeros(4, 2, 16, dtype=torch.bfloat16, device=dev))
+        torch.compile(step, fullgraph=True, backend=backend)(*args)
+    assert len(graphs) == 1
+    assert any("mla_prepare" in str(n.target) for n in graphs[0].graph.nodes)
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+def test_vllm_concat_and_cache_mla(device, kv_cache_dtype):
+    """vLLM's MLA cache write through the drop-in: [kv_c | k_pe] at each slot, the bits vLLM's
+    kernel writes (a copy, or e4m3 of value / scale), padding (-1) and the rows of no token
+    untouched, kv_c longer than slot_mapping (a padded CUDA graph batch)."""
+    from ropejit.dropin import vllm
+    torch.manual_seed(7)
+    L, P, tokens = 512, 64, 5
+    kv_c = torch.randn(tokens + 2, L).to(torch.bfloat16).to(device)
+    k_pe = torch.randn(tokens + 2, P).to(torch.bfloat16).to(device)
+    slot_mapping = torch.tensor([3, -1, 0, 9, 4], dtype=torch.int64, device=device)
+    fp8 = kv_cache_dtype == "fp8"
+    kv_cache = (torch.full((3, 4, L + P), 0x5a, dtype=torch.uint8, device=device) if fp8
+                else torch.full((3, 4, L + P), -7.0, dtype=torch.bfloat16, device=device))
+    before = kv_cache.clone()
+    scale = torch.tensor([0.07], device=device)
+    vllm.concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    rows, old = kv_cache.view(-1, L + P).cpu(), before.view(-1, L + P).cpu()
+    for t, slot in enumerate(slot_mapping.tolist()):
+        if slot < 0:
+            continue
+        want = torch.cat((kv_c[t], k_pe[t])).cpu()
+        if fp8:
+            want = (want.float() / 0.07).clamp(-448, 448).to(torch.float8_e4m3fn)
+            want = want.view(torch.uint8)
+        assert torch.equal(rows[slot], want), slot
+    untouched = sorted(set(range(12)) - {s for s in slot_mapping.tolist() if s >= 0})
+    assert torch.equal(rows[untouched], old[untouched])
