@@ -97,7 +97,8 @@ ropejit_model from_model(const ropejit::ModelRope& r) {
                        r.max_positions,
                        r.norm_eps,
                        r.local_base,
-                       r.softmax_scale_multiplier};
+                       r.softmax_scale_multiplier,
+                       r.kv_lora_rank};
 }
 
 void model_out(ropejit::ModelRope m, int32_t dtype, ropejit_spec* spec, ropejit_model* model) {

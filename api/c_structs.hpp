@@ -21,6 +21,8 @@ constexpr uint32_t kMaxStructBytes = 1 << 16;
 // those sizes), so that callers built before the append keep working.
 template <class T>
 constexpr size_t kFirstSize = sizeof(T);
+template <>
+constexpr size_t kFirstSize<ropejit_model> = 216;  // before kv_lora_rank
 
 inline bool has_header(const void* p) {
   ropejit_header h;

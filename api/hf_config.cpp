@@ -309,6 +309,7 @@ void read_dims(const Fields& f, const TypeDefaults& d, ModelRope* m) {
     m->rotary_offset = f.size("qk_nope_head_dim", *nope);
     m->head_dim = m->rotary_offset + m->rotary_dim;
     m->kv_heads = 1;
+    if (const json* rank = f.find("kv_lora_rank")) m->kv_lora_rank = f.size("kv_lora_rank", *rank);
     return;
   }
   // head_dim, else the config class's default (Gemma 3: 256, not hidden_size / heads), else

@@ -143,7 +143,11 @@ def torch_function(x):
         normed = F.rms_norm(kv_c.float(), (RANK,), w.float(), EPS)
         row = torch.cat((normed, rotate(k_pe.float(), c, s)), -1)
         row = (row / CACHE_SCALE).to(E4M3) if x.fp8 else row.to(kv_c.dtype)
-        cache.view(-1, RANK + ROPE).index_copy_(0, slots, row)
+        if x.fp8:  # torch has no index_copy_ for float8: the same bytes as uint8
+            cache.view(torch.uint8).view(-1, RANK + ROPE).index_copy_(0, slots,
+                                                                      row.view(torch.uint8))
+        else:
+            cache.view(-1, RANK + ROPE).index_copy_(0, slots, row)
         q_rot = rotate(q_pe.float(), c[:, None], s[:, None])
         if q_out is None:
             q_pe.copy_(q_rot)

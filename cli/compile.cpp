@@ -207,9 +207,11 @@ CompilePlan plan_from_models_and_keys(const CompileOptions& o, std::vector<std::
     std::printf("%s: %s\n", detail::clipped_path(file).c_str(), describe(models.back()).c_str());
   }
   std::vector<Spec> specs, skipped;
-  for (const ModelRope& m : models)
+  for (const ModelRope& m : models) {
     for (const Spec& s : model_specs(m, dtype))
       (detail::missing_kernel(s).empty() ? specs : skipped).push_back(s);
+    for (const MlaSpec& s : model_mla_specs(m, dtype)) p.mla_specs.push_back(s);
+  }
   for (const std::string& key : o.keys) add_key(key, &p, &specs);
   const size_t decode_keys =
       p.proj_specs.size() + p.ffn_specs.size() + p.norm_specs.size() + p.mla_specs.size();

@@ -197,6 +197,57 @@ const std::vector<Preset>& presets() {
   "type": "yarn"
  }
 })json"},
+      {"deepseek-v3",
+       "DeepSeek-V3 / R1: MLA 128 heads, kv_lora_rank 512, rotary 64 of 192, YaRN x40",
+       R"json({
+ "architectures": ["DeepseekV3ForCausalLM"],
+ "model_type": "deepseek_v3",
+ "hidden_size": 7168,
+ "num_attention_heads": 128,
+ "num_key_value_heads": 128,
+ "kv_lora_rank": 512,
+ "q_lora_rank": 1536,
+ "qk_nope_head_dim": 128,
+ "qk_rope_head_dim": 64,
+ "v_head_dim": 128,
+ "max_position_embeddings": 163840,
+ "rms_norm_eps": 1e-06,
+ "rope_theta": 10000,
+ "rope_scaling": {
+  "beta_fast": 32,
+  "beta_slow": 1,
+  "factor": 40,
+  "mscale": 1.0,
+  "mscale_all_dim": 1.0,
+  "original_max_position_embeddings": 4096,
+  "type": "yarn"
+ }
+})json"},
+      {"kimi-k2", "Kimi K2 Instruct 0905: MLA 64 heads, kv_lora_rank 512, YaRN x64, base 5e4",
+       R"json({
+ "architectures": ["DeepseekV3ForCausalLM"],
+ "model_type": "kimi_k2",
+ "hidden_size": 7168,
+ "num_attention_heads": 64,
+ "num_key_value_heads": 64,
+ "kv_lora_rank": 512,
+ "q_lora_rank": 1536,
+ "qk_nope_head_dim": 128,
+ "qk_rope_head_dim": 64,
+ "v_head_dim": 128,
+ "max_position_embeddings": 262144,
+ "rms_norm_eps": 1e-06,
+ "rope_theta": 50000.0,
+ "rope_scaling": {
+  "beta_fast": 1.0,
+  "beta_slow": 1.0,
+  "factor": 64.0,
+  "mscale": 1.0,
+  "mscale_all_dim": 1.0,
+  "original_max_position_embeddings": 4096,
+  "type": "yarn"
+ }
+})json"},
       {"mistral-nemo", "Mistral NeMo 12B: head_dim 128 of hidden 5120",
        R"json({
  "architectures": ["MistralForCausalLM"],
@@ -342,6 +393,28 @@ std::string describe(const ModelRope& m) {
                           m.mrope_section[2], m.mrope_interleaved ? " interleaved" : "");
   if (m.norm != Norm::none) out += detail::concat(", qk-norm ", to_string(m.norm));
   if (m.local_base > 0) out += detail::concat(", sliding-window layers base ", m.local_base);
+  if (m.kv_lora_rank > 0) out += detail::concat(", MLA kv_lora_rank ", m.kv_lora_rank);
+  return out;
+}
+
+std::vector<MlaSpec> model_mla_specs(const ModelRope& m, DType dtype) {
+  std::vector<MlaSpec> out;
+  if (m.kv_lora_rank <= 0) return out;
+  for (const MlaQuery query : {MlaQuery::in_place, MlaQuery::assemble})
+    for (const Store store : {Store::same, Store::e4m3}) {
+      MlaSpec s;
+      s.dtype = dtype;
+      s.kv_rank = m.kv_lora_rank;
+      s.rope_dim = m.rotary_dim;
+      s.style = m.style;
+      s.index_type = IndexType::i64;
+      s.table_dtype = DType::f32;
+      s.norm = Norm::rms;
+      s.cache_store = store;
+      s.query = query;
+      if (query == MlaQuery::assemble) s.q_store = store;
+      out.push_back(s.canonical());
+    }
   return out;
 }
 

@@ -32,4 +32,10 @@ std::string describe(const ModelRope& model);
 // and out of place; plus forward in-place keys with the model's QK-norm when it has one.
 std::vector<Spec> model_specs(const ModelRope& model, DType dtype);
 
+// An MLA model's (kv_lora_rank > 0) latent-cache keys: the prefill form (q_pe rotated in place)
+// and the decode form (the query assembled), each with a cache in the dtype and in e4m3 (the
+// decode query then e4m3 too); position ids into fp32 tables, kv_a_layernorm's RMSNorm. Empty
+// for other models.
+std::vector<MlaSpec> model_mla_specs(const ModelRope& model, DType dtype);
+
 }  // namespace ropejit::cli

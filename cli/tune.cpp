@@ -44,7 +44,13 @@ std::vector<Job> jobs_for(const TuneOptions& o) {
   std::vector<ModelRope> models;
   for (const std::string& name : o.presets) models.push_back(preset_model(find_preset(name)));
   for (const std::string& file : o.hf_configs) models.push_back(model_from_hf_config_file(file));
-  for (const ModelRope& m : models)
+  for (const ModelRope& m : models) {
+    // MLA's kernel has one variant; its grid follows the call's tokens and heads.
+    for (const MlaSpec& s : model_mla_specs(m, dtype))
+      std::printf(
+          "%s  not tuned: one kernel, launched by the call's shape (ropejit compile "
+          "builds it)\n",
+          s.key().c_str());
     for (const Spec& s : model_specs(m, dtype)) {
       if (s.direction != Direction::forward || !s.in_place) continue;
       if (const std::string missing = detail::missing_kernel(s); !missing.empty()) {
@@ -54,6 +60,7 @@ std::vector<Job> jobs_for(const TuneOptions& o) {
       }
       jobs.push_back({s, m.q_heads, m.kv_heads});
     }
+  }
   if (!o.keys.empty() && o.heads.empty()) detail::invalid("--key needs --heads Q[,K]");
   if (!o.heads.empty()) {
     constexpr int32_t kMaxHeads = 65536;  // what a tuning entry may hold

@@ -1,8 +1,9 @@
-// MLA's step around RoPE (multi-head latent attention, DeepSeek-V2/V3), one block per token:
-//   the latent cache row  [ RMSNorm(kv_c) · w ‖ rope(k_pe) ]  at the token's slot, and
-//   the query: rope(q_pe) in place, or  q_out = [ q_nope ‖ rope(q_pe) ]  for every head.
+// MLA's step around RoPE (multi-head latent attention, DeepSeek-V2/V3), per token:
+//   the latent cache row  [ RMSNorm(kv_c) · w ‖ rope(k_pe) ]  at the token's slot (a warp), and
+//   the query: rope(q_pe) in place, or  q_out = [ q_nope ‖ rope(q_pe) ]  (blocks of tokens and
+//   heads).
 // fp32 arithmetic, each output rounded once (to the dtype, or to e4m3 after dividing by the
-// store's scale). kv_c's row is held in registers (kVecs 16-byte vectors a thread) between its
+// store's scale). kv_c's row is held in registers (16-byte vectors across a warp) between its
 // statistics and its output, so it is read once.
 #pragma once
 #include "mla_params.cuh"
@@ -17,10 +18,13 @@ struct MlaKernel {
   enum : int {
     kPer = 16 / int(sizeof(Raw)),  // elements of a 16-byte vector
     kVectors = Cfg::kRank / kPer,
-    kVecs = (kVectors + Cfg::kThreads - 1) / Cfg::kThreads,
     kHalf = Cfg::kRope / 2,
     kRow = Cfg::kRank + Cfg::kRope
   };
+  // Whether q_pe's rotary part splits into 16-byte vectors (GPT-J: whole vectors of pairs;
+  // NeoX: each half); the call's alignment is p.q_pe_vectors.
+  static constexpr bool kQVectors =
+      Cfg::kGptj ? Cfg::kRope % kPer == 0 : (Cfg::kRope / 2) % kPer == 0;
   typedef Pack<Cfg::kDType, kPer> Vec;
   static_assert(sizeof(Raw) == 2, "MLA's activations are bf16 or f16");
 
@@ -74,124 +78,272 @@ struct MlaKernel {
       static_cast<Raw*>(base)[at] = Elem<Cfg::kDType>::nan();
   }
 
-  static __device__ void run(const MlaParams& p) {
-    __shared__ float warp_sums[32];
-    __shared__ float total;
-    const long long t = blockIdx.x;
-    const int tid = int(threadIdx.x);
-    const long long pos = Cfg::kIds64 ? static_cast<const long long*>(p.ids)[t]
-                                      : (long long)static_cast<const int*>(p.ids)[t];
+  static __device__ __forceinline__ long long position(const MlaParams& p, long long t) {
+    return Cfg::kIds64 ? static_cast<const long long*>(p.ids)[t]
+                       : (long long)static_cast<const int*>(p.ids)[t];
+  }
+
+  // NaN in kPer consecutive elements of a dtype or e4m3 store.
+  template <bool kE4m3>
+  static __device__ __forceinline__ void put_nan_vec(void* base, long long at) {
+    if (kE4m3) {
+      *reinterpret_cast<uint2*>(static_cast<unsigned char*>(base) + at) =
+          make_uint2(0x7f7f7f7fu, 0x7f7f7f7fu);
+    } else {
+      Vec n;
+      n.poison();
+      n.store(static_cast<Raw*>(base) + at);
+    }
+  }
+
+  // The latent cache rows, a warp per token: [ RMSNorm(kv_c) · w ‖ rope(k_pe) ] at the token's
+  // slot. Every read that does not depend on the position or the slot is issued first.
+  static __device__ void cache_rows(const MlaParams& p, long long block, int tid) {
+    enum : int { kLaneVecs = (kVectors + 31) / 32 };
+    const int lane = tid & 31;
+    const long long t = block * (Cfg::kThreads / 32) + (tid >> 5);
+    if (t >= p.tokens) return;
+    const char* xr = static_cast<const char*>(p.kv_c) + t * p.kv_c_stride * (long long)sizeof(Raw);
+    const void* kp = static_cast<const char*>(p.k_pe) + t * p.k_pe_stride * (long long)sizeof(Raw);
+    Vec v[kLaneVecs];
+#pragma unroll
+    for (int i = 0; i < kLaneVecs; ++i) {
+      const int at = i * 32 + lane;
+      if (at < kVectors) v[i].load(xr + (long long)at * 16);
+    }
+    float xa = 0.0f, xb = 0.0f;
+    if (lane < kHalf) {
+      xa = load(kp, first(lane));
+      xb = load(kp, second(lane));
+    }
+    const long long slot = p.slots[t];
+    const long long pos = position(p, t);
+    if (slot >= p.cache_slots || slot < -1) {
+      if (lane == 0 && p.skipped) atomicAdd(p.skipped, 1);
+      return;
+    }
+    if (slot < 0) return;
     const bool in_table = pos >= 0 && pos < p.table_rows;
     const long long trow = in_table ? pos * p.table_stride : 0;
-
-    // The latent cache row (a uniform branch: every thread of the block sees the same slot).
-    const long long slot = p.cache ? p.slots[t] : -1;
-    if (p.cache && (slot >= p.cache_slots || slot < -1)) {
-      if (tid == 0 && p.skipped) atomicAdd(p.skipped, 1);
-    } else if (p.cache && slot >= 0) {
-      const float cscale = Cfg::kCacheE4m3 ? *p.cache_scale : 1.0f;
-      char* row = static_cast<char*>(p.cache) +
-                  slot * p.cache_stride * (Cfg::kCacheE4m3 ? 1LL : (long long)sizeof(Raw));
-      const char* xr =
-          static_cast<const char*>(p.kv_c) + t * p.kv_c_stride * (long long)sizeof(Raw);
-      Vec v[kVecs];
+    float c = 0.0f, s = 0.0f;
+    if (lane < kHalf && in_table) {
+      c = table(p.cos, trow + lane);
+      s = table(p.sin, trow + lane);
+    }
+    const float cscale = Cfg::kCacheE4m3 ? *p.cache_scale : 1.0f;
+    char* row = static_cast<char*>(p.cache) +
+                slot * p.cache_stride * (Cfg::kCacheE4m3 ? 1LL : (long long)sizeof(Raw));
+    float rstd = 1.0f;
+    if (Cfg::kNorm) {
       float sumsq = 0.0f;
 #pragma unroll
-      for (int i = 0; i < kVecs; ++i) {
-        const int at = i * Cfg::kThreads + tid;
-        if (at >= kVectors) continue;
-        v[i].load(xr + (long long)at * 16);
+      for (int i = 0; i < kLaneVecs; ++i) {
+        if (i * 32 + lane >= kVectors) continue;
 #pragma unroll
         for (int e = 0; e < kPer; ++e) {
           const float f = v[i].get(e);
           sumsq = fmaf(f, f, sumsq);
         }
       }
-      float rstd = 1.0f;
-      if (Cfg::kNorm) {
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) sumsq += __shfl_xor_sync(0xffffffffu, sumsq, o);
-        if ((tid & 31) == 0) warp_sums[tid >> 5] = sumsq;
-        __syncthreads();
-        if (tid < 32) {
-          float s = tid < (Cfg::kThreads + 31) / 32 ? warp_sums[tid] : 0.0f;
-#pragma unroll
-          for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-          if (tid == 0) total = s;
-        }
-        __syncthreads();
-        rstd = 1.0f / sqrtf(total / float(Cfg::kRank) + p.eps);
-      }
-#pragma unroll
-      for (int i = 0; i < kVecs; ++i) {
-        const int at = i * Cfg::kThreads + tid;
-        if (at >= kVectors) continue;
-        float out[kPer];
-        if (Cfg::kNorm) {
-          Vec w;
-          w.load_ro(static_cast<const char*>(p.w) + (long long)at * 16);
-#pragma unroll
-          for (int e = 0; e < kPer; ++e) out[e] = (v[i].get(e) * rstd) * w.get(e);
-        } else {
-#pragma unroll
-          for (int e = 0; e < kPer; ++e) out[e] = v[i].get(e);
-        }
-        put_vec<Cfg::kCacheE4m3>(row, (long long)at * kPer, out, cscale);
-      }
-      // rope(k_pe) after kv_c in the row.
-      const void* kp =
-          static_cast<const char*>(p.k_pe) + t * p.k_pe_stride * (long long)sizeof(Raw);
-      for (int i = tid; i < kHalf; i += Cfg::kThreads) {
-        const int a = first(i), b = second(i);
-        if (!in_table) {
-          put_nan<Cfg::kCacheE4m3>(row, Cfg::kRank + a);
-          put_nan<Cfg::kCacheE4m3>(row, Cfg::kRank + b);
-          continue;
-        }
-        const float c = table(p.cos, trow + i), s = table(p.sin, trow + i);
-        const float xa = load(kp, a), xb = load(kp, b);
-        put<Cfg::kCacheE4m3>(row, Cfg::kRank + a, xa * c - xb * s, cscale);
-        put<Cfg::kCacheE4m3>(row, Cfg::kRank + b, xb * c + xa * s, cscale);
-      }
+      for (int o = 16; o > 0; o >>= 1) sumsq += __shfl_xor_sync(0xffffffffu, sumsq, o);
+      rstd = 1.0f / sqrtf(sumsq / float(Cfg::kRank) + p.eps);
     }
-
-    // The query: every head's q_pe rotated, in place or after q_nope in q_out.
-    if (p.heads == 0) return;
-    const float qscale = Cfg::kQE4m3 ? *p.q_scale : 1.0f;
-    const long long pairs = p.heads * kHalf;
-    for (long long j = tid; j < pairs; j += Cfg::kThreads) {
-      const long long h = j / kHalf;
-      const int i = int(j - h * kHalf);
+#pragma unroll
+    for (int i = 0; i < kLaneVecs; ++i) {
+      const int at = i * 32 + lane;
+      if (at >= kVectors) continue;
+      float out[kPer];
+      if (Cfg::kNorm) {
+        Vec w;
+        w.load_ro(static_cast<const char*>(p.w) + (long long)at * 16);
+#pragma unroll
+        for (int e = 0; e < kPer; ++e) out[e] = (v[i].get(e) * rstd) * w.get(e);
+      } else {
+#pragma unroll
+        for (int e = 0; e < kPer; ++e) out[e] = v[i].get(e);
+      }
+      put_vec<Cfg::kCacheE4m3>(row, (long long)at * kPer, out, cscale);
+    }
+    // rope(k_pe) after kv_c in the row; rope_dim / 2 beyond a warp loops.
+    for (int i = lane; i < kHalf; i += 32) {
       const int a = first(i), b = second(i);
+      if (!in_table) {
+        put_nan<Cfg::kCacheE4m3>(row, Cfg::kRank + a);
+        put_nan<Cfg::kCacheE4m3>(row, Cfg::kRank + b);
+        continue;
+      }
+      if (i != lane) {
+        xa = load(kp, a);
+        xb = load(kp, b);
+        c = table(p.cos, trow + i);
+        s = table(p.sin, trow + i);
+      }
+      put<Cfg::kCacheE4m3>(row, Cfg::kRank + a, xa * c - xb * s, cscale);
+      put<Cfg::kCacheE4m3>(row, Cfg::kRank + b, xb * c + xa * s, cscale);
+    }
+  }
+
+  // A query block's share: tokens [t0, t0 + tokens), heads [h0, h0 + heads).
+  struct Tile {
+    long long t0, h0;
+    int tokens, heads;
+  };
+
+  // rope(q_pe) a pair per step: any alignment.
+  static __device__ void query_rope_pairs(const MlaParams& p, const Tile& w, int tid,
+                                          float qscale) {
+    const int per_token = w.heads * kHalf;
+    const int pairs = w.tokens * per_token;
+    for (int j = tid; j < pairs; j += Cfg::kThreads) {
+      const long long t = w.t0 + j / per_token;
+      const int r = j % per_token;
+      const long long h = w.h0 + r / kHalf;
+      const int i = r % kHalf;
+      const int a = first(i), b = second(i);
+      const long long pos = position(p, t);
       Raw* q = static_cast<Raw*>(p.q_pe) + t * p.q_pe_token_stride + h * p.q_pe_head_stride;
       void* out = Cfg::kAssemble ? p.q_out : static_cast<void*>(q);
       const long long at =
           Cfg::kAssemble ? t * p.q_out_token_stride + h * p.q_out_head_stride + Cfg::kRank : 0;
-      if (!in_table) {
+      if (pos < 0 || pos >= p.table_rows) {
         put_nan<Cfg::kQE4m3>(out, at + a);
         put_nan<Cfg::kQE4m3>(out, at + b);
         continue;
       }
+      const long long trow = pos * p.table_stride;
       const float c = table(p.cos, trow + i), s = table(p.sin, trow + i);
       const float xa = Elem<Cfg::kDType>::load(q[a]), xb = Elem<Cfg::kDType>::load(q[b]);
       put<Cfg::kQE4m3>(out, at + a, xa * c - xb * s, qscale);
       put<Cfg::kQE4m3>(out, at + b, xb * c + xa * s, qscale);
     }
-    if (!Cfg::kAssemble) return;
-    const long long vectors = p.heads * kVectors;
-    for (long long j = tid; j < vectors; j += Cfg::kThreads) {
-      const long long h = j / kVectors;
-      const int c = int(j - h * kVectors);
-      Vec v;
-      v.load(static_cast<const Raw*>(p.q_nope) + t * p.q_nope_token_stride +
-             h * p.q_nope_head_stride + (long long)c * kPer);
-      float out[kPer];
+  }
+
+  // rope(q_pe) in 16-byte vectors (q_pe aligned, rope widths that split into them): a GPT-J
+  // vector holds kPer / 2 pairs, a NeoX unit is a vector of each half. kBatch units a thread,
+  // with their positions, are read before any is computed, so the reads are in flight together.
+  static __device__ void query_rope_vectors(const MlaParams& p, const Tile& w, int tid,
+                                            float qscale) {
+    enum : int { kUnits = Cfg::kGptj ? Cfg::kRope / kPer : kHalf / kPer, kBatch = 4 };
+    const int per_token = w.heads * kUnits;
+    const int units = w.tokens * per_token;
+    for (int base = tid; base < units; base += kBatch * Cfg::kThreads) {
+      Vec x[kBatch], y[kBatch];
+      long long pos[kBatch];
 #pragma unroll
-      for (int e = 0; e < kPer; ++e) out[e] = v.get(e);
-      put_vec<Cfg::kQE4m3>(p.q_out,
-                           t * p.q_out_token_stride + h * p.q_out_head_stride + (long long)c * kPer,
-                           out, qscale);
+      for (int k = 0; k < kBatch; ++k) {
+        const int u = base + k * Cfg::kThreads;
+        if (u >= units) continue;
+        const long long t = w.t0 + u / per_token;
+        const int r = u % per_token;
+        const Raw* q = static_cast<const Raw*>(p.q_pe) + t * p.q_pe_token_stride +
+                       (w.h0 + r / kUnits) * p.q_pe_head_stride + (r % kUnits) * kPer;
+        x[k].load(q);
+        if (!Cfg::kGptj) y[k].load(q + kHalf);
+        pos[k] = position(p, t);
+      }
+#pragma unroll
+      for (int k = 0; k < kBatch; ++k) {
+        const int u = base + k * Cfg::kThreads;
+        if (u >= units) continue;
+        const long long t = w.t0 + u / per_token;
+        const int r = u % per_token;
+        const long long h = w.h0 + r / kUnits;
+        const int c = r % kUnits;
+        const long long off = (long long)c * kPer;
+        void* out = Cfg::kAssemble ? p.q_out : p.q_pe;
+        const long long at =
+            Cfg::kAssemble ? t * p.q_out_token_stride + h * p.q_out_head_stride + Cfg::kRank + off
+                           : t * p.q_pe_token_stride + h * p.q_pe_head_stride + off;
+        if (pos[k] < 0 || pos[k] >= p.table_rows) {
+          put_nan_vec<Cfg::kQE4m3>(out, at);
+          if (!Cfg::kGptj) put_nan_vec<Cfg::kQE4m3>(out, at + kHalf);
+          continue;
+        }
+        const long long trow = pos[k] * p.table_stride;
+        float lo[kPer], hi[kPer];
+        if (Cfg::kGptj) {
+#pragma unroll
+          for (int e = 0; e < kPer / 2; ++e) {
+            const int i = c * (kPer / 2) + e;
+            const float cs = table(p.cos, trow + i), sn = table(p.sin, trow + i);
+            const float xa = x[k].get(2 * e), xb = x[k].get(2 * e + 1);
+            lo[2 * e] = xa * cs - xb * sn;
+            lo[2 * e + 1] = xb * cs + xa * sn;
+          }
+        } else {
+#pragma unroll
+          for (int e = 0; e < kPer; ++e) {
+            const int i = c * kPer + e;
+            const float cs = table(p.cos, trow + i), sn = table(p.sin, trow + i);
+            const float xa = x[k].get(e), xb = y[k].get(e);
+            lo[e] = xa * cs - xb * sn;
+            hi[e] = xb * cs + xa * sn;
+          }
+        }
+        put_vec<Cfg::kQE4m3>(out, at, lo, qscale);
+        if (!Cfg::kGptj) put_vec<Cfg::kQE4m3>(out, at + kHalf, hi, qscale);
+      }
     }
+  }
+
+  // q_out's first kv_rank elements: q_nope, converted to the query's store.
+  static __device__ void query_nope(const MlaParams& p, const Tile& w, int tid, float qscale) {
+    enum : int { kBatch = 4 };
+    const int per_token = w.heads * kVectors;
+    const int vectors = w.tokens * per_token;
+    for (int base = tid; base < vectors; base += kBatch * Cfg::kThreads) {
+      Vec v[kBatch];
+#pragma unroll
+      for (int k = 0; k < kBatch; ++k) {
+        const int j = base + k * Cfg::kThreads;
+        if (j >= vectors) continue;
+        const long long t = w.t0 + j / per_token;
+        const int r = j % per_token;
+        v[k].load(static_cast<const Raw*>(p.q_nope) + t * p.q_nope_token_stride +
+                  (w.h0 + r / kVectors) * p.q_nope_head_stride + (r % kVectors) * kPer);
+      }
+#pragma unroll
+      for (int k = 0; k < kBatch; ++k) {
+        const int j = base + k * Cfg::kThreads;
+        if (j >= vectors) continue;
+        const long long t = w.t0 + j / per_token;
+        const int r = j % per_token;
+        float out[kPer];
+#pragma unroll
+        for (int e = 0; e < kPer; ++e) out[e] = v[k].get(e);
+        put_vec<Cfg::kQE4m3>(p.q_out,
+                             t * p.q_out_token_stride +
+                                 (w.h0 + r / kVectors) * p.q_out_head_stride +
+                                 (r % kVectors) * kPer,
+                             out, qscale);
+      }
+    }
+  }
+
+  // The grid: first p.cache_blocks blocks of cache rows (a warp per token), then the query's
+  // blocks, each tokens_per_block tokens by heads_per_block heads: a decode step's few tokens
+  // split their heads over the GPU, a prefill's tokens group so a thread has reads in flight.
+  static __device__ void run(const MlaParams& p) {
+    const long long block = blockIdx.x;
+    const int tid = int(threadIdx.x);
+    if (block < p.cache_blocks) {
+      cache_rows(p, block, tid);
+      return;
+    }
+    const long long qb = block - p.cache_blocks;
+    const long long tile = qb / p.head_groups, group = qb % p.head_groups;
+    Tile w;
+    w.t0 = tile * p.tokens_per_block;
+    w.h0 = group * p.heads_per_block;
+    w.tokens = int(p.tokens - w.t0 < p.tokens_per_block ? p.tokens - w.t0 : p.tokens_per_block);
+    w.heads = int(p.heads - w.h0 < p.heads_per_block ? p.heads - w.h0 : p.heads_per_block);
+    const float qscale = Cfg::kQE4m3 ? *p.q_scale : 1.0f;
+    if (kQVectors && p.q_pe_vectors)
+      query_rope_vectors(p, w, tid, qscale);
+    else
+      query_rope_pairs(p, w, tid, qscale);
+    if (Cfg::kAssemble) query_nope(p, w, tid, qscale);
   }
 };
 

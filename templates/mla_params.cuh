@@ -32,9 +32,16 @@ struct MlaParams {
   long long q_out_head_stride;
   long long table_rows;
   long long table_stride;
+  long long tokens;
   long long heads;
+  // The grid (jit/mla/mla.cpp, make_mla_params): cache_blocks blocks of cache rows, then the
+  // query's blocks, tokens_per_block tokens by heads_per_block heads each (head_groups a tile).
+  long long cache_blocks;
+  long long tokens_per_block;
+  long long heads_per_block;
+  long long head_groups;
   float eps;
-  int pad_;
+  int q_pe_vectors;  // q_pe's pointer and strides allow 16-byte vectors
 };
 
 }  // namespace ropejit_dev

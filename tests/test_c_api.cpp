@@ -131,7 +131,7 @@ TEST_CASE("C ABI: the 0.2.0 struct sizes, the smallest each struct's header may 
   CHECK(sizeof(ropejit_spec) == 76);
   CHECK(sizeof(ropejit_args) == 704);
   CHECK(sizeof(ropejit_table_spec) == 152);
-  CHECK(sizeof(ropejit_model) == 216);
+  CHECK(sizeof(ropejit_model) == 224);  // 216 before kv_lora_rank (api/c_structs.hpp)
   CHECK(sizeof(ropejit_qkv_proj_spec) == 60);
   CHECK(sizeof(ropejit_qkv_proj_args) == 480);
   CHECK(sizeof(ropejit_ffn_spec) == 24);

@@ -85,6 +85,31 @@ TEST_SUITE("gpu") {
       }
   }
 
+  TEST_CASE("MLA: a prefill's query blocks of several tokens (a partial last one)") {
+    testing::use_primary_context();
+    // Enough tokens that a query block takes several (jit/mla/mla.cpp, make_mla_params), a
+    // count that leaves the last block short, positions off the table and slots outside the
+    // cache among them; q_pe aligned (16-byte vectors) and not (a gap of 3 elements a head).
+    int n = 0;
+    for (const Style style : {Style::gptj, Style::neox})
+      for (const int64_t head_gap : {0, 3}) {
+        MlaSpec s;
+        s.style = style;
+        s.query = ++n % 2 ? MlaQuery::in_place : MlaQuery::assemble;
+        oracle::MlaSizes z;
+        z.tokens = 4099;
+        z.heads = 16;
+        z.cache_slots = z.tokens + 16;
+        z.table_rows = 4096;
+        z.head_gap = head_gap;
+        z.padded = 3;
+        z.bad_slots = 2;
+        z.off_table = 2;
+        z.seed = uint64_t(9000 + n);
+        run_and_check(s, z, s.key() + " head gap " + std::to_string(head_gap));
+      }
+  }
+
   TEST_CASE("MLA: the cache alone, and the query alone") {
     testing::use_primary_context();
     MlaSpec s;

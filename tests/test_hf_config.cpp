@@ -95,6 +95,8 @@ TEST_CASE("shipped configs: the fields each family adds") {
   CHECK(ds.rotary_offset == 128);
   CHECK(ds.q_heads == 16);
   CHECK(ds.kv_heads == 1);  // k_pe: one rotary k head shared by every q head
+  CHECK(ds.kv_lora_rank == 512);
+  CHECK(llama.kv_lora_rank == 0);
   CHECK(ds.style == Style::gptj);
   CHECK(ds.scaling.factor == 40);
   CHECK(ds.scaling.original_max_positions == 4096);
@@ -412,6 +414,28 @@ TEST_CASE("presets named after the shipped configs hold the same fields") {
           nlohmann::json::parse(testing::read_file(config(name))));
   }
   for (const cli::Preset& p : cli::presets()) CHECK_NOTHROW(cli::preset_model(p));
+  // MLA presets: the latent cache's keys beside the RoPE ones; none for other models.
+  for (const char* name : {"deepseek-v3", "kimi-k2"}) {
+    INFO(name);
+    const std::string preset = name;
+    const ModelRope m = cli::preset_model(cli::find_preset(preset));
+    CHECK(m.kv_lora_rank == 512);
+    CHECK(m.rotary_dim == 64);
+    CHECK(m.style == Style::gptj);
+    CHECK(m.freqs == Freqs::yarn);
+    CHECK(cli::describe(m).find("MLA kv_lora_rank 512") != std::string::npos);
+    std::vector<std::string> keys;
+    for (const MlaSpec& s : cli::model_mla_specs(m, DType::bf16)) keys.push_back(s.key());
+    CHECK(keys == std::vector<std::string>{
+                      "mla_bf16_r512_p64_gptj_ids-i64_tab-f32_nrms_csame_qip",
+                      "mla_bf16_r512_p64_gptj_ids-i64_tab-f32_nrms_ce4m3_qip",
+                      "mla_bf16_r512_p64_gptj_ids-i64_tab-f32_nrms_csame_qasm",
+                      "mla_bf16_r512_p64_gptj_ids-i64_tab-f32_nrms_ce4m3_qasm-e4m3"});
+  }
+  CHECK(cli::preset_model(cli::find_preset("deepseek-v3")).q_heads == 128);
+  CHECK(cli::preset_model(cli::find_preset("kimi-k2")).q_heads == 64);
+  CHECK(cli::model_mla_specs(cli::preset_model(cli::find_preset("llama3-8b")), DType::bf16)
+            .empty());
   // The older presets keep their keys: phi-2's 32 specs, rotary 32 of 80.
   const std::vector<Spec> phi2 =
       cli::model_specs(cli::preset_model(cli::find_preset("phi-2")), DType::bf16);
@@ -438,6 +462,16 @@ TEST_CASE("C API: spec and model from a config.json") {
   CHECK(model.kv_heads == 1);
   CHECK(model.freqs == ROPEJIT_FREQS_YARN);
   CHECK(model.scaling.factor == 40);
+  CHECK(model.kv_lora_rank == 512);
+  // A caller built before kv_lora_rank (a 216-byte model): filled as far as it reaches.
+  std::vector<unsigned char> old(sizeof(ropejit_model) + 8, 0xa5);
+  ropejit_model* small = reinterpret_cast<ropejit_model*>(old.data());
+  REQUIRE(ropejit_model_init_sized(small, 216) == ROPEJIT_OK);
+  REQUIRE(ropejit_spec_from_hf_config(config("deepseek-v2-lite").c_str(), ROPEJIT_BF16, &spec,
+                                      small) == ROPEJIT_OK);
+  CHECK(small->rotary_offset == 128);
+  for (size_t i = 216; i < old.size(); ++i) CHECK(old[i] == 0xa5);
+  CHECK(ropejit_model_init_sized(small, 215) == ROPEJIT_ERROR_INVALID_ARGUMENT);
   REQUIRE(ropejit_spec_from_hf_config(config("phi-3-mini-128k").c_str(), ROPEJIT_F16, &spec,
                                       &model) == ROPEJIT_OK);
   REQUIRE(model.scaling.short_factor != nullptr);
@@ -538,5 +572,6 @@ TEST_CASE("ropejit --hf-config for source, tune, demo, and its errors") {
   CHECK(has(r, "GPU part SKIPPED"));
   r = command("compile --preset deepseek-v2-lite --arch sm_80 -j 2");
   CHECK(r.status == 0);
-  CHECK(has(r, "32 keys: 64 kernels in"));
+  CHECK(has(r, "36 keys: 68 kernels in"));  // the RoPE keys' 64 and MLA's 4
+  CHECK(has(r, "mla_bf16_r512_p64_gptj_ids-i64_tab-f32_nrms_ce4m3_qasm-e4m3: 1 kernels for sm_80"));
 }

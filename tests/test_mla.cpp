@@ -3,6 +3,7 @@
 // key's axes.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <functional>
 #include <string>
 #include <vector>
@@ -151,6 +152,57 @@ TEST_CASE("MLA calls: each bad argument is named before anything runs") {
           f.args.tokens = 0;
           f.args.cache = nullptr;
         }).empty());
+}
+
+TEST_CASE("MLA's grid covers every cache row and every query head of every token once") {
+  // The block walk the kernel does (templates/mla_kernel.cuh, run): cache rows a warp each,
+  // then tiles of tokens_per_block tokens by heads_per_block heads.
+  struct Case {
+    int64_t tokens, heads;
+    int sms;
+    bool cache;
+    MlaQuery query;
+  };
+  const Case cases[] = {
+      {1, 16, 132, true, MlaQuery::assemble},    {3, 17, 132, true, MlaQuery::in_place},
+      {64, 16, 132, true, MlaQuery::assemble},   {300, 128, 132, false, MlaQuery::in_place},
+      {4096, 16, 132, true, MlaQuery::in_place}, {32771, 16, 114, true, MlaQuery::in_place},
+      {5000, 1, 132, true, MlaQuery::assemble},  {7, 0, 132, true, MlaQuery::in_place},
+      {2, 3000, 1, true, MlaQuery::assemble}};
+  for (const Case& k : cases) {
+    Fake f(k.query);
+    f.args.tokens = k.tokens;
+    f.args.heads = k.heads;
+    if (!k.cache) f.args.cache = nullptr;
+    unsigned blocks = 0;
+    const ropejit_dev::MlaParams p =
+        detail::make_mla_params(f.spec.canonical(), f.args, k.sms, &blocks);
+    const std::string what =
+        "tokens " + std::to_string(k.tokens) + " heads " + std::to_string(k.heads);
+    CHECK_MESSAGE(p.cache_blocks == (k.cache ? (k.tokens + 3) / 4 : 0), what);
+    std::vector<int> rows(size_t(k.tokens), 0), heads(size_t(k.tokens * k.heads), 0);
+    for (int64_t b = 0; b < p.cache_blocks; ++b)
+      for (int64_t w = 0; w < detail::kMlaWarps; ++w)
+        if (b * detail::kMlaWarps + w < k.tokens) ++rows[size_t(b * detail::kMlaWarps + w)];
+    for (int64_t qb = 0; qb < int64_t(blocks) - p.cache_blocks; ++qb) {
+      const int64_t t0 = qb / p.head_groups * p.tokens_per_block,
+                    h0 = qb % p.head_groups * p.heads_per_block;
+      for (int64_t t = t0; t < std::min<int64_t>(t0 + p.tokens_per_block, k.tokens); ++t)
+        for (int64_t h = h0; h < std::min<int64_t>(h0 + p.heads_per_block, k.heads); ++h)
+          ++heads[size_t(t * k.heads + h)];
+    }
+    for (int r : rows) CHECK_MESSAGE(r == (k.cache ? 1 : 0), what);
+    for (int h : heads) CHECK_MESSAGE(h == 1, what);
+    if (k.heads == 0) CHECK_MESSAGE(int64_t(blocks) == p.cache_blocks, what);
+    // Decode spreads a step's heads; prefill gives a block several tokens.
+    if (k.tokens == 1 && k.heads == 16) CHECK_MESSAGE(p.head_groups == 16, what);
+    if (k.tokens == 4096) CHECK_MESSAGE(p.tokens_per_block > 1, what);
+  }
+  // The grid's block count stays in range at the largest token count.
+  Fake f;
+  f.args.tokens = (int64_t(1) << 30) + 1;
+  CHECK(contains(error_of([&] { detail::check_mla_call(f.spec.canonical(), f.args); }),
+                 "args.tokens (1073741825) must be in [0, 1073741824]"));
 }
 
 TEST_CASE("MLA keys compile for sm_80 and sm_90 over their axes") {

@@ -226,6 +226,8 @@ typedef struct {
   int32_t mrope, mrope_section[3], mrope_interleaved, norm;
   int64_t max_positions;
   double norm_eps, local_base, softmax_scale_multiplier;
+  /* Appended after the first sized layout (216 bytes): MLA's kv_lora_rank (0: not MLA). */
+  int32_t kv_lora_rank;
 } ropejit_model;
 
 ROPEJIT_API ropejit_status ropejit_model_init_sized(ropejit_model* model, size_t size);

@@ -699,6 +699,8 @@ struct ModelRopeFields {
                                           // unscaled (0: every layer uses `base` and `freqs`)
   double softmax_scale_multiplier = 1.0;  // DeepSeek yarn: mscale(mscale_all_dim)^2, applied by
                                           // the attention, not by RoPE
+  int32_t kv_lora_rank = 0;               // MLA (DeepSeek, Kimi K2): the compressed kv's rank,
+                                          // kv_lora_rank; 0 for other attention
   std::string style_reason;               // why `style` (for humans)
 };
 

@@ -42,23 +42,26 @@ void MlaEngine::mla_prepare(const MlaSpec& spec, const MlaArgs& args) {
   const ContextScope scope(d, &ctx, any, args.cache ? "args.cache" : "args.q_pe");
   CUstream stream = static_cast<CUstream>(args.stream);
   const PlanKey key{ctx, c};
-  const Engine::LoadedFunction* fn = nullptr;
+  Plan plan{nullptr, 1};
   {
     std::shared_lock<std::shared_mutex> lock(mutex_);
     const auto it = plans_.find(key);
-    if (it != plans_.end()) fn = it->second;
+    if (it != plans_.end()) plan = it->second;
   }
-  if (!fn) {
+  if (!plan.fn) {
     // First use in this context: the core engine compiles or loads the key's one kernel.
-    fn = &core_.named_function(
+    const DeviceInfo& device = core_.device_info(ctx);
+    plan.fn = &core_.named_function(
         ctx, c.key(), mla_variant_name(), stream,
-        [&]() -> const CacheEntry& { return image(c, target_for(core_.device_info(ctx).cc)); });
+        [&]() -> const CacheEntry& { return image(c, target_for(device.cc)); });
+    plan.sm_count = device.sm_count;
     std::unique_lock<std::shared_mutex> lock(mutex_);
-    plans_.emplace(key, fn);
+    plans_.emplace(key, plan);
   }
-  ropejit_dev::MlaParams params = make_mla_params(c, args);
+  unsigned blocks = 1;
+  ropejit_dev::MlaParams params = make_mla_params(c, args, plan.sm_count, &blocks);
   void* kernel_args[] = {&params};
-  check(d.LaunchKernel(fn->fn, unsigned(args.tokens), 1, 1, unsigned(kMlaThreads), 1, 1, 0, stream,
+  check(d.LaunchKernel(plan.fn->fn, blocks, 1, 1, unsigned(kMlaThreads), 1, 1, 0, stream,
                        kernel_args, nullptr),
         "cuLaunchKernel");
 }

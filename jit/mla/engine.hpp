@@ -1,6 +1,6 @@
 // MLA's engine: checks a call, compiles the key's kernel on first use (the core engine's
-// images and modules, jit/engine.hpp) and launches it, one block per token. One process-wide
-// instance; every method is thread-safe.
+// images and modules, jit/engine.hpp) and launches it (a token's cache row and its blocks of query
+// heads). One process-wide instance; every method is thread-safe.
 #pragma once
 
 #include <cuda.h>
@@ -34,9 +34,13 @@ class MlaEngine {
   struct PlanKeyHash {
     size_t operator()(const PlanKey& k) const;
   };
+  struct Plan {
+    const Engine::LoadedFunction* fn;
+    int sm_count;  // the context's GPU: how many blocks the query's heads split into
+  };
   Engine& core_;
   mutable std::shared_mutex mutex_;  // plans_
-  std::unordered_map<PlanKey, const Engine::LoadedFunction*, PlanKeyHash> plans_;
+  std::unordered_map<PlanKey, Plan, PlanKeyHash> plans_;
 };
 
 }  // namespace ropejit::detail

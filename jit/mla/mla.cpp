@@ -1,6 +1,8 @@
 // MLA's call checks, argument block and rendering.
 #include "jit/mla/mla.hpp"
 
+#include <algorithm>
+#include <cstdint>
 #include <map>
 #include <string>
 
@@ -12,7 +14,9 @@
 namespace ropejit::detail {
 namespace {
 
-constexpr int64_t kMaxTokens = 2147483647;  // gridDim.x
+// gridDim.x holds the cache rows' blocks (a quarter of the tokens) and the query's (at most one
+// a token when there are this many).
+constexpr int64_t kMaxTokens = int64_t(1) << 30;
 
 const char* flag(bool b) { return b ? "true" : "false"; }
 
@@ -129,7 +133,8 @@ void check_mla_call(const MlaSpec& c, const MlaArgs& a) {
 
 std::string mla_variant_name() { return "t" + std::to_string(kMlaThreads); }
 
-ropejit_dev::MlaParams make_mla_params(const MlaSpec& c, const MlaArgs& a) {
+ropejit_dev::MlaParams make_mla_params(const MlaSpec& c, const MlaArgs& a, int sm_count,
+                                       unsigned* blocks) {
   const int64_t row = int64_t(c.kv_rank) + c.rope_dim;
   ropejit_dev::MlaParams p{};
   p.kv_c = a.kv_c;
@@ -160,6 +165,35 @@ ropejit_dev::MlaParams make_mla_params(const MlaSpec& c, const MlaArgs& a) {
   p.table_stride = or_default(a.table_stride, c.rope_dim / 2);
   p.heads = a.heads;
   p.eps = float(a.norm_eps);
+  p.tokens = a.tokens;
+  const int64_t sms = std::max(sm_count, 1);
+  p.cache_blocks = a.cache ? (a.tokens + kMlaWarps - 1) / kMlaWarps : 0;
+  int64_t query_blocks = 0;
+  if (a.heads > 0) {
+    // A decode step's few tokens split their heads until the grid has two blocks an SM; a
+    // prefill's tokens group (one block, one pass of kMlaUnitsPerBlock 16-byte units) while
+    // four blocks an SM remain. At most 1024 blocks a token.
+    const int64_t wanted = (2 * sms + a.tokens - 1) / a.tokens;
+    int64_t groups = std::min({a.heads, std::max<int64_t>(wanted, 1), int64_t(1024)});
+    p.heads_per_block = (a.heads + groups - 1) / groups;
+    groups = (a.heads + p.heads_per_block - 1) / p.heads_per_block;
+    p.head_groups = groups;
+    p.tokens_per_block = 1;
+    if (groups == 1) {
+      const int64_t units =
+          a.heads * ((c.rope_dim + 7) / 8 + (c.query == MlaQuery::assemble ? c.kv_rank / 8 : 0));
+      p.tokens_per_block =
+          std::max<int64_t>(1, std::min(kMlaUnitsPerBlock / units, a.tokens / (4 * sms)));
+    }
+    query_blocks = (a.tokens + p.tokens_per_block - 1) / p.tokens_per_block * groups;
+  }
+  *blocks = unsigned(p.cache_blocks + query_blocks);
+  const int64_t elem = element_bytes(c.dtype);
+  const auto aligned = [&](int64_t stride, int64_t count) {
+    return count <= 1 || (stride * elem) % 16 == 0;
+  };
+  p.q_pe_vectors = a.q_pe && reinterpret_cast<uintptr_t>(a.q_pe) % 16 == 0 &&
+                   aligned(p.q_pe_token_stride, a.tokens) && aligned(p.q_pe_head_stride, a.heads);
   return p;
 }
 

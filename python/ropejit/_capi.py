@@ -94,7 +94,7 @@ class ropejit_model(ctypes.Structure):
         ("base", _f64), ("scaling", ropejit_scaling), ("mrope", _i32),
         ("mrope_section", _i32 * 3), ("mrope_interleaved", _i32), ("norm", _i32),
         ("max_positions", _i64), ("norm_eps", _f64), ("local_base", _f64),
-        ("softmax_scale_multiplier", _f64)]
+        ("softmax_scale_multiplier", _f64), ("kv_lora_rank", _i32)]
 
 
 class ropejit_qkv_proj_spec(ctypes.Structure):

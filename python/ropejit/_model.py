@@ -250,7 +250,8 @@ class ModelRope:
     'rms_all_heads'), with norm_eps; this package reports it and applies RoPE only. local_base:
     the base of Gemma 3's sliding-window layers (unscaled frequencies), 0 when every layer uses
     `base`. softmax_scale_multiplier: DeepSeek YaRN's factor for the attention's softmax scale
-    (not RoPE's to apply)."""
+    (not RoPE's to apply). kv_lora_rank: MLA's compressed kv rank (DeepSeek, Kimi K2; the
+    latent cache row is kv_lora_rank + rotary_dim wide), 0 for other attention."""
 
     spec: Spec
     head_dim: int
@@ -269,6 +270,7 @@ class ModelRope:
     norm_eps: float
     local_base: float
     softmax_scale_multiplier: float
+    kv_lora_rank: int = 0
 
     @property
     def needs_seq_len(self):
@@ -307,7 +309,7 @@ def _model_from_c(spec, m):
         mrope_interleaved=bool(m.mrope_interleaved),
         norm=_name(_capi.NORMS, m.norm, "model.norm"), max_positions=m.max_positions,
         norm_eps=m.norm_eps, local_base=m.local_base,
-        softmax_scale_multiplier=m.softmax_scale_multiplier)
+        softmax_scale_multiplier=m.softmax_scale_multiplier, kv_lora_rank=m.kv_lora_rank)
 
 
 def _dtype_code(dtype):

@@ -31,6 +31,16 @@ def no_driver():
     return ropejit.info().driver.startswith("none")
 
 
+def pytest_configure(config):
+    # pytest-xdist's workers share the cores (and, under tools/dev.sh, ctest's processes): each
+    # takes its share of torch's CPU threads, or the emulated cases' CPU ops oversubscribe them.
+    import os
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if HAVE_TORCH and workers > 1:
+        import torch
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+
+
 requires_cuda = pytest.mark.skipif(not cuda_available(),
                                    reason="no CUDA GPU visible to torch (GPU test)")
 

@@ -88,6 +88,8 @@ def test_model_fields_and_specs():
     assert (deepseek.scaling.mscale, deepseek.scaling.mscale_all_dim) == (0.707, 0.707)
     assert deepseek.softmax_scale_multiplier == pytest.approx(
         (0.1 * 0.707 * math.log(40) + 1) ** 2, rel=1e-15)
+    assert deepseek.kv_lora_rank == 512  # MLA: the latent row is 512 + 64 wide
+    assert qwen3_vl.kv_lora_rank == 0
 
     gemma = ropejit.model_from_hf_config(HF / "gemma3-4b.json")
     assert (gemma.freqs, gemma.local_base, gemma.norm) == ("linear", 10000.0, "rms_one_plus")
