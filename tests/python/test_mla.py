@@ -207,3 +207,65 @@ def test_vllm_concat_and_cache_mla(device, kv_cache_dtype):
         assert torch.equal(rows[slot], want), slot
     untouched = sorted(set(range(12)) - {s for s in slot_mapping.tolist() if s >= 0})
     assert torch.equal(rows[untouched], old[untouched])
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+@pytest.mark.parametrize("is_neox", [False, True])
+def test_vllm_concat_and_cache_mla_rope_fused(device, kv_cache_dtype, is_neox):
+    """vLLM's fused MLA RoPE + cache write through the drop-in: q_pe and k_pe rotated in place
+    (float64 reference, one rounding), each row [kv_c | rope(k_pe)] at its slot (dtype or e4m3
+    of value / scale), padding (-1) and other rows untouched, positions longer than
+    slot_mapping (a padded batch: those tokens rotated, no row written)."""
+    from ropejit.dropin import vllm
+    torch.manual_seed(11)
+    L, P, H, tokens = 64, 16, 3, 6
+    dt = torch.bfloat16
+    kv_c = torch.randn(tokens, L).to(dt).to(device)
+    k_pe = torch.randn(tokens, 1, P).to(dt).to(device)
+    q = torch.randn(tokens, H, 8 + P).to(dt).to(device)
+    q_pe = q[..., 8:]
+    k0, q0 = k_pe.clone().cpu().double(), q.clone().cpu()
+    positions = torch.tensor([5, 0, 33, 7, 12, 2], dtype=torch.int64, device=device)
+    slot_mapping = torch.tensor([3, -1, 0, 9, 4], dtype=torch.int64, device=device)  # 5 of 6
+    angles = torch.arange(40, dtype=torch.float64)[:, None] * 10000.0 ** (
+        -torch.arange(P // 2, dtype=torch.float64) / (P // 2))
+    cos_sin = torch.cat((angles.cos(), angles.sin()), -1).float().to(device)
+    fp8 = kv_cache_dtype == "fp8"
+    kv_cache = (torch.full((3, 4, L + P), 0x5a, dtype=torch.uint8, device=device) if fp8
+                else torch.full((3, 4, L + P), -7.0, dtype=dt, device=device))
+    before = kv_cache.clone().cpu()
+    scale = torch.tensor([0.07], device=device)
+    vllm.concat_and_cache_mla_rope_fused(positions, q_pe, k_pe, kv_c, cos_sin, is_neox,
+                                         slot_mapping, kv_cache, kv_cache_dtype, scale)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    pos = positions.cpu()
+    c, s = angles.cos()[pos], angles.sin()[pos]
+    gptj = not is_neox
+    k_rot = _rotate(k0[:, 0], c, s, gptj)
+    q_rot = _rotate(q0[..., 8:].double(), c[:, None], s[:, None], gptj)
+    ref.assert_close(k_pe[:, 0].cpu(), k_rot, dt)
+    ref.assert_close(q.cpu()[..., 8:], q_rot, dt)
+    assert torch.equal(q.cpu()[..., :8], q0[..., :8])
+    rows, old = kv_cache.view(-1, L + P).cpu(), before.view(-1, L + P)
+    written = set()
+    for t, slot in enumerate(slot_mapping.tolist()):
+        if slot < 0:
+            continue
+        written.add(slot)
+        want = torch.cat((kv_c[t].cpu().double(), k_rot[t]))
+        if fp8:
+            got = rows[slot].view(torch.float8_e4m3fn).double() * 0.07
+            torch.testing.assert_close(got, want, rtol=2.0 ** -4, atol=0.07 * 2.0 ** -9)
+            assert torch.equal(rows[slot, :L].view(torch.float8_e4m3fn),
+                               (kv_c[t].cpu().float() / 0.07).to(torch.float8_e4m3fn))
+        else:
+            assert torch.equal(rows[slot, :L], kv_c[t].cpu())  # copied exactly
+            ref.assert_close(rows[slot, L:], want[L:], dt)
+            assert torch.equal(rows[slot, L:], k_pe[t, 0].cpu())  # the same rounding
+    untouched = sorted(set(range(12)) - written)
+    assert torch.equal(rows[untouched], old[untouched])
+    with pytest.raises(ropejit.InvalidArgument, match="kv_cache_dtype"):
+        vllm.concat_and_cache_mla_rope_fused(positions, q_pe, k_pe, kv_c, cos_sin, is_neox,
+                                             slot_mapping, kv_cache, "fp8_ds_mla", scale)
+

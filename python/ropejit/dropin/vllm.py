@@ -4,7 +4,9 @@ positions, query, key=None, offsets=None)` is the call vLLM's models make throug
 `RotaryEmbedding.forward_cuda`, given the module (or anything with its head_size,
 is_neox_style and cos_sin_cache): any get_rope variant, since the scaled ones differ only in
 the cache they build. `concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype,
-scale)` is vLLM's MLA cache write, on ropejit's MLA kernel.
+scale)` is vLLM's MLA cache write, and `concat_and_cache_mla_rope_fused(positions, q_pe, k_pe,
+kv_c, cos_sin_cache, is_neox, slot_mapping, kv_cache, kv_cache_dtype, kv_cache_scale)` its
+RoPE and cache write in one op, both on ropejit's MLA kernel.
 
 Differences from vLLM's:
 - cos_sin_cache may be f32, f16 or bf16 whatever the query's dtype (vLLM requires the
@@ -87,14 +89,7 @@ def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, sca
     import torch
 
     from ropejit import mla
-    if kv_cache_dtype in ("fp8", "fp8_e4m3"):
-        cache = kv_cache.view(torch.float8_e4m3fn)
-        cache_scale = scale.reshape(1).float()
-    elif kv_cache_dtype == "auto":
-        cache, cache_scale = kv_cache, None
-    else:
-        raise InvalidArgument(f"ropejit: kv_cache_dtype ({kv_cache_dtype!r}) must be 'auto', "
-                              f"'fp8' or 'fp8_e4m3'")
+    cache, cache_scale = _mla_cache(kv_cache, kv_cache_dtype, scale)
     tokens = slot_mapping.shape[0]
     half = k_pe.shape[-1] // 2
     device = kv_c.device
@@ -102,3 +97,48 @@ def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, sca
                 torch.ones(1, half, device=device), torch.zeros(1, half, device=device),
                 kv_c=kv_c[:tokens], k_pe=k_pe[:tokens], cache=cache, slots=slot_mapping,
                 cache_scale=cache_scale)
+
+
+def _mla_cache(kv_cache, kv_cache_dtype, scale):
+    """The cache as the MLA kernel takes it: vLLM's uint8 FP8 cache viewed as e4m3."""
+    import torch
+    if kv_cache_dtype in ("fp8", "fp8_e4m3"):
+        return kv_cache.view(torch.float8_e4m3fn), scale.reshape(1).float()
+    if kv_cache_dtype == "auto":
+        return kv_cache, None
+    raise InvalidArgument(f"ropejit: kv_cache_dtype ({kv_cache_dtype!r}) must be 'auto', 'fp8' "
+                          f"or 'fp8_e4m3'")
+
+
+def concat_and_cache_mla_rope_fused(positions, q_pe, k_pe, kv_c, cos_sin_cache, is_neox,
+                                    slot_mapping, kv_cache, kv_cache_dtype, kv_cache_scale):
+    """vLLM's `concat_and_cache_mla_rope_fused`: q_pe [tokens, heads, rot_dim] and k_pe
+    [tokens, rot_dim] (or [tokens, 1, rot_dim]) rotated in place by cos_sin_cache at positions,
+    and each token's row [kv_c | rope(k_pe)] written into kv_cache at slot_mapping (-1 padding)
+    as concat_and_cache_mla writes it. kv_c is taken as given (vLLM normalizes it before).
+    One launch writes the cache rows and rotates q_pe (the rows' k_pe part computed from k_pe
+    as it came in); a second rotates k_pe in place. A slot_mapping shorter than positions (a
+    padded CUDA graph batch) writes rows for its tokens and rotates every token's q_pe and k_pe."""
+    from ropejit import mla
+    rot = cos_sin_cache.shape[-1]
+    if cos_sin_cache.dim() != 2 or rot % 2:
+        raise InvalidArgument(f"ropejit: cos_sin_cache must be [max_position, rot_dim] with even "
+                              f"rot_dim, got shape {list(cos_sin_cache.shape)}")
+    if k_pe.dim() == 3 and k_pe.shape[1] == 1:
+        k_pe = k_pe[:, 0]
+    if k_pe.dim() != 2 or k_pe.shape[-1] != rot:
+        raise InvalidArgument(f"ropejit: k_pe must be [tokens, rot_dim = {rot}] (or [tokens, 1, "
+                              f"rot_dim]), got shape {list(k_pe.shape)}")
+    cache, cache_scale = _mla_cache(kv_cache, kv_cache_dtype, kv_cache_scale)
+    tokens, rows = positions.shape[0], slot_mapping.shape[0]
+    if rows > tokens:
+        raise InvalidArgument(f"ropejit: slot_mapping has {rows} tokens, positions {tokens}")
+    cos, sin = cos_sin_cache[:, : rot // 2], cos_sin_cache[:, rot // 2:]
+    style = "neox" if is_neox else "gptj"
+    mla.prepare(positions[:rows], cos, sin, kv_c=kv_c[:rows], k_pe=k_pe[:rows], cache=cache,
+                slots=slot_mapping, cache_scale=cache_scale, q_pe=q_pe[:rows], style=style)
+    if rows < tokens:
+        mla.prepare(positions[rows:], cos, sin, q_pe=q_pe[rows:tokens], style=style)
+    # After the cache rows read it: k_pe as a query of one head, rotated in place.
+    mla.prepare(positions, cos, sin, q_pe=k_pe[:tokens].unsqueeze(1), style=style)
+
