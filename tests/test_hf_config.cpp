@@ -426,16 +426,16 @@ TEST_CASE("presets named after the shipped configs hold the same fields") {
     CHECK(cli::describe(m).find("MLA kv_lora_rank 512") != std::string::npos);
     std::vector<std::string> keys;
     for (const MlaSpec& s : cli::model_mla_specs(m, DType::bf16)) keys.push_back(s.key());
-    CHECK(keys == std::vector<std::string>{
-                      "mla_bf16_r512_p64_gptj_ids-i64_tab-f32_nrms_csame_qip",
-                      "mla_bf16_r512_p64_gptj_ids-i64_tab-f32_nrms_ce4m3_qip",
-                      "mla_bf16_r512_p64_gptj_ids-i64_tab-f32_nrms_csame_qasm",
-                      "mla_bf16_r512_p64_gptj_ids-i64_tab-f32_nrms_ce4m3_qasm-e4m3"});
+    CHECK(keys ==
+          std::vector<std::string>{"mla_bf16_r512_p64_gptj_ids-i64_tab-f32_nrms_csame_qip",
+                                   "mla_bf16_r512_p64_gptj_ids-i64_tab-f32_nrms_ce4m3_qip",
+                                   "mla_bf16_r512_p64_gptj_ids-i64_tab-f32_nrms_csame_qasm",
+                                   "mla_bf16_r512_p64_gptj_ids-i64_tab-f32_nrms_ce4m3_qasm-e4m3"});
   }
   CHECK(cli::preset_model(cli::find_preset("deepseek-v3")).q_heads == 128);
   CHECK(cli::preset_model(cli::find_preset("kimi-k2")).q_heads == 64);
-  CHECK(cli::model_mla_specs(cli::preset_model(cli::find_preset("llama3-8b")), DType::bf16)
-            .empty());
+  CHECK(
+      cli::model_mla_specs(cli::preset_model(cli::find_preset("llama3-8b")), DType::bf16).empty());
   // The older presets keep their keys: phi-2's 32 specs, rotary 32 of 80.
   const std::vector<Spec> phi2 =
       cli::model_specs(cli::preset_model(cli::find_preset("phi-2")), DType::bf16);
