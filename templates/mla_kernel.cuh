@@ -190,16 +190,26 @@ struct MlaKernel {
     int tokens, heads;
   };
 
+  // Item u of a tile walked token by token, head by head, `per_head` items a head: its token,
+  // head and place in the head.
+  struct Item {
+    long long t, h;
+    int c;
+  };
+  static __device__ __forceinline__ Item item(const Tile& w, int u, int per_head) {
+    const int per_token = w.heads * per_head;
+    const int r = u % per_token;
+    return Item{w.t0 + u / per_token, w.h0 + r / per_head, r % per_head};
+  }
+
   // rope(q_pe) a pair per step: any alignment.
   static __device__ void query_rope_pairs(const MlaParams& p, const Tile& w, int tid,
                                           float qscale) {
-    const int per_token = w.heads * kHalf;
-    const int pairs = w.tokens * per_token;
+    const int pairs = w.tokens * w.heads * kHalf;
     for (int j = tid; j < pairs; j += Cfg::kThreads) {
-      const long long t = w.t0 + j / per_token;
-      const int r = j % per_token;
-      const long long h = w.h0 + r / kHalf;
-      const int i = r % kHalf;
+      const Item it = item(w, j, kHalf);
+      const long long t = it.t, h = it.h;
+      const int i = it.c;
       const int a = first(i), b = second(i);
       const long long pos = position(p, t);
       Raw* q = static_cast<Raw*>(p.q_pe) + t * p.q_pe_token_stride + h * p.q_pe_head_stride;
@@ -225,8 +235,7 @@ struct MlaKernel {
   static __device__ void query_rope_vectors(const MlaParams& p, const Tile& w, int tid,
                                             float qscale) {
     enum : int { kUnits = Cfg::kGptj ? Cfg::kRope / kPer : kHalf / kPer, kBatch = 4 };
-    const int per_token = w.heads * kUnits;
-    const int units = w.tokens * per_token;
+    const int units = w.tokens * w.heads * kUnits;
     for (int base = tid; base < units; base += kBatch * Cfg::kThreads) {
       Vec x[kBatch], y[kBatch];
       long long pos[kBatch];
@@ -234,22 +243,20 @@ struct MlaKernel {
       for (int k = 0; k < kBatch; ++k) {
         const int u = base + k * Cfg::kThreads;
         if (u >= units) continue;
-        const long long t = w.t0 + u / per_token;
-        const int r = u % per_token;
-        const Raw* q = static_cast<const Raw*>(p.q_pe) + t * p.q_pe_token_stride +
-                       (w.h0 + r / kUnits) * p.q_pe_head_stride + (r % kUnits) * kPer;
+        const Item it = item(w, u, kUnits);
+        const Raw* q = static_cast<const Raw*>(p.q_pe) + it.t * p.q_pe_token_stride +
+                       it.h * p.q_pe_head_stride + it.c * kPer;
         x[k].load(q);
         if (!Cfg::kGptj) y[k].load(q + kHalf);
-        pos[k] = position(p, t);
+        pos[k] = position(p, it.t);
       }
 #pragma unroll
       for (int k = 0; k < kBatch; ++k) {
         const int u = base + k * Cfg::kThreads;
         if (u >= units) continue;
-        const long long t = w.t0 + u / per_token;
-        const int r = u % per_token;
-        const long long h = w.h0 + r / kUnits;
-        const int c = r % kUnits;
+        const Item it = item(w, u, kUnits);
+        const long long t = it.t, h = it.h;
+        const int c = it.c;
         const long long off = (long long)c * kPer;
         void* out = Cfg::kAssemble ? p.q_out : p.q_pe;
         const long long at =
@@ -290,32 +297,27 @@ struct MlaKernel {
   // q_out's first kv_rank elements: q_nope, converted to the query's store.
   static __device__ void query_nope(const MlaParams& p, const Tile& w, int tid, float qscale) {
     enum : int { kBatch = 4 };
-    const int per_token = w.heads * kVectors;
-    const int vectors = w.tokens * per_token;
+    const int vectors = w.tokens * w.heads * kVectors;
     for (int base = tid; base < vectors; base += kBatch * Cfg::kThreads) {
       Vec v[kBatch];
 #pragma unroll
       for (int k = 0; k < kBatch; ++k) {
         const int j = base + k * Cfg::kThreads;
         if (j >= vectors) continue;
-        const long long t = w.t0 + j / per_token;
-        const int r = j % per_token;
-        v[k].load(static_cast<const Raw*>(p.q_nope) + t * p.q_nope_token_stride +
-                  (w.h0 + r / kVectors) * p.q_nope_head_stride + (r % kVectors) * kPer);
+        const Item it = item(w, j, kVectors);
+        v[k].load(static_cast<const Raw*>(p.q_nope) + it.t * p.q_nope_token_stride +
+                  it.h * p.q_nope_head_stride + it.c * kPer);
       }
 #pragma unroll
       for (int k = 0; k < kBatch; ++k) {
         const int j = base + k * Cfg::kThreads;
         if (j >= vectors) continue;
-        const long long t = w.t0 + j / per_token;
-        const int r = j % per_token;
+        const Item it = item(w, j, kVectors);
         float out[kPer];
 #pragma unroll
         for (int e = 0; e < kPer; ++e) out[e] = v[k].get(e);
         put_vec<Cfg::kQE4m3>(p.q_out,
-                             t * p.q_out_token_stride +
-                                 (w.h0 + r / kVectors) * p.q_out_head_stride +
-                                 (r % kVectors) * kPer,
+                             it.t * p.q_out_token_stride + it.h * p.q_out_head_stride + it.c * kPer,
                              out, qscale);
       }
     }
