@@ -9,7 +9,8 @@ token t at position positions[t] (docs/mla.md):
 torch.library op whose cache, q_pe, q_out and skipped are mutated arguments, so
 torch.compile(fullgraph=True) traces it and CUDA graphs replay it. A cache or q_out of
 ``torch.float8_e4m3fn`` stores the e4m3 codes of value / scale (``cache_scale`` / ``q_scale``:
-float32 tensors of one element, vLLM's convention)."""
+float32 tensors of one element, vLLM's convention). ``tables`` builds the cos/sin tables of an
+MLA model from its config.json (YaRN for DeepSeek and Kimi K2)."""
 
 import ctypes
 from typing import Optional
@@ -69,6 +70,34 @@ def _row_view(name, cache):
     except RuntimeError:
         _fail(f"{name} of shape {tuple(cache.shape)} and strides {cache.stride()} is not rows "
               f"one stride apart: make it contiguous, or a 2-d [slots, row] view")
+
+
+def tables(model, rows: Optional[int] = None, *, device=None, dtype=torch.float32):
+    """cos and sin [rows, rope_dim / 2] for an MLA model, as ``prepare`` takes them: the model's
+    inverse frequencies (DeepSeek's and Kimi K2's YaRN) at positions 0 .. rows - 1, times its
+    attention factor, computed in float64 and rounded once to ``dtype``. ``model``: a
+    ``ropejit.ModelRope`` or what ``ropejit.model_from_hf_config`` reads (a config.json path,
+    its dict, a transformers config). ``rows`` defaults to max_position_embeddings."""
+    from ropejit._model import ModelRope, model_from_hf_config
+    if not isinstance(model, ModelRope):
+        model = model_from_hf_config(model)
+    if model.kv_lora_rank <= 0:
+        _fail("tables: the model is not an MLA model (its config has no kv_lora_rank)")
+    if model.needs_seq_len:
+        _fail(f"tables: {model.freqs} frequencies depend on the sequence length; build the table "
+              f"per length with ropejit.inverse_frequencies")
+    if rows is None:
+        rows = model.max_positions
+    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1 or rows > (1 << 31) - 1:
+        _fail(f"tables: rows ({rows!r}) must be an int in [1, 2^31 - 1] (max_position_embeddings "
+              f"when the config gives it)")
+    if dtype not in _TABLE_DTYPES:
+        _fail(f"tables: dtype ({dtype}) must be float32, bfloat16 or float16")
+    inv = torch.tensor(model.inverse_frequencies(), dtype=torch.float64)
+    factor = model.attention_factor()
+    angles = torch.arange(rows, dtype=torch.float64)[:, None] * inv[None, :]
+    return ((angles.cos() * factor).to(dtype).to(device),
+            (angles.sin() * factor).to(dtype).to(device))
 
 
 def prepare(positions: Tensor, cos: Tensor, sin: Tensor, *, kv_c: Optional[Tensor] = None,

@@ -269,3 +269,27 @@ def test_vllm_concat_and_cache_mla_rope_fused(device, kv_cache_dtype, is_neox):
         vllm.concat_and_cache_mla_rope_fused(positions, q_pe, k_pe, kv_c, cos_sin, is_neox,
                                              slot_mapping, kv_cache, "fp8_ds_mla", scale)
 
+
+def test_tables_from_an_mla_config():
+    """mla.tables: the model's YaRN frequencies and attention factor at every position, in
+    float64 then rounded once; DeepSeek-V2-Lite's mscale equal to its mscale_all_dim gives a
+    factor of 1; errors name the argument."""
+    import pathlib
+    config = pathlib.Path(__file__).resolve().parents[1] / "data" / "hf" / "deepseek-v2-lite.json"
+    model = ropejit.model_from_hf_config(config)
+    cos, sin = mla.tables(model, 5000)
+    assert cos.shape == (5000, 32) and cos.dtype == torch.float32
+    inv = torch.tensor(model.inverse_frequencies(), dtype=torch.float64)
+    assert model.attention_factor() == 1.0
+    angles = torch.arange(5000, dtype=torch.float64)[:, None] * inv
+    assert torch.equal(cos, angles.cos().float()) and torch.equal(sin, angles.sin().float())
+    c16, _ = mla.tables(str(config), 8, dtype=torch.bfloat16)
+    assert torch.equal(c16, angles[:8].cos().to(torch.bfloat16))
+    assert mla.tables(model)[0].shape[0] == model.max_positions
+    with pytest.raises(ropejit.InvalidArgument, match=r"rows \(0\)"):
+        mla.tables(model, 0)
+    with pytest.raises(ropejit.InvalidArgument, match="dtype"):
+        mla.tables(model, 4, dtype=torch.float64)
+    with pytest.raises(ropejit.InvalidArgument, match="not an MLA model"):
+        mla.tables({"num_attention_heads": 4, "head_dim": 64}, 4)
+
