@@ -25,6 +25,14 @@ inline std::string entry_name(const std::string& key, const KernelVariant& varia
 std::string substitute_template(const std::string& text,
                                 const std::map<std::string, std::string>& vars);
 
+// A bool constant as an entry template spells it.
+inline const char* flag(bool b) { return b ? "true" : "false"; }
+
+// Kernel `variant` of `key`: the embedded entry template `entry_file` with {{key}}, {{variant}}
+// and {{entry}} bound, and `vars` (the constants its family binds).
+RenderedKernel render_entry(const std::string& key, const std::string& variant,
+                            const char* entry_file, std::map<std::string, std::string> vars);
+
 RenderedKernel render(const Spec& canonical, const KernelVariant& variant);
 
 }  // namespace ropejit::detail

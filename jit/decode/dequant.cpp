@@ -34,18 +34,11 @@ std::string dequant_key(DType dtype) {
 RenderedKernel render_dequant(DType dtype) {
   if (dtype != DType::bf16 && dtype != DType::f16)
     invalid("dtype (", to_string(dtype), ") of e4m3 weights' dequantization must be bf16 or f16");
-  RenderedKernel r;
-  r.key = dequant_key(dtype);
-  r.entry = entry_name(r.key, kDequantVariant);
-  const std::map<std::string, std::string> vars = {
-      {"key", r.key},
-      {"variant", kDequantVariant},
-      {"entry", r.entry},
-      {"dtype", std::to_string(int(dtype))},
-      {"threads", std::to_string(kDequantThreads)},
-  };
-  r.source = substitute_template(embedded_file("dequant_entry.cu.in"), vars);
-  return r;
+  return render_entry(dequant_key(dtype), kDequantVariant, "dequant_entry.cu.in",
+                      {
+                          {"dtype", std::to_string(int(dtype))},
+                          {"threads", std::to_string(kDequantThreads)},
+                      });
 }
 
 ropejit_dev::DequantParams make_dequant_params(const void* codes, int64_t stride,

@@ -116,41 +116,34 @@ RenderedKernel render(const FfnSpec& c, const ProjVariant& v) {
   const bool w8 = c.weights == Weights::e4m3;
   if (const std::string why = proj_variant_problem(v, w8); !why.empty())
     invalid("projection variant ", v.name(), ": ", why);
-  RenderedKernel r;
-  r.key = c.key();
-  r.entry = entry_name(r.key, v.name());
   // The projection kernel with its GLU epilogue; the RoPE constants are unused.
-  const std::map<std::string, std::string> vars = {
-      {"key", r.key},
-      {"variant", v.name()},
-      {"entry", r.entry},
-      {"dtype", std::to_string(int(c.dtype))},
-      {"head_dim", "2"},
-      {"rotary_dim", "0"},
-      {"table_dtype", std::to_string(int(DType::f32))},
-      {"norm", std::to_string(int(c.norm))},
-      {"act", std::to_string(int(c.act))},
-      {"glu", "true"},
-      {"w8", w8 ? "true" : "false"},
-      {"wide", v.wide ? "true" : "false"},
-      {"swap", v.swap ? "true" : "false"},
-      {"rows", std::to_string(v.rows)},
-      {"cache", "0"},
-      {"cache_e4m3", "false"},
-      {"token_tiles", std::to_string(v.token_tiles)},
-      {"splits", std::to_string(v.splits)},
-      {"unroll", std::to_string(v.unroll)},
-      {"cluster", std::to_string(v.cluster)},
-      {"neox", "true"},
-      {"pos_ids", "false"},
-      {"idx64", "false"},
-      {"computed", "false"},
-      {"table_full", "false"},
-      {"threads", std::to_string(v.threads())},
-      {"min_blocks", std::to_string(v.min_blocks(w8, true))},
-  };
-  r.source = substitute_template(embedded_file("proj_entry.cu.in"), vars);
-  return r;
+  return render_entry(c.key(), v.name(), "proj_entry.cu.in",
+                      {
+                          {"dtype", std::to_string(int(c.dtype))},
+                          {"head_dim", "2"},
+                          {"rotary_dim", "0"},
+                          {"table_dtype", std::to_string(int(DType::f32))},
+                          {"norm", std::to_string(int(c.norm))},
+                          {"act", std::to_string(int(c.act))},
+                          {"glu", "true"},
+                          {"w8", w8 ? "true" : "false"},
+                          {"wide", v.wide ? "true" : "false"},
+                          {"swap", v.swap ? "true" : "false"},
+                          {"rows", std::to_string(v.rows)},
+                          {"cache", "0"},
+                          {"cache_e4m3", "false"},
+                          {"token_tiles", std::to_string(v.token_tiles)},
+                          {"splits", std::to_string(v.splits)},
+                          {"unroll", std::to_string(v.unroll)},
+                          {"cluster", std::to_string(v.cluster)},
+                          {"neox", "true"},
+                          {"pos_ids", "false"},
+                          {"idx64", "false"},
+                          {"computed", "false"},
+                          {"table_full", "false"},
+                          {"threads", std::to_string(v.threads())},
+                          {"min_blocks", std::to_string(v.min_blocks(w8, true))},
+                      });
 }
 
 size_t ffn_product_bytes(const FfnSpec& c, int64_t tokens, int64_t intermediate) {
@@ -199,20 +192,13 @@ std::string glu_key(const FfnSpec& c) {
 
 RenderedKernel render_glu(const FfnSpec& c, const GluVariant& v) {
   if (v.vec != 1 && v.vec != 8) invalid("GLU variant ", v.name(), ": vec must be 1 or 8");
-  RenderedKernel r;
-  r.key = glu_key(c);
-  r.entry = entry_name(r.key, v.name());
-  const std::map<std::string, std::string> vars = {
-      {"key", r.key},
-      {"variant", v.name()},
-      {"entry", r.entry},
-      {"dtype", std::to_string(int(c.dtype))},
-      {"act", std::to_string(int(c.act))},
-      {"vec", std::to_string(v.vec)},
-      {"threads", std::to_string(kGluThreads)},
-  };
-  r.source = substitute_template(embedded_file("glu_entry.cu.in"), vars);
-  return r;
+  return render_entry(glu_key(c), v.name(), "glu_entry.cu.in",
+                      {
+                          {"dtype", std::to_string(int(c.dtype))},
+                          {"act", std::to_string(int(c.act))},
+                          {"vec", std::to_string(v.vec)},
+                          {"threads", std::to_string(kGluThreads)},
+                      });
 }
 
 }  // namespace ropejit::detail

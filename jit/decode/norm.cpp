@@ -16,8 +16,6 @@ namespace {
 constexpr int32_t kMaxVecs = 16;
 constexpr int64_t kMaxRows = 2147483647;  // gridDim.x
 
-const char* flag(bool b) { return b ? "true" : "false"; }
-
 // A [rows][hidden] matrix of 16-byte rows, `stride` apart; `written`: rows may not overlap.
 Operand check_rows(const char* name, const void* p, int64_t rows, int64_t hidden, int64_t stride,
                    int64_t elem, bool written) {
@@ -98,21 +96,14 @@ ropejit_dev::NormParams make_norm_params(const RmsNormSpec& c, const RmsNormArgs
 RenderedKernel render(const RmsNormSpec& c, const NormVariant& v) {
   if (v.vecs < 1 || v.vecs > kMaxVecs || (v.vecs & (v.vecs - 1)) != 0)
     invalid("RMSNorm variant ", v.name(), ": vecs must be 1, 2, 4, 8 or 16");
-  RenderedKernel r;
-  r.key = c.key();
-  r.entry = entry_name(r.key, v.name());
-  const std::map<std::string, std::string> vars = {
-      {"key", r.key},
-      {"variant", v.name()},
-      {"entry", r.entry},
-      {"dtype", std::to_string(int(c.dtype))},
-      {"vecs", std::to_string(v.vecs)},
-      {"one_plus", flag(c.norm == Norm::rms_one_plus)},
-      {"residual", flag(c.residual)},
-      {"threads", std::to_string(kNormThreads)},
-  };
-  r.source = substitute_template(embedded_file("norm_entry.cu.in"), vars);
-  return r;
+  return render_entry(c.key(), v.name(), "norm_entry.cu.in",
+                      {
+                          {"dtype", std::to_string(int(c.dtype))},
+                          {"vecs", std::to_string(v.vecs)},
+                          {"one_plus", flag(c.norm == Norm::rms_one_plus)},
+                          {"residual", flag(c.residual)},
+                          {"threads", std::to_string(kNormThreads)},
+                      });
 }
 
 }  // namespace ropejit::detail

@@ -25,8 +25,6 @@ constexpr int64_t kMaxHidden = int64_t(1) << 24;
 constexpr int64_t kMaxHeads = 65536;
 constexpr int64_t kMaxGridY = 65535;
 
-const char* flag(bool b) { return b ? "true" : "false"; }
-
 bool power_of_two(int32_t v) { return v > 0 && (v & (v - 1)) == 0; }
 
 }  // namespace
@@ -659,40 +657,33 @@ RenderedKernel render(const QkvProjSpec& c, const ProjVariant& v) {
     invalid(c.key(), " has no fused kernel: ", why);
   if (const std::string why = proj_variant_problem(v, c.weights == Weights::e4m3); !why.empty())
     invalid("projection variant ", v.name(), ": ", why);
-  RenderedKernel r;
-  r.key = c.key();
-  r.entry = entry_name(r.key, v.name());
-  const std::map<std::string, std::string> vars = {
-      {"key", r.key},
-      {"variant", v.name()},
-      {"entry", r.entry},
-      {"dtype", std::to_string(int(c.dtype))},
-      {"head_dim", std::to_string(c.head_dim)},
-      {"rotary_dim", std::to_string(c.rotary_dim)},
-      {"table_dtype", std::to_string(int(c.table_dtype))},
-      {"norm", std::to_string(int(c.norm))},
-      {"token_tiles", std::to_string(v.token_tiles)},
-      {"splits", std::to_string(v.splits)},
-      {"unroll", std::to_string(v.unroll)},
-      {"cluster", std::to_string(v.cluster)},
-      {"wide", flag(v.wide)},
-      {"swap", flag(v.swap)},
-      {"rows", std::to_string(v.rows)},
-      {"neox", flag(c.style == Style::neox)},
-      {"pos_ids", flag(c.positions == Positions::ids)},
-      {"idx64", flag(c.index_type == IndexType::i64)},
-      {"computed", flag(c.freqs == Freqs::computed)},
-      {"table_full", flag(c.table_width == TableWidth::full)},
-      {"act", "0"},
-      {"glu", "false"},
-      {"w8", flag(c.weights == Weights::e4m3)},
-      {"cache", std::to_string(int(c.cache))},
-      {"cache_e4m3", flag(c.cache_store == Store::e4m3)},
-      {"threads", std::to_string(v.threads())},
-      {"min_blocks", std::to_string(v.min_blocks(c.weights == Weights::e4m3))},
-  };
-  r.source = substitute_template(embedded_file("proj_entry.cu.in"), vars);
-  return r;
+  return render_entry(c.key(), v.name(), "proj_entry.cu.in",
+                      {
+                          {"dtype", std::to_string(int(c.dtype))},
+                          {"head_dim", std::to_string(c.head_dim)},
+                          {"rotary_dim", std::to_string(c.rotary_dim)},
+                          {"table_dtype", std::to_string(int(c.table_dtype))},
+                          {"norm", std::to_string(int(c.norm))},
+                          {"token_tiles", std::to_string(v.token_tiles)},
+                          {"splits", std::to_string(v.splits)},
+                          {"unroll", std::to_string(v.unroll)},
+                          {"cluster", std::to_string(v.cluster)},
+                          {"wide", flag(v.wide)},
+                          {"swap", flag(v.swap)},
+                          {"rows", std::to_string(v.rows)},
+                          {"neox", flag(c.style == Style::neox)},
+                          {"pos_ids", flag(c.positions == Positions::ids)},
+                          {"idx64", flag(c.index_type == IndexType::i64)},
+                          {"computed", flag(c.freqs == Freqs::computed)},
+                          {"table_full", flag(c.table_width == TableWidth::full)},
+                          {"act", "0"},
+                          {"glu", "false"},
+                          {"w8", flag(c.weights == Weights::e4m3)},
+                          {"cache", std::to_string(int(c.cache))},
+                          {"cache_e4m3", flag(c.cache_store == Store::e4m3)},
+                          {"threads", std::to_string(v.threads())},
+                          {"min_blocks", std::to_string(v.min_blocks(c.weights == Weights::e4m3))},
+                      });
 }
 
 // A projection or FFN variant whose blocks form clusters needs sm_90; refused by name before

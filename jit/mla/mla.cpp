@@ -18,8 +18,6 @@ namespace {
 // a token when there are this many).
 constexpr int64_t kMaxTokens = int64_t(1) << 30;
 
-const char* flag(bool b) { return b ? "true" : "false"; }
-
 int64_t or_default(int64_t stride, int64_t width) { return stride ? stride : width; }
 
 // A [outer][inner][row] operand; `align`: the bytes its pointer and row starts must be aligned
@@ -198,26 +196,20 @@ ropejit_dev::MlaParams make_mla_params(const MlaSpec& c, const MlaArgs& a, int s
 }
 
 RenderedKernel render(const MlaSpec& c) {
-  RenderedKernel r;
-  r.key = c.key();
-  r.entry = entry_name(r.key, mla_variant_name());
-  const std::map<std::string, std::string> vars = {
-      {"key", r.key},
-      {"entry", r.entry},
-      {"dtype", std::to_string(int(c.dtype))},
-      {"table_dtype", std::to_string(int(c.table_dtype))},
-      {"kv_rank", std::to_string(c.kv_rank)},
-      {"rope_dim", std::to_string(c.rope_dim)},
-      {"threads", std::to_string(kMlaThreads)},
-      {"gptj", flag(c.style == Style::gptj)},
-      {"ids64", flag(c.index_type == IndexType::i64)},
-      {"norm", flag(c.norm == Norm::rms)},
-      {"cache_e4m3", flag(c.cache_store == Store::e4m3)},
-      {"assemble", flag(c.query == MlaQuery::assemble)},
-      {"q_e4m3", flag(c.q_store == Store::e4m3)},
-  };
-  r.source = substitute_template(embedded_file("mla_entry.cu.in"), vars);
-  return r;
+  return render_entry(c.key(), mla_variant_name(), "mla_entry.cu.in",
+                      {
+                          {"dtype", std::to_string(int(c.dtype))},
+                          {"table_dtype", std::to_string(int(c.table_dtype))},
+                          {"kv_rank", std::to_string(c.kv_rank)},
+                          {"rope_dim", std::to_string(c.rope_dim)},
+                          {"threads", std::to_string(kMlaThreads)},
+                          {"gptj", flag(c.style == Style::gptj)},
+                          {"ids64", flag(c.index_type == IndexType::i64)},
+                          {"norm", flag(c.norm == Norm::rms)},
+                          {"cache_e4m3", flag(c.cache_store == Store::e4m3)},
+                          {"assemble", flag(c.query == MlaQuery::assemble)},
+                          {"q_e4m3", flag(c.q_store == Store::e4m3)},
+                      });
 }
 
 }  // namespace ropejit::detail
