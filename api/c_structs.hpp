@@ -20,9 +20,9 @@ constexpr uint32_t kMaxStructBytes = 1 << 16;
 // When a field is appended to a struct, this stays its 0.2.0 size (tests/test_c_api.cpp pins
 // those sizes), so that callers built before the append keep working.
 template <class T>
-constexpr size_t kFirstSize = sizeof(T);
+inline constexpr size_t kFirstSize = sizeof(T);
 template <>
-constexpr size_t kFirstSize<ropejit_model> = 216;  // before kv_lora_rank
+inline constexpr size_t kFirstSize<ropejit_model> = 216;  // before kv_lora_rank
 
 inline bool has_header(const void* p) {
   ropejit_header h;
