@@ -196,6 +196,12 @@ def test_vllm_concat_and_cache_mla(device, kv_cache_dtype):
     vllm.concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale)
     if device == "cuda":
         torch.cuda.synchronize()
+    first = kv_cache.clone()
+    # Again, on the identity inputs the first call kept: the same bytes.
+    vllm.concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    assert torch.equal(kv_cache.cpu(), first.cpu())
     rows, old = kv_cache.view(-1, L + P).cpu(), before.view(-1, L + P).cpu()
     for t, slot in enumerate(slot_mapping.tolist()):
         if slot < 0:

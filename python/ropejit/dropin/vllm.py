@@ -86,17 +86,30 @@ def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, sca
     finite values are copied exactly. Like vLLM, slot_mapping may have fewer tokens than kv_c (the
     CUDA graph's padding): its length is the number of tokens. DeepSeek-V3.2's "fp8_ds_mla"
     layout is not supported."""
-    import torch
-
     from ropejit import mla
     cache, cache_scale = _mla_cache(kv_cache, kv_cache_dtype, scale)
     tokens = slot_mapping.shape[0]
-    half = k_pe.shape[-1] // 2
-    device = kv_c.device
-    mla.prepare(torch.zeros(tokens, dtype=torch.int32, device=device),
-                torch.ones(1, half, device=device), torch.zeros(1, half, device=device),
-                kv_c=kv_c[:tokens], k_pe=k_pe[:tokens], cache=cache, slots=slot_mapping,
-                cache_scale=cache_scale)
+    positions, cos, sin = _identity(kv_c.device, k_pe.shape[-1] // 2, tokens)
+    mla.prepare(positions, cos, sin, kv_c=kv_c[:tokens], k_pe=k_pe[:tokens], cache=cache,
+                slots=slot_mapping, cache_scale=cache_scale)
+
+
+# (device, half) -> (zero positions, cos row of ones, sin row of zeros): the identity rotation's
+# inputs, made once and reused (positions grown as needed), so a call is one launch.
+_IDENTITY = {}
+
+
+def _identity(device, half, tokens):
+    import torch
+    have = _IDENTITY.get((device, half))
+    if have is not None and have[0].shape[0] >= tokens:
+        return have[0][:tokens], have[1], have[2]
+    made = (torch.zeros(max(tokens, 256), dtype=torch.int32, device=device),
+            torch.ones(1, half, device=device), torch.zeros(1, half, device=device))
+    # Tensors made while a CUDA graph is captured are filled only when it replays: not kept.
+    if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
+        _IDENTITY[(device, half)] = made
+    return made[0][:tokens], made[1], made[2]
 
 
 def _mla_cache(kv_cache, kv_cache_dtype, scale):
