@@ -10,7 +10,8 @@ kernels. One JSON line per row (and a table) on stdout.
 
 (all layers by default; --layers 8 for a quick look). Each patch is timed in a fresh process
 (a row timed after another patch's ran slower), and its device times come from one more,
-since torch.profiler slows every later launch of the process it ran in. --host-profile N lists
+since torch.profiler slows every later launch of the process it ran in; --gaps N adds where the
+GPU sat idle between a step's kernels (the host's pace). --host-profile N lists
 where the host's time per step goes (cProfile), --patches all:sync the fused model without the
 deferred stop check.
 
@@ -161,23 +162,64 @@ def host_profile(model, batch, prompt, new, static, top):
     return rows
 
 
-def _kernel_times(model, ids, new, static):
-    """{kernel name: (device µs, launches)} over one generate() of `new` tokens."""
+def _kernel_times(model, ids, new, static, gaps=0):
+    """{kernel name: (device µs, launches)} over one generate() of `new` tokens; with gaps > 0
+    also where the GPU sat idle (see idle_gaps)."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
     with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
         _generate(model, ids, new, static)
-    return {e.key: (e.self_device_time_total, e.count) for e in prof.key_averages()
-            if e.device_type == DeviceType.CUDA and e.self_device_time_total > 0}
+    times = {e.key: (e.self_device_time_total, e.count) for e in prof.key_averages()
+             if e.device_type == DeviceType.CUDA and e.self_device_time_total > 0}
+    return (times, idle_gaps(prof, new, gaps)) if gaps else times
 
 
-def decode_kernels(model, batch, prompt, new, static):
+def idle_gaps(prof, new, top):
+    """Where the device sat idle over the last 80% of the run's kernel span (decode steps only
+    while the prefill takes less than a fifth of the run, as at short prompts): the idle share,
+    the idle µs per step, and the `top` kernel pairs (the one before → the one after a gap) by
+    idle µs per step. Idle time is what the host's pace, or a wait on the host, leaves between
+    kernels (one stream: the kernels never overlap)."""
+    import os
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = json.load(f)["traceEvents"]
+    kernels = sorted((e["ts"], e["ts"] + e["dur"], e["name"]) for e in events
+                     if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and "dur" in e)
+    if len(kernels) < 2:
+        return {}
+    begin = kernels[0][0] + 0.2 * (kernels[-1][1] - kernels[0][0])
+    window = [k for k in kernels if k[0] >= begin]
+    span = window[-1][1] - window[0][0]
+    steps = 0.8 * max(new - 1, 1)
+    pairs, idle, end = {}, 0.0, window[0][1]
+    for (start, stop, name), (_, _, before) in zip(window[1:], window):
+        if start > end:
+            idle += start - end
+            key = f"{before[:50]} -> {name[:50]}"
+            pairs[key] = pairs.get(key, 0.0) + start - end
+        end = max(end, stop)
+    return dict(idle_share=round(idle / span, 3), idle_us_per_step=round(idle / steps, 1),
+                top_gaps=[(k, round(v / steps, 1)) for k, v in
+                          sorted(pairs.items(), key=lambda kv: -kv[1])[:top]])
+
+
+def decode_kernels(model, batch, prompt, new, static, gaps=0):
     """Device time per decode step and its kernels, [(name, µs per step, launches per step)],
-    from two profiled generate() calls: `new` tokens less one token (the prefill alone). The
-    second call changes a static cache's length: run after the timings."""
+    from two profiled generate() calls after ms_per_token's warm-ups: `new` tokens less one
+    token (the prefill alone). The second call changes a static cache's length: run after the
+    timings. With gaps > 0, the
+    pair (rows, idle_gaps of the first call)."""
     ids = _prompt(model, batch, prompt)
-    full = _kernel_times(model, ids, new, static)
+    for _ in range(2):  # as ms_per_token: compilation, CUDA-graph recording, kernel loads
+        _generate(model, ids, new, static)
+    full = _kernel_times(model, ids, new, static, gaps)
+    if gaps:
+        full, idle = full
     prefill = _kernel_times(model, ids, 1, static)
     rows = []
     for name, (us, count) in full.items():
@@ -185,7 +227,7 @@ def decode_kernels(model, batch, prompt, new, static):
         if us - base_us > 0:
             rows.append((name, (us - base_us) / (new - 1), (count - base_count) / (new - 1)))
     rows.sort(key=lambda r: -r[1])
-    return rows
+    return (rows, idle) if gaps else rows
 
 
 def _rows(model, args, measure):
@@ -234,6 +276,7 @@ def _device_rows(argv, patches, floor_ms, top):
         if top:
             row["kernels"] = [(name[:60], round(us, 1), round(n, 2))
                               for name, us, n in kernels[:top]]
+        row.update(row.pop("idle", {}))
         rows[(row["patch"], row["mode"], row["batch"])] = row
     return rows
 
@@ -268,6 +311,9 @@ def main():
     parser.add_argument("--host-profile", type=int, default=0, metavar="N",
                         help="list each row's N functions of most own host time per step "
                         "(cProfile, after the timing)")
+    parser.add_argument("--gaps", type=int, default=0, metavar="N",
+                        help="with the device time: where the GPU sat idle in a step, and the "
+                        "N kernel pairs around the most idle time (short prompts)")
     parser.add_argument("--no-device-time", action="store_true",
                         help="skip the profiled second process (device time per step)")
     parser.add_argument("--child", choices=("timed", "device"), help=argparse.SUPPRESS)
@@ -314,8 +360,12 @@ def _child(args):
     (--child device)."""
     model = build(args.model, args.layers)
     if args.child == "device":
-        for row in _rows(model, args, lambda patch, mode, batch: dict(kernels=decode_kernels(
-                model, batch, args.prompt, args.new, mode == "compile"))):
+        def device(patch, mode, batch):
+            found = decode_kernels(model, batch, args.prompt, args.new, mode == "compile",
+                                   args.gaps)
+            return dict(kernels=found[0], idle=found[1]) if args.gaps else dict(kernels=found)
+
+        for row in _rows(model, args, device):
             print(json.dumps(row), flush=True)
         return
     floor_ms = args.floor_ms

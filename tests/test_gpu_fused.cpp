@@ -219,7 +219,8 @@ TEST_SUITE("gpu") {
   // two-head prefill kernel at every legal launch of one or two rows and one or two tokens per
   // block, and the heuristic's launch at a decode size above 64 tokens (the same kernel over a
   // token's heads) and at a prefill size.
-  TEST_CASE("fused: dynamic FP8 scales on heads wider than a warp, two heads per thread") {
+  TEST_CASE("fused: dynamic FP8 scales on heads wider than a warp, two heads per thread" *
+            doctest::test_suite("long")) {
     testing::use_primary_context();
     const detail::DeviceInfo& device = api::engine().device_info(testing::use_primary_context());
     struct Head {
@@ -298,7 +299,8 @@ TEST_SUITE("gpu") {
   // one or four tokens per block, and persistent grids whose blocks loop over tokens (the slots
   // are reused by the next token); 256 threads of four slots ask for more than 48 KB. Norms,
   // gptj pairs, partial rotary (tail lanes), fp32 (four-element vectors), FP8 outputs and caches.
-  TEST_CASE("fused: the ring of passes loaded ahead, every depth, wrapping and looping") {
+  TEST_CASE("fused: the ring of passes loaded ahead, every depth, wrapping and looping" *
+            doctest::test_suite("long")) {
     testing::use_primary_context();
     const detail::DeviceInfo& device = api::engine().device_info(testing::use_primary_context());
     struct Form {

@@ -357,7 +357,8 @@ TEST_SUITE("gpu") {
     CHECK(warm_then_capture(s8, z, 1, "e4m3 weights, 40 tokens") == ProjPath::unfused);
   }
 
-  TEST_CASE("ropejit tune --key qkvproj_...: the path per token bucket into the tuning file") {
+  TEST_CASE("ropejit tune --key qkvproj_...: the path per token bucket into the tuning file" *
+            doctest::test_suite("long")) {
     const std::string file = testing::temp_dir() + "/proj_tuning.json";
     const std::string key = "qkvproj_bf16_d128_r128_neox_pos-ids-i64_tab-f32-half_nrms";
     const testing::CommandResult r =
@@ -401,14 +402,17 @@ TEST_SUITE("gpu") {
     CHECK(fp8_text.find("\"unfused_us\": 0") == std::string::npos);
   }
 
-  TEST_CASE("projection: every axis against float64 (norms, styles, rotary, tables), cases 1-18") {
+  TEST_CASE("projection: every axis against float64 (norms, styles, rotary, tables), cases 1-18" *
+            doctest::test_suite("long")) {
     proj_every_axis({1, 18});
   }
-  TEST_CASE("projection: every axis against float64 (norms, styles, rotary, tables), cases 19 on") {
+  TEST_CASE("projection: every axis against float64 (norms, styles, rotary, tables), cases 19 on" *
+            doctest::test_suite("long")) {
     proj_every_axis({19});
   }
 
-  TEST_CASE("projection, e4m3 weights with column scales: every axis against float64") {
+  TEST_CASE("projection, e4m3 weights with column scales: every axis against float64" *
+            doctest::test_suite("long")) {
     testing::use_primary_context();
     const int32_t dims[][2] = {{128, 128}, {64, 32}, {80, 80}, {256, 256}};
     const DType dtypes[] = {DType::bf16, DType::f16};
@@ -463,15 +467,18 @@ TEST_SUITE("gpu") {
   }
 
   TEST_CASE(
-      "projection with a KV cache (slots, paged, contiguous), other bytes untouched, cases 1-12") {
+      "projection with a KV cache (slots, paged, contiguous), other bytes untouched, cases 1-12" *
+      doctest::test_suite("long")) {
     proj_cache_rows({1, 12});
   }
   TEST_CASE(
-      "projection with a KV cache (slots, paged, contiguous), other bytes untouched, cases 13 on") {
+      "projection with a KV cache (slots, paged, contiguous), other bytes untouched, cases 13 on" *
+      doctest::test_suite("long")) {
     proj_cache_rows({13});
   }
 
-  TEST_CASE("projection with a dynamic FP8 cache (e4m3dyn): the unfused path's scales per head") {
+  TEST_CASE("projection with a dynamic FP8 cache (e4m3dyn): the unfused path's scales per head" *
+            doctest::test_suite("long")) {
     // No fused kernel: every call runs RMSNorm -> GEMM -> the fused RoPE key, which computes
     // each written row's and head's scale (amax / 448) and stores the codes. Against float64:
     // each scale within the amax the reference's tolerance allows, each code within the
@@ -538,14 +545,17 @@ TEST_SUITE("gpu") {
     CHECK(warm_then_capture(s, z, 1, "e4m3dyn cache, 24 tokens") == ProjPath::unfused);
   }
 
-  TEST_CASE("projection with a KV cache: a chunk's sequences (cu_seqlens), cases 1-12") {
+  TEST_CASE("projection with a KV cache: a chunk's sequences (cu_seqlens), cases 1-12" *
+            doctest::test_suite("long")) {
     proj_cache_chunks({1, 12});
   }
-  TEST_CASE("projection with a KV cache: a chunk's sequences (cu_seqlens), cases 13 on") {
+  TEST_CASE("projection with a KV cache: a chunk's sequences (cu_seqlens), cases 13 on" *
+            doctest::test_suite("long")) {
     proj_cache_chunks({13});
   }
 
-  TEST_CASE("projection with a KV cache: the unfused path, every addressing, a chunk in a graph") {
+  TEST_CASE("projection with a KV cache: the unfused path, every addressing, a chunk in a graph" *
+            doctest::test_suite("long")) {
     // The unfused path (GEMM, then the fused RoPE key appending k and v) with every addressing,
     // a decode step's and a chunk's, in the dtype and e4m3, forced and automatic; every other
     // cache byte untouched.

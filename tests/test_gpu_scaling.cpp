@@ -75,7 +75,8 @@ TEST_SUITE("gpu") {
     }
   }
 
-  TEST_CASE("scaled variants and mRoPE match the float64 reference, plain and fused") {
+  TEST_CASE("scaled variants and mRoPE match the float64 reference, plain and fused" *
+            doctest::test_suite("long")) {
     testing::use_primary_context();
     int n = 0, failed = 0;
     for (Freqs freqs : {Freqs::computed, Freqs::linear, Freqs::dynamic_ntk, Freqs::llama3,

@@ -188,7 +188,7 @@ TEST_SUITE("gpu") {
     d.StreamDestroy(stream);
   }
 
-  TEST_CASE("ropejit tune --preset llama3-8b end to end") {
+  TEST_CASE("ropejit tune --preset llama3-8b end to end" * doctest::test_suite("long")) {
     const std::string file = temp_file("llama.json");
     const Run r = run_command("ROPEJIT_TUNING_FILE=" + file + " " + ROPEJIT_CLI_PATH +
                               " tune --preset llama3-8b");

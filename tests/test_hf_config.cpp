@@ -499,7 +499,8 @@ TEST_CASE("C API: spec and model from a config.json") {
   CHECK(blank.head_dim == 0x5a5a5a5a);
 }
 
-TEST_CASE("ropejit compile --hf-config: every shipped config, without a GPU") {
+TEST_CASE("ropejit compile --hf-config: every shipped config, without a GPU" *
+          doctest::test_suite("long")) {
   // Every core: on a GPU host this compile sits on the test command's critical path.
   const unsigned jobs = std::max(2u, std::thread::hardware_concurrency());
   std::string args = "compile --arch sm_90 -j " + std::to_string(std::min(jobs, 64u));

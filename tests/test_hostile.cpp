@@ -401,7 +401,8 @@ std::pair<long, long> compiled_and_hits(const std::string& out) {
 
 TEST_CASE(
     "eight processes compiling one preset into one empty directory compile each kernel "
-    "once") {
+    "once" *
+    doctest::test_suite("long")) {
   const std::string dir = temp_dir() + "/shared";
   std::string script = "for i in 1 2 3 4 5 6 7 8; do (ROPEJIT_CACHE_DIR=" + dir + " " +
                        ROPEJIT_CLI_PATH + " compile --arch sm_90 --preset phi-2 -j 1; echo " +

@@ -809,7 +809,8 @@ TEST_CASE("projection keys with a dynamic FP8 cache compile their unfused path's
     }
 }
 
-TEST_CASE("projection keys compile for sm_80 and sm_90 (every default variant)") {
+TEST_CASE("projection keys compile for sm_80 and sm_90 (every default variant)" *
+          doctest::test_suite("long")) {
   // A spread over the axes: dtype, head_dim/rotary_dim, style, positions, table formats and
   // computed frequencies, norms.
   struct Row {
@@ -991,7 +992,8 @@ TEST_CASE("RMSNorm calls: every bad argument is named") {
   CHECK(check(in_place).empty());
 }
 
-TEST_CASE("RMSNorm keys compile for sm_80 and sm_90 (every row-length variant)") {
+TEST_CASE("RMSNorm keys compile for sm_80 and sm_90 (every row-length variant)" *
+          doctest::test_suite("long")) {
   for (const DType t : {DType::bf16, DType::f16, DType::f32})
     for (const Norm n : {Norm::rms, Norm::rms_one_plus})
       for (const bool res : {false, true}) {

@@ -358,11 +358,13 @@ void compile_covering(const std::vector<std::vector<int>>& rows,
 
 }  // namespace
 
-TEST_CASE("covering array of the key matrix compiles for sm_80 and sm_90") {
+TEST_CASE("covering array of the key matrix compiles for sm_80 and sm_90" *
+          doctest::test_suite("long")) {
   compile_covering(covering_array(), &spec_of);
 }
 
-TEST_CASE("covering array of the fused keys compiles for sm_80 and sm_90") {
+TEST_CASE("covering array of the fused keys compiles for sm_80 and sm_90" *
+          doctest::test_suite("long")) {
   const std::vector<std::vector<int>> rows = covering_array(kFusedSizes);
   std::set<std::string> keys;
   for (const std::vector<int>& row : rows) keys.insert(spec_of_fused(row).key());

@@ -291,6 +291,7 @@ def emulated_measure(monkeypatch):
     return sweep_measure
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("row_id", EMULATED_IDS)
 def test_measured_row_passes_its_float64_check(emulated_measure, row_id):
     import ropejit

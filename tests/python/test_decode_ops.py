@@ -65,6 +65,7 @@ def test_the_ops_trace_from_fake_tensors_without_a_gpu():
 
 
 @requires_cuda
+@pytest.mark.long
 def test_opcheck():
     t = _inputs("cuda")
     tests = ("test_schema", "test_autograd_registration", "test_faketensor",

@@ -43,6 +43,7 @@ def test_hf_apply_rotary_pos_emb(backend, dtype, unsqueeze_dim, per_batch, rotar
     assert torch.equal(got_q2, got_q) and torch.equal(got_k2, got_k)
 
 
+@pytest.mark.long
 def test_hf_gradient_matches_autograd_of_the_reference(backend):
     q = torch.randn(2, 3, 5, 64, device=backend.device, requires_grad=True)
     k = torch.randn(2, 1, 5, 64, device=backend.device, requires_grad=True)
@@ -94,6 +95,7 @@ def test_flash_attn_apply_rotary_emb(backend, dtype, interleaved, variant):
     ref.assert_close(x, want)
 
 
+@pytest.mark.long
 def test_liger_entry_points_agree_forward_and_backward(backend):
     """liger_rope and LigerRopeFunction.apply (which returns (q, k), as Liger 0.8's): the
     transformers semantics, forward and gradient, against float64."""
@@ -256,7 +258,7 @@ def test_flash_attn_under_autograd_in_place_too(backend, inplace, offsets):
 
 @pytest.mark.parametrize("packing", ["3", "gqa", "gqa_cos_k"])
 @pytest.mark.parametrize("grad", [False, True])
-@pytest.mark.parametrize("compiled", [False, True])
+@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.long)])
 def test_flash_attn_qkv_and_kv_in_place(backend, packing, grad, compiled):
     """apply_rotary_emb_qkv_ ([b, s, 3, h, d], or [b, s, hq + 2 hk, d] with num_heads_q; k with
     its own tables) and apply_rotary_emb_kv_: q and k rotated in place, v untouched, gradients
@@ -637,6 +639,7 @@ def _cuda(*shape, dtype=torch.bfloat16):
     return lambda: torch.randn(*shape, dtype=dtype, device="cuda")
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
 @pytest.mark.parametrize("name", ["hf", "liger", "liger_odd", "flash_attn", "flash_attn_inplace",
                                   "vllm", "transformer_engine", "te_fused_qkv", "ops_rope_"])

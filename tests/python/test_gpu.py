@@ -69,6 +69,7 @@ def test_repeated_apply_takes_the_fast_plan_with_its_own_tensors():
         assert torch.equal(got, kept)
 
 
+@pytest.mark.long
 def test_torch_compile_fullgraph_runs_the_op():
     def f(q, k, cos, sin):
         q2, k2 = hf.apply_rotary_pos_emb(q, k, cos, sin)
@@ -85,6 +86,7 @@ def test_torch_compile_fullgraph_runs_the_op():
             assert torch.equal(g, w)
 
 
+@pytest.mark.long
 def test_torch_compile_backward():
     def loss(q, k, cos, sin, w):
         q2, k2 = hf.apply_rotary_pos_emb(q, k, cos, sin)
@@ -103,6 +105,7 @@ def test_torch_compile_backward():
         torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.long
 def test_torch_compile_reduce_overhead_in_place():
     # vLLM's op mutates its inputs; inductor's CUDA graphs replay it.
     def step(positions, query, key, cache):
@@ -124,6 +127,7 @@ def test_torch_compile_reduce_overhead_in_place():
         assert torch.equal(q_got, q_eager) and torch.equal(k_got, k_eager)
 
 
+@pytest.mark.long
 def test_torch_compile_scaled_and_mrope_rotary_embeddings():
     # Scaling parameters and mRoPE sections travel as constant lists through the op's schema:
     # one graph, the same values as eager, and the backward through the same frequencies.

@@ -62,6 +62,7 @@ def _rel_l2(a, b):
 
 
 @requires_cuda
+@pytest.mark.long
 @pytest.mark.parametrize("rope", ["default", "llama3", "qwen3"])
 def test_the_fused_model_is_at_least_as_close_to_float32_as_transformers(rope, monkeypatch):
     config = _config(rope)
@@ -116,6 +117,7 @@ def test_layers_that_cannot_be_fused_are_named_and_keep_transformers_forward(mon
 
 
 @requires_cuda
+@pytest.mark.long
 @pytest.mark.parametrize("kind", ["static", "dynamic"])
 @pytest.mark.parametrize("rope", ["llama3", "qwen3"])
 def test_the_cache_holds_what_transformers_writes(rope, kind, monkeypatch):
