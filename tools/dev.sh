@@ -19,7 +19,7 @@
 # ROPEJIT_BUILD_DIR picks the build folder (default build), ROPEJIT_CMAKE_ARGS adds -D options,
 # ROPEJIT_PYTHON the interpreter (default python3), ROPEJIT_PIP_ARGS extra pip options (an
 # offline host: "--no-index --find-links DIR"), ROPEJIT_CTEST_JOBS and ROPEJIT_PYTEST_JOBS the
-# test processes run side by side (default: the cores; pytest at most 8, with pytest-xdist).
+# test processes run side by side (default: the cores; pytest at most 16, with pytest-xdist).
 # A ROPEJIT_CACHE_DIR set by the caller is used instead of the run's own kernel cache.
 # For the test of this script (tests/test_dev_sh.cpp): ROPEJIT_SKIP_BUILD=1 uses the build
 # folder as it is, ROPEJIT_CTEST replaces the ctest command, ROPEJIT_PYTEST the Python step.
@@ -124,8 +124,10 @@ python_pytest() {
   fi
   local jobs=()
   if "$py" -c 'import xdist' >/dev/null 2>&1; then
+    # A worker a core, up to 16 (each holds torch and a CUDA context): once ctest is done,
+    # pytest's tail has the host to itself.
     local n=${ROPEJIT_PYTEST_JOBS:-$(nproc)}
-    if [ -z "${ROPEJIT_PYTEST_JOBS:-}" ] && [ "$n" -gt 8 ]; then n=8; fi
+    if [ -z "${ROPEJIT_PYTEST_JOBS:-}" ] && [ "$n" -gt 16 ]; then n=16; fi
     if [ "$n" -gt 1 ]; then jobs=(-n "$n"); fi
   fi
   # The slowest cases in the log: what to split when the run outgrows the GPU host's call.
