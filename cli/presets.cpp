@@ -8,10 +8,18 @@
 
 namespace ropejit::cli {
 
-const std::vector<Preset>& presets() {
-  static const std::vector<Preset> list = {
-      {"llama3-8b", "Llama 3 8B: GQA 32/8, rope_theta 5e5",
-       R"json({
+namespace {
+
+// name, one line about it, its config.json's RoPE fields.
+struct Entry {
+  const char* name;
+  const char* note;
+  const char* config_json;
+};
+
+constexpr Entry kPresets[] = {
+    {"llama3-8b", "Llama 3 8B: GQA 32/8, rope_theta 5e5",
+     R"json({
  "model_type": "llama",
  "hidden_size": 4096,
  "num_attention_heads": 32,
@@ -19,8 +27,8 @@ const std::vector<Preset>& presets() {
  "max_position_embeddings": 8192,
  "rope_theta": 500000.0
 })json"},
-      {"qwen2.5-7b", "Qwen2.5 7B: GQA 28/4, rope_theta 1e6",
-       R"json({
+    {"qwen2.5-7b", "Qwen2.5 7B: GQA 28/4, rope_theta 1e6",
+     R"json({
  "model_type": "qwen2",
  "hidden_size": 3584,
  "num_attention_heads": 28,
@@ -28,8 +36,8 @@ const std::vector<Preset>& presets() {
  "max_position_embeddings": 32768,
  "rope_theta": 1000000.0
 })json"},
-      {"gpt-neox-20b", "GPT-NeoX 20B: rotary_pct 0.25 of 96",
-       R"json({
+    {"gpt-neox-20b", "GPT-NeoX 20B: rotary_pct 0.25 of 96",
+     R"json({
  "model_type": "gpt_neox",
  "hidden_size": 6144,
  "num_attention_heads": 64,
@@ -37,8 +45,8 @@ const std::vector<Preset>& presets() {
  "rotary_emb_base": 10000,
  "max_position_embeddings": 2048
 })json"},
-      {"phi-2", "Phi-2: partial_rotary_factor 0.4 of 80",
-       R"json({
+    {"phi-2", "Phi-2: partial_rotary_factor 0.4 of 80",
+     R"json({
  "model_type": "phi",
  "hidden_size": 2560,
  "num_attention_heads": 32,
@@ -47,8 +55,8 @@ const std::vector<Preset>& presets() {
  "rope_theta": 10000.0,
  "max_position_embeddings": 2048
 })json"},
-      {"mistral-7b", "Mistral 7B v0.2+: GQA 32/8",
-       R"json({
+    {"mistral-7b", "Mistral 7B v0.2+: GQA 32/8",
+     R"json({
  "model_type": "mistral",
  "hidden_size": 4096,
  "num_attention_heads": 32,
@@ -56,8 +64,8 @@ const std::vector<Preset>& presets() {
  "max_position_embeddings": 32768,
  "rope_theta": 1000000.0
 })json"},
-      {"gemma-2b", "Gemma 2B: MQA, head_dim 256",
-       R"json({
+    {"gemma-2b", "Gemma 2B: MQA, head_dim 256",
+     R"json({
  "model_type": "gemma",
  "hidden_size": 2048,
  "head_dim": 256,
@@ -66,8 +74,8 @@ const std::vector<Preset>& presets() {
  "max_position_embeddings": 8192,
  "rope_theta": 10000.0
 })json"},
-      {"llama3.1-8b", "Llama 3.1 8B: llama3 scaling x8 from 8192, GQA 32/8",
-       R"json({
+    {"llama3.1-8b", "Llama 3.1 8B: llama3 scaling x8 from 8192, GQA 32/8",
+     R"json({
  "architectures": ["LlamaForCausalLM"],
  "model_type": "llama",
  "hidden_size": 4096,
@@ -85,8 +93,8 @@ const std::vector<Preset>& presets() {
   "rope_type": "llama3"
  }
 })json"},
-      {"llama3.2-1b", "Llama 3.2 1B: llama3 scaling x32, head_dim 64",
-       R"json({
+    {"llama3.2-1b", "Llama 3.2 1B: llama3 scaling x32, head_dim 64",
+     R"json({
  "architectures": ["LlamaForCausalLM"],
  "model_type": "llama",
  "hidden_size": 2048,
@@ -104,8 +112,8 @@ const std::vector<Preset>& presets() {
   "rope_type": "llama3"
  }
 })json"},
-      {"qwen2-vl-7b", "Qwen2-VL 7B: mRoPE sections 16/24/24",
-       R"json({
+    {"qwen2-vl-7b", "Qwen2-VL 7B: mRoPE sections 16/24/24",
+     R"json({
  "architectures": ["Qwen2VLForConditionalGeneration"],
  "model_type": "qwen2_vl",
  "hidden_size": 3584,
@@ -119,8 +127,8 @@ const std::vector<Preset>& presets() {
   "mrope_section": [16, 24, 24]
  }
 })json"},
-      {"qwen2.5-vl-7b", "Qwen2.5-VL 7B: mRoPE sections 16/24/24",
-       R"json({
+    {"qwen2.5-vl-7b", "Qwen2.5-VL 7B: mRoPE sections 16/24/24",
+     R"json({
  "architectures": ["Qwen2_5_VLForConditionalGeneration"],
  "model_type": "qwen2_5_vl",
  "hidden_size": 3584,
@@ -135,8 +143,8 @@ const std::vector<Preset>& presets() {
   "rope_type": "default"
  }
 })json"},
-      {"qwen3-vl-8b", "Qwen3-VL 8B: interleaved mRoPE 24/20/20, QK-norm",
-       R"json({
+    {"qwen3-vl-8b", "Qwen3-VL 8B: interleaved mRoPE 24/20/20, QK-norm",
+     R"json({
  "architectures": ["Qwen3VLForConditionalGeneration"],
  "model_type": "qwen3_vl",
  "text_config": {
@@ -155,8 +163,8 @@ const std::vector<Preset>& presets() {
   }
  }
 })json"},
-      {"phi-3-mini-128k", "Phi-3 mini 128k: LongRoPE, 96-wide heads",
-       R"json({
+    {"phi-3-mini-128k", "Phi-3 mini 128k: LongRoPE, 96-wide heads",
+     R"json({
  "architectures": ["Phi3ForCausalLM"],
  "model_type": "phi3",
  "hidden_size": 3072,
@@ -172,8 +180,8 @@ const std::vector<Preset>& presets() {
   "type": "longrope"
  }
 })json"},
-      {"deepseek-v2-lite", "DeepSeek-V2-Lite: MLA rotary 64 of 192, YaRN x40, gptj pairs",
-       R"json({
+    {"deepseek-v2-lite", "DeepSeek-V2-Lite: MLA rotary 64 of 192, YaRN x40, gptj pairs",
+     R"json({
  "architectures": ["DeepseekV2ForCausalLM"],
  "model_type": "deepseek_v2",
  "hidden_size": 2048,
@@ -197,9 +205,8 @@ const std::vector<Preset>& presets() {
   "type": "yarn"
  }
 })json"},
-      {"deepseek-v3",
-       "DeepSeek-V3 / R1: MLA 128 heads, kv_lora_rank 512, rotary 64 of 192, YaRN x40",
-       R"json({
+    {"deepseek-v3", "DeepSeek-V3 / R1: MLA 128 heads, kv_lora_rank 512, rotary 64 of 192, YaRN x40",
+     R"json({
  "architectures": ["DeepseekV3ForCausalLM"],
  "model_type": "deepseek_v3",
  "hidden_size": 7168,
@@ -223,8 +230,8 @@ const std::vector<Preset>& presets() {
   "type": "yarn"
  }
 })json"},
-      {"kimi-k2", "Kimi K2 Instruct 0905: MLA 64 heads, kv_lora_rank 512, YaRN x64, base 5e4",
-       R"json({
+    {"kimi-k2", "Kimi K2 Instruct 0905: MLA 64 heads, kv_lora_rank 512, YaRN x64, base 5e4",
+     R"json({
  "architectures": ["DeepseekV3ForCausalLM"],
  "model_type": "kimi_k2",
  "hidden_size": 7168,
@@ -248,8 +255,8 @@ const std::vector<Preset>& presets() {
   "type": "yarn"
  }
 })json"},
-      {"mistral-nemo", "Mistral NeMo 12B: head_dim 128 of hidden 5120",
-       R"json({
+    {"mistral-nemo", "Mistral NeMo 12B: head_dim 128 of hidden 5120",
+     R"json({
  "architectures": ["MistralForCausalLM"],
  "model_type": "mistral",
  "hidden_size": 5120,
@@ -260,8 +267,8 @@ const std::vector<Preset>& presets() {
  "rms_norm_eps": 1e-05,
  "rope_theta": 1000000.0
 })json"},
-      {"qwen3-8b", "Qwen3 8B: QK-norm (RMS per head)",
-       R"json({
+    {"qwen3-8b", "Qwen3 8B: QK-norm (RMS per head)",
+     R"json({
  "architectures": ["Qwen3ForCausalLM"],
  "model_type": "qwen3",
  "hidden_size": 4096,
@@ -273,8 +280,8 @@ const std::vector<Preset>& presets() {
  "rope_theta": 1000000,
  "rope_scaling": null
 })json"},
-      {"olmo2-7b", "OLMo 2 7B: QK-norm over all heads",
-       R"json({
+    {"olmo2-7b", "OLMo 2 7B: QK-norm over all heads",
+     R"json({
  "architectures": ["Olmo2ForCausalLM"],
  "model_type": "olmo2",
  "hidden_size": 4096,
@@ -285,8 +292,8 @@ const std::vector<Preset>& presets() {
  "rope_theta": 500000,
  "rope_scaling": null
 })json"},
-      {"gemma3-4b", "Gemma 3 4B: linear x8 global layers, base 1e4 local layers, QK-norm (1 + w)",
-       R"json({
+    {"gemma3-4b", "Gemma 3 4B: linear x8 global layers, base 1e4 local layers, QK-norm (1 + w)",
+     R"json({
  "architectures": ["Gemma3ForConditionalGeneration"],
  "model_type": "gemma3",
  "text_config": {
@@ -300,8 +307,8 @@ const std::vector<Preset>& presets() {
   "sliding_window": 1024
  }
 })json"},
-      {"gptj-6b", "GPT-J 6B: gptj pairs, rotary 64 of 256",
-       R"json({
+    {"gptj-6b", "GPT-J 6B: gptj pairs, rotary 64 of 256",
+     R"json({
  "architectures": ["GPTJForCausalLM"],
  "model_type": "gptj",
  "n_embd": 4096,
@@ -309,8 +316,8 @@ const std::vector<Preset>& presets() {
  "rotary_dim": 64,
  "n_positions": 2048
 })json"},
-      {"qwen2.5-7b-yarn", "Qwen2.5 7B with its model card's YaRN x4 rope_scaling",
-       R"json({
+    {"qwen2.5-7b-yarn", "Qwen2.5 7B with its model card's YaRN x4 rope_scaling",
+     R"json({
  "architectures": ["Qwen2ForCausalLM"],
  "model_type": "qwen2",
  "hidden_size": 3584,
@@ -325,8 +332,8 @@ const std::vector<Preset>& presets() {
   "type": "yarn"
  }
 })json"},
-      {"llama2-7b-linear", "Llama 2 7B with linear scaling x4 (example)",
-       R"json({
+    {"llama2-7b-linear", "Llama 2 7B with linear scaling x4 (example)",
+     R"json({
  "architectures": ["LlamaForCausalLM"],
  "model_type": "llama",
  "hidden_size": 4096,
@@ -340,8 +347,8 @@ const std::vector<Preset>& presets() {
   "type": "linear"
  }
 })json"},
-      {"llama2-7b-dynamic", "Llama 2 7B with dynamic NTK x2 (example)",
-       R"json({
+    {"llama2-7b-dynamic", "Llama 2 7B with dynamic NTK x2 (example)",
+     R"json({
  "architectures": ["LlamaForCausalLM"],
  "model_type": "llama",
  "hidden_size": 4096,
@@ -355,7 +362,16 @@ const std::vector<Preset>& presets() {
   "rope_type": "dynamic"
  }
 })json"},
-  };
+};
+
+}  // namespace
+
+const std::vector<Preset>& presets() {
+  static const std::vector<Preset> list = [] {
+    std::vector<Preset> out;
+    for (const Entry& e : kPresets) out.push_back({e.name, e.note, e.config_json});
+    return out;
+  }();
   return list;
 }
 

@@ -147,8 +147,17 @@ class Workload {
   void add_tables(int64_t max_position);
   void add_fusion();
   void add_cache();
+  // add_cache's steps: the addressing of each cache kind (the contiguous cache's returns its
+  // capacity, the page size), then the pages, their scales and the skipped counter.
+  void add_slot_mapping(int64_t page_size);
+  void add_page_table(const std::vector<int64_t>& held, const std::vector<int64_t>& appended,
+                      int64_t page_size);
+  int64_t add_sequence_lengths(const std::vector<int64_t>& held,
+                               const std::vector<int64_t>& appended);
+  void add_cache_pages(int64_t page_size);
   void add_scaling();
-  // The reference (oracle/reference.cpp).
+  // The reference (oracle/reference.cpp), its steps in a helper of its own.
+  struct Reference;
   void build_reference();
 
   Spec spec_;

@@ -52,10 +52,8 @@ void Workload::add_fusion() {
 
 void Workload::add_cache() {
   const Spec& c = spec_;
-  Args& a = host_args_;
-  KvCacheArgs& k = a.cache;
+  const Args& a = host_args_;
   const bool dense = c.layout != Layout::thd;
-  const int64_t hk = sizes_.k_heads, D = c.head_dim;
   const int64_t batch = a.batch;
   std::vector<int64_t> appended(static_cast<size_t>(batch));
   for (int64_t b = 0; b < batch; ++b)
@@ -65,102 +63,125 @@ void Workload::add_cache() {
       static_cast<size_t>(batch));  // tokens each sequence held before the call
   for (int64_t& h : held) h = earlier(rng_);
   int64_t page_size = sizes_.page_size;
-
   switch (c.cache) {
-    case KvCache::slots: {
-      k.pages = (tokens_ + page_size - 1) / page_size + 2;
-      std::vector<int64_t> free(size_t(k.pages * page_size));
-      std::iota(free.begin(), free.end(), 0);
-      std::shuffle(free.begin(), free.end(), rng_);
-      std::vector<int64_t> slots(static_cast<size_t>(tokens_));
-      for (int64_t t = 0; t < tokens_; ++t) slots[size_t(t)] = free[size_t(t)];
-      // Padding tokens (negative: not written) and tokens whose slot is beyond the cache.
-      std::vector<int64_t> order(static_cast<size_t>(tokens_));
-      std::iota(order.begin(), order.end(), 0);
-      std::shuffle(order.begin(), order.end(), rng_);
-      size_t next = 0;
-      for (int32_t i = 0; i < sizes_.padding_slots && next < order.size(); ++i)
-        slots[size_t(order[next++])] = -1 - i;
-      for (int32_t i = 0; i < sizes_.bad_tokens && next < order.size(); ++i)
-        slots[size_t(order[next++])] = k.pages * page_size + i;
-      if (sizes_.hostile_table && !slots.empty()) {
-        const int64_t hostile[] = {std::numeric_limits<int64_t>::max(),
-                                   std::numeric_limits<int64_t>::min(), k.pages * page_size};
-        slots[0] = hostile[(sizes_.hostile_table - 1) % 3];
-      }
-      k.slot_mapping = reinterpret_cast<const int64_t*>(add_buffer(bytes_of(slots)).host.data());
+    case KvCache::slots:
+      add_slot_mapping(page_size);
       break;
-    }
-    case KvCache::paged: {
-      std::vector<int32_t> indptr(static_cast<size_t>(batch + 1), 0),
-          last(static_cast<size_t>(batch));
-      for (int64_t b = 0; b < batch; ++b) {
-        const int64_t after = held[size_t(b)] + appended[size_t(b)];
-        const int64_t pages = std::max<int64_t>(1, (after + page_size - 1) / page_size);
-        indptr[size_t(b + 1)] = int32_t(indptr[size_t(b)] + pages);
-        last[size_t(b)] = int32_t(after - (pages - 1) * page_size);
-        if (after == 0) last[size_t(b)] = 1;  // an empty sequence still owns a page
-      }
-      k.num_indices = indptr.back();
-      k.pages = k.num_indices + 2;
-      std::vector<int32_t> indices(size_t(k.pages));
-      std::iota(indices.begin(), indices.end(), 0);
-      std::shuffle(indices.begin(), indices.end(), rng_);
-      indices.resize(size_t(k.num_indices));
-      // A page number beyond the cache: the tokens that land in it are skipped and counted.
-      if (sizes_.bad_tokens > 0 && !indices.empty()) indices[0] = int32_t(k.pages + 3);
-      if (batch > 0) {
-        constexpr int32_t kMin = std::numeric_limits<int32_t>::min();
-        constexpr int32_t kMax = std::numeric_limits<int32_t>::max();
-        switch (sizes_.hostile_table) {
-          case 1:
-            indptr[1] = indptr[0];
-            break;
-          case 2:
-            indptr[0] = kMin;
-            break;
-          case 3:
-            indptr[1] = kMax;
-            break;
-          case 4:
-            last[0] = 0;
-            break;
-          case 5:
-            last[0] = int32_t(page_size + 1);
-            break;
-          case 6:
-            indptr[0] = indptr[1] + 1;
-            break;
-          default:
-            break;
-        }
-      }
-      k.indptr = reinterpret_cast<const int32_t*>(add_buffer(bytes_of(indptr)).host.data());
-      k.indices = reinterpret_cast<const int32_t*>(add_buffer(bytes_of(indices)).host.data());
-      k.last_page_len = reinterpret_cast<const int32_t*>(add_buffer(bytes_of(last)).host.data());
+    case KvCache::paged:
+      add_page_table(held, appended, page_size);
       break;
-    }
-    case KvCache::contiguous: {
-      int64_t longest = 0;
-      for (int64_t b = 0; b < batch; ++b)
-        longest = std::max(longest, held[size_t(b)] + appended[size_t(b)]);
-      page_size = longest + 3;  // the cache's sequence capacity
-      k.pages = batch + 1;
-      std::vector<int32_t> lens(static_cast<size_t>(batch));
-      for (int64_t b = 0; b < batch; ++b) lens[size_t(b)] = int32_t(held[size_t(b)]);
-      // A sequence that is nearly full: its tokens past the capacity are skipped and counted.
-      if (sizes_.bad_tokens > 0 && batch > 0) lens[0] = int32_t(page_size - 1);
-      if (sizes_.hostile_table && batch > 0) {
-        const int32_t hostile[] = {-1, std::numeric_limits<int32_t>::min(),
-                                   std::numeric_limits<int32_t>::max()};
-        lens[0] = hostile[(sizes_.hostile_table - 1) % 3];
-      }
-      k.seq_lens = reinterpret_cast<const int32_t*>(add_buffer(bytes_of(lens)).host.data());
+    case KvCache::contiguous:
+      page_size = add_sequence_lengths(held, appended);
       break;
-    }
     case KvCache::none:
       return;
   }
+  add_cache_pages(page_size);
+}
+
+void Workload::add_slot_mapping(int64_t page_size) {
+  KvCacheArgs& k = host_args_.cache;
+  k.pages = (tokens_ + page_size - 1) / page_size + 2;
+  std::vector<int64_t> free(size_t(k.pages * page_size));
+  std::iota(free.begin(), free.end(), 0);
+  std::shuffle(free.begin(), free.end(), rng_);
+  std::vector<int64_t> slots(static_cast<size_t>(tokens_));
+  for (int64_t t = 0; t < tokens_; ++t) slots[size_t(t)] = free[size_t(t)];
+  // Padding tokens (negative: not written) and tokens whose slot is beyond the cache.
+  std::vector<int64_t> order(static_cast<size_t>(tokens_));
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng_);
+  size_t next = 0;
+  for (int32_t i = 0; i < sizes_.padding_slots && next < order.size(); ++i)
+    slots[size_t(order[next++])] = -1 - i;
+  for (int32_t i = 0; i < sizes_.bad_tokens && next < order.size(); ++i)
+    slots[size_t(order[next++])] = k.pages * page_size + i;
+  if (sizes_.hostile_table && !slots.empty()) {
+    const int64_t hostile[] = {std::numeric_limits<int64_t>::max(),
+                               std::numeric_limits<int64_t>::min(), k.pages * page_size};
+    slots[0] = hostile[(sizes_.hostile_table - 1) % 3];
+  }
+  k.slot_mapping = reinterpret_cast<const int64_t*>(add_buffer(bytes_of(slots)).host.data());
+}
+
+void Workload::add_page_table(const std::vector<int64_t>& held,
+                              const std::vector<int64_t>& appended, int64_t page_size) {
+  KvCacheArgs& k = host_args_.cache;
+  const int64_t batch = int64_t(held.size());
+  std::vector<int32_t> indptr(static_cast<size_t>(batch + 1), 0), last(static_cast<size_t>(batch));
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t after = held[size_t(b)] + appended[size_t(b)];
+    const int64_t pages = std::max<int64_t>(1, (after + page_size - 1) / page_size);
+    indptr[size_t(b + 1)] = int32_t(indptr[size_t(b)] + pages);
+    last[size_t(b)] = int32_t(after - (pages - 1) * page_size);
+    if (after == 0) last[size_t(b)] = 1;  // an empty sequence still owns a page
+  }
+  k.num_indices = indptr.back();
+  k.pages = k.num_indices + 2;
+  std::vector<int32_t> indices(size_t(k.pages));
+  std::iota(indices.begin(), indices.end(), 0);
+  std::shuffle(indices.begin(), indices.end(), rng_);
+  indices.resize(size_t(k.num_indices));
+  // A page number beyond the cache: the tokens that land in it are skipped and counted.
+  if (sizes_.bad_tokens > 0 && !indices.empty()) indices[0] = int32_t(k.pages + 3);
+  if (batch > 0) {
+    constexpr int32_t kMin = std::numeric_limits<int32_t>::min();
+    constexpr int32_t kMax = std::numeric_limits<int32_t>::max();
+    switch (sizes_.hostile_table) {
+      case 1:
+        indptr[1] = indptr[0];
+        break;
+      case 2:
+        indptr[0] = kMin;
+        break;
+      case 3:
+        indptr[1] = kMax;
+        break;
+      case 4:
+        last[0] = 0;
+        break;
+      case 5:
+        last[0] = int32_t(page_size + 1);
+        break;
+      case 6:
+        indptr[0] = indptr[1] + 1;
+        break;
+      default:
+        break;
+    }
+  }
+  k.indptr = reinterpret_cast<const int32_t*>(add_buffer(bytes_of(indptr)).host.data());
+  k.indices = reinterpret_cast<const int32_t*>(add_buffer(bytes_of(indices)).host.data());
+  k.last_page_len = reinterpret_cast<const int32_t*>(add_buffer(bytes_of(last)).host.data());
+}
+
+int64_t Workload::add_sequence_lengths(const std::vector<int64_t>& held,
+                                       const std::vector<int64_t>& appended) {
+  KvCacheArgs& k = host_args_.cache;
+  const int64_t batch = int64_t(held.size());
+  int64_t longest = 0;
+  for (int64_t b = 0; b < batch; ++b)
+    longest = std::max(longest, held[size_t(b)] + appended[size_t(b)]);
+  const int64_t capacity = longest + 3;  // the cache's sequence capacity: its page size
+  k.pages = batch + 1;
+  std::vector<int32_t> lens(static_cast<size_t>(batch));
+  for (int64_t b = 0; b < batch; ++b) lens[size_t(b)] = int32_t(held[size_t(b)]);
+  // A sequence that is nearly full: its tokens past the capacity are skipped and counted.
+  if (sizes_.bad_tokens > 0 && batch > 0) lens[0] = int32_t(capacity - 1);
+  if (sizes_.hostile_table && batch > 0) {
+    const int32_t hostile[] = {-1, std::numeric_limits<int32_t>::min(),
+                               std::numeric_limits<int32_t>::max()};
+    lens[0] = hostile[(sizes_.hostile_table - 1) % 3];
+  }
+  k.seq_lens = reinterpret_cast<const int32_t*>(add_buffer(bytes_of(lens)).host.data());
+  return capacity;
+}
+
+void Workload::add_cache_pages(int64_t page_size) {
+  const Spec& c = spec_;
+  Args& a = host_args_;
+  KvCacheArgs& k = a.cache;
+  const int64_t hk = sizes_.k_heads, D = c.head_dim;
   k.page_size = page_size;
   if (sizes_.cache_hnd) {
     k.stride_slot = D;

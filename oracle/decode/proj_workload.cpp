@@ -51,15 +51,37 @@ ProjProblem::Buffer& ProjProblem::add(std::vector<uint8_t> host) {
   return *buffers_.back();
 }
 
+namespace {
+
+std::vector<uint8_t> bytes_of(const std::vector<int32_t>& v) {
+  std::vector<uint8_t> out(v.size() * 4);
+  std::memcpy(out.data(), v.data(), out.size());
+  return out;
+}
+
+}  // namespace
+
 ProjProblem::ProjProblem(const QkvProjSpec& spec, const ProjSizes& sizes)
     : spec_(spec.canonical()), sizes_(sizes), rng_(sizes.seed) {
   const QkvProjSpec& c = spec_;
   const ProjSizes& z = sizes_;
-  const int64_t D = c.head_dim;
-  const int64_t e = detail::element_bytes(c.dtype);
-  columns_ = int64_t(z.q_heads + 2 * z.kv_heads) * D;
+  columns_ = int64_t(z.q_heads + 2 * z.kv_heads) * c.head_dim;
   x_stride_ = z.hidden + z.x_gap;
   w_stride_ = z.hidden + z.weight_gap;
+  add_inputs();
+  add_positions();
+  add_outputs();
+  if (c.cache != KvCache::none) add_cache();
+  if (!z.reference) return;
+  if (z.path != ProjPath::unfused && !unfused_only_) build_reference();
+  if (z.path != ProjPath::fused) build_unfused_reference();
+}
+
+// Activations, weights (and e4m3 scales) and the norm weight.
+void ProjProblem::add_inputs() {
+  const QkvProjSpec& c = spec_;
+  const ProjSizes& z = sizes_;
+  const int64_t e = detail::element_bytes(c.dtype);
   std::uniform_real_distribution<double> unit(-1.0, 1.0);
 
   auto fill = [&](int64_t count, auto value) {
@@ -107,7 +129,12 @@ ProjProblem::ProjProblem(const QkvProjSpec& spec, const ProjSizes& sizes)
     norm_ = &add(fill(
         z.hidden, [&](int64_t) { return one_plus ? 0.5 * unit(rng_) : 1.0 + 0.5 * unit(rng_); }));
   }
-  // Positions.
+}
+
+// Position ids (or the offset's positions) and the cos/sin tables.
+void ProjProblem::add_positions() {
+  const QkvProjSpec& c = spec_;
+  const ProjSizes& z = sizes_;
   table_rows_ = z.max_position + 1;
   positions_.resize(size_t(z.tokens));
   if (c.positions == Positions::ids) {
@@ -148,7 +175,14 @@ ProjProblem::ProjProblem(const QkvProjSpec& spec, const ProjSizes& sizes)
     cos_ = &add(std::move(cs));
     sin_ = &add(std::move(sn));
   }
-  // Outputs, poisoned.
+}
+
+// The outputs, poisoned, and the unfused path's workspace.
+void ProjProblem::add_outputs() {
+  const QkvProjSpec& c = spec_;
+  const ProjSizes& z = sizes_;
+  const int64_t D = c.head_dim;
+  const int64_t e = detail::element_bytes(c.dtype);
   const int64_t head_stride = D + z.out_head_gap;
   if (z.packed_out) {
     outs_.push_back(&add(std::vector<uint8_t>(
@@ -166,159 +200,184 @@ ProjProblem::ProjProblem(const QkvProjSpec& spec, const ProjSizes& sizes)
     workspace_bytes_ = detail::proj_workspace_bytes(c, z.tokens, z.hidden, z.q_heads, z.kv_heads);
     workspace_ = &add(std::vector<uint8_t>(workspace_bytes_, kPoison));
   }
-  if (c.cache != KvCache::none) {
-    const int64_t ps = z.cache_page_size;
-    const int64_t T = z.tokens;
-    const bool chunks = z.cache_sequences > 0;
-    if (chunks && c.cache == KvCache::slots)
-      detail::invalid("ProjProblem: cache_sequences is for paged and contiguous caches");
-    // The sequences: token t alone (a decode step), or cache_sequences random runs of tokens
-    // (some empty) covering them all.
-    const int64_t S = chunks ? z.cache_sequences : T;
-    cu_seqlens_.assign(size_t(S) + 1, 0);
-    if (chunks) {
-      std::uniform_int_distribution<int64_t> cut(0, T);
-      std::vector<int64_t> cuts(size_t(S - 1));
-      for (int64_t& v : cuts) v = cut(rng_);
-      std::sort(cuts.begin(), cuts.end());
-      for (int64_t b2 = 1; b2 < S; ++b2) cu_seqlens_[size_t(b2)] = int32_t(cuts[size_t(b2 - 1)]);
-      cu_seqlens_[size_t(S)] = int32_t(T);
-    } else {
-      for (int64_t m = 0; m <= T; ++m) cu_seqlens_[size_t(m)] = int32_t(m);
-    }
-    auto count_of = [&](int64_t b2) {
-      return cu_seqlens_[size_t(b2) + 1] - cu_seqlens_[size_t(b2)];
-    };
-    // Tokens held before the append: paged 0-2 pages' worth; contiguous up to what the row
-    // leaves room for.
-    std::vector<int64_t> held(size_t(S), 0);
-    int64_t pages_needed = 0;
-    for (int64_t b2 = 0; b2 < S; ++b2) {
-      const int64_t n = count_of(b2);
-      if (c.cache == KvCache::paged) {
-        held[size_t(b2)] = std::uniform_int_distribution<int64_t>(n > 0 ? 0 : 1, 2 * ps)(rng_);
-        pages_needed += (held[size_t(b2)] + n + ps - 1) / ps;
-      } else if (c.cache == KvCache::contiguous) {
-        held[size_t(b2)] =
-            std::uniform_int_distribution<int64_t>(0, std::max<int64_t>(ps - n, 0))(rng_);
-      }
-    }
-    cache_pages_ = z.cache_pages > 0           ? z.cache_pages
-                   : c.cache == KvCache::slots ? (T + ps - 1) / ps + 2
-                   : c.cache == KvCache::paged ? pages_needed + 2
-                                               : S + 1;
-    if (c.cache == KvCache::paged && cache_pages_ < pages_needed)
-      detail::invalid("ProjProblem: cache_pages (", cache_pages_, ") is fewer than the ",
-                      pages_needed, " pages the sequences hold");
-    slot_stride_ = int64_t(z.kv_heads) * D + z.cache_slot_gap;
-    page_stride_ = ps * slot_stride_;
-    const int64_t ce = is_fp8(c.cache_store) ? 1 : e;
-    const size_t bytes = size_t(cache_pages_ * page_stride_ * ce);
-    cache_k_ = &add(std::vector<uint8_t>(bytes, kPoison));
-    cache_v_ = &add(std::vector<uint8_t>(bytes, kPoison));
-    if (c.cache_store == Store::e4m3_dynamic) {
-      scale_stride_page_ = ps * z.kv_heads + 1;
-      const size_t scale_bytes = size_t(cache_pages_ * scale_stride_page_ * 4);
-      scales_k_ = &add(std::vector<uint8_t>(scale_bytes, kPoison));
-      scales_v_ = &add(std::vector<uint8_t>(scale_bytes, kPoison));
-    }
-    dest_page_.assign(size_t(T), -1);
-    dest_row_.assign(size_t(T), -1);
-    want_skipped_ = 0;
-    // `bad_slots` draws: tokens (slots) or sequences (paged, contiguous) given a place outside
-    // the cache.
-    std::uniform_int_distribution<int64_t> token(0, std::max<int64_t>(T - 1, 0));
-    std::uniform_int_distribution<int64_t> sequence(0, std::max<int64_t>(S - 1, 0));
-    const int64_t units = c.cache == KvCache::slots ? T : S;
-    std::vector<bool> bad(size_t(units), false);
-    for (int32_t i = 0; i < z.bad_slots && units > 0; ++i)
-      bad[size_t(c.cache == KvCache::slots ? token(rng_) : sequence(rng_))] = true;
-    // Distinct places in a random order: slots, or pages.
-    const int64_t count = c.cache == KvCache::slots ? cache_pages_ * ps : cache_pages_;
-    std::vector<int64_t> pool(static_cast<size_t>(count));
-    for (int64_t i = 0; i < count; ++i) pool[size_t(i)] = i;
-    std::shuffle(pool.begin(), pool.end(), rng_);
-    auto bytes_of = [](const std::vector<int32_t>& v) {
-      std::vector<uint8_t> out(v.size() * 4);
-      std::memcpy(out.data(), v.data(), out.size());
-      return out;
-    };
-    if (c.cache == KvCache::slots) {
-      std::vector<int64_t> slot(static_cast<size_t>(T));
-      for (int64_t m = 0; m < T; ++m) slot[size_t(m)] = pool[size_t(m % count)];
-      for (int32_t i = 0; i < z.padded_slots && T > 0; ++i) slot[size_t(token(rng_))] = -1;
-      for (int64_t m = 0; m < T; ++m) {
-        if (bad[size_t(m)]) slot[size_t(m)] = count + m * 1000003;
-        if (slot[size_t(m)] >= 0 && !bad[size_t(m)]) {
-          dest_page_[size_t(m)] = slot[size_t(m)] / ps;
-          dest_row_[size_t(m)] = slot[size_t(m)] % ps;
-        }
-        want_skipped_ += bad[size_t(m)];
-      }
-      std::vector<uint8_t> sb(size_t(std::max<int64_t>(T, 1)) * 8, 0);
-      std::memcpy(sb.data(), slot.data(), slot.size() * 8);
-      slots_ = &add(std::move(sb));
-    } else if (c.cache == KvCache::paged) {
-      // Sequence b holds its pages from the pool; after the append it has held + n tokens, the
-      // last last_page_len of them in its last page; its new tokens take the last n positions.
-      // Bad sequences: last_page_len 0 or past the page (every token skipped), or a last page
-      // number outside the cache (the tokens on that page skipped).
-      std::vector<int32_t> indptr(size_t(S) + 1, 0), indices, lens(size_t(std::max<int64_t>(S, 1)));
-      int64_t next = 0;
-      for (int64_t b2 = 0; b2 < S; ++b2) {
-        const int64_t n = count_of(b2), after = held[size_t(b2)] + n;
-        const int64_t npages = (after + ps - 1) / ps;
-        const size_t base = indices.size();
-        for (int64_t i = 0; i < npages; ++i) indices.push_back(int32_t(pool[size_t(next++)]));
-        indptr[size_t(b2) + 1] = int32_t(indices.size());
-        lens[size_t(b2)] = int32_t(after - (npages - 1) * ps);
-        int kind = -1;
-        if (bad[size_t(b2)]) {
-          kind = int(b2 % 3);
-          if (kind == 0) lens[size_t(b2)] = 0;
-          if (kind == 1) lens[size_t(b2)] = int32_t(ps + 1);
-          if (kind == 2) indices.back() = int32_t(cache_pages_ + 7);
-        }
-        for (int64_t i = 0; i < n; ++i) {
-          const int64_t m = cu_seqlens_[size_t(b2)] + i, pos = held[size_t(b2)] + i;
-          const bool skip = kind == 0 || kind == 1 || (kind == 2 && pos / ps == npages - 1);
-          if (skip) {
-            ++want_skipped_;
-            continue;
-          }
-          dest_page_[size_t(m)] = indices[base + size_t(pos / ps)];
-          dest_row_[size_t(m)] = pos % ps;
-        }
-      }
-      num_indices_ = int64_t(indices.size());
-      indices.resize(std::max<size_t>(indices.size(), 1));
-      indptr_ = &add(bytes_of(indptr));
-      indices_ = &add(bytes_of(indices));
-      lens_ = &add(bytes_of(lens));
-    } else {
-      // Sequence b (page b) held seq_lens[b] tokens; its new ones follow. Bad sequences are
-      // full (seq_lens = page_size): every token skipped; so is any token past the page.
-      std::vector<int32_t> lens(size_t(std::max<int64_t>(S, 1)), 0);
-      for (int64_t b2 = 0; b2 < S; ++b2) {
-        lens[size_t(b2)] = int32_t(bad[size_t(b2)] ? ps : held[size_t(b2)]);
-        for (int64_t i = 0; i < count_of(b2); ++i) {
-          const int64_t m = cu_seqlens_[size_t(b2)] + i, row = lens[size_t(b2)] + i;
-          if (row >= ps) {
-            ++want_skipped_;
-            continue;
-          }
-          dest_page_[size_t(m)] = b2;
-          dest_row_[size_t(m)] = row;
-        }
-      }
-      lens_ = &add(bytes_of(lens));
-    }
-    if (chunks) cu_ = &add(bytes_of(cu_seqlens_));
-    skipped_ = &add(std::vector<uint8_t>(4, 0));
+}
+
+// spec.cache: the sequences, the cache's pages (poisoned), and each token's place in them.
+void ProjProblem::add_cache() {
+  const QkvProjSpec& c = spec_;
+  const ProjSizes& z = sizes_;
+  const int64_t D = c.head_dim;
+  const int64_t e = detail::element_bytes(c.dtype);
+  const int64_t ps = z.cache_page_size;
+  const int64_t T = z.tokens;
+  const bool chunks = z.cache_sequences > 0;
+  if (chunks && c.cache == KvCache::slots)
+    detail::invalid("ProjProblem: cache_sequences is for paged and contiguous caches");
+  // The sequences: token t alone (a decode step), or cache_sequences random runs of tokens
+  // (some empty) covering them all.
+  const int64_t S = chunks ? z.cache_sequences : T;
+  cu_seqlens_.assign(size_t(S) + 1, 0);
+  if (chunks) {
+    std::uniform_int_distribution<int64_t> cut(0, T);
+    std::vector<int64_t> cuts(size_t(S - 1));
+    for (int64_t& v : cuts) v = cut(rng_);
+    std::sort(cuts.begin(), cuts.end());
+    for (int64_t b2 = 1; b2 < S; ++b2) cu_seqlens_[size_t(b2)] = int32_t(cuts[size_t(b2 - 1)]);
+    cu_seqlens_[size_t(S)] = int32_t(T);
+  } else {
+    for (int64_t m = 0; m <= T; ++m) cu_seqlens_[size_t(m)] = int32_t(m);
   }
-  if (!z.reference) return;
-  if (z.path != ProjPath::unfused && !unfused_only_) build_reference();
-  if (z.path != ProjPath::fused) build_unfused_reference();
+  auto count_of = [&](int64_t b2) { return cu_seqlens_[size_t(b2) + 1] - cu_seqlens_[size_t(b2)]; };
+  // Tokens held before the append: paged 0-2 pages' worth; contiguous up to what the row
+  // leaves room for.
+  std::vector<int64_t> held(size_t(S), 0);
+  int64_t pages_needed = 0;
+  for (int64_t b2 = 0; b2 < S; ++b2) {
+    const int64_t n = count_of(b2);
+    if (c.cache == KvCache::paged) {
+      held[size_t(b2)] = std::uniform_int_distribution<int64_t>(n > 0 ? 0 : 1, 2 * ps)(rng_);
+      pages_needed += (held[size_t(b2)] + n + ps - 1) / ps;
+    } else if (c.cache == KvCache::contiguous) {
+      held[size_t(b2)] =
+          std::uniform_int_distribution<int64_t>(0, std::max<int64_t>(ps - n, 0))(rng_);
+    }
+  }
+  cache_pages_ = z.cache_pages > 0           ? z.cache_pages
+                 : c.cache == KvCache::slots ? (T + ps - 1) / ps + 2
+                 : c.cache == KvCache::paged ? pages_needed + 2
+                                             : S + 1;
+  if (c.cache == KvCache::paged && cache_pages_ < pages_needed)
+    detail::invalid("ProjProblem: cache_pages (", cache_pages_, ") is fewer than the ",
+                    pages_needed, " pages the sequences hold");
+  slot_stride_ = int64_t(z.kv_heads) * D + z.cache_slot_gap;
+  page_stride_ = ps * slot_stride_;
+  const int64_t ce = is_fp8(c.cache_store) ? 1 : e;
+  const size_t bytes = size_t(cache_pages_ * page_stride_ * ce);
+  cache_k_ = &add(std::vector<uint8_t>(bytes, kPoison));
+  cache_v_ = &add(std::vector<uint8_t>(bytes, kPoison));
+  if (c.cache_store == Store::e4m3_dynamic) {
+    scale_stride_page_ = ps * z.kv_heads + 1;
+    const size_t scale_bytes = size_t(cache_pages_ * scale_stride_page_ * 4);
+    scales_k_ = &add(std::vector<uint8_t>(scale_bytes, kPoison));
+    scales_v_ = &add(std::vector<uint8_t>(scale_bytes, kPoison));
+  }
+  dest_page_.assign(size_t(T), -1);
+  dest_row_.assign(size_t(T), -1);
+  want_skipped_ = 0;
+  // `bad_slots` draws: tokens (slots) or sequences (paged, contiguous) given a place outside
+  // the cache.
+  std::uniform_int_distribution<int64_t> token(0, std::max<int64_t>(T - 1, 0));
+  std::uniform_int_distribution<int64_t> sequence(0, std::max<int64_t>(S - 1, 0));
+  const int64_t units = c.cache == KvCache::slots ? T : S;
+  std::vector<bool> bad(size_t(units), false);
+  for (int32_t i = 0; i < z.bad_slots && units > 0; ++i)
+    bad[size_t(c.cache == KvCache::slots ? token(rng_) : sequence(rng_))] = true;
+  // Distinct places in a random order: slots, or pages.
+  const int64_t count = c.cache == KvCache::slots ? cache_pages_ * ps : cache_pages_;
+  std::vector<int64_t> pool(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) pool[size_t(i)] = i;
+  std::shuffle(pool.begin(), pool.end(), rng_);
+  if (c.cache == KvCache::slots)
+    place_slots(bad, pool);
+  else if (c.cache == KvCache::paged)
+    place_paged(bad, pool, held);
+  else
+    place_contiguous(bad, held);
+  if (chunks) cu_ = &add(bytes_of(cu_seqlens_));
+  skipped_ = &add(std::vector<uint8_t>(4, 0));
+}
+
+// slots: token m at slot pool[m] (pool: distinct slots in a random order), padded tokens at -1,
+// bad ones past the cache.
+void ProjProblem::place_slots(const std::vector<bool>& bad, const std::vector<int64_t>& pool) {
+  const ProjSizes& z = sizes_;
+  const int64_t ps = z.cache_page_size;
+  const int64_t T = z.tokens;
+  const int64_t count = int64_t(pool.size());
+  std::uniform_int_distribution<int64_t> token(0, std::max<int64_t>(T - 1, 0));
+  std::vector<int64_t> slot(static_cast<size_t>(T));
+  for (int64_t m = 0; m < T; ++m) slot[size_t(m)] = pool[size_t(m % count)];
+  for (int32_t i = 0; i < z.padded_slots && T > 0; ++i) slot[size_t(token(rng_))] = -1;
+  for (int64_t m = 0; m < T; ++m) {
+    if (bad[size_t(m)]) slot[size_t(m)] = count + m * 1000003;
+    if (slot[size_t(m)] >= 0 && !bad[size_t(m)]) {
+      dest_page_[size_t(m)] = slot[size_t(m)] / ps;
+      dest_row_[size_t(m)] = slot[size_t(m)] % ps;
+    }
+    want_skipped_ += bad[size_t(m)];
+  }
+  std::vector<uint8_t> sb(size_t(std::max<int64_t>(T, 1)) * 8, 0);
+  std::memcpy(sb.data(), slot.data(), slot.size() * 8);
+  slots_ = &add(std::move(sb));
+}
+
+// paged: each sequence's pages from the pool (distinct page numbers in a random order).
+void ProjProblem::place_paged(const std::vector<bool>& bad, const std::vector<int64_t>& pool,
+                              const std::vector<int64_t>& held) {
+  const ProjSizes& z = sizes_;
+  const int64_t ps = z.cache_page_size;
+  const int64_t S = int64_t(held.size());
+  auto count_of = [&](int64_t b2) { return cu_seqlens_[size_t(b2) + 1] - cu_seqlens_[size_t(b2)]; };
+  // Sequence b holds its pages from the pool; after the append it has held + n tokens, the
+  // last last_page_len of them in its last page; its new tokens take the last n positions.
+  // Bad sequences: last_page_len 0 or past the page (every token skipped), or a last page
+  // number outside the cache (the tokens on that page skipped).
+  std::vector<int32_t> indptr(size_t(S) + 1, 0), indices, lens(size_t(std::max<int64_t>(S, 1)));
+  int64_t next = 0;
+  for (int64_t b2 = 0; b2 < S; ++b2) {
+    const int64_t n = count_of(b2), after = held[size_t(b2)] + n;
+    const int64_t npages = (after + ps - 1) / ps;
+    const size_t base = indices.size();
+    for (int64_t i = 0; i < npages; ++i) indices.push_back(int32_t(pool[size_t(next++)]));
+    indptr[size_t(b2) + 1] = int32_t(indices.size());
+    lens[size_t(b2)] = int32_t(after - (npages - 1) * ps);
+    int kind = -1;
+    if (bad[size_t(b2)]) {
+      kind = int(b2 % 3);
+      if (kind == 0) lens[size_t(b2)] = 0;
+      if (kind == 1) lens[size_t(b2)] = int32_t(ps + 1);
+      if (kind == 2) indices.back() = int32_t(cache_pages_ + 7);
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t m = cu_seqlens_[size_t(b2)] + i, pos = held[size_t(b2)] + i;
+      const bool skip = kind == 0 || kind == 1 || (kind == 2 && pos / ps == npages - 1);
+      if (skip) {
+        ++want_skipped_;
+        continue;
+      }
+      dest_page_[size_t(m)] = indices[base + size_t(pos / ps)];
+      dest_row_[size_t(m)] = pos % ps;
+    }
+  }
+  num_indices_ = int64_t(indices.size());
+  indices.resize(std::max<size_t>(indices.size(), 1));
+  indptr_ = &add(bytes_of(indptr));
+  indices_ = &add(bytes_of(indices));
+  lens_ = &add(bytes_of(lens));
+}
+
+// contiguous: sequence b in page b.
+void ProjProblem::place_contiguous(const std::vector<bool>& bad, const std::vector<int64_t>& held) {
+  const ProjSizes& z = sizes_;
+  const int64_t ps = z.cache_page_size;
+  const int64_t S = int64_t(held.size());
+  auto count_of = [&](int64_t b2) { return cu_seqlens_[size_t(b2) + 1] - cu_seqlens_[size_t(b2)]; };
+  // Sequence b (page b) held seq_lens[b] tokens; its new ones follow. Bad sequences are
+  // full (seq_lens = page_size): every token skipped; so is any token past the page.
+  std::vector<int32_t> lens(size_t(std::max<int64_t>(S, 1)), 0);
+  for (int64_t b2 = 0; b2 < S; ++b2) {
+    lens[size_t(b2)] = int32_t(bad[size_t(b2)] ? ps : held[size_t(b2)]);
+    for (int64_t i = 0; i < count_of(b2); ++i) {
+      const int64_t m = cu_seqlens_[size_t(b2)] + i, row = lens[size_t(b2)] + i;
+      if (row >= ps) {
+        ++want_skipped_;
+        continue;
+      }
+      dest_page_[size_t(m)] = b2;
+      dest_row_[size_t(m)] = row;
+    }
+  }
+  lens_ = &add(bytes_of(lens));
 }
 
 ProjProblem::~ProjProblem() {

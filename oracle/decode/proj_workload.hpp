@@ -98,6 +98,15 @@ class ProjProblem {
     unsigned long long device = 0;
   };
   Buffer& add(std::vector<uint8_t> host);
+  // The constructor's steps, in the order they draw from rng_.
+  void add_inputs();
+  void add_positions();
+  void add_outputs();
+  void add_cache();
+  void place_slots(const std::vector<bool>& bad, const std::vector<int64_t>& pool);
+  void place_paged(const std::vector<bool>& bad, const std::vector<int64_t>& pool,
+                   const std::vector<int64_t>& held);
+  void place_contiguous(const std::vector<bool>& bad, const std::vector<int64_t>& held);
   void build_reference();
   void build_unfused_reference();
   // RoPE of output column n (a rotated column) at `pos` from the sums y and their errors e:

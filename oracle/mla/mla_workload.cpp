@@ -120,9 +120,6 @@ MlaProblem::MlaProblem(const MlaSpec& spec, const MlaSizes& z)
       store_value(spec_.table_dtype, cos_b.data() + (r * ts + i) * te, std::cos(a));
       store_value(spec_.table_dtype, sin_b.data() + (r * ts + i) * te, std::sin(a));
     }
-  auto table = [&](const std::vector<uint8_t>& b, int64_t r, int64_t i) {
-    return load_value(spec_.table_dtype, b.data() + (r * ts + i) * te);
-  };
   cos_ = &add(cos_b);
   sin_ = &add(sin_b);
   auto scalar = [&](float v) {
@@ -134,6 +131,33 @@ MlaProblem::MlaProblem(const MlaSpec& spec, const MlaSizes& z)
   q_scale_ = &add(scalar(z.q_scale));
   skipped_ = &add(std::vector<uint8_t>(4, 0));
 
+  kv_stride_ = kv_stride;
+  pe_stride_ = pe_stride;
+  cache_stride_ = cache_stride;
+  qpe_hs_ = qpe_hs;
+  nope_hs_ = nope_hs;
+  out_hs_ = out_hs;
+  table_stride_ = ts;
+  build_reference(slots, pos);
+}
+
+// Every element the call writes, in float64, with the fp32 arithmetic's error bound.
+void MlaProblem::build_reference(const std::vector<int64_t>& slots,
+                                 const std::vector<int64_t>& pos) {
+  const MlaSizes& z = sizes_;
+  const DType t = spec_.dtype;
+  const int64_t e = detail::element_bytes(t), R = spec_.kv_rank, P = spec_.rope_dim, half = P / 2,
+                T = z.tokens, H = z.heads;
+  const int64_t kv_stride = kv_stride_, pe_stride = pe_stride_, cache_stride = cache_stride_,
+                qpe_hs = qpe_hs_, nope_hs = nope_hs_, out_hs = out_hs_, ts = table_stride_;
+  const bool cache_fp8 = spec_.cache_store == Store::e4m3;
+  const bool assemble = spec_.query == MlaQuery::assemble;
+  const bool q_fp8 = spec_.q_store == Store::e4m3;
+  const int64_t celem = cache_fp8 ? 1 : e;
+  const int64_t te = detail::element_bytes(spec_.table_dtype);
+  auto table = [&](const Buffer* b, int64_t r, int64_t i) {
+    return load_value(spec_.table_dtype, b->host.data() + (r * ts + i) * te);
+  };
   // The rotation of pair i of the `P` values at `x` (bytes of the dtype), at position p.
   const double nan = std::nan("");
   auto rotate = [&](const uint8_t* x, int64_t p, std::vector<double>* want,
@@ -144,7 +168,7 @@ MlaProblem::MlaProblem(const MlaSpec& spec, const MlaSizes& z)
     for (int64_t i = 0; i < half; ++i) {
       const int64_t a = spec_.style == Style::gptj ? 2 * i : i;
       const int64_t b = spec_.style == Style::gptj ? 2 * i + 1 : i + half;
-      const double c = table(cos_b, p, i), s = table(sin_b, p, i);
+      const double c = table(cos_, p, i), s = table(sin_, p, i);
       const double xa = load_value(t, x + a * e), xb = load_value(t, x + b * e);
       (*want)[size_t(a)] = xa * c - xb * s;
       (*want)[size_t(b)] = xb * c + xa * s;

@@ -55,6 +55,8 @@ class MlaProblem {
     double want, err;
   };
   Buffer& add(std::vector<uint8_t> host);
+  // The constructor's last step: the float64 reference of the tokens' slots and positions.
+  void build_reference(const std::vector<int64_t>& slots, const std::vector<int64_t>& pos);
   void expect_row(std::vector<Expect>* out, size_t at, const std::vector<double>& want,
                   const std::vector<double>& err, bool fp8, double scale) const;
   void check_buffer(const char* name, const Buffer& b, const std::vector<uint8_t>& untouched,
@@ -66,6 +68,9 @@ class MlaProblem {
   Buffer *kv_c_ = nullptr, *k_pe_ = nullptr, *w_ = nullptr, *cache_ = nullptr, *slots_ = nullptr,
          *cache_scale_ = nullptr, *skipped_ = nullptr, *q_pe_ = nullptr, *q_nope_ = nullptr,
          *q_out_ = nullptr, *q_scale_ = nullptr, *ids_ = nullptr, *cos_ = nullptr, *sin_ = nullptr;
+  // Element strides of the rows and heads (the gaps the sizes ask for) and of the tables.
+  int64_t kv_stride_ = 0, pe_stride_ = 0, cache_stride_ = 0, qpe_hs_ = 0, nope_hs_ = 0, out_hs_ = 0,
+          table_stride_ = 0;
   std::vector<Expect> cache_expect_, q_pe_expect_, q_out_expect_;
   int32_t want_skipped_ = 0;
 };
