@@ -163,8 +163,8 @@ def host_profile(model, batch, prompt, new, static, top):
 
 
 def _kernel_times(model, ids, new, static, gaps=0):
-    """{kernel name: (device µs, launches)} over one generate() of `new` tokens; with gaps > 0
-    also where the GPU sat idle (see idle_gaps)."""
+    """({kernel name: (device µs, launches)}, idle_gaps with `gaps` pairs or {} for 0) over one
+    generate() of `new` tokens."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
@@ -172,7 +172,7 @@ def _kernel_times(model, ids, new, static, gaps=0):
         _generate(model, ids, new, static)
     times = {e.key: (e.self_device_time_total, e.count) for e in prof.key_averages()
              if e.device_type == DeviceType.CUDA and e.self_device_time_total > 0}
-    return (times, idle_gaps(prof, new, gaps)) if gaps else times
+    return times, (idle_gaps(prof, new, gaps) if gaps else {})
 
 
 def idle_gaps(prof, new, top):
@@ -209,25 +209,22 @@ def idle_gaps(prof, new, top):
 
 
 def decode_kernels(model, batch, prompt, new, static, gaps=0):
-    """Device time per decode step and its kernels, [(name, µs per step, launches per step)],
-    from two profiled generate() calls after ms_per_token's warm-ups: `new` tokens less one
-    token (the prefill alone). The second call changes a static cache's length: run after the
-    timings. With gaps > 0, the
-    pair (rows, idle_gaps of the first call)."""
+    """(Device time per decode step and its kernels, [(name, µs per step, launches per step)],
+    idle_gaps of the full call or {}) from two profiled generate() calls after ms_per_token's
+    warm-ups: `new` tokens less one token (the prefill alone). The second call changes a static
+    cache's length: run after the timings."""
     ids = _prompt(model, batch, prompt)
     for _ in range(2):  # as ms_per_token: compilation, CUDA-graph recording, kernel loads
         _generate(model, ids, new, static)
-    full = _kernel_times(model, ids, new, static, gaps)
-    if gaps:
-        full, idle = full
-    prefill = _kernel_times(model, ids, 1, static)
+    full, idle = _kernel_times(model, ids, new, static, gaps)
+    prefill, _ = _kernel_times(model, ids, 1, static)
     rows = []
     for name, (us, count) in full.items():
         base_us, base_count = prefill.get(name, (0.0, 0))
         if us - base_us > 0:
             rows.append((name, (us - base_us) / (new - 1), (count - base_count) / (new - 1)))
     rows.sort(key=lambda r: -r[1])
-    return (rows, idle) if gaps else rows
+    return rows, idle
 
 
 def _rows(model, args, measure):
@@ -361,9 +358,9 @@ def _child(args):
     model = build(args.model, args.layers)
     if args.child == "device":
         def device(patch, mode, batch):
-            found = decode_kernels(model, batch, args.prompt, args.new, mode == "compile",
-                                   args.gaps)
-            return dict(kernels=found[0], idle=found[1]) if args.gaps else dict(kernels=found)
+            kernels, idle = decode_kernels(model, batch, args.prompt, args.new,
+                                           mode == "compile", args.gaps)
+            return dict(kernels=kernels, idle=idle)
 
         for row in _rows(model, args, device):
             print(json.dumps(row), flush=True)

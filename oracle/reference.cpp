@@ -404,8 +404,8 @@ void Workload::build_reference() {
     tol_.emplace_back(n, -1.0);
   }
   Reference r(*this);
-  const Spec& c = spec_;
-  const Args& a = host_args_;
+  const Spec& c = r.c;
+  const Args& a = r.a;
   for (int64_t t = 0; t < tokens_; ++t) {
     const TokenInfo tk = token_info(c, a, t);
     std::vector<double> cs(static_cast<size_t>(r.half)), sn(static_cast<size_t>(r.half));

@@ -202,6 +202,10 @@ void ProjProblem::add_outputs() {
   }
 }
 
+int64_t ProjProblem::sequence_tokens(int64_t b) const {
+  return cu_seqlens_[size_t(b) + 1] - cu_seqlens_[size_t(b)];
+}
+
 // spec.cache: the sequences, the cache's pages (poisoned), and each token's place in them.
 void ProjProblem::add_cache() {
   const QkvProjSpec& c = spec_;
@@ -227,13 +231,12 @@ void ProjProblem::add_cache() {
   } else {
     for (int64_t m = 0; m <= T; ++m) cu_seqlens_[size_t(m)] = int32_t(m);
   }
-  auto count_of = [&](int64_t b2) { return cu_seqlens_[size_t(b2) + 1] - cu_seqlens_[size_t(b2)]; };
   // Tokens held before the append: paged 0-2 pages' worth; contiguous up to what the row
   // leaves room for.
   std::vector<int64_t> held(size_t(S), 0);
   int64_t pages_needed = 0;
   for (int64_t b2 = 0; b2 < S; ++b2) {
-    const int64_t n = count_of(b2);
+    const int64_t n = sequence_tokens(b2);
     if (c.cache == KvCache::paged) {
       held[size_t(b2)] = std::uniform_int_distribution<int64_t>(n > 0 ? 0 : 1, 2 * ps)(rng_);
       pages_needed += (held[size_t(b2)] + n + ps - 1) / ps;
@@ -317,7 +320,6 @@ void ProjProblem::place_paged(const std::vector<bool>& bad, const std::vector<in
   const ProjSizes& z = sizes_;
   const int64_t ps = z.cache_page_size;
   const int64_t S = int64_t(held.size());
-  auto count_of = [&](int64_t b2) { return cu_seqlens_[size_t(b2) + 1] - cu_seqlens_[size_t(b2)]; };
   // Sequence b holds its pages from the pool; after the append it has held + n tokens, the
   // last last_page_len of them in its last page; its new tokens take the last n positions.
   // Bad sequences: last_page_len 0 or past the page (every token skipped), or a last page
@@ -325,7 +327,7 @@ void ProjProblem::place_paged(const std::vector<bool>& bad, const std::vector<in
   std::vector<int32_t> indptr(size_t(S) + 1, 0), indices, lens(size_t(std::max<int64_t>(S, 1)));
   int64_t next = 0;
   for (int64_t b2 = 0; b2 < S; ++b2) {
-    const int64_t n = count_of(b2), after = held[size_t(b2)] + n;
+    const int64_t n = sequence_tokens(b2), after = held[size_t(b2)] + n;
     const int64_t npages = (after + ps - 1) / ps;
     const size_t base = indices.size();
     for (int64_t i = 0; i < npages; ++i) indices.push_back(int32_t(pool[size_t(next++)]));
@@ -361,13 +363,12 @@ void ProjProblem::place_contiguous(const std::vector<bool>& bad, const std::vect
   const ProjSizes& z = sizes_;
   const int64_t ps = z.cache_page_size;
   const int64_t S = int64_t(held.size());
-  auto count_of = [&](int64_t b2) { return cu_seqlens_[size_t(b2) + 1] - cu_seqlens_[size_t(b2)]; };
   // Sequence b (page b) held seq_lens[b] tokens; its new ones follow. Bad sequences are
   // full (seq_lens = page_size): every token skipped; so is any token past the page.
   std::vector<int32_t> lens(size_t(std::max<int64_t>(S, 1)), 0);
   for (int64_t b2 = 0; b2 < S; ++b2) {
     lens[size_t(b2)] = int32_t(bad[size_t(b2)] ? ps : held[size_t(b2)]);
-    for (int64_t i = 0; i < count_of(b2); ++i) {
+    for (int64_t i = 0; i < sequence_tokens(b2); ++i) {
       const int64_t m = cu_seqlens_[size_t(b2)] + i, row = lens[size_t(b2)] + i;
       if (row >= ps) {
         ++want_skipped_;

@@ -107,6 +107,8 @@ class ProjProblem {
   void place_paged(const std::vector<bool>& bad, const std::vector<int64_t>& pool,
                    const std::vector<int64_t>& held);
   void place_contiguous(const std::vector<bool>& bad, const std::vector<int64_t>& held);
+  // Tokens of sequence b (cu_seqlens_).
+  int64_t sequence_tokens(int64_t b) const;
   void build_reference();
   void build_unfused_reference();
   // RoPE of output column n (a rotated column) at `pos` from the sums y and their errors e:
