@@ -456,6 +456,7 @@ ropejit::QkvProjArgs to_proj_args(const ropejit_qkv_proj_args* p) {
   o.cache = to_cache(a.cache);
   o.cu_seqlens = a.cu_seqlens;
   o.batch = a.batch;
+  o.bias = a.bias;
   return o;
 }
 

@@ -23,6 +23,8 @@ template <class T>
 inline constexpr size_t kFirstSize = sizeof(T);
 template <>
 inline constexpr size_t kFirstSize<ropejit_model> = 216;  // before kv_lora_rank
+template <>
+inline constexpr size_t kFirstSize<ropejit_qkv_proj_args> = 480;  // before bias
 
 inline bool has_header(const void* p) {
   ropejit_header h;

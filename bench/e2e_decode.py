@@ -37,6 +37,11 @@ CONFIGS = {
                       rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                     "high_freq_factor": 4.0,
                                     "original_max_position_embeddings": 8192}),
+    # Qwen2.5-7B's shapes (config.json of Qwen/Qwen2.5-7B-Instruct): q/k/v biases.
+    "qwen2.5-7b": dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944,
+                       num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
+                       max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6,
+                       tie_word_embeddings=False),
     # Qwen3-8B's shapes (config.json of Qwen/Qwen3-8B): QK-norm, no RoPE scaling.
     "qwen3-8b": dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288,
                      num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
@@ -46,11 +51,13 @@ CONFIGS = {
 
 
 def build(name, layers, device="cuda"):
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
     fields = dict(CONFIGS[name])
     if layers:
         fields["num_hidden_layers"] = layers
-    config = (Qwen3Config if name.startswith("qwen3") else LlamaConfig)(**fields)
+    kind = Qwen3Config if name.startswith("qwen3") else Qwen2Config if name.startswith(
+        "qwen2") else LlamaConfig
+    config = kind(**fields)
     config._attn_implementation = "sdpa"
     torch.manual_seed(0)
     with torch.device(device):

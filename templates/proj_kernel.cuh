@@ -40,6 +40,9 @@
 // once from the same fp32 values (FP8: value · scale, saturating), in the cache row of the token's
 // slot.
 //
+// Bias (QKV only, p.bias): the column's bias, in the activation dtype, is added to the fp32 sum
+// (after rstd and the FP8 scale) before RoPE, and the result is rounded once.
+//
 // RMSNorm: y = rstd(x) · Σ_k bf16(x_k · w_k) W_nk. The weight product is rounded once to the
 // operand dtype (exactly what the float64 reference reproduces), the statistics Σ x² are
 // gathered while the activations stream by, and rstd is applied to the fp32 sums.
@@ -274,6 +277,11 @@ struct ProjKernel {
       static_cast<Raw*>(o.data)[token * o.stride_token + r.col] =
           Elem<Cfg::kDType>::store(activate<Cfg::kAct>(ya) * yb);
       return;
+    }
+    if (p.bias) {  // Qwen2's q/k/v biases: on the projection's fp32 sums, before RoPE
+      const Raw* bias = static_cast<const Raw*>(p.bias);
+      ya += Elem<Cfg::kDType>::load(__ldg(bias + r.col));
+      yb += Elem<Cfg::kDType>::load(__ldg(bias + r.col_b));
     }
     if (r.rotate) {
       const float a = fmaf(ya, c, -yb * s);

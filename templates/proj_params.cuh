@@ -49,6 +49,7 @@ struct ProjParams {
   const void* w2;         // the GLU epilogue's up weight [pairs][hidden] (QKV: w)
   const float* w_scale;   // e4m3 weights: a float scale per row of w (else null)
   const float* w2_scale;  // and of w2
+  const void* bias;       // QKV: [columns] in the activation dtype, added before RoPE (or null)
   long long x_stride;
   long long w_stride;
   long long tokens;

@@ -1,9 +1,11 @@
 // The C ABI: defaults, keys, status codes and the thread-local last error.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "ropejit/ropejit.h"
 #include "ropejit/ropejit.hpp"
@@ -133,7 +135,7 @@ TEST_CASE("C ABI: the 0.2.0 struct sizes, the smallest each struct's header may 
   CHECK(sizeof(ropejit_table_spec) == 152);
   CHECK(sizeof(ropejit_model) == 224);  // 216 before kv_lora_rank (api/c_structs.hpp)
   CHECK(sizeof(ropejit_qkv_proj_spec) == 60);
-  CHECK(sizeof(ropejit_qkv_proj_args) == 480);
+  CHECK(sizeof(ropejit_qkv_proj_args) == 488);  // 480 before bias (api/c_structs.hpp)
   CHECK(sizeof(ropejit_ffn_spec) == 24);
   CHECK(sizeof(ropejit_ffn_args) == 152);
   CHECK(sizeof(ropejit_rms_norm_spec) == 20);
@@ -273,6 +275,43 @@ TEST_CASE("C API: the projection's defaults, key, errors and precompile") {
   CHECK(ropejit_qkv_projection(&s, &a) == ROPEJIT_ERROR_INVALID_ARGUMENT);
   CHECK(std::string(ropejit_last_error()).find("args.batch (0) must be in [1, 2^31 - 1)") !=
         std::string::npos);
+}
+
+TEST_CASE("C API: the projection's bias, appended to the args, and a caller's 480-byte args") {
+  ropejit_qkv_proj_spec s;
+  ropejit_qkv_proj_spec_init(&s);
+  // A well-formed call that a bias makes unfused-impossible: the bias is read through C.
+  std::vector<unsigned char> bytes(sizeof(ropejit_qkv_proj_args) + 8, 0xa5);
+  auto* a = reinterpret_cast<ropejit_qkv_proj_args*>(bytes.data());
+  REQUIRE(ropejit_qkv_proj_args_init(a) == ROPEJIT_OK);
+  CHECK(a->bias == nullptr);
+  a->tokens = 1;
+  a->hidden = 4096;
+  a->q_heads = 4;
+  a->kv_heads = 1;
+  a->x = reinterpret_cast<void*>(0x10000000);
+  a->weight = reinterpret_cast<void*>(0x20000000);
+  a->norm_weight = reinterpret_cast<void*>(0x30000000);
+  a->position_ids = reinterpret_cast<void*>(0x50000000);
+  a->cos = reinterpret_cast<void*>(0x60000000);
+  a->sin = reinterpret_cast<void*>(0x70000000);
+  a->table_rows = 16;
+  a->q = ropejit_tensor{reinterpret_cast<void*>(0x40000000), 4, 0, 6 * 128, 128};
+  a->k = ropejit_tensor{reinterpret_cast<void*>(0x40000000 + 4 * 128 * 2), 1, 0, 6 * 128, 128};
+  a->v = ropejit_tensor{reinterpret_cast<void*>(0x40000000 + 5 * 128 * 2), 1, 0, 6 * 128, 128};
+  a->path = 2;  // unfused
+  a->workspace = reinterpret_cast<void*>(0x80000000);
+  a->workspace_bytes = size_t(64) << 20;
+  a->bias = reinterpret_cast<const void*>(0x30100000);
+  int32_t path = -1;
+  CHECK(ropejit_qkv_projection_path(&s, a, &path) == ROPEJIT_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(ropejit_last_error()).find("args.bias is set: the unfused path") !=
+        std::string::npos);
+  // Built before the bias: 480 bytes, the bytes after them (here 0xa5) never written.
+  std::fill(bytes.begin(), bytes.end(), 0xa5);
+  REQUIRE(ropejit_qkv_proj_args_init_sized(a, 480) == ROPEJIT_OK);
+  for (size_t i = 480; i < bytes.size(); ++i) CHECK(bytes[i] == 0xa5);
+  CHECK(ropejit_qkv_proj_args_init_sized(a, 479) == ROPEJIT_ERROR_INVALID_ARGUMENT);
 }
 
 TEST_CASE("C API: the FFN's defaults, key, errors, workspace and precompile") {

@@ -159,10 +159,12 @@ void proj_every_axis(CaseRange range) {
         z.hidden = n % 2 ? 264 : 512;  // 264: the last 32-element chunk is partial
         z.out_head_gap = n % 4 == 2 ? 8 : 0;
         z.weight_gap = n % 6 == 4 ? 8 : 0;
+        z.bias = n % 3 == 1;  // Qwen2's q/k/v biases
         z.seed = uint64_t(1000 + n);
         oracle::ProjProblem p(s, z);
-        check_call_and_variant(p, s, 2 + n % 3, 1 + n % 2, false,
-                               s.key() + " tokens " + std::to_string(z.tokens));
+        check_call_and_variant(
+            p, s, 2 + n % 3, 1 + n % 2, false,
+            s.key() + " tokens " + std::to_string(z.tokens) + (z.bias ? " bias" : ""));
       }
 }
 
@@ -194,6 +196,7 @@ void proj_cache_rows(CaseRange range) {
           z.cache_only = n % 5 == 2;
           z.padded_slots = z.tokens > 2 ? 1 + n % 2 : 0;
           z.bad_slots = z.tokens > 4 ? 1 + n % 3 : 0;
+          z.bias = n % 5 == 1;
           z.seed = uint64_t(7000 + n);
           oracle::ProjProblem p(s, z);
           // Up to 32 tokens the automatic path is the fused one (beyond, it would be the
@@ -201,7 +204,7 @@ void proj_cache_rows(CaseRange range) {
           check_call_and_variant(p, s, 1 + n % 4, 1 + n % 2, z.tokens <= 32,
                                  s.key() + " tokens " + std::to_string(z.tokens) + " page " +
                                      std::to_string(z.cache_page_size) +
-                                     (z.cache_only ? " cache only" : ""));
+                                     (z.cache_only ? " cache only" : "") + (z.bias ? " bias" : ""));
         }
 }
 
@@ -428,10 +431,12 @@ TEST_SUITE("gpu") {
           z.hidden = n % 2 ? 272 : 1024;  // 272: the last 64-element chunk is partial
           z.out_head_gap = n % 4 == 2 ? 8 : 0;
           z.weight_gap = n % 6 == 4 ? 16 : 0;
+          z.bias = n % 4 == 0;
           z.seed = uint64_t(3000 + n);
           oracle::ProjProblem p(s, z);
-          check_call_and_variant(p, s, 2 + n % 3, 1 + n % 2, true,
-                                 s.key() + " tokens " + std::to_string(z.tokens));
+          check_call_and_variant(
+              p, s, 2 + n % 3, 1 + n % 2, true,
+              s.key() + " tokens " + std::to_string(z.tokens) + (z.bias ? " bias" : ""));
         }
   }
 

@@ -340,6 +340,9 @@ TEST_CASE("projection variants: names, legality, token tiles") {
 
 TEST_CASE("projection calls: every bad argument is named, a good one passes") {
   CHECK(Fake{}.check().empty());
+  Fake biased;  // [(4 + 2 * 2) * 128] biases: any element-aligned address
+  biased.args.bias = reinterpret_cast<void*>(0x30100002);
+  CHECK(biased.check().empty());
   struct Bad {
     const char* expect;
     std::function<void(Fake&)> edit;
@@ -359,6 +362,17 @@ TEST_CASE("projection calls: every bad argument is named, a good one passes") {
       {"args.norm_weight is null but spec.norm is rms",
        [](Fake& f) { f.args.norm_weight = nullptr; }},
       {"args.norm_eps (-1)", [](Fake& f) { f.args.norm_eps = -1; }},
+      {"args.bias (0x30100001) is not aligned to its 2-byte elements",
+       [](Fake& f) { f.args.bias = reinterpret_cast<void*>(0x30100001); }},
+      {"args.q and args.bias overlap",
+       [](Fake& f) { f.args.bias = static_cast<char*>(f.args.q.data) + 1024; }},
+      {"args.bias is set: the unfused path's GEMM takes no bias",
+       [](Fake& f) {
+         f.args.bias = reinterpret_cast<void*>(0x30100000);
+         f.args.path = ProjPath::unfused;
+         f.args.workspace = reinterpret_cast<void*>(0x80000000);
+         f.args.workspace_bytes = size_t(64) << 20;
+       }},
       {"args.norm_eps (1e+300)", [](Fake& f) { f.args.norm_eps = 1e300; }},
       {"args.x: 4 rows of 4611686018427387904 elements overflow",
        [](Fake& f) { f.args.x_stride = int64_t(1) << 62; }},

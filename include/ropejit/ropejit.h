@@ -300,6 +300,10 @@ typedef struct {
   const int32_t* cu_seqlens; /* paged/contiguous cache: [batch + 1] sequences of the tokens
                                 (null: one token per sequence) */
   int64_t batch;
+  /* Appended after the first sized layout (480 bytes): optional biases of the weight rows,
+   * [(q_heads + 2 kv_heads) * head_dim] in the activation dtype, added before RoPE (the fused
+   * path; null: none). */
+  const void* bias;
 } ropejit_qkv_proj_args;
 
 /* Fill with the C++ defaults (bf16, d128, neox, int64 ids, f32 half table, RMSNorm; eps 1e-6,

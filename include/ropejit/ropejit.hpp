@@ -388,6 +388,11 @@ struct QkvProjArgs {
   // Weights::e4m3: the float32 scale of every weight row, [(q_heads + 2 kv_heads) * head_dim]
   // (4-byte aligned); ignored otherwise.
   const float* weight_scale = nullptr;
+  // Optional bias of every weight row, [(q_heads + 2 kv_heads) * head_dim] in the activation
+  // dtype (Qwen2's q/k/v biases): added to each column's fp32 sum (after the norm and the FP8
+  // scale) before RoPE, rounded once with it; null: none. The fused kernel only: a call with a
+  // bias runs fused, and path unfused is refused.
+  const void* bias = nullptr;
   // Outputs [tokens][heads][head_dim] (last dimension contiguous; stride_batch is ignored,
   // stride_seq is the token stride; heads must equal q_heads / kv_heads). They may be views of
   // one packed [tokens][q + 2 kv heads][head_dim] tensor; they may not overlap the inputs.

@@ -303,6 +303,8 @@ std::string proj_fused_problem(const QkvProjSpec& c) {
 
 std::string proj_split_problem(const QkvProjSpec& c, const QkvProjArgs& a, const ProjShape& s,
                                bool need_workspace) {
+  if (a.bias)
+    return "args.bias is set: the unfused path's GEMM takes no bias (the fused kernel adds it)";
   if (c.cache != KvCache::none) {
     if (!a.k.data || !a.v.data)
       return concat("args.", a.k.data ? "v" : "k",
@@ -407,6 +409,9 @@ void check_proj_inputs(const QkvProjSpec& c, const QkvProjArgs& a, const ProjCal
     check_matrix("args.norm_weight", "args.hidden", a.norm_weight, 1, a.hidden, a.hidden, f.elem);
     check_norm_eps(a.norm_eps);
   }
+  const uintptr_t bias = reinterpret_cast<uintptr_t>(a.bias);
+  if (bias % uintptr_t(f.elem) != 0)
+    invalid("args.bias (", a.bias, ") is not aligned to its ", f.elem, "-byte elements");
 }
 
 // Outputs: rows of head_dim that never overlap; q, k and v may be heads of one tensor.
@@ -528,6 +533,7 @@ void check_proj_reads_and_writes(const QkvProjSpec& c, const QkvProjArgs& a, con
       range_of("args.weight_scale", w8 ? a.weight_scale : nullptr, f.columns, 1, 1, 4),
       range_of("args.norm_weight", c.norm != Norm::none ? a.norm_weight : nullptr, 1, a.hidden,
                a.hidden, f.elem),
+      range_of("args.bias", a.bias, 1, f.columns, f.columns, f.elem),
       range_of("args.position_ids", c.positions == Positions::ids ? a.position_ids : nullptr,
                a.tokens, 1, 1, ibytes),
       range_of("args.cos", c.freqs == Freqs::table ? a.cos : nullptr, a.table_rows, table_stride,
@@ -605,6 +611,7 @@ ropejit_dev::ProjParams make_proj_params(const QkvProjSpec& c, const QkvProjArgs
   p.w2 = a.weight;
   p.w_scale = c.weights == Weights::e4m3 ? a.weight_scale : nullptr;
   p.w2_scale = p.w_scale;
+  p.bias = a.bias;
   p.x_stride = a.x_stride == 0 ? a.hidden : a.x_stride;
   p.w_stride = a.weight_stride == 0 ? a.hidden : a.weight_stride;
   p.tokens = s.tokens;

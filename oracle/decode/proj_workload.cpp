@@ -129,6 +129,7 @@ void ProjProblem::add_inputs() {
     norm_ = &add(fill(
         z.hidden, [&](int64_t) { return one_plus ? 0.5 * unit(rng_) : 1.0 + 0.5 * unit(rng_); }));
   }
+  if (z.bias) bias_ = &add(fill(columns_, [&](int64_t) { return 0.5 * unit(rng_); }));
 }
 
 // Position ids (or the offset's positions) and the cos/sin tables.
@@ -488,6 +489,10 @@ void ProjProblem::build_reference() {
         mag[size_t(n)] =
             rstd * scale * gamma_dot * s_abs +
             ((c.norm == Norm::none ? 0.0 : rel_rstd + u32) + scale_err) * std::fabs(sum[size_t(n)]);
+        if (bias_) {  // + bias_n in fp32: one more rounding of the sum
+          sum[size_t(n)] += load_value(c.dtype, bias_->host.data() + n * e);
+          mag[size_t(n)] += u32 * std::fabs(sum[size_t(n)]);
+        }
       }
     });
     const int64_t pos = positions_[size_t(m)];
@@ -618,6 +623,7 @@ QkvProjArgs ProjProblem::args(void* stream) const {
   a.x = ptr(x_);
   a.x_stride = x_stride_;
   a.norm_weight = ptr(norm_);
+  a.bias = ptr(bias_);
   a.norm_eps = z.norm_eps;
   a.weight = ptr(w_);
   a.weight_stride = w_stride_;

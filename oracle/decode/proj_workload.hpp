@@ -27,6 +27,7 @@ struct ProjSizes {
   double base = 10000.0;
   double norm_eps = 1e-6;
   double x_scale = 1.0;  // activations are uniform in [-2, 2] times this
+  bool bias = false;     // args.bias: one per weight row, uniform in [-0.5, 0.5] (fused path)
   uint64_t seed = 1;
   // spec.cache: a poisoned, guarded cache of `cache_pages` pages (0: enough for every token) of
   // `cache_page_size` rows, NHD, `cache_slot_gap` elements after each row's heads. slots: every
@@ -133,6 +134,7 @@ class ProjProblem {
   Buffer* w_ = nullptr;
   Buffer* scale_ = nullptr;  // e4m3 weights: a float per row
   Buffer* norm_ = nullptr;
+  Buffer* bias_ = nullptr;
   Buffer* ids_ = nullptr;
   Buffer* cos_ = nullptr;
   Buffer* sin_ = nullptr;

@@ -113,7 +113,7 @@ class ropejit_qkv_proj_args(ctypes.Structure):
         ("table_stride", _i64), ("table_rows", _i64), ("base", _f64), ("stream", _ptr),
         ("path", _i32), ("workspace", _ptr), ("workspace_bytes", ctypes.c_size_t),
         ("weight_scale", _ptr), ("cache", ropejit_kv_cache), ("cu_seqlens", _ptr),
-        ("batch", _i64),
+        ("batch", _i64), ("bias", _ptr),
     ]
 
 

@@ -53,7 +53,7 @@ def _qkv_projection_impl(x: Tensor, weight: Tensor, norm_weight: Optional[Tensor
                          q_heads: int, kv_heads: int, head_dim: int, rotary_dim: int, norm: str,
                          eps: float, position_offset: int, base: float, style: str, path: str,
                          k_scale: float, v_scale: float, write_kv: bool, kv_layout: str = "NHD",
-                         _fake: bool = False) -> Tensor:
+                         bias: Optional[Tensor] = None, _fake: bool = False) -> Tensor:
     return decode.qkv_projection(
         x, weight, q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim,
         rotary_dim=rotary_dim or None, norm_weight=norm_weight, eps=eps, norm=norm,
@@ -63,7 +63,7 @@ def _qkv_projection_impl(x: Tensor, weight: Tensor, norm_weight: Optional[Tensor
         kv_last_page_len=kv_last_page_len, cache_seqlens=cache_seqlens, k_scale=k_scale,
         v_scale=v_scale, skipped=skipped, write_kv=write_kv, cu_seqlens=cu_seqlens,
         k_cache_scales=k_cache_scales, v_cache_scales=v_cache_scales, kv_layout=kv_layout,
-        _packed=True, _fake=_fake)
+        bias=bias, _packed=True, _fake=_fake)
 
 
 def _qkv_projection_op_impl(x: Tensor, weight: Tensor, norm_weight: Optional[Tensor],
@@ -78,14 +78,14 @@ def _qkv_projection_op_impl(x: Tensor, weight: Tensor, norm_weight: Optional[Ten
                             head_dim: int, rotary_dim: int, norm: str, eps: float,
                             position_offset: int, base: float, style: str, path: str,
                             k_scale: float, v_scale: float, write_kv: bool,
-                            kv_layout: str) -> Tensor:
+                            kv_layout: str, bias: Optional[Tensor] = None) -> Tensor:
     # The op's schema is inferred from these annotations; the private _fake flag stays out.
     return _qkv_projection_impl(x, weight, norm_weight, weight_scale, position_ids, cos, sin,
                                 k_cache, v_cache, slot_mapping, kv_indptr, kv_indices,
                                 kv_last_page_len, cache_seqlens, cu_seqlens, skipped,
                                 k_cache_scales, v_cache_scales, q_heads, kv_heads, head_dim,
                                 rotary_dim, norm, eps, position_offset, base, style, path,
-                                k_scale, v_scale, write_kv, kv_layout)
+                                k_scale, v_scale, write_kv, kv_layout, bias)
 
 
 # q, k and v are views of one [tokens, q_heads + 2 kv_heads, head_dim] tensor: the op returns it
@@ -108,10 +108,12 @@ def _qkv_projection_plain_impl(x: Tensor, weight: Tensor, norm_weight: Optional[
                                cos: Optional[Tensor], sin: Optional[Tensor], q_heads: int,
                                kv_heads: int, head_dim: int, rotary_dim: int, norm: str,
                                eps: float, position_offset: int, base: float, style: str,
-                               path: str, _fake: bool = False) -> Tensor:
+                               path: str, bias: Optional[Tensor] = None,
+                               _fake: bool = False) -> Tensor:
     return _qkv_projection_impl(x, weight, norm_weight, weight_scale, position_ids, cos, sin,
                                 *_NO_CACHE, q_heads, kv_heads, head_dim, rotary_dim, norm, eps,
-                                position_offset, base, style, path, 1.0, 1.0, True, _fake=_fake)
+                                position_offset, base, style, path, 1.0, 1.0, True, "NHD", bias,
+                                _fake=_fake)
 
 
 def _qkv_projection_plain_op_impl(x: Tensor, weight: Tensor, norm_weight: Optional[Tensor],
@@ -119,10 +121,10 @@ def _qkv_projection_plain_op_impl(x: Tensor, weight: Tensor, norm_weight: Option
                                   cos: Optional[Tensor], sin: Optional[Tensor], q_heads: int,
                                   kv_heads: int, head_dim: int, rotary_dim: int, norm: str,
                                   eps: float, position_offset: int, base: float, style: str,
-                                  path: str) -> Tensor:
+                                  path: str, bias: Optional[Tensor] = None) -> Tensor:
     return _qkv_projection_plain_impl(x, weight, norm_weight, weight_scale, position_ids, cos,
                                       sin, q_heads, kv_heads, head_dim, rotary_dim, norm, eps,
-                                      position_offset, base, style, path)
+                                      position_offset, base, style, path, bias)
 
 
 # The projection without a KV cache: an op that mutates nothing. Inductor cannot lower the

@@ -1,6 +1,7 @@
 """A transformers decoder layer run through ropejit's decode block (ropejit.nn.patch_hf_model with
 fuse="all"): per layer, input RMSNorm -> packed QKV projection -> RoPE in one op that also
-appends k and v to a StaticCache (other caches get them through their update()), attention as
+appends k and v to a StaticCache (other caches get them through their update(); Qwen2's q/k/v
+biases are added in the same op), attention as
 transformers does it, o_proj, then the residual add, RMSNorm and gate/up -> SiLU * up in one op,
 and down_proj. A layer with QK-norm (Qwen3) runs RMSNorm, the packed projection (torch's GEMM) and
 one fused op for QK-norm -> RoPE -> the cache append instead of the first op. The q/k/v and gate/up
@@ -32,8 +33,12 @@ def _why_not(layer):
             linear = getattr(owner, part, None)
             if not isinstance(linear, torch.nn.Linear):
                 return f"its {part} is not a torch.nn.Linear"
-            if linear.bias is not None and part != "o_proj" and part != "down_proj":
-                return f"its {part} has a bias (the fused projection takes none)"
+            if linear.bias is not None and part in _MLP_PARTS[:2]:
+                return f"its {part} has a bias (the fused gate/up takes none)"
+    biased = [part for part in _ATTN_PARTS[:3] if getattr(attn, part).bias is not None]
+    if biased and len(biased) != 3:
+        return (f"its biases are on {', '.join(biased)} only (the fused projection takes q_proj, "
+                f"k_proj and v_proj biases together)")
     for norm in ("input_layernorm", "post_attention_layernorm"):
         module = getattr(layer, norm, None)
         if module is None or getattr(module, "weight", None) is None or not hasattr(
@@ -57,15 +62,16 @@ def _why_not(layer):
     return ""
 
 
-def _pack(linears):
-    """One tensor holding the Linear layers' weights (rows in order), their weights re-pointed
-    into it: the packed tensor is the only copy."""
-    packed = torch.cat([linear.weight.detach() for linear in linears], dim=0)
+def _pack(linears, name="weight"):
+    """One tensor holding the Linear layers' weights (or biases: `name`), rows in order, the
+    layers' parameters re-pointed into it: the packed tensor is the only copy."""
+    packed = torch.cat([getattr(linear, name).detach() for linear in linears], dim=0)
     start = 0
     for linear in linears:
-        rows = linear.weight.shape[0]
-        linear.weight = torch.nn.Parameter(packed[start:start + rows],
-                                           requires_grad=linear.weight.requires_grad)
+        old = getattr(linear, name)
+        rows = old.shape[0]
+        setattr(linear, name, torch.nn.Parameter(packed[start:start + rows],
+                                                 requires_grad=old.requires_grad))
         start += rows
     return packed
 
@@ -188,8 +194,8 @@ def _qk_norm_projection(self, x, batch, seq, ids, cache):
     rj, attn = self._ropejit, self.self_attn
     heads = (rj["q_heads"], rj["kv_heads"], rj["kv_heads"])
     h = ops.rms_norm(x, self.input_layernorm.weight, self.input_layernorm.variance_epsilon)
-    packed = torch.nn.functional.linear(h, rj["qkv"]).view(x.shape[0], sum(heads),
-                                                            rj["head_dim"])
+    packed = torch.nn.functional.linear(h, rj["qkv"], rj["qkv_bias"]).view(
+        x.shape[0], sum(heads), rj["head_dim"])
     q, k, v = packed.split(heads, dim=1)
     freqs = rj["freqs"]
     # v is read only for the cache append; without one it stays where the projection put it.
@@ -241,7 +247,8 @@ def _forward(self, hidden_states, attention_mask=None, position_ids=None, past_k
             x, rj["qkv"], q_heads=rj["q_heads"], kv_heads=rj["kv_heads"],
             head_dim=rj["head_dim"], rotary_dim=freqs.rotary_dim,
             norm_weight=self.input_layernorm.weight, eps=self.input_layernorm.variance_epsilon,
-            position_ids=ids, cos=freqs.cos, sin=freqs.sin, base=freqs.base, **cache)
+            position_ids=ids, cos=freqs.cos, sin=freqs.sin, base=freqs.base,
+            bias=rj["qkv_bias"], **cache)
     query = q.view(batch, seq, rj["q_heads"], rj["head_dim"]).transpose(1, 2)
     if layer is not None:
         layer.cumulative_length.add_(seq)
@@ -281,7 +288,9 @@ def _eager_projection(self, x, ids, cache):
     rj = self._ropejit
     norm = self.input_layernorm
     k_cache = cache.get("k_cache")
+    bias = rj["qkv_bias"]
     key = (x.shape, x.stride(0), x.dtype, ids.dtype, norm.weight.data_ptr(), rj["qkv"].data_ptr(),
+           None if bias is None else bias.data_ptr(),
            None if k_cache is None else (k_cache.shape, k_cache.stride(), k_cache.dtype))
     memo = rj["qkv_plan"]
     heads = (rj["q_heads"], rj["kv_heads"], rj["kv_heads"])
@@ -293,8 +302,8 @@ def _eager_projection(self, x, ids, cache):
         packed = decode.qkv_projection(
             x, rj["qkv"], q_heads=heads[0], kv_heads=heads[1], head_dim=rj["head_dim"],
             rotary_dim=freqs.rotary_dim, norm_weight=norm.weight, eps=norm.variance_epsilon,
-            position_ids=ids, cos=freqs.cos, sin=freqs.sin, base=freqs.base, _packed=True,
-            _plans=plans, **cache)
+            position_ids=ids, cos=freqs.cos, sin=freqs.sin, base=freqs.base, bias=bias,
+            _packed=True, _plans=plans, **cache)
         rj["qkv_plan"] = (key, plans[0]) if plans else None
     return packed.split(heads, dim=1)
 
@@ -335,8 +344,10 @@ def patch_layers(model, rope):
         if freqs is None:
             freqs = _Frequencies(rope, attn.q_proj.weight.device)
         modeling = sys.modules[type(module).__module__]
+        qkv = [attn.q_proj, attn.k_proj, attn.v_proj]
         module._ropejit = {
-            "qkv": _pack([attn.q_proj, attn.k_proj, attn.v_proj]),
+            "qkv": _pack(qkv),
+            "qkv_bias": _pack(qkv, "bias") if attn.q_proj.bias is not None else None,
             "gate_up": _pack([module.mlp.gate_proj, module.mlp.up_proj]),
             "q_heads": attn.q_proj.weight.shape[0] // head_dim,
             "kv_heads": attn.k_proj.weight.shape[0] // head_dim,

@@ -83,7 +83,7 @@ _MAX_PLANNED = 512
 _QKV_POINTERS = ("x", "weight", "norm_weight", "weight_scale", "position_ids", "cos", "sin",
                  "cache.k", "cache.v", "cache.slot_mapping", "cache.indptr", "cache.indices",
                  "cache.last_page_len", "cache.seq_lens", "cache.skipped", "cu_seqlens",
-                 "cache.k_scales", "cache.v_scales")
+                 "cache.k_scales", "cache.v_scales", "bias")
 _FFN_POINTERS = ("x", "gate_weight", "up_weight", "gate_scale", "up_scale", "norm_weight")
 
 
@@ -248,17 +248,19 @@ def qkv_projection(x, weight, *, q_heads, kv_heads, head_dim=128, rotary_dim=Non
                    weight_scale=None, k_cache=None, v_cache=None, slot_mapping=None,
                    kv_indptr=None, kv_indices=None, kv_last_page_len=None, cache_seqlens=None,
                    k_scale=1.0, v_scale=1.0, skipped=None, write_kv=True, cu_seqlens=None,
-                   k_cache_scales=None, v_cache_scales=None, kv_layout="NHD", _packed=False,
-                   _fake=False, _plans=None):
+                   k_cache_scales=None, v_cache_scales=None, kv_layout="NHD", bias=None,
+                   _packed=False, _fake=False, _plans=None):
     """Returns (q, k, v), new tensors ``[tokens, heads, head_dim]``; see the module docstring.
     ``norm="none"`` skips RMSNorm; ``"rms_one_plus"`` is Gemma's ``(1 + w)``; float8_e4m3fn
     weights take ``weight_scale``, a float32 scale per weight row. ``cu_seqlens`` (int32,
     ``[sequences + 1]``) groups the tokens into sequences for a paged or contiguous cache (a
-    prefill chunk); without it token t is sequence t's one new token."""
+    prefill chunk); without it token t is sequence t's one new token. ``bias`` (Qwen2's q/k/v
+    biases packed as the weight's rows are, ``[(q_heads + 2 kv_heads) * head_dim]`` in x's
+    dtype) is added before RoPE; a call with it runs the fused kernel."""
     import torch
     tensors = (x, weight, norm_weight, weight_scale, position_ids, cos, sin, k_cache, v_cache,
                slot_mapping, kv_indptr, kv_indices, kv_last_page_len, cache_seqlens, skipped,
-               cu_seqlens, k_cache_scales, v_cache_scales)
+               cu_seqlens, k_cache_scales, v_cache_scales, bias)
     key = None if _fake else _plan_key(
         "qkv", tensors, (q_heads, kv_heads, head_dim, rotary_dim, eps, norm, base, style, path,
                          k_scale, v_scale, write_kv, kv_layout))
@@ -309,9 +311,16 @@ def qkv_projection(x, weight, *, q_heads, kv_heads, head_dim=128, rotary_dim=Non
     if norm != "none" and norm_weight is None:
         _fail(f"norm ({norm!r}) needs norm_weight")
     for name, t in (("weight", weight), ("norm_weight", norm_weight), ("cos", cos), ("sin", sin),
-                    ("position_ids", position_ids)):
+                    ("position_ids", position_ids), ("bias", bias)):
         if t is not None and t.device != x.device:
             _fail(f"{name} is on {t.device} but x is on {x.device}")
+    if bias is not None and (bias.dtype != x.dtype or bias.dim() != 1 or bias.stride(0) != 1
+                             or bias.numel() != weight.shape[0]):
+        _fail(f"bias must be a contiguous [{weight.shape[0]}] tensor in x's dtype ({x.dtype}): "
+              f"one per weight row, got shape {tuple(bias.shape)}, dtype {bias.dtype}")
+    if bias is not None and path == "unfused":
+        _fail("bias is given with path='unfused': the unfused path's GEMM takes no bias (the "
+              "fused kernel adds it)")
     if norm_weight is not None and (norm_weight.dtype != x.dtype or not norm_weight.is_contiguous()
                                     or norm_weight.dim() != 1
                                     or norm_weight.numel() != x.shape[1]):
@@ -375,6 +384,8 @@ def qkv_projection(x, weight, *, q_heads, kv_heads, head_dim=128, rotary_dim=Non
         fill(a, weight_scale=weight_scale.data_ptr())
     if norm_weight is not None:
         fill(a, norm_weight=norm_weight.data_ptr())
+    if bias is not None:
+        fill(a, bias=bias.data_ptr())
     for field, t, heads in (("q", q, q_heads), ("k", k, kv_heads), ("v", v, kv_heads)):
         if t is not None:
             setattr(a, field, _call.tensor(field, t.data_ptr(), heads, 0, t.stride(0),
@@ -396,7 +407,7 @@ def qkv_projection(x, weight, *, q_heads, kv_heads, head_dim=128, rotary_dim=Non
         taken = path
         if path == "auto":
             slot = (bytes(spec), 1 << (tokens - 1).bit_length(), a.hidden, q_heads, kv_heads,
-                    x.device.index, cu_seqlens is None)
+                    x.device.index, cu_seqlens is None, bias is None)
             taken = _paths.get(slot)
             if taken is None:
                 code = ctypes.c_int32()

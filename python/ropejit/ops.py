@@ -288,7 +288,7 @@ def qkv_projection(x, weight, *, q_heads, kv_heads, head_dim=128, rotary_dim=Non
                    weight_scale=None, k_cache=None, v_cache=None, slot_mapping=None,
                    kv_indptr=None, kv_indices=None, kv_last_page_len=None, cache_seqlens=None,
                    k_scale=1.0, v_scale=1.0, skipped=None, write_kv=True, cu_seqlens=None,
-                   k_cache_scales=None, v_cache_scales=None, kv_layout="NHD"):
+                   k_cache_scales=None, v_cache_scales=None, kv_layout="NHD", bias=None):
     """ropejit.decode.qkv_projection as the op ``ropejit::qkv_projection`` (the KV cache, its
     scales and ``skipped`` declared mutated): returns (q, k, v), views of one new
     ``[tokens, q_heads + 2 kv_heads, head_dim]`` tensor ((q, None, None) with
@@ -296,17 +296,17 @@ def qkv_projection(x, weight, *, q_heads, kv_heads, head_dim=128, rotary_dim=Non
     inputs = (x, weight, norm_weight, weight_scale, position_ids, cos, sin)
     cache = (k_cache, v_cache, slot_mapping, kv_indptr, kv_indices, kv_last_page_len,
              cache_seqlens, cu_seqlens, skipped, k_cache_scales, v_cache_scales)
-    direct = _direct(*inputs, *cache)
+    direct = _direct(*inputs, *cache, bias)
     shape = (q_heads, kv_heads, head_dim, rotary_dim or 0, norm, eps, position_offset,
              _base(base, cos), style, path)
     if all(t is None for t in cache) and write_kv is True and (k_scale, v_scale) == (1.0, 1.0):
         op = (_decode_ops._qkv_projection_plain_impl if direct
               else _decode_ops.qkv_projection_plain_op)
-        out = op(*inputs, *shape)
+        out = op(*inputs, *shape, bias)
     else:
         op = _decode_ops._qkv_projection_impl if direct else _decode_ops.qkv_projection_op
         out = op(*inputs, *cache, *shape, k_scale, v_scale, flag("write_kv", write_kv),
-                 kv_layout)
+                 kv_layout, bias)
     if not write_kv:
         return out, None, None
     q, k, v = out.split([q_heads, kv_heads, kv_heads], dim=1)

@@ -28,6 +28,7 @@ def _inputs(device, tokens=3, dtype=torch.bfloat16, seed=0):
         residual=randn(tokens, HIDDEN),
         norm_weight=(1 + randn(HIDDEN, scale=0.1)),
         weight=randn(cols, HIDDEN, scale=HIDDEN ** -0.5),
+        bias=randn(cols, scale=0.5),
         gate_up=randn(2 * INTER, HIDDEN, scale=HIDDEN ** -0.5),
         ids=torch.arange(5, 5 + tokens, dtype=torch.int64, device=device),
         k_cache=torch.zeros(4, 16, KV_HEADS, HEAD_DIM, dtype=dtype, device=device),
@@ -62,6 +63,18 @@ def test_the_ops_trace_from_fake_tensors_without_a_gpu():
                                head_dim=HEAD_DIM, norm_weight=t["norm_weight"])
         with pytest.raises(ropejit.InvalidArgument, match=r"residual has shape"):
             ops.rms_norm(t["x"], t["norm_weight"], residual=t["x"][:1])
+        q, _, _ = ops.qkv_projection(t["x"], t["weight"], q_heads=Q_HEADS, kv_heads=KV_HEADS,
+                                     head_dim=HEAD_DIM, norm_weight=t["norm_weight"],
+                                     bias=t["bias"])
+        assert q.shape == (3, Q_HEADS, HEAD_DIM)
+        with pytest.raises(ropejit.InvalidArgument, match=r"bias must be a contiguous \[768\]"):
+            ops.qkv_projection(t["x"], t["weight"], q_heads=Q_HEADS, kv_heads=KV_HEADS,
+                               head_dim=HEAD_DIM, norm_weight=t["norm_weight"],
+                               bias=t["bias"][:100])
+        with pytest.raises(ropejit.InvalidArgument, match=r"path='unfused'"):
+            ops.qkv_projection(t["x"], t["weight"], q_heads=Q_HEADS, kv_heads=KV_HEADS,
+                               head_dim=HEAD_DIM, norm_weight=t["norm_weight"],
+                               bias=t["bias"], path="unfused")
 
 
 @requires_cuda
@@ -80,11 +93,15 @@ def test_opcheck():
         (t["x"], t["weight"], t["norm_weight"], None, t["ids"], None, None, t["k_cache"],
          t["v_cache"], t["slots"], None, None, None, None, None, None, None, None, Q_HEADS,
          KV_HEADS, HEAD_DIM, 0, "rms", 1e-5, 0, 500000.0, "neox", "auto", 1.0, 1.0, True,
-         "NHD"), test_utils=tests)
+         "NHD", t["bias"]), test_utils=tests)
     torch.library.opcheck(
         d.qkv_projection_plain_op,
         (t["x"], t["weight"], t["norm_weight"], None, t["ids"], None, None, Q_HEADS, KV_HEADS,
          HEAD_DIM, 0, "rms", 1e-5, 0, 500000.0, "neox", "auto"), test_utils=tests)
+    torch.library.opcheck(
+        d.qkv_projection_plain_op,
+        (t["x"], t["weight"], t["norm_weight"], None, t["ids"], None, None, Q_HEADS, KV_HEADS,
+         HEAD_DIM, 0, "rms", 1e-5, 0, 500000.0, "neox", "auto", t["bias"]), test_utils=tests)
     half = INTER
     torch.library.opcheck(
         d.ffn_gate_up_op, (t["x"], t["gate_up"][:half], t["gate_up"][half:], t["norm_weight"],
@@ -122,6 +139,20 @@ def test_the_ops_give_the_bits_of_the_decode_calls():
                                                      got[2])
     assert torch.equal(ops.ffn_gate_up(h, t["gate_up"], norm_weight=t["norm_weight"]),
                        decode.ffn_gate_up(h, t["gate_up"], norm_weight=t["norm_weight"]))
+    # Qwen2's biases: the op and the decode call agree, and v (not rotated) moves by the bias.
+    plain = ops.qkv_projection(h, t["weight"], q_heads=Q_HEADS, kv_heads=KV_HEADS,
+                               head_dim=HEAD_DIM, norm="none", position_ids=t["ids"])
+    biased = ops.qkv_projection(h, t["weight"], q_heads=Q_HEADS, kv_heads=KV_HEADS,
+                                head_dim=HEAD_DIM, norm="none", position_ids=t["ids"],
+                                bias=t["bias"])
+    want = decode.qkv_projection(h, t["weight"], q_heads=Q_HEADS, kv_heads=KV_HEADS,
+                                 head_dim=HEAD_DIM, norm="none", position_ids=t["ids"],
+                                 bias=t["bias"])
+    for a, b in zip(biased, want):
+        assert torch.equal(a, b)
+    v_bias = t["bias"][(Q_HEADS + KV_HEADS) * HEAD_DIM:].view(KV_HEADS, HEAD_DIM).double()
+    shift = biased[2].double() - plain[2].double()
+    assert (shift - v_bias).abs().max() <= 2 ** -7 * (plain[2].abs().max() + v_bias.abs().max())
 
 
 @requires_cuda

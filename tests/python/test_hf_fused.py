@@ -1,4 +1,5 @@
-"""patch_hf_model(model, fuse="all") on transformers Llama and Qwen3 models with random weights,
+"""patch_hf_model(model, fuse="all") on transformers Llama, Qwen2 (q/k/v biases) and Qwen3 (QK-norm)
+models with random weights,
 judged against the same weights in float32: the patched bf16 model's logits and static-cache
 contents are at least as close to the float32 model's as the unpatched bf16 model's (relative L2
 and argmax agreement), greedy generation runs in eager and under torch.compile with a static
@@ -17,8 +18,9 @@ import ropejit  # noqa: E402
 
 
 def _config(rope):
-    """A small random config: Llama with the default or llama3 RoPE, or Qwen3 (QK-norm)."""
-    from transformers import LlamaConfig, Qwen3Config
+    """A small random config: Llama with the default or llama3 RoPE, Qwen2 (q/k/v biases) or
+    Qwen3 (QK-norm)."""
+    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
     scaling = None
     if rope == "llama3":
         scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
@@ -28,6 +30,8 @@ def _config(rope):
                   max_position_embeddings=2048, tie_word_embeddings=False)
     if rope == "qwen3":
         config = Qwen3Config(rope_theta=1000000.0, rms_norm_eps=1e-6, **shapes)
+    elif rope == "qwen2":
+        config = Qwen2Config(rope_theta=1000000.0, rms_norm_eps=1e-6, **shapes)
     else:
         config = LlamaConfig(rope_theta=500000.0, rms_norm_eps=1e-5, rope_scaling=scaling,
                              **shapes)
@@ -50,6 +54,10 @@ def _models(config):
     from transformers import AutoModelForCausalLM
     torch.manual_seed(0)
     fp32 = AutoModelForCausalLM.from_config(config).cuda().eval()
+    with torch.no_grad():  # transformers starts biases at zero: make Qwen2's count
+        for module in fp32.modules():
+            if isinstance(module, torch.nn.Linear) and module.bias is not None:
+                module.bias.normal_(0.0, 0.5)
     bf16 = copy.deepcopy(fp32).to(torch.bfloat16)
     bf16.model.rotary_emb.inv_freq = fp32.model.rotary_emb.inv_freq.clone()
     bf16.model.rotary_emb.original_inv_freq = fp32.model.rotary_emb.original_inv_freq.clone()
@@ -63,7 +71,7 @@ def _rel_l2(a, b):
 
 @requires_cuda
 @pytest.mark.long
-@pytest.mark.parametrize("rope", ["default", "llama3", "qwen3"])
+@pytest.mark.parametrize("rope", ["default", "llama3", "qwen2", "qwen3"])
 def test_the_fused_model_is_at_least_as_close_to_float32_as_transformers(rope, monkeypatch):
     config = _config(rope)
     _keep_apply_rotary(monkeypatch, config)
@@ -79,6 +87,10 @@ def test_the_fused_model_is_at_least_as_close_to_float32_as_transformers(rope, m
     layer = fused.model.layers[0]
     qkv = layer._ropejit["qkv"]
     assert layer.self_attn.k_proj.weight.data_ptr() == qkv.data_ptr() + 512 * 512 * 2
+    if rope == "qwen2":  # the biases packed the same way, one copy
+        bias = layer._ropejit["qkv_bias"]
+        assert layer.self_attn.v_proj.bias.data_ptr() == bias.data_ptr() + (512 + 128) * 2
+        assert float(bias.abs().max()) > 0.5
     with torch.no_grad():
         got = fused(ids).logits
     err_plain, err_fused = _rel_l2(plain, want), _rel_l2(got, want)
@@ -105,12 +117,19 @@ def test_the_fused_model_is_at_least_as_close_to_float32_as_transformers(rope, m
 def test_layers_that_cannot_be_fused_are_named_and_keep_transformers_forward(monkeypatch):
     config = _config("default")
     _keep_apply_rotary(monkeypatch, config)
-    config.attention_bias = True
+    config.mlp_bias = True
     _, bf16 = _models(config)
+    for layer in bf16.model.layers[1:]:
+        layer.mlp.gate_proj.bias = layer.mlp.up_proj.bias = None
+    bf16.model.layers[1].self_attn.k_proj.bias = torch.nn.Parameter(
+        torch.zeros(128, dtype=torch.bfloat16, device="cuda"))
     report = ropejit.nn.patch_hf_model(bf16, fuse="all")
-    assert report.layers == []
+    assert report.layers == ["model.layers.2"]
     assert report.not_fused["model.layers.0"] == \
-        "its q_proj has a bias (the fused projection takes none)"
+        "its gate_proj has a bias (the fused gate/up takes none)"
+    assert report.not_fused["model.layers.1"] == \
+        "its biases are on k_proj only (the fused projection takes q_proj, k_proj and v_proj " \
+        "biases together)"
     assert "forward" not in vars(bf16.model.layers[0])
     with pytest.raises(ropejit.InvalidArgument, match=r"fuse \('everything'\) must be"):
         ropejit.nn.patch_hf_model(bf16, fuse="everything")
@@ -119,7 +138,7 @@ def test_layers_that_cannot_be_fused_are_named_and_keep_transformers_forward(mon
 @requires_cuda
 @pytest.mark.long
 @pytest.mark.parametrize("kind", ["static", "dynamic"])
-@pytest.mark.parametrize("rope", ["llama3", "qwen3"])
+@pytest.mark.parametrize("rope", ["llama3", "qwen2", "qwen3"])
 def test_the_cache_holds_what_transformers_writes(rope, kind, monkeypatch):
     """A StaticCache or DynamicCache filled by the patched model (prefill through update(),
     decode steps appended by the projection itself, then a 3-token chunk: appended too into a
