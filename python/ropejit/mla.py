@@ -20,12 +20,20 @@ from torch import Tensor
 
 from ropejit import _capi
 from ropejit._cvalues import choice, fill, real
+from ropejit.decode import _plan_key, _planned, _remember_plan
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
 _TABLE_DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 _FP8 = getattr(torch, "float8_e4m3fn", None)
 # The tests run the binding on CPU tensors through a host emulation of the kernel.
 _require_cuda = True
+
+# Where each tensor argument's address goes in ropejit_mla_args, in prepare's argument order. A
+# call with the shapes, strides, dtypes and devices of an earlier one (and the same eps and
+# style) repeats its plan (decode.py's plan cache): the structs, with this call's addresses
+# written where the plan has one, then C, which checks the addresses again.
+_MLA_POINTERS = ("position_ids", "cos", "sin", "kv_c", "k_pe", "cache", "slots", "norm_weight",
+                 "q_pe", "q_nope", "q_out", "cache_scale", "q_scale", "skipped")
 
 
 def _fail(message):
@@ -114,6 +122,17 @@ def prepare(positions: Tensor, cos: Tensor, sin: Tensor, *, kv_c: Optional[Tenso
     or with q_nope [tokens, heads, kv_rank] written into q_out [tokens, heads, kv_rank +
     rope_dim]; skipped: an int32 tensor of one element that counts slots outside the cache.
     bf16 or fp16 activations on a CUDA device; ``style`` "gptj" (DeepSeek's pairs) or "neox"."""
+    tensors = (positions, cos, sin, kv_c, k_pe, cache, slots, norm_weight, q_pe, q_nope, q_out,
+               cache_scale, q_scale, skipped)
+    key = None if _fake else _plan_key("mla", tensors, (eps, style))
+    plan = None if key is None else _planned(key)
+    if plan is not None:
+        spec, a = plan[0], _capi.ropejit_mla_args.from_buffer_copy(plan[1])
+        for field, t in zip(_MLA_POINTERS, tensors):
+            if t is not None and getattr(a, field):
+                setattr(a, field, t.data_ptr())
+        _launch(spec, a, positions.device)
+        return
     first = q_pe if q_pe is not None else kv_c
     if first is None:
         _fail("prepare needs kv_c (with k_pe, cache and slots) or q_pe")
@@ -219,6 +238,7 @@ def prepare(positions: Tensor, cos: Tensor, sin: Tensor, *, kv_c: Optional[Tenso
     if _fake or tokens == 0:
         return
     _launch(spec, a, device)
+    _remember_plan(key, (spec, bytes(a)))
 
 
 def _launch(spec, args, device):

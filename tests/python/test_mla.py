@@ -73,10 +73,25 @@ def test_prepare_matches_float64(device, dtype, style, query):
         torch.zeros(T, H, R + P, device=device).to(out_dtype)
     q_scale = torch.tensor([0.05], device=device) if fp8 else None
     skipped = torch.zeros(1, dtype=torch.int32, device=device)
+    if device == "cuda":
+        # A first call of these shapes on other tensors: the call checked below repeats its
+        # plan with its own addresses.
+        from ropejit import decode
+        planned = len(decode._PLANNED)
+        mla.prepare(positions.clone(), cos.clone(), sin.clone(), kv_c=kv_c.clone(),
+                    k_pe=k_pe.clone(), cache=cache.clone(), slots=slots.clone(),
+                    norm_weight=w.clone(), q_pe=q.clone()[..., 32:],
+                    q_nope=None if q_out is None else q_nope.clone(),
+                    q_out=None if q_out is None else q_out.clone(),
+                    q_scale=None if q_scale is None else q_scale.clone(),
+                    skipped=skipped.clone(), style=style)
+        assert len(decode._PLANNED) in (planned + 1, 1)  # kept (or the cache was full)
+        planned = len(decode._PLANNED)
     mla.prepare(positions, cos, sin, kv_c=kv_c, k_pe=k_pe, cache=cache, slots=slots,
                 norm_weight=w, q_pe=q_pe, q_nope=None if q_out is None else q_nope, q_out=q_out,
                 q_scale=q_scale, skipped=skipped, style=style)
     if device == "cuda":
+        assert len(decode._PLANNED) == planned  # the plan was repeated, not made again
         torch.cuda.synchronize()
     gptj = style == "gptj"
     pos = positions.cpu()
