@@ -20,7 +20,7 @@ from torch import Tensor
 
 from ropejit import _capi
 from ropejit._cvalues import choice, fill, real
-from ropejit.decode import _plan_key, _planned, _remember_plan
+from ropejit.decode import _addresses, _plan_key, _planned, _remember_plan
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
 _TABLE_DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
@@ -30,8 +30,8 @@ _require_cuda = True
 
 # Where each tensor argument's address goes in ropejit_mla_args, in prepare's argument order. A
 # call with the shapes, strides, dtypes and devices of an earlier one (and the same eps and
-# style) repeats its plan (decode.py's plan cache): the structs, with this call's addresses
-# written where the plan has one, then C, which checks the addresses again.
+# style) repeats its plan (decode.py's plan cache): the structs with this call's addresses (a
+# field the plan's call does not use is ignored by C), then C, which checks them again.
 _MLA_POINTERS = ("position_ids", "cos", "sin", "kv_c", "k_pe", "cache", "slots", "norm_weight",
                  "q_pe", "q_nope", "q_out", "cache_scale", "q_scale", "skipped")
 
@@ -128,9 +128,7 @@ def prepare(positions: Tensor, cos: Tensor, sin: Tensor, *, kv_c: Optional[Tenso
     plan = None if key is None else _planned(key)
     if plan is not None:
         spec, a = plan[0], _capi.ropejit_mla_args.from_buffer_copy(plan[1])
-        for field, t in zip(_MLA_POINTERS, tensors):
-            if t is not None and getattr(a, field):
-                setattr(a, field, t.data_ptr())
+        _addresses(a, _MLA_POINTERS, tensors)
         _launch(spec, a, positions.device)
         return
     first = q_pe if q_pe is not None else kv_c
