@@ -663,7 +663,8 @@ ropejit_mla_spec from_mla_spec(const ropejit::MlaSpec& d) {
                           int32_t(d.norm),
                           int32_t(d.cache_store),
                           int32_t(d.query),
-                          int32_t(d.q_store)};
+                          int32_t(d.q_store),
+                          int32_t(d.scale_multiplies)};
 }
 
 ropejit_mla_args default_mla_args() {
@@ -686,6 +687,7 @@ ropejit::MlaSpec to_mla_spec(const ropejit_mla_spec* p) {
   o.cache_store = ropejit::Store(s.cache_store);
   o.query = ropejit::MlaQuery(s.query);
   o.q_store = ropejit::Store(s.q_store);
+  o.scale_multiplies = flag(s.scale_multiplies, "spec.scale_multiplies");
   return o;
 }
 
@@ -723,6 +725,21 @@ ropejit::MlaArgs to_mla_args(const ropejit_mla_args* p) {
   o.table_rows = a.table_rows;
   o.table_stride = a.table_stride;
   o.stream = a.stream;
+  o.k_pe_out = a.k_pe_out;
+  o.k_pe_out_stride = a.k_pe_out_stride;
+  o.cache_pe = a.cache_pe;
+  o.cache_pe_stride = a.cache_pe_stride;
+  o.rows_by_token = flag(a.rows_by_token, "args.rows_by_token");
+  o.kv_indices = a.kv_indices;
+  o.kv_indptr = a.kv_indptr;
+  o.batch_indices = a.batch_indices;
+  o.page_positions = a.page_positions;
+  o.batch = a.batch;
+  o.num_indices = a.num_indices;
+  o.page_size = a.page_size;
+  o.q_out_pe = a.q_out_pe;
+  o.q_out_pe_token_stride = a.q_out_pe_token_stride;
+  o.q_out_pe_head_stride = a.q_out_pe_head_stride;
   return o;
 }
 

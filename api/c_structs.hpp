@@ -25,6 +25,10 @@ template <>
 inline constexpr size_t kFirstSize<ropejit_model> = 216;  // before kv_lora_rank
 template <>
 inline constexpr size_t kFirstSize<ropejit_qkv_proj_args> = 480;  // before bias
+template <>
+inline constexpr size_t kFirstSize<ropejit_mla_spec> = 48;  // before scale_multiplies
+template <>
+inline constexpr size_t kFirstSize<ropejit_mla_args> = 248;  // before k_pe_out
 
 inline bool has_header(const void* p) {
   ropejit_header h;

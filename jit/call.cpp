@@ -140,6 +140,22 @@ bool distinct_rows(const Operand& a, const Operand& b) {
   return false;
 }
 
+// a's and b's elements are different columns of one tensor's rows (vLLM's kv_c and k_pe split
+// from one projection's output, FlashInfer's ckv and kpe parts of one cache): equal element
+// sizes, axes and counts, b's columns starting at or after a's row ends, and rows as wide as
+// both together that never overlap. `a` starts first.
+bool distinct_columns(const Operand& a, const Operand& b) {
+  if (a.elem != b.elem) return false;
+  for (size_t i = 0; i < a.dims.size(); ++i)
+    if (a.dims[i].count != b.dims[i].count ||
+        (a.dims[i].stride != b.dims[i].stride && a.dims[i].count > 1))
+      return false;
+  const int64_t delta = int64_t(b.first - a.first);
+  if (delta % a.elem != 0 || delta / a.elem < a.row) return false;
+  int64_t needed = 0;
+  return overlapping_dim(a.dims, delta / a.elem + b.row, &needed) == nullptr;
+}
+
 }  // namespace
 
 int64_t check_table(const void* cos, const void* sin, DType table_dtype, int64_t width,
@@ -169,13 +185,15 @@ void check_no_overlap(const Operand* ops, size_t n) {
       if (!(a.written || b.written) || a.first == a.end || b.first == b.end) continue;
       if (a.end <= b.first || b.end <= a.first) continue;
       const bool a_first = a.first <= b.first;
-      if (distinct_rows(a_first ? a : b, a_first ? b : a)) continue;
+      const Operand& lo = a_first ? a : b;
+      const Operand& hi = a_first ? b : a;
+      if (distinct_rows(lo, hi) || distinct_columns(lo, hi)) continue;
       invalid(a.name, " and ", b.name, " overlap in memory (", a.name, " spans [",
               reinterpret_cast<const void*>(a.first), ", ", reinterpret_cast<const void*>(a.end),
               "), ", b.name, " [", reinterpret_cast<const void*>(b.first), ", ",
               reinterpret_cast<const void*>(b.end), ")) and ",
               a.written && b.written ? "both are" : "one is",
-              " written; give each its own memory (or distinct heads of one tensor)");
+              " written; give each its own memory (or distinct heads or columns of one tensor)");
     }
 }
 

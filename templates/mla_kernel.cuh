@@ -3,8 +3,8 @@
 //   the query: rope(q_pe) in place, or  q_out = [ q_nope ‖ rope(q_pe) ]  (blocks of tokens and
 //   heads).
 // fp32 arithmetic, each output rounded once (to the dtype, or to e4m3 after dividing by the
-// store's scale). kv_c's row is held in registers (16-byte vectors across a warp) between its
-// statistics and its output, so it is read once.
+// store's scale, or multiplying by it: kScaleMultiplies). kv_c's row is held in registers (16-byte
+// vectors across a warp) between its statistics and its output, so it is read once.
 #pragma once
 #include "mla_params.cuh"
 #include "rope_types.cuh"
@@ -40,11 +40,16 @@ struct MlaKernel {
     return Elem<Cfg::kDType>::load(static_cast<const Raw*>(base)[at]);
   }
 
-  // One value into a dtype or e4m3 store (the code of value / scale).
+  // What an e4m3 store encodes: value / scale (vLLM's scales), or value × scale (FlashInfer's).
+  static __device__ __forceinline__ float scaled(float v, float scale) {
+    return Cfg::kScaleMultiplies ? v * scale : v / scale;
+  }
+
+  // One value into a dtype or e4m3 store (the code of the scaled value).
   template <bool kE4m3>
   static __device__ __forceinline__ void put(void* base, long long at, float v, float scale) {
     if (kE4m3)
-      static_cast<unsigned char*>(base)[at] = Elem<kE4M3>::store(v / scale);
+      static_cast<unsigned char*>(base)[at] = Elem<kE4M3>::store(scaled(v, scale));
     else
       static_cast<Raw*>(base)[at] = Elem<Cfg::kDType>::store(v);
   }
@@ -57,8 +62,8 @@ struct MlaKernel {
       u32 words[2];
 #pragma unroll
       for (int j = 0; j < 2; ++j)
-        words[j] = e4m3x2(v[4 * j] / scale, v[4 * j + 1] / scale) |
-                   (e4m3x2(v[4 * j + 2] / scale, v[4 * j + 3] / scale) << 16);
+        words[j] = e4m3x2(scaled(v[4 * j], scale), scaled(v[4 * j + 1], scale)) |
+                   (e4m3x2(scaled(v[4 * j + 2], scale), scaled(v[4 * j + 3], scale)) << 16);
       *reinterpret_cast<uint2*>(static_cast<unsigned char*>(base) + at) =
           make_uint2(words[0], words[1]);
     } else {
@@ -96,8 +101,29 @@ struct MlaKernel {
     }
   }
 
+  // Token t's cache row: its slot, its own index, or the page table's; -1 for padding, -2 for
+  // a row outside the cache or past its request's pages (skipped and counted).
+  static __device__ __forceinline__ long long cache_slot(const MlaParams& p, long long t) {
+    long long slot = t;
+    if (p.addressing == kMlaSlots) {
+      slot = p.slots[t];
+      if (slot == -1) return -1;
+    } else if (p.addressing == kMlaPageTable) {
+      const long long b = p.batch_indices[t];
+      if (b < 0 || b >= p.batch) return -1;
+      const long long pos = p.page_positions[t];
+      const long long start = p.kv_indptr[b], end = p.kv_indptr[b + 1];
+      if (pos < 0) return -2;
+      const long long page = pos / p.page_size;
+      if (page >= end - start || start + page < 0 || start + page >= p.num_indices) return -2;
+      slot = (long long)p.kv_indices[start + page] * p.page_size + pos % p.page_size;
+    }
+    return slot >= 0 && slot < p.cache_slots ? slot : -2;
+  }
+
   // The latent cache rows, a warp per token: [ RMSNorm(kv_c) · w ‖ rope(k_pe) ] at the token's
-  // slot. Every read that does not depend on the position or the slot is issued first.
+  // row (the rope part in cache_pe when it is set), and rope(k_pe) into k_pe_out for every
+  // token. Every read that does not depend on the position or the row is issued first.
   static __device__ void cache_rows(const MlaParams& p, long long block, int tid) {
     enum : int { kLaneVecs = (kVectors + 31) / 32 };
     const int lane = tid & 31;
@@ -116,13 +142,11 @@ struct MlaKernel {
       xa = load(kp, first(lane));
       xb = load(kp, second(lane));
     }
-    const long long slot = p.slots[t];
+    const long long slot = cache_slot(p, t);
     const long long pos = position(p, t);
-    if (slot >= p.cache_slots || slot < -1) {
-      if (lane == 0 && p.skipped) atomicAdd(p.skipped, 1);
-      return;
-    }
-    if (slot < 0) return;
+    if (slot == -2 && lane == 0 && p.skipped) atomicAdd(p.skipped, 1);
+    const bool row_written = slot >= 0;
+    if (!row_written && !p.k_pe_out) return;
     const bool in_table = pos >= 0 && pos < p.table_rows;
     const long long trow = in_table ? pos * p.table_stride : 0;
     float c = 0.0f, s = 0.0f;
@@ -131,46 +155,60 @@ struct MlaKernel {
       s = table(p.sin, trow + lane);
     }
     const float cscale = Cfg::kCacheE4m3 ? *p.cache_scale : 1.0f;
-    char* row = static_cast<char*>(p.cache) +
-                slot * p.cache_stride * (Cfg::kCacheE4m3 ? 1LL : (long long)sizeof(Raw));
-    float rstd = 1.0f;
-    if (Cfg::kNorm) {
-      float sumsq = 0.0f;
+    const long long celem = Cfg::kCacheE4m3 ? 1LL : (long long)sizeof(Raw);
+    char* row = row_written ? static_cast<char*>(p.cache) + slot * p.cache_stride * celem : nullptr;
+    if (row_written) {
+      float rstd = 1.0f;
+      if (Cfg::kNorm) {
+        float sumsq = 0.0f;
+#pragma unroll
+        for (int i = 0; i < kLaneVecs; ++i) {
+          if (i * 32 + lane >= kVectors) continue;
+#pragma unroll
+          for (int e = 0; e < kPer; ++e) {
+            const float f = v[i].get(e);
+            sumsq = fmaf(f, f, sumsq);
+          }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) sumsq += __shfl_xor_sync(0xffffffffu, sumsq, o);
+        rstd = 1.0f / sqrtf(sumsq / float(Cfg::kRank) + p.eps);
+      }
 #pragma unroll
       for (int i = 0; i < kLaneVecs; ++i) {
-        if (i * 32 + lane >= kVectors) continue;
+        const int at = i * 32 + lane;
+        if (at >= kVectors) continue;
+        float out[kPer];
+        if (Cfg::kNorm) {
+          Vec w;
+          w.load_ro(static_cast<const char*>(p.w) + (long long)at * 16);
 #pragma unroll
-        for (int e = 0; e < kPer; ++e) {
-          const float f = v[i].get(e);
-          sumsq = fmaf(f, f, sumsq);
+          for (int e = 0; e < kPer; ++e) out[e] = (v[i].get(e) * rstd) * w.get(e);
+        } else {
+#pragma unroll
+          for (int e = 0; e < kPer; ++e) out[e] = v[i].get(e);
         }
+        put_vec<Cfg::kCacheE4m3>(row, (long long)at * kPer, out, cscale);
       }
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) sumsq += __shfl_xor_sync(0xffffffffu, sumsq, o);
-      rstd = 1.0f / sqrtf(sumsq / float(Cfg::kRank) + p.eps);
     }
-#pragma unroll
-    for (int i = 0; i < kLaneVecs; ++i) {
-      const int at = i * 32 + lane;
-      if (at >= kVectors) continue;
-      float out[kPer];
-      if (Cfg::kNorm) {
-        Vec w;
-        w.load_ro(static_cast<const char*>(p.w) + (long long)at * 16);
-#pragma unroll
-        for (int e = 0; e < kPer; ++e) out[e] = (v[i].get(e) * rstd) * w.get(e);
-      } else {
-#pragma unroll
-        for (int e = 0; e < kPer; ++e) out[e] = v[i].get(e);
-      }
-      put_vec<Cfg::kCacheE4m3>(row, (long long)at * kPer, out, cscale);
-    }
-    // rope(k_pe) after kv_c in the row; rope_dim / 2 beyond a warp loops.
+    // rope(k_pe): after kv_c in the row, or in cache_pe's row; rope_dim / 2 beyond a warp loops.
+    char* pe_row = !row_written ? nullptr
+                   : p.cache_pe ? static_cast<char*>(p.cache_pe) + slot * p.cache_pe_stride * celem
+                                : row + Cfg::kRank * celem;
+    void* kout =
+        p.k_pe_out ? static_cast<char*>(p.k_pe_out) + t * p.k_pe_out_stride * (long long)sizeof(Raw)
+                   : nullptr;
     for (int i = lane; i < kHalf; i += 32) {
       const int a = first(i), b = second(i);
       if (!in_table) {
-        put_nan<Cfg::kCacheE4m3>(row, Cfg::kRank + a);
-        put_nan<Cfg::kCacheE4m3>(row, Cfg::kRank + b);
+        if (row_written) {
+          put_nan<Cfg::kCacheE4m3>(pe_row, a);
+          put_nan<Cfg::kCacheE4m3>(pe_row, b);
+        }
+        if (kout) {
+          put_nan<false>(kout, a);
+          put_nan<false>(kout, b);
+        }
         continue;
       }
       if (i != lane) {
@@ -179,8 +217,15 @@ struct MlaKernel {
         c = table(p.cos, trow + i);
         s = table(p.sin, trow + i);
       }
-      put<Cfg::kCacheE4m3>(row, Cfg::kRank + a, xa * c - xb * s, cscale);
-      put<Cfg::kCacheE4m3>(row, Cfg::kRank + b, xb * c + xa * s, cscale);
+      const float ya = xa * c - xb * s, yb = xb * c + xa * s;
+      if (row_written) {
+        put<Cfg::kCacheE4m3>(pe_row, a, ya, cscale);
+        put<Cfg::kCacheE4m3>(pe_row, b, yb, cscale);
+      }
+      if (kout) {
+        put<false>(kout, a, ya, 1.0f);
+        put<false>(kout, b, yb, 1.0f);
+      }
     }
   }
 
@@ -202,6 +247,19 @@ struct MlaKernel {
     return Item{w.t0 + u / per_token, w.h0 + r / per_head, r % per_head};
   }
 
+  // Where the assembled query's rope part of (t, h) starts: after kv_rank in q_out's head, or
+  // in q_out_pe's.
+  static __device__ __forceinline__ void rope_out(const MlaParams& p, long long t, long long h,
+                                                  void** out, long long* at) {
+    if (p.q_out_pe) {
+      *out = p.q_out_pe;
+      *at = t * p.q_out_pe_token_stride + h * p.q_out_pe_head_stride;
+    } else {
+      *out = p.q_out;
+      *at = t * p.q_out_token_stride + h * p.q_out_head_stride + Cfg::kRank;
+    }
+  }
+
   // rope(q_pe) a pair per step: any alignment.
   static __device__ void query_rope_pairs(const MlaParams& p, const Tile& w, int tid,
                                           float qscale) {
@@ -213,9 +271,9 @@ struct MlaKernel {
       const int a = first(i), b = second(i);
       const long long pos = position(p, t);
       Raw* q = static_cast<Raw*>(p.q_pe) + t * p.q_pe_token_stride + h * p.q_pe_head_stride;
-      void* out = Cfg::kAssemble ? p.q_out : static_cast<void*>(q);
-      const long long at =
-          Cfg::kAssemble ? t * p.q_out_token_stride + h * p.q_out_head_stride + Cfg::kRank : 0;
+      void* out = static_cast<void*>(q);
+      long long at = 0;
+      if (Cfg::kAssemble) rope_out(p, t, h, &out, &at);
       if (pos < 0 || pos >= p.table_rows) {
         put_nan<Cfg::kQE4m3>(out, at + a);
         put_nan<Cfg::kQE4m3>(out, at + b);
@@ -258,10 +316,10 @@ struct MlaKernel {
         const long long t = it.t, h = it.h;
         const int c = it.c;
         const long long off = (long long)c * kPer;
-        void* out = Cfg::kAssemble ? p.q_out : p.q_pe;
-        const long long at =
-            Cfg::kAssemble ? t * p.q_out_token_stride + h * p.q_out_head_stride + Cfg::kRank + off
-                           : t * p.q_pe_token_stride + h * p.q_pe_head_stride + off;
+        void* out = p.q_pe;
+        long long at = t * p.q_pe_token_stride + h * p.q_pe_head_stride;
+        if (Cfg::kAssemble) rope_out(p, t, h, &out, &at);
+        at += off;
         if (pos[k] < 0 || pos[k] >= p.table_rows) {
           put_nan_vec<Cfg::kQE4m3>(out, at);
           if (!Cfg::kGptj) put_nan_vec<Cfg::kQE4m3>(out, at + kHalf);

@@ -42,6 +42,28 @@ struct MlaParams {
   long long head_groups;
   float eps;
   int q_pe_vectors;  // q_pe's pointer and strides allow 16-byte vectors
+  // rope(k_pe) in the dtype for every token (null: not written; k_pe itself: in place).
+  void* k_pe_out;
+  long long k_pe_out_stride;
+  // The rows' rope part in its own cache (null: after kv_rank in the cache row).
+  void* cache_pe;
+  long long cache_pe_stride;
+  // How a token finds its cache row: slots (0), its own index (1), or the page table (2).
+  int addressing;
+  const int* kv_indices;
+  const int* kv_indptr;
+  const int* batch_indices;
+  const int* page_positions;
+  long long batch;
+  long long num_indices;
+  long long page_size;
+  // assemble: the query's rope part in a tensor of its own (null: after kv_rank in q_out).
+  void* q_out_pe;
+  long long q_out_pe_token_stride;
+  long long q_out_pe_head_stride;
 };
+
+// MlaParams::addressing
+enum : int { kMlaSlots = 0, kMlaRowsByToken = 1, kMlaPageTable = 2 };
 
 }  // namespace ropejit_dev

@@ -140,8 +140,8 @@ TEST_CASE("C ABI: the 0.2.0 struct sizes, the smallest each struct's header may 
   CHECK(sizeof(ropejit_ffn_args) == 152);
   CHECK(sizeof(ropejit_rms_norm_spec) == 20);
   CHECK(sizeof(ropejit_rms_norm_args) == 96);
-  CHECK(sizeof(ropejit_mla_spec) == 48);
-  CHECK(sizeof(ropejit_mla_args) == 248);
+  CHECK(sizeof(ropejit_mla_spec) == 52);   // 48 before scale_multiplies (api/c_structs.hpp)
+  CHECK(sizeof(ropejit_mla_args) == 368);  // 248 before k_pe_out
 }
 
 TEST_CASE("C ABI: int fields that stand for bools take only 0 and 1") {
@@ -423,4 +423,45 @@ TEST_CASE("C API: MLA's defaults, key, errors and precompile") {
   CHECK(std::string(ropejit_last_error()).find("args.position_ids is null") != std::string::npos);
   CHECK(ropejit_mla_prepare(nullptr, &args) == ROPEJIT_ERROR_INVALID_ARGUMENT);
   CHECK(ropejit_mla_precompile(&spec, "sm_90") == ROPEJIT_OK);
+}
+
+TEST_CASE("C API: MLA's appended fields, and callers with the first sized structs") {
+  ropejit_mla_spec spec;
+  REQUIRE(ropejit_mla_spec_init(&spec) == ROPEJIT_OK);
+  CHECK(spec.scale_multiplies == 0);
+  spec.cache_store = ROPEJIT_STORE_E4M3;
+  spec.scale_multiplies = 1;
+  char key[160];
+  REQUIRE(ropejit_mla_key(&spec, key, sizeof key) == ROPEJIT_OK);
+  CHECK(std::string(key) == "mla_bf16_r512_p64_gptj_ids-i64_tab-f32_nrms_ce4m3_qip_smul");
+  spec.scale_multiplies = 2;
+  CHECK(ropejit_mla_key(&spec, key, sizeof key) == ROPEJIT_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(ropejit_last_error()).find("spec.scale_multiplies (2)") != std::string::npos);
+
+  // A caller built before the appends: 48 and 248 bytes, the bytes after them (0xa5) never
+  // written by _init, never read by the call (whose error is the same as with whole structs).
+  std::vector<unsigned char> sb(sizeof(ropejit_mla_spec) + 8, 0xa5);
+  std::vector<unsigned char> ab(sizeof(ropejit_mla_args) + 8, 0xa5);
+  auto* s = reinterpret_cast<ropejit_mla_spec*>(sb.data());
+  auto* a = reinterpret_cast<ropejit_mla_args*>(ab.data());
+  REQUIRE(ropejit_mla_spec_init_sized(s, 48) == ROPEJIT_OK);
+  REQUIRE(ropejit_mla_args_init_sized(a, 248) == ROPEJIT_OK);
+  for (size_t i = 48; i < sb.size(); ++i) CHECK(sb[i] == 0xa5);
+  for (size_t i = 248; i < ab.size(); ++i) CHECK(ab[i] == 0xa5);
+  REQUIRE(ropejit_mla_key(s, key, sizeof key) == ROPEJIT_OK);
+  CHECK(std::string(key) == ropejit::MlaSpec{}.key());
+  a->tokens = 3;
+  a->heads = 16;
+  CHECK(ropejit_mla_prepare(s, a) == ROPEJIT_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(ropejit_last_error()).find("args.position_ids is null") != std::string::npos);
+  CHECK(ropejit_mla_args_init_sized(a, 247) == ROPEJIT_ERROR_INVALID_ARGUMENT);
+
+  ropejit_mla_args args;
+  REQUIRE(ropejit_mla_args_init(&args) == ROPEJIT_OK);
+  CHECK(args.k_pe_out == nullptr);
+  CHECK(args.rows_by_token == 0);
+  args.rows_by_token = 3;
+  args.tokens = 1;
+  CHECK(ropejit_mla_prepare(&spec, &args) == ROPEJIT_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(ropejit_last_error()).find("args.rows_by_token (3)") != std::string::npos);
 }

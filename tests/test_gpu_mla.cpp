@@ -4,6 +4,7 @@
 // every axis of the key, DeepSeek-V3's and Kimi K2's shapes, a CUDA graph replay.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <string>
 
 #include "gpu_helpers.hpp"
@@ -62,6 +63,49 @@ TEST_SUITE("gpu") {
           run_and_check(s, z,
                         s.key() + " tokens " + std::to_string(z.tokens) + " heads " +
                             std::to_string(z.heads));
+        }
+  }
+
+  TEST_CASE("MLA: scales that multiply, k_pe rotated out or in place, the rope part's own cache") {
+    testing::use_primary_context();
+    // FlashInfer's and vLLM's interfaces: e4m3 codes of value × scale, rope(k_pe) for every
+    // token (padding and skipped slots too), kpe's own cache, rows by token and a page table.
+    using Addr = oracle::MlaSizes::Addressing;
+    using Kpe = oracle::MlaSizes::KpeOut;
+    int n = 0;
+    for (const Addr addr : {Addr::slots, Addr::rows_by_token, Addr::page_table})
+      for (const Kpe kpe : {Kpe::none, Kpe::own, Kpe::in_place})
+        for (const bool cache_pe : {false, true}) {
+          ++n;
+          MlaSpec s;
+          s.dtype = n % 2 ? DType::bf16 : DType::f16;
+          s.style = n % 3 ? Style::gptj : Style::neox;
+          s.norm = n % 4 == 1 ? Norm::none : Norm::rms;
+          s.kv_rank = n % 5 == 2 ? 128 : 512;
+          s.cache_store = n % 3 == 1 ? Store::same : Store::e4m3;
+          s.query = n % 2 ? MlaQuery::assemble : MlaQuery::in_place;
+          if (s.query == MlaQuery::assemble && n % 4 != 3) s.q_store = Store::e4m3;
+          s.scale_multiplies = s.cache_store == Store::e4m3 || s.q_store == Store::e4m3;
+          oracle::MlaSizes z;
+          z.tokens = 3 + (n * 5) % 19;
+          z.heads = 1 + n % 16;
+          z.cache_slots = addr == Addr::rows_by_token ? z.tokens - 2 : z.tokens + 6;
+          z.table_rows = 50;
+          z.row_gap = n % 3 == 2 ? 8 : 0;
+          z.padded = addr == Addr::rows_by_token ? 0 : 1 + n % 2;
+          z.bad_slots = addr == Addr::rows_by_token ? 0 : std::min<int64_t>(3, z.tokens - 3);
+          z.off_table = z.tokens > 8 ? 2 : 0;
+          z.k_pe_out = kpe;
+          z.cache_pe = cache_pe;
+          z.q_out_pe = cache_pe;  // FlashInfer's outputs: both parts in tensors of their own
+          z.addressing = addr;
+          z.page_size = n % 2 ? 1 : 4;
+          z.cache_scale = 20.0f;  // FlashInfer's scales are reciprocals: × 20 fits e4m3
+          z.q_scale = 30.0f;
+          if (!s.scale_multiplies) z.cache_scale = z.q_scale = 0.05f;
+          z.seed = uint64_t(7000 + n);
+          run_and_check(
+              s, z, s.key() + " case " + std::to_string(n) + " tokens " + std::to_string(z.tokens));
         }
   }
 

@@ -68,6 +68,15 @@ TEST_CASE("MLA keys: golden keys, the parser round-trips them and rejects others
   CHECK(s.key() == "mla_f16_r256_p32_neox_ids-i32_tab-bf16_nnone_ce4m3_qasm-e4m3");
   CHECK(parse_mla_key(s.key()) == s);
   CHECK(parse_mla_key(MlaSpec{}.key()) == MlaSpec{});
+  s.scale_multiplies = true;  // FlashInfer's scales
+  CHECK(s.key() == "mla_f16_r256_p32_neox_ids-i32_tab-bf16_nnone_ce4m3_qasm-e4m3_smul");
+  CHECK(parse_mla_key(s.key()) == s);
+  CHECK(contains(
+      error_of([] { parse_mla_key("mla_bf16_r512_p64_gptj_ids-i64_tab-f32_nrms_csame_qip_smul"); }),
+      "spec.scale_multiplies is set but no store is e4m3"));
+  CHECK(contains(
+      error_of([] { parse_mla_key("mla_bf16_r512_p64_gptj_ids-i64_tab-f32_nrms_ce4m3_qip_smu"); }),
+      "is not an MLA key"));
   CHECK(contains(error_of([] { parse_mla_key("mla_bf16_r512"); }), "is not an MLA key"));
   CHECK(contains(
       error_of([] { parse_mla_key("mla_bf16_r512_p64_gptj_ids-i64_tab-f32_nrms_csame_qip-e4m3"); }),
@@ -120,7 +129,6 @@ TEST_CASE("MLA calls: each bad argument is named before anything runs") {
                  "would do nothing"));
   CHECK(contains(err([](Fake& f) { f.args.position_ids = nullptr; }), "args.position_ids is null"));
   CHECK(contains(err([](Fake& f) { f.args.cos = nullptr; }), "args.cos is null"));
-  CHECK(contains(err([](Fake& f) { f.args.slots = nullptr; }), "args.slots is null"));
   CHECK(contains(err([](Fake& f) { f.args.cache_slots = 0; }), "args.cache_slots (0)"));
   CHECK(contains(err([](Fake& f) { f.args.cache_stride = 100; }),
                  "args.cache_stride (100) is smaller than a row (576"));
@@ -146,6 +154,84 @@ TEST_CASE("MLA calls: each bad argument is named before anything runs") {
   // A small input inside a written output: refused too.
   CHECK(contains(err([](Fake& f) { f.args.position_ids = f.args.q_pe; }), "overlap in memory"));
   CHECK(contains(err([](Fake& f) { f.args.slots = static_cast<const int64_t*>(f.args.cache); }),
+                 "overlap in memory"));
+  // k_pe rotated in place or into k_pe_out, the rope part's own cache, the three addressings.
+  CHECK(err([](Fake& f) { f.args.k_pe_out = const_cast<void*>(f.args.k_pe); }).empty());
+  CHECK(contains(err([](Fake& f) {
+                   f.args.k_pe_out = const_cast<void*>(f.args.k_pe);
+                   f.args.k_pe_out_stride = 128;
+                 }),
+                 "args.k_pe_out is args.k_pe (in place) but args.k_pe_out_stride (128)"));
+  CHECK(contains(err([](Fake& f) { f.args.k_pe_out = const_cast<void*>(f.args.kv_c); }),
+                 "overlap in memory"));
+  CHECK(contains(err([](Fake& f) {
+                   f.args.cache = nullptr;
+                   f.args.k_pe_out = reinterpret_cast<void*>(0xc00000);
+                 }),
+                 "args.k_pe_out is set but args.cache is null"));
+  CHECK(err([](Fake& f) {
+          f.args.cache_pe = reinterpret_cast<void*>(0xd00000);
+          f.args.cache_stride = 512;
+        }).empty());
+  CHECK(contains(err([](Fake& f) { f.args.cache_stride = 512; }),
+                 "args.cache_stride (512) is smaller than a row (576"));
+  CHECK(contains(err([](Fake& f) {
+                   f.args.cache_pe = reinterpret_cast<void*>(0xd00000);
+                   f.args.cache_pe_stride = 32;
+                 }),
+                 "args.cache_pe_stride (32) is smaller than a row (64"));
+  CHECK(contains(err([](Fake& f) { f.args.rows_by_token = true; }), "not 2"));
+  CHECK(contains(err([](Fake& f) { f.args.slots = nullptr; }), "give exactly one, not 0"));
+  CHECK(err([](Fake& f) {
+          f.args.slots = nullptr;
+          f.args.rows_by_token = true;
+        }).empty());
+  auto paged = [](Fake& f) {
+    f.args.slots = nullptr;
+    f.args.kv_indices = reinterpret_cast<const int32_t*>(0xe00000);
+    f.args.kv_indptr = reinterpret_cast<const int32_t*>(0xe10000);
+    f.args.batch_indices = reinterpret_cast<const int32_t*>(0xe20000);
+    f.args.page_positions = reinterpret_cast<const int32_t*>(0xe30000);
+    f.args.batch = 2;
+    f.args.num_indices = 8;
+    f.args.page_size = 16;
+  };
+  CHECK(err(paged).empty());
+  CHECK(contains(err([&](Fake& f) {
+                   paged(f);
+                   f.args.page_size = 0;
+                 }),
+                 "args.page_size (0)"));
+  CHECK(contains(err([&](Fake& f) {
+                   paged(f);
+                   f.args.batch_indices = nullptr;
+                 }),
+                 "args.batch_indices is null"));
+  CHECK(contains(err([&](Fake& f) {
+                   paged(f);
+                   f.args.kv_indptr = reinterpret_cast<const int32_t*>(0xe10002);
+                 }),
+                 "args.kv_indptr (0xe10002) is not 4-byte aligned"));
+  CHECK(contains(err([&](Fake& f) {
+                   paged(f);
+                   f.args.page_positions = static_cast<const int32_t*>(f.args.cache);
+                 }),
+                 "overlap in memory"));
+  // One tensor's columns: kv_c and k_pe split from one projection, k_pe rotated in place.
+  CHECK(err([](Fake& f) {
+          f.args.kv_c_stride = 576;
+          f.args.k_pe = static_cast<const char*>(f.args.kv_c) + 512 * 2;
+          f.args.k_pe_stride = 576;
+          f.args.k_pe_out = const_cast<void*>(f.args.k_pe);
+          f.args.k_pe_out_stride = 576;
+        }).empty());
+  CHECK(contains(err([](Fake& f) {  // k_pe's columns inside kv_c's
+                   f.args.kv_c_stride = 576;
+                   f.args.k_pe = static_cast<const char*>(f.args.kv_c) + 448 * 2;
+                   f.args.k_pe_stride = 576;
+                   f.args.k_pe_out = const_cast<void*>(f.args.k_pe);
+                   f.args.k_pe_out_stride = 576;
+                 }),
                  "overlap in memory"));
   // No tokens: nothing to check past the counts, nothing runs.
   CHECK(err([](Fake& f) {
@@ -206,7 +292,11 @@ TEST_CASE("MLA's grid covers every cache row and every query head of every token
 }
 
 TEST_CASE("MLA keys compile for sm_80 and sm_90 over their axes") {
-  std::vector<MlaSpec> specs(6);
+  std::vector<MlaSpec> specs(7);
+  specs[6].cache_store = Store::e4m3;
+  specs[6].query = MlaQuery::assemble;
+  specs[6].q_store = Store::e4m3;
+  specs[6].scale_multiplies = true;
   specs[1].dtype = DType::f16;
   specs[1].style = Style::neox;
   specs[1].index_type = IndexType::i32;

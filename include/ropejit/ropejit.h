@@ -429,6 +429,9 @@ typedef struct {
   int32_t kv_rank, rope_dim;
   int32_t style, index_type, table_dtype, norm;
   int32_t cache_store, query, q_store;
+  /* Appended (the first sized struct ends before it): 1 when e4m3 stores hold value * scale
+   * (FlashInfer's) instead of value / scale. */
+  int32_t scale_multiplies;
 } ropejit_mla_spec;
 
 typedef struct {
@@ -457,6 +460,19 @@ typedef struct {
   const void* sin;
   int64_t table_rows, table_stride;
   void* stream;
+  /* Appended (the first sized struct ends before them); the C++ fields of the same names. */
+  void* k_pe_out; /* rope(k_pe) for every token; k_pe itself: in place */
+  int64_t k_pe_out_stride;
+  void* cache_pe; /* the rows' rope part in a cache of its own */
+  int64_t cache_pe_stride;
+  const int32_t* kv_indices; /* a page table addresses the cache (FlashInfer's) */
+  const int32_t* kv_indptr;
+  const int32_t* batch_indices;
+  const int32_t* page_positions;
+  int64_t batch, num_indices, page_size;
+  int32_t rows_by_token; /* 1: token t writes cache row t */
+  void* q_out_pe;        /* assemble: the query's rope part in a tensor of its own */
+  int64_t q_out_pe_token_stride, q_out_pe_head_stride;
 } ropejit_mla_args;
 
 /* Fill with the C++ defaults (bf16, kv_rank 512, rope_dim 64, gptj, i64 ids, f32 table, rms,

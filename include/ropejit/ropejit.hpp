@@ -591,6 +591,9 @@ struct MlaSpec {
   Store cache_store = Store::same;        // same or e4m3 (per-tensor scale)
   MlaQuery query = MlaQuery::in_place;
   Store q_store = Store::same;  // same, or e4m3 with query assemble
+  // e4m3 stores hold the code of value × scale (FlashInfer's quant_scale) instead of value /
+  // scale (vLLM's); needs an e4m3 cache_store or q_store. Key suffix _smul.
+  bool scale_multiplies = false;
 
   void validate() const;
   MlaSpec canonical() const;
@@ -602,7 +605,7 @@ struct MlaSpec {
     return a.dtype == b.dtype && a.kv_rank == b.kv_rank && a.rope_dim == b.rope_dim &&
            a.style == b.style && a.index_type == b.index_type && a.table_dtype == b.table_dtype &&
            a.norm == b.norm && a.cache_store == b.cache_store && a.query == b.query &&
-           a.q_store == b.q_store;
+           a.q_store == b.q_store && a.scale_multiplies == b.scale_multiplies;
   }
   friend bool operator!=(const MlaSpec& a, const MlaSpec& b) { return !(a == b); }
 };
@@ -639,6 +642,31 @@ struct MlaArgs {
   int64_t table_rows = 0;
   int64_t table_stride = 0;  // elements between rows (0: rope_dim / 2)
   void* stream = nullptr;
+  // rope(k_pe) in the dtype for every token, padding and skipped slots included; k_pe itself
+  // rotates it in place (vLLM's fused op). Needs the cache: the cache rows' warps compute it.
+  void* k_pe_out = nullptr;
+  int64_t k_pe_out_stride = 0;  // 0: rope_dim
+  // The rows' rope part in a cache of its own, [cache_slots][rope_dim] rows cache_pe_stride
+  // apart, same slots and store (FlashInfer's kpe_cache); `cache` then holds kv_rank a row.
+  void* cache_pe = nullptr;
+  int64_t cache_pe_stride = 0;  // 0: rope_dim
+  // Cache addressing, one of three: `slots`; token t's row is t (rows_by_token: outputs that
+  // are one row a token, FlashInfer's mla_rope_quantize_fp8); or a page table (FlashInfer's
+  // append): slot = kv_indices[kv_indptr[b] + p / page_size] * page_size + p % page_size for
+  // b = batch_indices[t], p = page_positions[t]. A batch index outside [0, batch) is padding;
+  // a page past the request's own entries (kv_indptr[b + 1]) or a slot outside the cache is
+  // skipped and counted.
+  bool rows_by_token = false;
+  const int32_t* kv_indices = nullptr;      // [num_indices]
+  const int32_t* kv_indptr = nullptr;       // [batch + 1]
+  const int32_t* batch_indices = nullptr;   // [tokens]
+  const int32_t* page_positions = nullptr;  // [tokens]
+  int64_t batch = 0, num_indices = 0, page_size = 0;
+  // assemble: the query's rope part in a tensor of its own, [tokens][heads][rope_dim] in q_out's
+  // store (FlashInfer's q_rope_out); q_out then holds kv_rank a head. 0 strides: heads *
+  // rope_dim, rope_dim.
+  void* q_out_pe = nullptr;
+  int64_t q_out_pe_token_stride = 0, q_out_pe_head_stride = 0;
 };
 
 void mla_prepare(const MlaSpec& spec, const MlaArgs& args);

@@ -47,6 +47,106 @@ void check_positions(const MlaSpec& c, const MlaArgs& a) {
 
 }  // namespace
 
+namespace {
+
+// How the call addresses the cache (MlaParams::addressing): exactly one way.
+int addressing(const MlaArgs& a) {
+  const bool table = a.kv_indices || a.kv_indptr || a.batch_indices || a.page_positions;
+  const int ways = int(a.slots != nullptr) + int(a.rows_by_token) + int(table);
+  if (ways != 1)
+    invalid("args.slots (", static_cast<const void*>(a.slots), "), args.rows_by_token (",
+            a.rows_by_token, ") and the page table (args.kv_indices ",
+            static_cast<const void*>(a.kv_indices),
+            ", ...) are three ways to address the cache: give exactly one, not ", ways);
+  return a.slots           ? ropejit_dev::kMlaSlots
+         : a.rows_by_token ? ropejit_dev::kMlaRowsByToken
+                           : ropejit_dev::kMlaPageTable;
+}
+
+// The page table's sizes and its int32 arrays (the arrays join `ops`).
+void check_page_table(const MlaArgs& a, Operand* ops, size_t* n) {
+  if (a.page_size < 1 || a.page_size > (int64_t(1) << 20))
+    invalid("args.page_size (", a.page_size, ") must be in [1, 2^20]");
+  if (a.batch < 1 || a.batch > (int64_t(1) << 30))
+    invalid("args.batch (", a.batch, ") must be in [1, 2^30]");
+  if (a.num_indices < 1 || a.num_indices > (int64_t(1) << 31) - 1)
+    invalid("args.num_indices (", a.num_indices, ") must be in [1, 2^31 - 1]");
+  const Dim one{0, 1, "-"};
+  const struct {
+    const char* name;
+    const int32_t* p;
+    int64_t count;
+  } arrays[] = {{"args.kv_indices", a.kv_indices, a.num_indices},
+                {"args.kv_indptr", a.kv_indptr, a.batch + 1},
+                {"args.batch_indices", a.batch_indices, a.tokens},
+                {"args.page_positions", a.page_positions, a.tokens}};
+  for (const auto& x : arrays) {
+    if (!x.p) invalid(x.name, " is null but the page table addresses the cache");
+    ops[(*n)++] = check_operand(x.name, x.p, one, one, x.count, 4, 4, false);
+  }
+}
+
+// The cache, its rope part's cache, kv_c, k_pe, k_pe_out and the norm weight.
+void check_cache(const MlaSpec& c, const MlaArgs& a, Operand* ops, size_t* n) {
+  const int64_t elem = element_bytes(c.dtype);
+  if (a.cache_slots < 1) invalid("args.cache_slots (", a.cache_slots, ") must be >= 1");
+  const int how = addressing(a);
+  if (how == ropejit_dev::kMlaSlots && reinterpret_cast<uintptr_t>(a.slots) % 8 != 0)
+    invalid("args.slots (", static_cast<const void*>(a.slots), ") is not 8-byte aligned");
+  const bool fp8 = c.cache_store == Store::e4m3;
+  const int64_t celem = fp8 ? 1 : elem;
+  if (fp8) check_aligned(a.cache_scale, 4, "args.cache_scale", "spec.cache_store e4m3");
+  if (a.skipped) check_aligned(a.skipped, 4, "args.skipped", "a skipped count");
+  // With cache_pe the cache's rows hold kv_c's part alone.
+  const int64_t row = int64_t(c.kv_rank) + (a.cache_pe ? 0 : c.rope_dim);
+  const int64_t cstride = or_default(a.cache_stride, row);
+  if (cstride < row)
+    invalid("args.cache_stride (", a.cache_stride, ") is smaller than a row (", row,
+            a.cache_pe ? " elements: kv_rank, the rope part in args.cache_pe)"
+                       : " elements: kv_rank + rope_dim)");
+  const Dim none{0, 1, "-"};
+  ops[(*n)++] = check_operand("args.cache", a.cache, Dim{cstride, a.cache_slots, "cache_stride"},
+                              none, row, celem, fp8 ? 8 : 16, true);
+  if (a.cache_pe) {
+    const int64_t pstride = or_default(a.cache_pe_stride, c.rope_dim);
+    if (pstride < c.rope_dim)
+      invalid("args.cache_pe_stride (", a.cache_pe_stride, ") is smaller than a row (", c.rope_dim,
+              " elements: rope_dim)");
+    ops[(*n)++] =
+        check_operand("args.cache_pe", a.cache_pe, Dim{pstride, a.cache_slots, "cache_pe_stride"},
+                      none, c.rope_dim, celem, celem, true);
+  }
+  const int64_t kvs = or_default(a.kv_c_stride, c.kv_rank);
+  ops[(*n)++] = check_operand("args.kv_c", a.kv_c, Dim{kvs, a.tokens, "kv_c_stride"}, none,
+                              c.kv_rank, elem, 16, false);
+  const int64_t kps = or_default(a.k_pe_stride, c.rope_dim);
+  // k_pe rotated in place is one written operand; else k_pe is read and k_pe_out written.
+  const bool in_place = a.k_pe_out == a.k_pe;
+  if (in_place && or_default(a.k_pe_out_stride, c.rope_dim) != kps)
+    invalid("args.k_pe_out is args.k_pe (in place) but args.k_pe_out_stride (", a.k_pe_out_stride,
+            ") is not args.k_pe_stride (", a.k_pe_stride, ")");
+  ops[(*n)++] = check_operand("args.k_pe", a.k_pe, Dim{kps, a.tokens, "k_pe_stride"}, none,
+                              c.rope_dim, elem, elem, in_place);
+  if (a.k_pe_out && !in_place)
+    ops[(*n)++] =
+        check_operand("args.k_pe_out", a.k_pe_out,
+                      Dim{or_default(a.k_pe_out_stride, c.rope_dim), a.tokens, "k_pe_out_stride"},
+                      none, c.rope_dim, elem, elem, true);
+  if (c.norm == Norm::rms) {
+    check_norm_eps(a.norm_eps);
+    ops[(*n)++] =
+        check_operand("args.norm_weight", a.norm_weight, none, none, c.kv_rank, elem, 16, false);
+  }
+  if (how == ropejit_dev::kMlaSlots)
+    ops[(*n)++] = check_operand("args.slots", a.slots, none, none, a.tokens, 8, 1, false);
+  if (how == ropejit_dev::kMlaPageTable) check_page_table(a, ops, n);
+  if (fp8)
+    ops[(*n)++] = check_operand("args.cache_scale", a.cache_scale, none, none, 1, 4, 1, false);
+  if (a.skipped) ops[(*n)++] = check_operand("args.skipped", a.skipped, none, none, 1, 4, 1, true);
+}
+
+}  // namespace
+
 void check_mla_call(const MlaSpec& c, const MlaArgs& a) {
   if (a.tokens < 0 || a.tokens > kMaxTokens)
     invalid("args.tokens (", a.tokens, ") must be in [0, ", kMaxTokens, "]");
@@ -55,37 +155,15 @@ void check_mla_call(const MlaSpec& c, const MlaArgs& a) {
   if (a.tokens == 0) return;
   if (!a.cache && a.heads == 0)
     invalid("args.cache is null and args.heads is 0: the call would do nothing");
+  if (!a.cache && (a.k_pe_out || a.cache_pe))
+    invalid("args.", a.k_pe_out ? "k_pe_out" : "cache_pe",
+            " is set but args.cache is null: the cache rows' warps write it");
   check_positions(c, a);
   const int64_t elem = element_bytes(c.dtype);
   const int64_t row = int64_t(c.kv_rank) + c.rope_dim;
-  Operand ops[16];
+  Operand ops[24];
   size_t n = 0;
-  if (a.cache) {
-    if (a.cache_slots < 1) invalid("args.cache_slots (", a.cache_slots, ") must be >= 1");
-    if (!a.slots) invalid("args.slots is null but args.cache is set");
-    if (reinterpret_cast<uintptr_t>(a.slots) % 8 != 0)
-      invalid("args.slots (", static_cast<const void*>(a.slots), ") is not 8-byte aligned");
-    const bool fp8 = c.cache_store == Store::e4m3;
-    if (fp8) check_aligned(a.cache_scale, 4, "args.cache_scale", "spec.cache_store e4m3");
-    if (a.skipped) check_aligned(a.skipped, 4, "args.skipped", "a skipped count");
-    const int64_t cstride = or_default(a.cache_stride, row);
-    if (cstride < row)
-      invalid("args.cache_stride (", a.cache_stride, ") is smaller than a row (", row,
-              " elements: kv_rank + rope_dim)");
-    ops[n++] = check_operand("args.cache", a.cache, Dim{cstride, a.cache_slots, "cache_stride"},
-                             Dim{0, 1, "-"}, row, fp8 ? 1 : elem, fp8 ? 8 : 16, true);
-    const int64_t kvs = or_default(a.kv_c_stride, c.kv_rank);
-    ops[n++] = check_operand("args.kv_c", a.kv_c, Dim{kvs, a.tokens, "kv_c_stride"}, Dim{0, 1, "-"},
-                             c.kv_rank, elem, 16, false);
-    ops[n++] = check_operand("args.k_pe", a.k_pe,
-                             Dim{or_default(a.k_pe_stride, c.rope_dim), a.tokens, "k_pe_stride"},
-                             Dim{0, 1, "-"}, c.rope_dim, elem, elem, false);
-    if (c.norm == Norm::rms) {
-      check_norm_eps(a.norm_eps);
-      ops[n++] = check_operand("args.norm_weight", a.norm_weight, Dim{0, 1, "-"}, Dim{0, 1, "-"},
-                               c.kv_rank, elem, 16, false);
-    }
-  }
+  if (a.cache) check_cache(c, a, ops, &n);
   if (a.heads > 0) {
     const bool assemble = c.query == MlaQuery::assemble;
     const int64_t qhs = or_default(a.q_pe_head_stride, c.rope_dim);
@@ -101,11 +179,23 @@ void check_mla_call(const MlaSpec& c, const MlaArgs& a) {
           "args.q_nope", a.q_nope,
           Dim{or_default(a.q_nope_token_stride, a.heads * nhs), a.tokens, "q_nope_token_stride"},
           Dim{nhs, a.heads, "q_nope_head_stride"}, c.kv_rank, elem, 16, false);
-      const int64_t ohs = or_default(a.q_out_head_stride, row);
+      // With q_out_pe, q_out's heads hold the q_nope part alone.
+      const int64_t qrow = a.q_out_pe ? int64_t(c.kv_rank) : row;
+      const int64_t ohs = or_default(a.q_out_head_stride, qrow);
       ops[n++] = check_operand(
           "args.q_out", a.q_out,
           Dim{or_default(a.q_out_token_stride, a.heads * ohs), a.tokens, "q_out_token_stride"},
-          Dim{ohs, a.heads, "q_out_head_stride"}, row, fp8 ? 1 : elem, fp8 ? 8 : 16, true);
+          Dim{ohs, a.heads, "q_out_head_stride"}, qrow, fp8 ? 1 : elem, fp8 ? 8 : 16, true);
+      if (a.q_out_pe) {
+        const int64_t phs = or_default(a.q_out_pe_head_stride, c.rope_dim);
+        ops[n++] = check_operand("args.q_out_pe", a.q_out_pe,
+                                 Dim{or_default(a.q_out_pe_token_stride, a.heads * phs), a.tokens,
+                                     "q_out_pe_token_stride"},
+                                 Dim{phs, a.heads, "q_out_pe_head_stride"}, c.rope_dim,
+                                 fp8 ? 1 : elem, fp8 ? 1 : elem, true);
+      }
+    } else if (a.q_out_pe) {
+      invalid("args.q_out_pe is set but spec.query is in_place: it is the assembled query's part");
     }
   }
   // The small inputs, so that none of them lies inside a written output.
@@ -118,12 +208,6 @@ void check_mla_call(const MlaSpec& c, const MlaArgs& a) {
                            c.rope_dim / 2, telem, 1, false);
   ops[n++] = check_operand("args.sin", a.sin, Dim{tstride, a.table_rows, "table_stride"}, one,
                            c.rope_dim / 2, telem, 1, false);
-  if (a.cache) {
-    ops[n++] = check_operand("args.slots", a.slots, one, one, a.tokens, 8, 1, false);
-    if (c.cache_store == Store::e4m3)
-      ops[n++] = check_operand("args.cache_scale", a.cache_scale, one, one, 1, 4, 1, false);
-    if (a.skipped) ops[n++] = check_operand("args.skipped", a.skipped, one, one, 1, 4, 1, true);
-  }
   if (a.heads > 0 && c.q_store == Store::e4m3)
     ops[n++] = check_operand("args.q_scale", a.q_scale, one, one, 1, 4, 1, false);
   check_no_overlap(ops, n);
@@ -151,19 +235,36 @@ ropejit_dev::MlaParams make_mla_params(const MlaSpec& c, const MlaArgs& a, int s
   p.sin = a.sin;
   p.kv_c_stride = or_default(a.kv_c_stride, c.kv_rank);
   p.k_pe_stride = or_default(a.k_pe_stride, c.rope_dim);
-  p.cache_stride = or_default(a.cache_stride, row);
+  p.cache_stride = or_default(a.cache_stride, a.cache_pe ? int64_t(c.kv_rank) : row);
   p.cache_slots = a.cache_slots;
   p.q_pe_head_stride = or_default(a.q_pe_head_stride, c.rope_dim);
   p.q_pe_token_stride = or_default(a.q_pe_token_stride, a.heads * p.q_pe_head_stride);
   p.q_nope_head_stride = or_default(a.q_nope_head_stride, c.kv_rank);
   p.q_nope_token_stride = or_default(a.q_nope_token_stride, a.heads * p.q_nope_head_stride);
-  p.q_out_head_stride = or_default(a.q_out_head_stride, row);
+  p.q_out_head_stride = or_default(a.q_out_head_stride, a.q_out_pe ? int64_t(c.kv_rank) : row);
+  p.q_out_pe = a.q_out_pe;
+  p.q_out_pe_head_stride = or_default(a.q_out_pe_head_stride, c.rope_dim);
+  p.q_out_pe_token_stride = or_default(a.q_out_pe_token_stride, a.heads * p.q_out_pe_head_stride);
   p.q_out_token_stride = or_default(a.q_out_token_stride, a.heads * p.q_out_head_stride);
   p.table_rows = a.table_rows;
   p.table_stride = or_default(a.table_stride, c.rope_dim / 2);
   p.heads = a.heads;
   p.eps = float(a.norm_eps);
   p.tokens = a.tokens;
+  p.k_pe_out = a.k_pe_out;
+  p.k_pe_out_stride = or_default(a.k_pe_out_stride, c.rope_dim);
+  p.cache_pe = a.cache_pe;
+  p.cache_pe_stride = or_default(a.cache_pe_stride, c.rope_dim);
+  p.addressing = a.slots           ? ropejit_dev::kMlaSlots
+                 : a.rows_by_token ? ropejit_dev::kMlaRowsByToken
+                                   : ropejit_dev::kMlaPageTable;
+  p.kv_indices = a.kv_indices;
+  p.kv_indptr = a.kv_indptr;
+  p.batch_indices = a.batch_indices;
+  p.page_positions = a.page_positions;
+  p.batch = a.batch;
+  p.num_indices = a.num_indices;
+  p.page_size = a.page_size;
   const int64_t sms = std::max(sm_count, 1);
   p.cache_blocks = a.cache ? (a.tokens + kMlaWarps - 1) / kMlaWarps : 0;
   int64_t query_blocks = 0;
@@ -192,6 +293,16 @@ ropejit_dev::MlaParams make_mla_params(const MlaSpec& c, const MlaArgs& a, int s
   };
   p.q_pe_vectors = a.q_pe && reinterpret_cast<uintptr_t>(a.q_pe) % 16 == 0 &&
                    aligned(p.q_pe_token_stride, a.tokens) && aligned(p.q_pe_head_stride, a.heads);
+  if (a.q_out_pe) {  // its vectors are 16 bytes, or 8 of e4m3 codes
+    const int64_t oelem = c.q_store == Store::e4m3 ? 1 : elem;
+    const auto out_aligned = [&](int64_t stride, int64_t count) {
+      return count <= 1 || (stride * oelem) % (8 * oelem) == 0;
+    };
+    p.q_pe_vectors = p.q_pe_vectors &&
+                     reinterpret_cast<uintptr_t>(a.q_out_pe) % uint64_t(8 * oelem) == 0 &&
+                     out_aligned(p.q_out_pe_token_stride, a.tokens) &&
+                     out_aligned(p.q_out_pe_head_stride, a.heads);
+  }
   return p;
 }
 
@@ -209,6 +320,7 @@ RenderedKernel render(const MlaSpec& c) {
                           {"cache_e4m3", flag(c.cache_store == Store::e4m3)},
                           {"assemble", flag(c.query == MlaQuery::assemble)},
                           {"q_e4m3", flag(c.q_store == Store::e4m3)},
+                          {"scale_multiplies", flag(c.scale_multiplies)},
                       });
 }
 

@@ -44,6 +44,10 @@ void MlaSpec::validate() const {
     detail::invalid("spec.cache_store (e4m3dyn) is not an MLA cache store: same or e4m3");
   if (q_store == Store::e4m3_dynamic)
     detail::invalid("spec.q_store (e4m3dyn) is not an MLA query store: same or e4m3");
+  if (scale_multiplies && cache_store != Store::e4m3 && q_store != Store::e4m3)
+    detail::invalid(
+        "spec.scale_multiplies is set but no store is e4m3: it says how an e4m3 cache_store or "
+        "q_store applies its scale");
   if (q_store != Store::same && query != MlaQuery::assemble)
     detail::invalid("spec.q_store (", to_string(q_store),
                     ") needs spec.query assemble: an in-place q_pe keeps the dtype");
@@ -55,7 +59,7 @@ MlaSpec MlaSpec::canonical() const {
 }
 
 // mla_<dtype>_r<kv_rank>_p<rope_dim>_<style>_ids-<index>_tab-<table
-// dtype>_n<norm>_c<store>_q<ip|asm>[-e4m3]
+// dtype>_n<norm>_c<store>_q<ip|asm>[-e4m3][_smul]
 std::string MlaSpec::key() const {
   validate();
   std::string k = std::string(detail::family_tag(detail::Family::mla)) + '_' + to_string(dtype) +
@@ -64,6 +68,7 @@ std::string MlaSpec::key() const {
                   to_string(table_dtype) + "_n" + to_string(norm) + "_c" +
                   store_field(cache_store) + "_q" + to_string(query);
   if (q_store != Store::same) k += std::string("-") + store_field(q_store);
+  if (scale_multiplies) k += "_smul";
   return k;
 }
 
@@ -72,9 +77,10 @@ MlaSpec parse_mla_key(const std::string& key) {
   const auto bad = [&]() {
     detail::invalid("key '", detail::clipped(key),
                     "' is not an MLA key (mla_<dtype>_r<kv_rank>_p<rope_dim>_<style>_ids-<index>_"
-                    "tab-<dtype>_n<norm>_c<store>_q<ip|asm>[-e4m3])");
+                    "tab-<dtype>_n<norm>_c<store>_q<ip|asm>[-e4m3][_smul])");
   };
-  if (f.size() != 10 || f[0] != detail::family_tag(detail::Family::mla)) bad();
+  const bool smul = f.size() == 11 && f[10] == "smul";
+  if ((f.size() != 10 && !smul) || f[0] != detail::family_tag(detail::Family::mla)) bad();
   const auto after = [&](const std::string& field, const std::string& prefix) {
     if (field.compare(0, prefix.size(), prefix) != 0) bad();
     return field.substr(prefix.size());
@@ -93,6 +99,7 @@ MlaSpec parse_mla_key(const std::string& key) {
   s.query = detail::parse_name<MlaQuery>(q.substr(0, dash), "key query");
   if (dash != std::string::npos)
     s.q_store = detail::parse_name<Store>(q.substr(dash + 1), "key query store");
+  s.scale_multiplies = smul;
   if (s.key() != key)
     detail::invalid("key '", detail::clipped(key), "' is not canonical (expected '", s.key(), "')");
   return s;

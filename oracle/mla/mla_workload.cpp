@@ -39,23 +39,39 @@ MlaProblem::Buffer& MlaProblem::add(std::vector<uint8_t> host) {
   return *buffers_.back();
 }
 
-MlaProblem::MlaProblem(const MlaSpec& spec, const MlaSizes& z)
-    : spec_(spec.canonical()), sizes_(z) {
+MlaProblem::MlaProblem(const MlaSpec& spec, const MlaSizes& sizes)
+    : spec_(spec.canonical()), sizes_(sizes) {
+  using Addressing = MlaSizes::Addressing;
+  if (sizes_.addressing == Addressing::page_table) {
+    if (sizes_.page_size < 1) detail::invalid("MlaSizes: page_size must be >= 1");
+    sizes_.cache_slots = round_up(sizes_.cache_slots, sizes_.page_size);
+  }
+  const MlaSizes& z = sizes_;
   const DType t = spec_.dtype;
   const int64_t e = detail::element_bytes(t), R = spec_.kv_rank, P = spec_.rope_dim, half = P / 2,
                 row = R + P, T = z.tokens, H = z.heads;
   const bool cache_fp8 = spec_.cache_store == Store::e4m3;
   const bool assemble = spec_.query == MlaQuery::assemble;
   const bool q_fp8 = spec_.q_store == Store::e4m3;
-  if (z.padded + z.bad_slots + z.off_table > T || T - z.padded - z.bad_slots > z.cache_slots)
+  const bool by_token = z.addressing == Addressing::rows_by_token;
+  if (z.padded + z.bad_slots + z.off_table > T ||
+      (!by_token && T - z.padded - z.bad_slots > z.cache_slots))
     detail::invalid(
         "MlaSizes: more padded, bad or off-table tokens than tokens, or more cached "
         "tokens than cache slots");
+  if (by_token && (z.padded || z.bad_slots))
+    detail::invalid(
+        "MlaSizes: rows by token have no padding or bad slots (tokens past the cache "
+        "are the skipped ones)");
+  if (z.k_pe_out != MlaSizes::KpeOut::none && !z.with_cache)
+    detail::invalid("MlaSizes: k_pe_out needs the cache");
   std::mt19937_64 rng(z.seed);
   std::uniform_real_distribution<double> unit(-1.0, 1.0);
   const int64_t kv_stride = round_up(R + z.row_gap, 8), pe_stride = P + z.row_gap,
-                cache_stride = round_up(row + z.row_gap, 8), qpe_hs = P + z.head_gap,
-                nope_hs = round_up(R + z.head_gap, 8), out_hs = round_up(row + z.head_gap, 8);
+                cache_stride = round_up((z.cache_pe ? R : row) + z.row_gap, 8),
+                qpe_hs = P + z.head_gap, nope_hs = round_up(R + z.head_gap, 8),
+                out_hs = round_up((z.q_out_pe ? R : row) + z.head_gap, 8),
+                out_pe_hs = P + z.head_gap;
   auto values = [&](int64_t rows, int64_t stride, int64_t width, double scale) {
     std::vector<uint8_t> bytes(size_t(std::max<int64_t>(rows, 1) * stride * e), kPoison);
     for (int64_t r = 0; r < rows; ++r)
@@ -75,8 +91,18 @@ MlaProblem::MlaProblem(const MlaSpec& spec, const MlaSizes& z)
   if (assemble)
     q_out_ = &add(std::vector<uint8_t>(
         size_t(std::max<int64_t>(T * H, 1) * out_hs * (q_fp8 ? 1 : e)), kPoison));
+  if (assemble && z.q_out_pe)
+    q_out_pe_ = &add(std::vector<uint8_t>(
+        size_t(std::max<int64_t>(T * H, 1) * out_pe_hs * (q_fp8 ? 1 : e)), kPoison));
   const int64_t celem = cache_fp8 ? 1 : e;
   cache_ = &add(std::vector<uint8_t>(size_t(z.cache_slots * cache_stride * celem), kPoison));
+  if (z.cache_pe)
+    cache_pe_ =
+        &add(std::vector<uint8_t>(size_t(z.cache_slots * (P + z.row_gap) * celem), kPoison));
+  if (z.k_pe_out == MlaSizes::KpeOut::own)
+    k_pe_out_ =
+        &add(std::vector<uint8_t>(size_t(std::max<int64_t>(T, 1) * (P + z.row_gap) * e), kPoison));
+  if (z.k_pe_out == MlaSizes::KpeOut::in_place) k_pe_out_ = k_pe_;
 
   // Slots: distinct rows for the cached tokens, then padding and rows past the cache, shuffled.
   std::vector<int64_t> perm(size_t(z.cache_slots));
@@ -88,11 +114,14 @@ MlaProblem::MlaProblem(const MlaSpec& spec, const MlaSizes& z)
                        : i < z.padded + z.bad_slots ? (i % 2 ? -2 - i : z.cache_slots + i)
                                                     : perm[size_t(i - z.padded - z.bad_slots)];
   std::shuffle(slots.begin(), slots.end(), rng);
+  if (by_token)
+    for (int64_t i = 0; i < T; ++i) slots[size_t(i)] = i < z.cache_slots ? i : z.cache_slots + i;
   {
     std::vector<uint8_t> b(size_t(T) * 8);
     std::memcpy(b.data(), slots.data(), b.size());
     slots_ = &add(std::move(b));
   }
+  if (z.addressing == Addressing::page_table) add_page_table(slots);
   // Positions: in the table, the last off_table tokens past it.
   std::vector<int64_t> pos(static_cast<size_t>(T));
   for (int64_t i = 0; i < T; ++i)
@@ -137,7 +166,11 @@ MlaProblem::MlaProblem(const MlaSpec& spec, const MlaSizes& z)
   qpe_hs_ = qpe_hs;
   nope_hs_ = nope_hs;
   out_hs_ = out_hs;
+  out_pe_hs_ = out_pe_hs;
   table_stride_ = ts;
+  kout_stride_ = P + z.row_gap;
+  if (z.k_pe_out == MlaSizes::KpeOut::in_place) kout_stride_ = pe_stride;
+  cache_pe_stride_ = P + z.row_gap;
   build_reference(slots, pos);
 }
 
@@ -181,6 +214,10 @@ void MlaProblem::build_reference(const std::vector<int64_t>& slots,
   for (int64_t i = 0; i < T; ++i) {
     const int64_t slot = slots[size_t(i)];
     if (slot >= z.cache_slots || slot < -1) ++want_skipped_;
+    if (k_pe_out_) {  // every token's, padding and skipped rows included
+      rotate(k_pe_->host.data() + i * pe_stride * e, pos[size_t(i)], &rot, &rot_err);
+      expect_row(&k_pe_expect_, size_t(i * kout_stride_ * e), rot, rot_err, false, 1.0);
+    }
     if (z.with_cache && slot >= 0 && slot < z.cache_slots) {
       const uint8_t* x = kv_c_->host.data() + i * kv_stride * e;
       double ss = 0;
@@ -196,8 +233,13 @@ void MlaProblem::build_reference(const std::vector<int64_t>& slots,
         err[size_t(k)] = spec_.norm == Norm::rms ? rel * std::fabs(y) : 0.0;
       }
       rotate(k_pe_->host.data() + i * pe_stride * e, pos[size_t(i)], &rot, &rot_err);
-      want.insert(want.end(), rot.begin(), rot.end());
-      err.insert(err.end(), rot_err.begin(), rot_err.end());
+      if (z.cache_pe) {
+        expect_row(&cache_pe_expect_, size_t(slot * cache_pe_stride_ * celem), rot, rot_err,
+                   cache_fp8, z.cache_scale);
+      } else {
+        want.insert(want.end(), rot.begin(), rot.end());
+        err.insert(err.end(), rot_err.begin(), rot_err.end());
+      }
       expect_row(&cache_expect_, size_t(slot * cache_stride * celem), want, err, cache_fp8,
                  z.cache_scale);
     }
@@ -212,8 +254,13 @@ void MlaProblem::build_reference(const std::vector<int64_t>& slots,
       err.assign(size_t(R), 0.0);
       for (int64_t k = 0; k < R; ++k)
         want[size_t(k)] = load_value(t, q_nope_->host.data() + (qh * nope_hs + k) * e);
-      want.insert(want.end(), rot.begin(), rot.end());
-      err.insert(err.end(), rot_err.begin(), rot_err.end());
+      if (q_out_pe_) {
+        expect_row(&q_out_pe_expect_, size_t(qh * out_pe_hs_ * (q_fp8 ? 1 : e)), rot, rot_err,
+                   q_fp8, z.q_scale);
+      } else {
+        want.insert(want.end(), rot.begin(), rot.end());
+        err.insert(err.end(), rot_err.begin(), rot_err.end());
+      }
       expect_row(&q_out_expect_, size_t(qh * out_hs * (q_fp8 ? 1 : e)), want, err, q_fp8,
                  z.q_scale);
     }
@@ -225,12 +272,67 @@ void MlaProblem::expect_row(std::vector<Expect>* out, size_t at, const std::vect
   const size_t step = fp8 ? 1 : size_t(detail::element_bytes(spec_.dtype));
   for (size_t k = 0; k < want.size(); ++k) {
     if (fp8) {
-      const double v = want[k] / scale;
-      out->push_back({at + k * step, true, v, err[k] / scale + std::ldexp(std::fabs(v), -23)});
+      // _smul: the code of value × scale (one fp32 product, like the division's one rounding).
+      const bool mul = spec_.scale_multiplies;
+      const double v = mul ? want[k] * scale : want[k] / scale;
+      const double e = mul ? err[k] * scale : err[k] / scale;
+      out->push_back({at + k * step, true, v, e + std::ldexp(std::fabs(v), -23)});
     } else {
       out->push_back({at + k * step, false, want[k], err[k]});
     }
   }
+}
+
+void MlaProblem::add_page_table(const std::vector<int64_t>& slots) {
+  constexpr int64_t kBatch = 2;
+  const int64_t ps = sizes_.page_size, pages = sizes_.cache_slots / ps, T = sizes_.tokens;
+  std::vector<std::vector<int32_t>> entries(kBatch);  // each request's pages, in its order
+  std::vector<int32_t> batch(size_t(T), 0), position(size_t(T), 0);
+  std::vector<int64_t> bad;
+  // A cached token gets an entry of its own in request t % 2: its page, at the position whose
+  // page index is that entry and whose offset is the slot's in its page.
+  for (int64_t i = 0; i < T; ++i) {
+    const int64_t s = slots[size_t(i)], b = i % kBatch;
+    batch[size_t(i)] = int32_t(b);
+    if (s == -1) {
+      batch[size_t(i)] = i % 2 ? -1 : int32_t(kBatch);  // padding: outside the batch
+    } else if (s < 0 || s >= sizes_.cache_slots) {
+      bad.push_back(i);
+    } else {
+      position[size_t(i)] = int32_t(int64_t(entries[size_t(b)].size()) * ps + s % ps);
+      entries[size_t(b)].push_back(int32_t(s / ps));
+    }
+  }
+  // Skipped: a page past the request's own entries, a negative position, a page past the cache.
+  for (size_t k = 0; k < bad.size(); ++k) {
+    const size_t i = size_t(bad[k]);
+    std::vector<int32_t>& own = entries[size_t(batch[i])];
+    if (k % 3 == 0) {
+      position[i] = int32_t((int64_t(own.size()) + 2) * ps);
+    } else if (k % 3 == 1) {
+      position[i] = -1 - int32_t(k);
+    } else {
+      position[i] = int32_t(int64_t(own.size()) * ps + (ps - 1));
+      own.push_back(int32_t(pages + int64_t(k)));
+    }
+  }
+  std::vector<int32_t> indices, indptr{0};
+  for (const auto& own : entries) {
+    indices.insert(indices.end(), own.begin(), own.end());
+    indptr.push_back(int32_t(indices.size()));
+  }
+  num_indices_ = int64_t(indices.size());
+  if (indices.empty()) indices.push_back(0);  // a valid array no request refers to
+  num_indices_ = std::max<int64_t>(num_indices_, 1);
+  auto bytes = [](const std::vector<int32_t>& v) {
+    std::vector<uint8_t> b(v.size() * 4);
+    std::memcpy(b.data(), v.data(), b.size());
+    return b;
+  };
+  kv_indices_ = &add(bytes(indices));
+  kv_indptr_ = &add(bytes(indptr));
+  batch_indices_ = &add(bytes(batch));
+  page_positions_ = &add(bytes(position));
 }
 
 MlaProblem::~MlaProblem() {
@@ -252,7 +354,7 @@ void MlaProblem::upload() {
 }
 
 MlaArgs MlaProblem::args(void* stream) const {
-  const int64_t R = spec_.kv_rank, P = spec_.rope_dim, row = R + P;
+  const int64_t R = spec_.kv_rank, P = spec_.rope_dim;
   auto dev = [](const Buffer* b) {
     return b ? reinterpret_cast<void*>(b->device) : static_cast<void*>(nullptr);
   };
@@ -268,8 +370,32 @@ MlaArgs MlaProblem::args(void* stream) const {
   if (sizes_.with_cache) {
     a.cache = dev(cache_);
     a.cache_slots = sizes_.cache_slots;
-    a.cache_stride = round_up(row + sizes_.row_gap, 8);
-    a.slots = static_cast<const int64_t*>(dev(slots_));
+    a.cache_stride = cache_stride_;
+    switch (sizes_.addressing) {
+      case MlaSizes::Addressing::slots:
+        a.slots = static_cast<const int64_t*>(dev(slots_));
+        break;
+      case MlaSizes::Addressing::rows_by_token:
+        a.rows_by_token = true;
+        break;
+      case MlaSizes::Addressing::page_table:
+        a.kv_indices = static_cast<const int32_t*>(dev(kv_indices_));
+        a.kv_indptr = static_cast<const int32_t*>(dev(kv_indptr_));
+        a.batch_indices = static_cast<const int32_t*>(dev(batch_indices_));
+        a.page_positions = static_cast<const int32_t*>(dev(page_positions_));
+        a.batch = 2;
+        a.num_indices = num_indices_;
+        a.page_size = sizes_.page_size;
+        break;
+    }
+    if (cache_pe_) {
+      a.cache_pe = dev(cache_pe_);
+      a.cache_pe_stride = cache_pe_stride_;
+    }
+    if (k_pe_out_) {
+      a.k_pe_out = dev(k_pe_out_);
+      a.k_pe_out_stride = kout_stride_;
+    }
     a.cache_scale =
         spec_.cache_store == Store::e4m3 ? static_cast<const float*>(dev(cache_scale_)) : nullptr;
     a.skipped = static_cast<int32_t*>(dev(skipped_));
@@ -282,8 +408,13 @@ MlaArgs MlaProblem::args(void* stream) const {
     a.q_nope_head_stride = round_up(R + sizes_.head_gap, 8);
     a.q_nope_token_stride = sizes_.heads * a.q_nope_head_stride;
     a.q_out = dev(q_out_);
-    a.q_out_head_stride = round_up(row + sizes_.head_gap, 8);
+    a.q_out_head_stride = out_hs_;
     a.q_out_token_stride = sizes_.heads * a.q_out_head_stride;
+    if (q_out_pe_) {
+      a.q_out_pe = dev(q_out_pe_);
+      a.q_out_pe_head_stride = out_pe_hs_;
+      a.q_out_pe_token_stride = sizes_.heads * out_pe_hs_;
+    }
     a.q_scale = spec_.q_store == Store::e4m3 ? static_cast<const float*>(dev(q_scale_)) : nullptr;
   }
   a.position_ids = dev(ids_);
@@ -345,7 +476,14 @@ CheckReport MlaProblem::check() {
   check_buffer("cache", *cache_, cache_->host, cache_expect_, &r);
   if (spec_.query == MlaQuery::assemble)
     check_buffer("q_out", *q_out_, q_out_->host, q_out_expect_, &r);
+  if (q_out_pe_) check_buffer("q_out_pe", *q_out_pe_, q_out_pe_->host, q_out_pe_expect_, &r);
   check_buffer("q_pe", *q_pe_, q_pe_->host, q_pe_expect_, &r);  // in place, or untouched
+  if (cache_pe_) check_buffer("cache_pe", *cache_pe_, cache_pe_->host, cache_pe_expect_, &r);
+  const bool k_in_place = sizes_.k_pe_out == MlaSizes::KpeOut::in_place;
+  check_buffer("k_pe", *k_pe_, k_pe_->host, k_in_place ? k_pe_expect_ : std::vector<Expect>{},
+               &r);  // in place, or untouched
+  if (k_pe_out_ && !k_in_place)
+    check_buffer("k_pe_out", *k_pe_out_, k_pe_out_->host, k_pe_expect_, &r);
   int32_t skipped = 0;
   detail::check(d.MemcpyDtoH(&skipped, skipped_->device, 4), "cuMemcpyDtoH");
   const int32_t want = sizes_.with_cache ? want_skipped_ : 0;

@@ -24,8 +24,18 @@ struct MlaSizes {
   int64_t bad_slots = 0;  // tokens whose slot is past the cache or below -1 (skipped, counted)
   int64_t off_table = 0;  // tokens whose position is outside the table (NaN in rotated parts)
   double eps = 1e-6;
-  float cache_scale = 0.05f;  // e4m3 stores: the code of value / scale
+  float cache_scale = 0.05f;  // e4m3 stores: the code of value / scale (× with _smul)
   float q_scale = 0.03f;
+  // rope(k_pe) for every token: not written, into a tensor of its own, or into k_pe in place.
+  enum class KpeOut { none, own, in_place } k_pe_out = KpeOut::none;
+  bool cache_pe = false;  // the rows' rope part in a cache of its own
+  bool q_out_pe = false;  // assemble: the query's rope part in a tensor of its own
+  // How tokens find their rows: slots; their own index (padded and bad_slots must be 0: the
+  // tokens past cache_slots are the skipped ones); or a page table of page_size rows a page
+  // (cache_slots rounded up to whole pages), two requests, padding as batch indices past the
+  // batch, bad slots as pages past a request's own, negative positions and pages past the cache.
+  enum class Addressing { slots, rows_by_token, page_table } addressing = Addressing::slots;
+  int64_t page_size = 4;
   uint64_t seed = 1;
 };
 
@@ -59,6 +69,8 @@ class MlaProblem {
   void build_reference(const std::vector<int64_t>& slots, const std::vector<int64_t>& pos);
   void expect_row(std::vector<Expect>* out, size_t at, const std::vector<double>& want,
                   const std::vector<double>& err, bool fp8, double scale) const;
+  // The slots as the call addresses them: the page table's arrays, from the tokens' slots.
+  void add_page_table(const std::vector<int64_t>& slots);
   void check_buffer(const char* name, const Buffer& b, const std::vector<uint8_t>& untouched,
                     const std::vector<Expect>& expect, CheckReport* r) const;
 
@@ -67,11 +79,15 @@ class MlaProblem {
   std::vector<Buffer*> buffers_;
   Buffer *kv_c_ = nullptr, *k_pe_ = nullptr, *w_ = nullptr, *cache_ = nullptr, *slots_ = nullptr,
          *cache_scale_ = nullptr, *skipped_ = nullptr, *q_pe_ = nullptr, *q_nope_ = nullptr,
-         *q_out_ = nullptr, *q_scale_ = nullptr, *ids_ = nullptr, *cos_ = nullptr, *sin_ = nullptr;
+         *q_out_ = nullptr, *q_scale_ = nullptr, *ids_ = nullptr, *cos_ = nullptr, *sin_ = nullptr,
+         *k_pe_out_ = nullptr, *cache_pe_ = nullptr, *kv_indices_ = nullptr, *kv_indptr_ = nullptr,
+         *batch_indices_ = nullptr, *page_positions_ = nullptr, *q_out_pe_ = nullptr;
+  int64_t num_indices_ = 0;
   // Element strides of the rows and heads (the gaps the sizes ask for) and of the tables.
   int64_t kv_stride_ = 0, pe_stride_ = 0, cache_stride_ = 0, qpe_hs_ = 0, nope_hs_ = 0, out_hs_ = 0,
-          table_stride_ = 0;
-  std::vector<Expect> cache_expect_, q_pe_expect_, q_out_expect_;
+          table_stride_ = 0, kout_stride_ = 0, cache_pe_stride_ = 0, out_pe_hs_ = 0;
+  std::vector<Expect> cache_expect_, q_pe_expect_, q_out_expect_, k_pe_expect_, cache_pe_expect_,
+      q_out_pe_expect_;
   int32_t want_skipped_ = 0;
 };
 

@@ -5,7 +5,7 @@
     model = ropejit.model_from_hf_config("config.json")       # ropejit's own config reader
 
 PyTorch users: ropejit.ops (torch.library ops with autograd, torch.compile and CUDA graphs),
-ropejit.dropin (the Hugging Face, flash-attn, vLLM, TransformerEngine and Liger functions),
+ropejit.dropin (the Hugging Face, flash-attn, vLLM, FlashInfer (MLA), TransformerEngine and Liger functions),
 ropejit.nn.RotaryEmbedding. Serving steps: ropejit.fused (QK-norm, RoPE, FP8 and the KV-cache
 append in one launch), ropejit.decode (RMSNorm -> QKV projection -> RoPE, the FFN's gate/up).
 Importing needs no GPU: the driver is loaded on the first launch."""

@@ -147,7 +147,7 @@ class ropejit_mla_spec(ctypes.Structure):
     _fields_ = _HEADER + [
         ("dtype", _i32), ("kv_rank", _i32), ("rope_dim", _i32), ("style", _i32),
         ("index_type", _i32), ("table_dtype", _i32), ("norm", _i32), ("cache_store", _i32),
-        ("query", _i32), ("q_store", _i32),
+        ("query", _i32), ("q_store", _i32), ("scale_multiplies", _i32),
     ]
 
 
@@ -161,6 +161,11 @@ class ropejit_mla_args(ctypes.Structure):
         ("q_nope_head_stride", _i64), ("q_out", _ptr), ("q_out_token_stride", _i64),
         ("q_out_head_stride", _i64), ("q_scale", _ptr), ("position_ids", _ptr), ("cos", _ptr),
         ("sin", _ptr), ("table_rows", _i64), ("table_stride", _i64), ("stream", _ptr),
+        ("k_pe_out", _ptr), ("k_pe_out_stride", _i64), ("cache_pe", _ptr),
+        ("cache_pe_stride", _i64), ("kv_indices", _ptr), ("kv_indptr", _ptr),
+        ("batch_indices", _ptr), ("page_positions", _ptr), ("batch", _i64),
+        ("num_indices", _i64), ("page_size", _i64), ("rows_by_token", _i32),
+        ("q_out_pe", _ptr), ("q_out_pe_token_stride", _i64), ("q_out_pe_head_stride", _i64),
     ]
 
 

@@ -33,7 +33,10 @@ _require_cuda = True
 # style) repeats its plan (decode.py's plan cache): the structs with this call's addresses (a
 # field the plan's call does not use is ignored by C), then C, which checks them again.
 _MLA_POINTERS = ("position_ids", "cos", "sin", "kv_c", "k_pe", "cache", "slots", "norm_weight",
-                 "q_pe", "q_nope", "q_out", "cache_scale", "q_scale", "skipped")
+                 "q_pe", "q_nope", "q_out", "cache_scale", "q_scale", "skipped", "k_pe_out",
+                 "cache_pe", "kv_indices", "kv_indptr", "batch_indices", "page_positions",
+                 "q_out_pe")
+_PAGE_TABLE = ("kv_indices", "kv_indptr", "batch_indices", "page_positions")
 
 
 def _fail(message):
@@ -114,17 +117,40 @@ def prepare(positions: Tensor, cos: Tensor, sin: Tensor, *, kv_c: Optional[Tenso
             eps: float = 1e-6, q_pe: Optional[Tensor] = None, q_nope: Optional[Tensor] = None,
             q_out: Optional[Tensor] = None, cache_scale: Optional[Tensor] = None,
             q_scale: Optional[Tensor] = None, skipped: Optional[Tensor] = None,
-            style: str = "gptj", _fake: bool = False) -> None:
+            style: str = "gptj", k_pe_out: Optional[Tensor] = None, rotate_k_pe: bool = False,
+            cache_pe: Optional[Tensor] = None, scale_multiplies: bool = False,
+            rows_by_token: bool = False, kv_indices: Optional[Tensor] = None,
+            kv_indptr: Optional[Tensor] = None, batch_indices: Optional[Tensor] = None,
+            page_positions: Optional[Tensor] = None, page_size: int = 0,
+            q_out_pe: Optional[Tensor] = None, _fake: bool = False) -> None:
     """positions [tokens] int32/int64; cos, sin [rows, rope_dim / 2] (f32, bf16 or f16);
     kv_c [tokens, kv_rank] and k_pe [tokens, rope_dim] (or [tokens, 1, rope_dim]) with cache
     [..., kv_rank + rope_dim] and slots [tokens] int64 (-1: padding); norm_weight [kv_rank]
     (None: no RMSNorm); q_pe [tokens, heads, rope_dim] (a view of q is fine), rotated in place,
     or with q_nope [tokens, heads, kv_rank] written into q_out [tokens, heads, kv_rank +
     rope_dim]; skipped: an int32 tensor of one element that counts slots outside the cache.
-    bf16 or fp16 activations on a CUDA device; ``style`` "gptj" (DeepSeek's pairs) or "neox"."""
+    bf16 or fp16 activations on a CUDA device; ``style`` "gptj" (DeepSeek's pairs) or "neox".
+
+    With the cache: ``k_pe_out`` [tokens, rope_dim] receives rope(k_pe) for every token
+    (``rotate_k_pe=True``: k_pe itself, in place, vLLM's fused op); ``cache_pe`` [...,
+    rope_dim] holds the rows' rope part (FlashInfer's kpe_cache; ``cache`` is then [...,
+    kv_rank]); ``scale_multiplies`` stores e4m3 codes of value * scale (FlashInfer's
+    quant_scale). Rows are found by ``slots``, or by token (``rows_by_token``: row t for token
+    t), or by FlashInfer's page table: int32 ``kv_indices``, ``kv_indptr`` [batch + 1],
+    ``batch_indices`` and ``page_positions`` [tokens], ``page_size``. ``q_out_pe`` [tokens,
+    heads, rope_dim] takes the assembled query's rope part (FlashInfer's q_rope_out; q_out is
+    then [tokens, heads, kv_rank])."""
+    if rotate_k_pe:
+        if k_pe_out is not None:
+            _fail("k_pe_out is given with rotate_k_pe=True: rotate_k_pe writes k_pe itself")
+        if k_pe is not None and k_pe.dim() == 3 and k_pe.shape[1] == 1:
+            k_pe = k_pe[:, 0]
+        k_pe_out = k_pe
     tensors = (positions, cos, sin, kv_c, k_pe, cache, slots, norm_weight, q_pe, q_nope, q_out,
-               cache_scale, q_scale, skipped)
-    key = None if _fake else _plan_key("mla", tensors, (eps, style))
+               cache_scale, q_scale, skipped, k_pe_out, cache_pe, kv_indices, kv_indptr,
+               batch_indices, page_positions, q_out_pe)
+    key = None if _fake else _plan_key(
+        "mla", tensors, (eps, style, rotate_k_pe, scale_multiplies, rows_by_token, page_size))
     plan = None if key is None else _planned(key)
     if plan is not None:
         spec, a = plan[0], _capi.ropejit_mla_args.from_buffer_copy(plan[1])
@@ -164,24 +190,36 @@ def prepare(positions: Tensor, cos: Tensor, sin: Tensor, *, kv_c: Optional[Tenso
          index_type=_capi.INDEX_TYPES["i64" if positions.dtype == torch.int64 else "i32"],
          table_dtype=_capi.DTYPES[_TABLE_DTYPES[cos.dtype]],
          norm=_capi.NORMS["none" if norm_weight is None else "rms"])
-    if cache is not None:
-        for name, t in (("kv_c", kv_c), ("k_pe", k_pe), ("slots", slots)):
+    if not isinstance(scale_multiplies, bool):
+        _fail(f"scale_multiplies ({scale_multiplies!r}) must be a bool")
+    fill(spec, scale_multiplies=int(scale_multiplies))
+    if cache is None:
+        for name, t in (("k_pe_out", k_pe_out), ("cache_pe", cache_pe), ("slots", slots)) + \
+                tuple(zip(_PAGE_TABLE, (kv_indices, kv_indptr, batch_indices, page_positions))):
+            if t is not None:
+                _fail(f"{name} is given but cache is not")
+        if rows_by_token:
+            _fail("rows_by_token is set but cache is not given")
+    else:
+        for name, t in (("kv_c", kv_c), ("k_pe", k_pe)):
             if t is None:
                 _fail(f"cache is given but {name} is not")
         if k_pe.dim() == 3 and k_pe.shape[1] == 1:
             k_pe = k_pe[:, 0]
         _tensor("kv_c", kv_c, 2, (dtype,), device)
         _tensor("k_pe", k_pe, 2, (dtype,), device)
-        _tensor("slots", slots, 1, (torch.int64,), device)
         kv_rank = kv_c.shape[1]
-        if kv_c.shape[0] != tokens or k_pe.shape[0] != tokens or slots.shape[0] != tokens:
-            _fail(f"kv_c {tuple(kv_c.shape)}, k_pe {tuple(k_pe.shape)} and slots "
-                  f"{tuple(slots.shape)} must have positions' {tokens} tokens")
+        if kv_c.shape[0] != tokens or k_pe.shape[0] != tokens:
+            _fail(f"kv_c {tuple(kv_c.shape)} and k_pe {tuple(k_pe.shape)} must have positions' "
+                  f"{tokens} tokens")
         if k_pe.shape[1] != rope_dim:
             _fail(f"k_pe has {k_pe.shape[1]} rotary elements, cos/sin {rope_dim // 2} pairs")
-        if cache.dim() < 2 or cache.shape[-1] != kv_rank + rope_dim or cache.device != device:
-            _fail(f"cache must be [..., kv_rank + rope_dim = {kv_rank + rope_dim}] on {device}, "
-                  f"got shape {tuple(cache.shape)} on {cache.device}")
+        row = kv_rank if cache_pe is not None else kv_rank + rope_dim
+        if cache.dim() < 2 or cache.shape[-1] != row or cache.device != device:
+            what = "kv_rank, the rope part in cache_pe" if cache_pe is not None else \
+                "kv_rank + rope_dim"
+            _fail(f"cache must be [..., {what} = {row}] on {device}, got shape "
+                  f"{tuple(cache.shape)} on {cache.device}")
         store = _store("cache", cache, dtype, cache_scale, "cache_scale")
         rows = _row_view("cache", cache)
         fill(spec, cache_store=_capi.STORES[store])
@@ -189,8 +227,27 @@ def prepare(positions: Tensor, cos: Tensor, sin: Tensor, *, kv_c: Optional[Tenso
              k_pe=ptr(k_pe), k_pe_stride=k_pe.stride(0) if tokens > 1 else rope_dim,
              cache=ptr(rows), cache_slots=rows.shape[0],
              cache_stride=rows.stride(0) if rows.shape[0] > 1 else rows.shape[1],
-             slots=ptr(slots),
              cache_scale=ptr(cache_scale) if store == "e4m3" else None)
+        _cache_rows(a, ptr, tokens, device, slots, rows_by_token,
+                    (kv_indices, kv_indptr, batch_indices, page_positions), page_size)
+        if cache_pe is not None:
+            if cache_pe.dtype != cache.dtype or cache_pe.device != device or \
+                    cache_pe.dim() < 2 or cache_pe.shape[-1] != rope_dim:
+                _fail(f"cache_pe must be [..., rope_dim = {rope_dim}] of cache's dtype "
+                      f"({cache.dtype}) on {device}, got shape {tuple(cache_pe.shape)}, "
+                      f"{cache_pe.dtype} on {cache_pe.device}")
+            pe_rows = _row_view("cache_pe", cache_pe)
+            if pe_rows.shape[0] != rows.shape[0]:
+                _fail(f"cache_pe has {pe_rows.shape[0]} rows, cache {rows.shape[0]}")
+            fill(a, cache_pe=ptr(pe_rows),
+                 cache_pe_stride=pe_rows.stride(0) if pe_rows.shape[0] > 1 else rope_dim)
+        if k_pe_out is not None:
+            _tensor("k_pe_out", k_pe_out, 2, (dtype,), device)
+            if tuple(k_pe_out.shape) != tuple(k_pe.shape):
+                _fail(f"k_pe_out {tuple(k_pe_out.shape)} must be k_pe's shape "
+                      f"{tuple(k_pe.shape)}")
+            fill(a, k_pe_out=ptr(k_pe_out),
+                 k_pe_out_stride=k_pe_out.stride(0) if tokens > 1 else rope_dim)
         if norm_weight is not None:
             _tensor("norm_weight", norm_weight, 1, (dtype,), device)
             if norm_weight.shape[0] != kv_rank:
@@ -217,12 +274,19 @@ def prepare(positions: Tensor, cos: Tensor, sin: Tensor, *, kv_c: Optional[Tenso
                 _fail(f"q_nope has {rank} elements a head, kv_c {kv_rank}")
             kv_rank = rank
             _tensor("q_out", q_out, 3, None, device)
-            if q_nope.shape[:2] != q_pe.shape[:2] or \
-                    tuple(q_out.shape) != (tokens, heads, kv_rank + rope_dim):
+            width = kv_rank if q_out_pe is not None else kv_rank + rope_dim
+            if q_nope.shape[:2] != q_pe.shape[:2] or tuple(q_out.shape) != (tokens, heads, width):
                 _fail(f"q_nope {tuple(q_nope.shape)} and q_out {tuple(q_out.shape)} must be "
-                      f"[{tokens}, {heads}, kv_rank] and [{tokens}, {heads}, kv_rank + "
-                      f"{rope_dim}]")
+                      f"[{tokens}, {heads}, kv_rank] and [{tokens}, {heads}, "
+                      f"{'kv_rank' if q_out_pe is not None else f'kv_rank + {rope_dim}'}]")
             q_store = _store("q_out", q_out, dtype, q_scale, "q_scale")
+            if q_out_pe is not None:
+                _tensor("q_out_pe", q_out_pe, 3, (q_out.dtype,), device)
+                if tuple(q_out_pe.shape) != (tokens, heads, rope_dim):
+                    _fail(f"q_out_pe {tuple(q_out_pe.shape)} must be [{tokens}, {heads}, "
+                          f"{rope_dim}]")
+                fill(a, q_out_pe=ptr(q_out_pe), q_out_pe_token_stride=q_out_pe.stride(0),
+                     q_out_pe_head_stride=q_out_pe.stride(1))
             fill(spec, query=_capi.MLA_QUERIES["assemble"], q_store=_capi.STORES[q_store])
             fill(a, q_nope=ptr(q_nope), q_nope_token_stride=q_nope.stride(0),
                  q_nope_head_stride=q_nope.stride(1), q_out=ptr(q_out),
@@ -230,6 +294,8 @@ def prepare(positions: Tensor, cos: Tensor, sin: Tensor, *, kv_c: Optional[Tenso
                  q_scale=ptr(q_scale) if q_store == "e4m3" else None)
         elif q_nope is not None:
             _fail("q_nope is given but q_out is not")
+        elif q_out_pe is not None:
+            _fail("q_out_pe is given but q_out is not")
     if kv_rank is None:
         kv_rank = 512  # the query alone in place: the rank shapes no operand of the call
     fill(spec, kv_rank=kv_rank)
@@ -239,6 +305,36 @@ def prepare(positions: Tensor, cos: Tensor, sin: Tensor, *, kv_c: Optional[Tenso
     _remember_plan(key, (spec, bytes(a)))
 
 
+def _cache_rows(a, ptr, tokens, device, slots, rows_by_token, table, page_size):
+    """How the call finds each token's cache row: slots, its own index, or a page table."""
+    given = [t is not None for t in table]
+    ways = (slots is not None) + bool(rows_by_token) + any(given)
+    if ways != 1:
+        _fail(f"slots, rows_by_token and the page table ({', '.join(_PAGE_TABLE)}) are three "
+              f"ways to find the cache rows: give exactly one, not {ways}")
+    if slots is not None:
+        _tensor("slots", slots, 1, (torch.int64,), device)
+        if slots.shape[0] != tokens:
+            _fail(f"slots {tuple(slots.shape)} must have positions' {tokens} tokens")
+        fill(a, slots=ptr(slots))
+    elif rows_by_token:
+        fill(a, rows_by_token=1)
+    else:
+        if not all(given):
+            _fail(f"the page table needs all of {', '.join(_PAGE_TABLE)}; "
+                  f"{_PAGE_TABLE[given.index(False)]} is missing")
+        for name, t in zip(_PAGE_TABLE, table):
+            _tensor(name, t, 1, (torch.int32,), device)
+        if table[2].shape[0] != tokens or table[3].shape[0] != tokens:
+            _fail(f"batch_indices {tuple(table[2].shape)} and page_positions "
+                  f"{tuple(table[3].shape)} must have positions' {tokens} tokens")
+        if isinstance(page_size, bool) or not isinstance(page_size, int):
+            _fail(f"page_size ({page_size!r}) must be an int")
+        fill(a, kv_indices=ptr(table[0]), kv_indptr=ptr(table[1]), batch_indices=ptr(table[2]),
+             page_positions=ptr(table[3]), batch=table[1].shape[0] - 1,
+             num_indices=table[0].shape[0], page_size=page_size)
+
+
 def _launch(spec, args, device):
     with torch.cuda.device(device):
         fill(args, stream=torch.cuda.current_stream(device).cuda_stream)
@@ -246,9 +342,11 @@ def _launch(spec, args, device):
 
 
 def key(dtype="bf16", kv_rank=512, rope_dim=64, style="gptj", index_type="i64",
-        table_dtype="f32", norm="rms", cache_store="same", query="in_place", q_store="same"):
+        table_dtype="f32", norm="rms", cache_store="same", query="in_place", q_store="same",
+        scale_multiplies=False):
     """The key string of an MLA kernel (no GPU needed)."""
-    s = fill(_capi.new(_capi.ropejit_mla_spec), kv_rank=kv_rank, rope_dim=rope_dim)
+    s = fill(_capi.new(_capi.ropejit_mla_spec), kv_rank=kv_rank, rope_dim=rope_dim,
+             scale_multiplies=int(bool(scale_multiplies)))
     fill(s, **{name: choice(name, value, table) for name, (value, table) in dict(
         dtype=(dtype, _capi.DTYPES), style=(style, _capi.STYLES),
         index_type=(index_type, _capi.INDEX_TYPES), table_dtype=(table_dtype, _capi.DTYPES),
@@ -263,19 +361,40 @@ def _op_impl(positions: Tensor, cos: Tensor, sin: Tensor, kv_c: Optional[Tensor]
              k_pe: Optional[Tensor], cache: Optional[Tensor], slots: Optional[Tensor],
              norm_weight: Optional[Tensor], eps: float, q_pe: Optional[Tensor],
              q_nope: Optional[Tensor], q_out: Optional[Tensor], cache_scale: Optional[Tensor],
-             q_scale: Optional[Tensor], skipped: Optional[Tensor], style: str) -> None:
+             q_scale: Optional[Tensor], skipped: Optional[Tensor], style: str,
+             k_pe_out: Optional[Tensor] = None, rotate_k_pe: bool = False,
+             cache_pe: Optional[Tensor] = None, scale_multiplies: bool = False,
+             rows_by_token: bool = False, kv_indices: Optional[Tensor] = None,
+             kv_indptr: Optional[Tensor] = None, batch_indices: Optional[Tensor] = None,
+             page_positions: Optional[Tensor] = None, page_size: int = 0,
+             q_out_pe: Optional[Tensor] = None) -> None:
     prepare(positions, cos, sin, kv_c=kv_c, k_pe=k_pe, cache=cache, slots=slots,
             norm_weight=norm_weight, eps=eps, q_pe=q_pe, q_nope=q_nope, q_out=q_out,
-            cache_scale=cache_scale, q_scale=q_scale, skipped=skipped, style=style)
+            cache_scale=cache_scale, q_scale=q_scale, skipped=skipped, style=style,
+            k_pe_out=k_pe_out, rotate_k_pe=rotate_k_pe, cache_pe=cache_pe,
+            scale_multiplies=scale_multiplies, rows_by_token=rows_by_token,
+            kv_indices=kv_indices, kv_indptr=kv_indptr, batch_indices=batch_indices,
+            page_positions=page_positions, page_size=page_size, q_out_pe=q_out_pe)
 
 
-mla_prepare_op = torch.library.custom_op("ropejit::mla_prepare", _op_impl,
-                                         mutates_args=("cache", "q_pe", "q_out", "skipped"))
+# k_pe is written when rotate_k_pe is set (in place); the schema says so for every call.
+mla_prepare_op = torch.library.custom_op(
+    "ropejit::mla_prepare", _op_impl,
+    mutates_args=("k_pe", "cache", "q_pe", "q_out", "skipped", "k_pe_out", "cache_pe",
+                  "q_out_pe"))
 
 
 @mla_prepare_op.register_fake
 def _op_fake(positions, cos, sin, kv_c, k_pe, cache, slots, norm_weight, eps, q_pe, q_nope,
-             q_out, cache_scale, q_scale, skipped, style):
+             q_out, cache_scale, q_scale, skipped, style, k_pe_out=None, rotate_k_pe=False,
+             cache_pe=None, scale_multiplies=False, rows_by_token=False, kv_indices=None,
+             kv_indptr=None, batch_indices=None, page_positions=None, page_size=0,
+             q_out_pe=None):
     prepare(positions, cos, sin, kv_c=kv_c, k_pe=k_pe, cache=cache, slots=slots,
             norm_weight=norm_weight, eps=eps, q_pe=q_pe, q_nope=q_nope, q_out=q_out,
-            cache_scale=cache_scale, q_scale=q_scale, skipped=skipped, style=style, _fake=True)
+            cache_scale=cache_scale, q_scale=q_scale, skipped=skipped, style=style,
+            k_pe_out=k_pe_out, rotate_k_pe=rotate_k_pe, cache_pe=cache_pe,
+            scale_multiplies=scale_multiplies, rows_by_token=rows_by_token,
+            kv_indices=kv_indices, kv_indptr=kv_indptr, batch_indices=batch_indices,
+            page_positions=page_positions, page_size=page_size, q_out_pe=q_out_pe,
+            _fake=True)

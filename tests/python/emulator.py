@@ -217,16 +217,39 @@ def emulate_mla(spec, args):
 
     def store(ptr, values, fp8, scale):
         if fp8:
-            _write_e4m3(ptr, values / scale)
+            _write_e4m3(ptr, values * scale if spec.scale_multiplies else values / scale)
         else:
             _write(ptr, spec.dtype, values)
+
+    def slot_of(t):
+        """The token's cache row; -1 padding, -2 skipped (the kernel's cache_slot)."""
+        if args.slots:
+            slot = _index(args.slots, 1, t)
+            if slot == -1:
+                return -1
+        elif args.rows_by_token:
+            slot = t
+        else:
+            b = _index(args.batch_indices, 0, t)
+            if b < 0 or b >= args.batch:
+                return -1
+            p = _index(args.page_positions, 0, t)
+            start, end = _index(args.kv_indptr, 0, b), _index(args.kv_indptr, 0, b + 1)
+            if p < 0:
+                return -2
+            page = p // args.page_size
+            if page >= end - start or not 0 <= start + page < args.num_indices:
+                return -2
+            slot = _index(args.kv_indices, 0, start + page) * args.page_size + p % args.page_size
+        return slot if 0 <= slot < args.cache_slots else -2
 
     skipped = 0
     for t in range(args.tokens):
         pos = _index(args.position_ids, spec.index_type, t)
         if args.cache:
-            slot = _index(args.slots, 1, t)
-            if slot >= args.cache_slots or slot < -1:
+            slot = slot_of(t)
+            k = rotate(_read(args.k_pe + t * args.k_pe_stride * e, spec.dtype, P), pos)
+            if slot == -2:
                 skipped += 1
             elif slot >= 0:
                 fp8 = spec.cache_store == _capi.STORES["e4m3"]
@@ -235,9 +258,15 @@ def emulate_mla(spec, args):
                 if spec.norm == _capi.NORMS["rms"]:
                     w = _read(args.norm_weight, spec.dtype, R)
                     x = x / np.sqrt(np.mean(x * x) + np.float32(args.norm_eps)) * w
-                k = rotate(_read(args.k_pe + t * args.k_pe_stride * e, spec.dtype, P), pos)
-                row = args.cache + slot * args.cache_stride * (1 if fp8 else e)
-                store(row, np.concatenate([x, k]), fp8, scale)
+                ce = 1 if fp8 else e
+                row = args.cache + slot * args.cache_stride * ce
+                if args.cache_pe:
+                    store(row, x, fp8, scale)
+                    store(args.cache_pe + slot * args.cache_pe_stride * ce, k, fp8, scale)
+                else:
+                    store(row, np.concatenate([x, k]), fp8, scale)
+            if args.k_pe_out:
+                _write(args.k_pe_out + t * args.k_pe_out_stride * e, spec.dtype, k)
         for h in range(args.heads):
             at = args.q_pe + (t * args.q_pe_token_stride + h * args.q_pe_head_stride) * e
             q = rotate(_read(at, spec.dtype, P), pos)
@@ -248,9 +277,14 @@ def emulate_mla(spec, args):
             scale = _scalar(args.q_scale, np.float32) if fp8 else 1.0
             nope = _read(args.q_nope + (t * args.q_nope_token_stride +
                                         h * args.q_nope_head_stride) * e, spec.dtype, R)
-            out = args.q_out + (t * args.q_out_token_stride + h * args.q_out_head_stride) * \
-                (1 if fp8 else e)
-            store(out, np.concatenate([nope, q]), fp8, scale)
+            oe = 1 if fp8 else e
+            out = args.q_out + (t * args.q_out_token_stride + h * args.q_out_head_stride) * oe
+            if args.q_out_pe:
+                store(out, nope, fp8, scale)
+                store(args.q_out_pe + (t * args.q_out_pe_token_stride +
+                                       h * args.q_out_pe_head_stride) * oe, q, fp8, scale)
+            else:
+                store(out, np.concatenate([nope, q]), fp8, scale)
     if args.skipped and skipped:
         counter = np.frombuffer((ctypes.c_uint8 * 4).from_address(args.skipped), dtype=np.int32)
         counter[0] += skipped

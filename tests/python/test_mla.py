@@ -314,3 +314,152 @@ def test_tables_from_an_mla_config():
     with pytest.raises(ropejit.InvalidArgument, match="not an MLA model"):
         mla.tables({"num_attention_heads": 4, "head_dim": 64}, 4)
 
+
+
+def test_vllm_rope_fused_on_one_projection_output(device):
+    """vLLM splits kv_c and k_pe from one projection's output: k_pe's columns rotated in place
+    beside kv_c's, which are read for the cache rows, in one call; q_pe in place too."""
+    from ropejit.dropin import vllm
+    torch.manual_seed(17)
+    L, P, H, T = 64, 16, 2, 4
+    dt = torch.float16
+    latent = torch.randn(T, L + P).to(dt).to(device)
+    kv_c, k_pe = latent.split([L, P], dim=-1)
+    q_pe = torch.randn(T, H, P).to(dt).to(device)
+    k0, q0, c0 = k_pe.cpu().double(), q_pe.cpu().double(), kv_c.cpu().clone()
+    positions = torch.tensor([1, 30, 7, 0], dtype=torch.int64, device=device)
+    slot_mapping = torch.tensor([2, 0, -1, 5], dtype=torch.int64, device=device)
+    angles = torch.arange(32, dtype=torch.float64)[:, None] * 10000.0 ** (
+        -torch.arange(P // 2, dtype=torch.float64) / (P // 2))
+    cos_sin = torch.cat((angles.cos(), angles.sin()), -1).float().to(device)
+    kv_cache = torch.full((2, 4, L + P), -3.0, dtype=dt, device=device)
+    vllm.concat_and_cache_mla_rope_fused(positions, q_pe, k_pe, kv_c, cos_sin, False,
+                                         slot_mapping, kv_cache, "auto", None)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    pos = positions.cpu()
+    c, s = angles.cos()[pos], angles.sin()[pos]
+    k_rot = _rotate(k0, c, s, True)
+    ref.assert_close(k_pe.cpu(), k_rot, dt)
+    ref.assert_close(q_pe.cpu(), _rotate(q0, c[:, None], s[:, None], True), dt)
+    assert torch.equal(kv_c.cpu(), c0)  # the read columns untouched
+    rows = kv_cache.view(-1, L + P).cpu()
+    for t, slot in enumerate(slot_mapping.tolist()):
+        if slot >= 0:
+            assert torch.equal(rows[slot, :L], c0[t])
+            assert torch.equal(rows[slot, L:], k_pe[t].cpu())
+
+
+def _flashinfer_inputs(device, T, H, R, P, is_neox):
+    torch.manual_seed(19)
+    dt = torch.bfloat16
+    q_rope, k_rope = torch.randn(T, H, P).to(dt).to(device), torch.randn(T, P).to(dt).to(device)
+    q_nope, k_nope = torch.randn(T, H, R).to(dt).to(device), torch.randn(T, R).to(dt).to(device)
+    angles = torch.arange(48, dtype=torch.float64)[:, None] * 10000.0 ** (
+        -torch.arange(P // 2, dtype=torch.float64) / (P // 2))
+    cos_sin = torch.cat((angles.cos(), angles.sin()), -1).float().to(device)
+    pos_ids = torch.randint(0, 48, (T,), dtype=torch.int32).to(device)
+    c, s = angles.cos()[pos_ids.cpu().long()], angles.sin()[pos_ids.cpu().long()]
+    gptj = not is_neox
+    want_q = _rotate(q_rope.cpu().double(), c[:, None], s[:, None], gptj)
+    want_k = _rotate(k_rope.cpu().double(), c, s, gptj)
+    return (q_rope, k_rope, q_nope, k_nope, cos_sin, pos_ids), (want_q, want_k)
+
+
+def _assert_codes(got, want, scale):
+    """e4m3 codes of want * scale: one rounding of a value computed in fp32 (3 mantissa bits)."""
+    torch.testing.assert_close(got.cpu().double() / scale, want, rtol=2.0 ** -4,
+                               atol=2.0 ** -9 / scale)
+
+
+def _codes(x, scale):
+    """FlashInfer's e4m3 of a value given in the activation dtype: x * scale in fp32, rounded."""
+    return (x.cpu().float() * scale).to(torch.float8_e4m3fn).view(torch.uint8)
+
+
+@pytest.mark.parametrize("is_neox", [False, True])
+@pytest.mark.parametrize("outputs", ["allocated", "one_buffer"])
+def test_flashinfer_mla_rope_quantize_fp8(device, is_neox, outputs):
+    """FlashInfer's mla_rope_quantize_fp8 through the drop-in: every part as e4m3 codes of
+    value * scale; the nope parts the exact bits of FlashInfer's fp32 product; outputs
+    allocated, or given as the two column ranges of one buffer each (SGLang's use)."""
+    from ropejit.dropin import flashinfer
+    T, H, R, P = 5, 4, 64, 16
+    inputs, (want_q, want_k) = _flashinfer_inputs(device, T, H, R, P, is_neox)
+    q_rope, k_rope, q_nope, k_nope = inputs[:4]
+    sq, skv = 20.0, 30.0
+    outs = {}
+    if outputs == "one_buffer":
+        qbuf = torch.zeros(T, H, R + P, device=device).to(torch.float8_e4m3fn)
+        kbuf = torch.zeros(T, R + P, device=device).to(torch.float8_e4m3fn)
+        outs = dict(q_nope_out=qbuf[..., :R], q_rope_out=qbuf[..., R:], k_nope_out=kbuf[:, :R],
+                    k_rope_out=kbuf[:, R:])
+    q_rope_out, k_rope_out, q_nope_out, k_nope_out = flashinfer.mla_rope_quantize_fp8(
+        *inputs, is_neox=is_neox, quant_scale_q=sq, quant_scale_kv=skv, **outs)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    for got, name in ((q_rope_out, "q_rope_out"), (q_nope_out, "q_nope_out")):
+        assert got.dtype == torch.float8_e4m3fn
+        if outputs == "one_buffer":
+            assert got.data_ptr() == outs[name].data_ptr()
+    _assert_codes(q_rope_out, want_q, sq)
+    _assert_codes(k_rope_out, want_k, skv)
+    assert torch.equal(q_nope_out.cpu().view(torch.uint8), _codes(q_nope, sq))
+    assert torch.equal(k_nope_out.cpu().view(torch.uint8), _codes(k_nope, skv))
+    same = flashinfer.rope_quantize_fp8(*inputs, is_neox=is_neox, quant_scale_q=sq,
+                                        quant_scale_kv=skv)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    for a, b in zip(same, (q_rope_out, k_rope_out, q_nope_out, k_nope_out)):
+        assert torch.equal(a.cpu().view(torch.uint8), b.cpu().view(torch.uint8))
+    with pytest.raises(ropejit.InvalidArgument, match="MLA form"):
+        flashinfer.rope_quantize_fp8(q_rope, k_rope.unsqueeze(1), q_nope, k_nope.unsqueeze(1),
+                                     *inputs[4:])
+    with pytest.raises(ropejit.InvalidArgument, match="quantize_dtype"):
+        flashinfer.mla_rope_quantize_fp8(*inputs, quantize_dtype=torch.float8_e5m2)
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_flashinfer_append_paged_mla_cache(device, page_size):
+    """FlashInfer's rope_quantize_fp8_append_paged_kv_cache (MLA form) through the drop-in:
+    each token's [k_nope | rope(k_rope)] as e4m3 codes of value * scale at its page of the
+    request's kv_indices; a padding token (batch index past the batch) and a token past its
+    request's pages write nothing; every other cache byte untouched; the query returned."""
+    from ropejit.dropin import flashinfer
+    T, H, R, P = 6, 2, 32, 16
+    inputs, (want_q, want_k) = _flashinfer_inputs(device, T, H, R, P, False)
+    k_nope = inputs[3]
+    # Request 0 appends positions 5..7, request 1 positions 0..1; then padding, and a token of
+    # request 1 whose position lies past its pages.
+    pages = 12 // page_size + 4
+    batch_indices = torch.tensor([0, 0, 0, 1, 1, 1], dtype=torch.int32)
+    positions = torch.tensor([5, 6, 7, 0, 1, 8 + 8 * page_size], dtype=torch.int32)
+    batch_indices[5] = 1
+    need = [8 // page_size + (8 % page_size > 0), 2 // page_size + (2 % page_size > 0)]
+    order = torch.randperm(pages, generator=torch.Generator().manual_seed(3)).to(torch.int32)
+    kv_indices = order[:sum(need)]
+    kv_indptr = torch.tensor([0, need[0], need[0] + need[1]], dtype=torch.int32)
+    padded = batch_indices.clone()
+    padded[4] = 2  # token 4: padding
+    ckv = torch.full((pages, page_size, R), 0x5a, dtype=torch.uint8, device=device)
+    kpe = torch.full((pages, page_size, P), 0x5a, dtype=torch.uint8, device=device)
+    sq, skv = 10.0, 25.0
+    q_rope_out, q_nope_out = flashinfer.rope_quantize_fp8_append_paged_kv_cache(
+        *inputs[:4], None, *inputs[4:],
+        (ckv.view(torch.float8_e4m3fn), kpe.view(torch.float8_e4m3fn)), kv_indices.to(device),
+        kv_indptr.to(device), padded.to(device), positions.to(device), is_neox=False,
+        quant_scale_q=sq, quant_scale_kv=skv, page_size=page_size)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    _assert_codes(q_rope_out, want_q, sq)
+    assert torch.equal(q_nope_out.cpu().view(torch.uint8), _codes(inputs[2], sq))
+    ckv_rows, kpe_rows = ckv.view(-1, R).cpu(), kpe.view(-1, P).cpu()
+    written = set()
+    for t in (0, 1, 2, 3):
+        b, p = int(padded[t]), int(positions[t])
+        slot = int(kv_indices[int(kv_indptr[b]) + p // page_size]) * page_size + p % page_size
+        written.add(slot)
+        assert torch.equal(ckv_rows[slot], _codes(k_nope[t], skv)), t
+        _assert_codes(kpe_rows[slot].view(torch.float8_e4m3fn), want_k[t], skv)
+    others = sorted(set(range(pages * page_size)) - written)
+    assert (ckv_rows[others] == 0x5a).all() and (kpe_rows[others] == 0x5a).all()

@@ -7,6 +7,8 @@ torch.compile and capturable in CUDA graphs):
     ropejit.dropin.vllm.rotary_embedding              vllm._custom_ops
     ropejit.dropin.transformer_engine.apply_rotary_pos_emb   transformer_engine.pytorch
     ropejit.dropin.liger.liger_rotary_pos_emb         liger_kernel.transformers.rope
+    ropejit.dropin.flashinfer.mla_rope_quantize_fp8   flashinfer.rope (MLA, FP8; with
+        rope_quantize_fp8 and rope_quantize_fp8_append_paged_kv_cache in their MLA form)
 
 What differs everywhere: ropejit computes in fp32 and rounds once to the output dtype, so
 bf16/fp16 results can differ from a peer that computes in the activation dtype by one ulp,

@@ -128,10 +128,10 @@ def concat_and_cache_mla_rope_fused(positions, q_pe, k_pe, kv_c, cos_sin_cache, 
     """vLLM's `concat_and_cache_mla_rope_fused`: q_pe [tokens, heads, rot_dim] and k_pe
     [tokens, rot_dim] (or [tokens, 1, rot_dim]) rotated in place by cos_sin_cache at positions,
     and each token's row [kv_c | rope(k_pe)] written into kv_cache at slot_mapping (-1 padding)
-    as concat_and_cache_mla writes it. kv_c is taken as given (vLLM normalizes it before).
-    One launch writes the cache rows and rotates q_pe (the rows' k_pe part computed from k_pe
-    as it came in); a second rotates k_pe in place. A slot_mapping shorter than positions (a
-    padded CUDA graph batch) writes rows for its tokens and rotates every token's q_pe and k_pe."""
+    as concat_and_cache_mla writes it. kv_c is taken as given (vLLM normalizes it before); kv_c
+    and k_pe may be the two column ranges of one tensor. One launch. A slot_mapping shorter than
+    positions (a padded CUDA graph batch) writes rows for its tokens and rotates every token's
+    q_pe and k_pe (two more launches for the tail)."""
     from ropejit import mla
     rot = cos_sin_cache.shape[-1]
     if cos_sin_cache.dim() != 2 or rot % 2:
@@ -149,9 +149,9 @@ def concat_and_cache_mla_rope_fused(positions, q_pe, k_pe, kv_c, cos_sin_cache, 
     cos, sin = cos_sin_cache[:, : rot // 2], cos_sin_cache[:, rot // 2:]
     style = "neox" if is_neox else "gptj"
     mla.prepare(positions[:rows], cos, sin, kv_c=kv_c[:rows], k_pe=k_pe[:rows], cache=cache,
-                slots=slot_mapping, cache_scale=cache_scale, q_pe=q_pe[:rows], style=style)
+                slots=slot_mapping, cache_scale=cache_scale, q_pe=q_pe[:rows], style=style,
+                rotate_k_pe=True)
     if rows < tokens:
         mla.prepare(positions[rows:], cos, sin, q_pe=q_pe[rows:tokens], style=style)
-    # After the cache rows read it: k_pe as a query of one head, rotated in place.
-    mla.prepare(positions, cos, sin, q_pe=k_pe[:tokens].unsqueeze(1), style=style)
+        mla.prepare(positions[rows:], cos, sin, q_pe=k_pe[rows:tokens].unsqueeze(1), style=style)
 
