@@ -361,40 +361,22 @@ def _op_impl(positions: Tensor, cos: Tensor, sin: Tensor, kv_c: Optional[Tensor]
              k_pe: Optional[Tensor], cache: Optional[Tensor], slots: Optional[Tensor],
              norm_weight: Optional[Tensor], eps: float, q_pe: Optional[Tensor],
              q_nope: Optional[Tensor], q_out: Optional[Tensor], cache_scale: Optional[Tensor],
-             q_scale: Optional[Tensor], skipped: Optional[Tensor], style: str,
-             k_pe_out: Optional[Tensor] = None, rotate_k_pe: bool = False,
-             cache_pe: Optional[Tensor] = None, scale_multiplies: bool = False,
-             rows_by_token: bool = False, kv_indices: Optional[Tensor] = None,
-             kv_indptr: Optional[Tensor] = None, batch_indices: Optional[Tensor] = None,
-             page_positions: Optional[Tensor] = None, page_size: int = 0,
-             q_out_pe: Optional[Tensor] = None) -> None:
+             q_scale: Optional[Tensor], skipped: Optional[Tensor], style: str) -> None:
     prepare(positions, cos, sin, kv_c=kv_c, k_pe=k_pe, cache=cache, slots=slots,
             norm_weight=norm_weight, eps=eps, q_pe=q_pe, q_nope=q_nope, q_out=q_out,
-            cache_scale=cache_scale, q_scale=q_scale, skipped=skipped, style=style,
-            k_pe_out=k_pe_out, rotate_k_pe=rotate_k_pe, cache_pe=cache_pe,
-            scale_multiplies=scale_multiplies, rows_by_token=rows_by_token,
-            kv_indices=kv_indices, kv_indptr=kv_indptr, batch_indices=batch_indices,
-            page_positions=page_positions, page_size=page_size, q_out_pe=q_out_pe)
+            cache_scale=cache_scale, q_scale=q_scale, skipped=skipped, style=style)
 
 
-# k_pe is written when rotate_k_pe is set (in place); the schema says so for every call.
-mla_prepare_op = torch.library.custom_op(
-    "ropejit::mla_prepare", _op_impl,
-    mutates_args=("k_pe", "cache", "q_pe", "q_out", "skipped", "k_pe_out", "cache_pe",
-                  "q_out_pe"))
+# The op takes prepare's arguments up to style. Its schema stays as it is: PyTorch 2.11's
+# functionalization fails on mutated arguments that a call leaves to their defaults, so the
+# outputs prepare gained later (k_pe_out, cache_pe, q_out_pe) are not optional arguments here.
+mla_prepare_op = torch.library.custom_op("ropejit::mla_prepare", _op_impl,
+                                         mutates_args=("cache", "q_pe", "q_out", "skipped"))
 
 
 @mla_prepare_op.register_fake
 def _op_fake(positions, cos, sin, kv_c, k_pe, cache, slots, norm_weight, eps, q_pe, q_nope,
-             q_out, cache_scale, q_scale, skipped, style, k_pe_out=None, rotate_k_pe=False,
-             cache_pe=None, scale_multiplies=False, rows_by_token=False, kv_indices=None,
-             kv_indptr=None, batch_indices=None, page_positions=None, page_size=0,
-             q_out_pe=None):
+             q_out, cache_scale, q_scale, skipped, style):
     prepare(positions, cos, sin, kv_c=kv_c, k_pe=k_pe, cache=cache, slots=slots,
             norm_weight=norm_weight, eps=eps, q_pe=q_pe, q_nope=q_nope, q_out=q_out,
-            cache_scale=cache_scale, q_scale=q_scale, skipped=skipped, style=style,
-            k_pe_out=k_pe_out, rotate_k_pe=rotate_k_pe, cache_pe=cache_pe,
-            scale_multiplies=scale_multiplies, rows_by_token=rows_by_token,
-            kv_indices=kv_indices, kv_indptr=kv_indptr, batch_indices=batch_indices,
-            page_positions=page_positions, page_size=page_size, q_out_pe=q_out_pe,
-            _fake=True)
+            cache_scale=cache_scale, q_scale=q_scale, skipped=skipped, style=style, _fake=True)
