@@ -2,6 +2,7 @@
 #pragma once
 
 #include <functional>
+#include <limits>
 
 #include "jit/driver.hpp"
 #include "oracle/workload.hpp"
@@ -9,6 +10,15 @@
 namespace ropejit::testing {
 
 inline CUcontext use_primary_context() { return detail::use_primary_context(0); }
+
+// The cases numbered first..last (1-based, inclusive) of a matrix, the others skipped with their
+// numbers, so that a matrix split over test cases (run side by side: the run's length is its
+// longest case) checks the cases, seeds and variants of the whole. The last range is
+// open-ended, so that cases added to a matrix land in one of its test cases.
+struct CaseRange {
+  int first, last = std::numeric_limits<int>::max();
+  bool take(int n) const { return n >= first && n <= last; }
+};
 
 // A dense-layout workload's sizes: `batch` sequences of `seq_len` tokens, q and k heads.
 inline oracle::Sizes dense_sizes(int64_t batch, int64_t seq_len, int32_t q_heads, int32_t k_heads) {

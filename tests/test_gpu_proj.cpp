@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
-#include <limits>
 #include <string>
 #include <vector>
 
@@ -124,20 +123,13 @@ ProjPath warm_then_capture(const QkvProjSpec& s, const oracle::ProjSizes& z, int
   return p.matched();
 }
 
-// The cases numbered first..last (1-based, inclusive) of a matrix, the others skipped with their
-// numbers, so that a matrix split over test cases (run side by side) checks the cases, seeds and
-// variants of the whole.
-// The last range is open-ended, so that cases added to a matrix land in one of its test cases.
-struct CaseRange {
-  int first, last = std::numeric_limits<int>::max();
-  bool take(int n) const { return n >= first && n <= last; }
-};
+using testing::CaseRange;
 
 // Dims and tokens shared by the two chunk matrices (a chunk's sequences, the unfused path).
 const int32_t kCacheDims[][2] = {{128, 128}, {64, 32}, {80, 80}};
 const int64_t kCacheTokens[] = {3, 16, 40, 64, 130};
 
-// The cases of "projection: every axis" in `range`: the matrix is split over two test
+// The cases of "projection: every axis" in `range`: the matrix is split over three test
 // cases.
 void proj_every_axis(CaseRange range) {
   testing::use_primary_context();
@@ -164,6 +156,32 @@ void proj_every_axis(CaseRange range) {
         oracle::ProjProblem p(s, z);
         check_call_and_variant(
             p, s, 2 + n % 3, 1 + n % 2, false,
+            s.key() + " tokens " + std::to_string(z.tokens) + (z.bias ? " bias" : ""));
+      }
+}
+
+// The cases of "projection, e4m3 weights with column scales: every axis" in `range`.
+void proj_e4m3_every_axis(CaseRange range) {
+  testing::use_primary_context();
+  const int32_t dims[][2] = {{128, 128}, {64, 32}, {80, 80}, {256, 256}};
+  const DType dtypes[] = {DType::bf16, DType::f16};
+  const Norm norms[] = {Norm::rms, Norm::none, Norm::rms_one_plus};
+  const int64_t tokens[] = {1, 5, 16, 29, 64};
+  int n = 0;
+  for (const auto& d : dims)
+    for (const DType dt : dtypes)
+      for (const Norm norm : norms) {
+        if (!range.take(++n)) continue;
+        auto [s, z] = matrix_case(n, d, dt, norm, tokens);
+        s.weights = Weights::e4m3;
+        z.hidden = n % 2 ? 272 : 1024;  // 272: the last 64-element chunk is partial
+        z.out_head_gap = n % 4 == 2 ? 8 : 0;
+        z.weight_gap = n % 6 == 4 ? 16 : 0;
+        z.bias = n % 4 == 0;
+        z.seed = uint64_t(3000 + n);
+        oracle::ProjProblem p(s, z);
+        check_call_and_variant(
+            p, s, 2 + n % 3, 1 + n % 2, true,
             s.key() + " tokens " + std::to_string(z.tokens) + (z.bias ? " bias" : ""));
       }
 }
@@ -405,39 +423,26 @@ TEST_SUITE("gpu") {
     CHECK(fp8_text.find("\"unfused_us\": 0") == std::string::npos);
   }
 
-  TEST_CASE("projection: every axis against float64 (norms, styles, rotary, tables), cases 1-18" *
+  TEST_CASE("projection: every axis against float64 (norms, styles, rotary, tables), cases 1-12" *
             doctest::test_suite("long")) {
-    proj_every_axis({1, 18});
+    proj_every_axis({1, 12});
   }
-  TEST_CASE("projection: every axis against float64 (norms, styles, rotary, tables), cases 19 on" *
+  TEST_CASE("projection: every axis against float64 (norms, styles, rotary, tables), cases 13-24" *
             doctest::test_suite("long")) {
-    proj_every_axis({19});
+    proj_every_axis({13, 24});
+  }
+  TEST_CASE("projection: every axis against float64 (norms, styles, rotary, tables), cases 25 on" *
+            doctest::test_suite("long")) {
+    proj_every_axis({25});
   }
 
-  TEST_CASE("projection, e4m3 weights with column scales: every axis against float64" *
+  TEST_CASE("projection, e4m3 weights with column scales: every axis against float64, cases 1-12" *
             doctest::test_suite("long")) {
-    testing::use_primary_context();
-    const int32_t dims[][2] = {{128, 128}, {64, 32}, {80, 80}, {256, 256}};
-    const DType dtypes[] = {DType::bf16, DType::f16};
-    const Norm norms[] = {Norm::rms, Norm::none, Norm::rms_one_plus};
-    const int64_t tokens[] = {1, 5, 16, 29, 64};
-    int n = 0;
-    for (const auto& d : dims)
-      for (const DType dt : dtypes)
-        for (const Norm norm : norms) {
-          ++n;
-          auto [s, z] = matrix_case(n, d, dt, norm, tokens);
-          s.weights = Weights::e4m3;
-          z.hidden = n % 2 ? 272 : 1024;  // 272: the last 64-element chunk is partial
-          z.out_head_gap = n % 4 == 2 ? 8 : 0;
-          z.weight_gap = n % 6 == 4 ? 16 : 0;
-          z.bias = n % 4 == 0;
-          z.seed = uint64_t(3000 + n);
-          oracle::ProjProblem p(s, z);
-          check_call_and_variant(
-              p, s, 2 + n % 3, 1 + n % 2, true,
-              s.key() + " tokens " + std::to_string(z.tokens) + (z.bias ? " bias" : ""));
-        }
+    proj_e4m3_every_axis({1, 12});
+  }
+  TEST_CASE("projection, e4m3 weights with column scales: every axis against float64, cases 13 on" *
+            doctest::test_suite("long")) {
+    proj_e4m3_every_axis({13});
   }
 
   TEST_CASE("projection, e4m3 weights on the unfused path: the weight dequantized in chunks") {
@@ -472,14 +477,19 @@ TEST_SUITE("gpu") {
   }
 
   TEST_CASE(
-      "projection with a KV cache (slots, paged, contiguous), other bytes untouched, cases 1-12" *
+      "projection with a KV cache (slots, paged, contiguous), other bytes untouched, cases 1-8" *
       doctest::test_suite("long")) {
-    proj_cache_rows({1, 12});
+    proj_cache_rows({1, 8});
   }
   TEST_CASE(
-      "projection with a KV cache (slots, paged, contiguous), other bytes untouched, cases 13 on" *
+      "projection with a KV cache (slots, paged, contiguous), other bytes untouched, cases 9-16" *
       doctest::test_suite("long")) {
-    proj_cache_rows({13});
+    proj_cache_rows({9, 16});
+  }
+  TEST_CASE(
+      "projection with a KV cache (slots, paged, contiguous), other bytes untouched, cases 17 on" *
+      doctest::test_suite("long")) {
+    proj_cache_rows({17});
   }
 
   TEST_CASE("projection with a dynamic FP8 cache (e4m3dyn): the unfused path's scales per head" *
@@ -550,20 +560,23 @@ TEST_SUITE("gpu") {
     CHECK(warm_then_capture(s, z, 1, "e4m3dyn cache, 24 tokens") == ProjPath::unfused);
   }
 
-  TEST_CASE("projection with a KV cache: a chunk's sequences (cu_seqlens), cases 1-12" *
+  TEST_CASE("projection with a KV cache: a chunk's sequences (cu_seqlens), cases 1-8" *
             doctest::test_suite("long")) {
-    proj_cache_chunks({1, 12});
+    proj_cache_chunks({1, 8});
   }
-  TEST_CASE("projection with a KV cache: a chunk's sequences (cu_seqlens), cases 13 on" *
+  TEST_CASE("projection with a KV cache: a chunk's sequences (cu_seqlens), cases 9-16" *
             doctest::test_suite("long")) {
-    proj_cache_chunks({13});
+    proj_cache_chunks({9, 16});
+  }
+  TEST_CASE("projection with a KV cache: a chunk's sequences (cu_seqlens), cases 17 on" *
+            doctest::test_suite("long")) {
+    proj_cache_chunks({17});
   }
 
-  TEST_CASE("projection with a KV cache: the unfused path, every addressing, a chunk in a graph" *
-            doctest::test_suite("long")) {
-    // The unfused path (GEMM, then the fused RoPE key appending k and v) with every addressing,
-    // a decode step's and a chunk's, in the dtype and e4m3, forced and automatic; every other
-    // cache byte untouched.
+  // The unfused path (GEMM, then the fused RoPE key appending k and v) with every addressing,
+  // a decode step's and a chunk's, in the dtype and e4m3, forced and automatic; every other
+  // cache byte untouched: the cases in `range`.
+  void proj_unfused_cache(CaseRange range) {
     testing::use_primary_context();
     testing::ScopedEnv off("ROPEJIT_TUNING",
                            "off");  // the heuristic: unfused from 33 tokens (e4m3: 65)
@@ -573,7 +586,7 @@ TEST_SUITE("gpu") {
         for (const KvCache mode : {KvCache::slots, KvCache::paged, KvCache::contiguous})
           for (const bool chunk : {false, true}) {
             if (chunk && mode == KvCache::slots) continue;
-            ++n;
+            if (!range.take(++n)) continue;
             const Norm norm = n % 3 == 0 ? Norm::none : n % 3 == 1 ? Norm::rms : Norm::rms_one_plus;
             auto [s, z] = matrix_case(n, d, dt, norm, kCacheTokens);
             s.positions = Positions::ids;  // offsets: the fused path only, with these caches
@@ -601,6 +614,17 @@ TEST_SUITE("gpu") {
             expect_ok(p, what);
             CHECK_MESSAGE(p.matched() == ProjPath::unfused, what);
           }
+  }
+
+  TEST_CASE("projection with a KV cache: the unfused path, every addressing, cases 1-15" *
+            doctest::test_suite("long")) {
+    proj_unfused_cache({1, 15});
+  }
+
+  TEST_CASE("projection with a KV cache: the unfused path, cases 16 on, and a chunk in a graph" *
+            doctest::test_suite("long")) {
+    proj_unfused_cache({16});
+    testing::ScopedEnv off("ROPEJIT_TUNING", "off");
     // A chunk into a paged cache inside a CUDA graph: the key warmed at the chunk's shape
     // (which prepares the unfused path's RoPE step for thd), then captured and replayed.
     QkvProjSpec s =
