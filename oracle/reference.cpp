@@ -177,7 +177,7 @@ struct Workload::Reference {
   int64_t locate(const void* ptr, int* slot) const {
     const uint8_t* p = static_cast<const uint8_t*>(ptr);
     for (size_t i = 0; i < w.outputs_.size(); ++i) {
-      const std::vector<uint8_t>& h = w.buffers_[size_t(w.outputs_[i].buffer)]->host;
+      const std::vector<uint8_t>& h = w.buffers_[size_t(w.outputs_[i].buffer)].host;
       if (p >= h.data() && p < h.data() + h.size()) {
         *slot = int(i);
         return (p - h.data()) / kind_size(w.outputs_[i].kind);
@@ -225,7 +225,7 @@ struct Workload::Reference {
         if (!c.in_place) {
           int slot = 0;
           const int64_t at = locate(dst, &slot);
-          std::memcpy(&w.buffers_[size_t(w.outputs_[size_t(slot)].buffer)]->host[size_t(at * e)],
+          std::memcpy(&w.buffers_[size_t(w.outputs_[size_t(slot)].buffer)].host[size_t(at * e)],
                       src, size_t(D * e));
         }
         if (!tk.valid) continue;
@@ -399,7 +399,7 @@ void Workload::build_reference() {
   expect_.clear();
   tol_.clear();
   for (const Output& o : outputs_) {
-    const size_t n = buffers_[size_t(o.buffer)]->host.size() / size_t(Reference::kind_size(o.kind));
+    const size_t n = buffers_[size_t(o.buffer)].host.size() / size_t(Reference::kind_size(o.kind));
     expect_.emplace_back(n, 0.0);
     tol_.emplace_back(n, -1.0);
   }

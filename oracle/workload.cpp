@@ -23,17 +23,13 @@ constexpr uint8_t kPoison = 0xff;     // NaN in f32, f16 and bf16
 }  // namespace
 
 Workload::Buffer& Workload::add_buffer(std::vector<uint8_t> host) {
-  host.resize(host.size() + kGuardBytes, kPoison);
-  buffers_.push_back(new Buffer{std::move(host), 0});
-  return *buffers_.back();
+  return buffers_.add(std::move(host), kGuardBytes, kPoison);
 }
 
 int Workload::buffer_index(const void* host) const {
-  const uint8_t* p = static_cast<const uint8_t*>(host);
-  for (size_t i = 0; i < buffers_.size(); ++i)
-    if (p >= buffers_[i]->host.data() && p < buffers_[i]->host.data() + buffers_[i]->host.size())
-      return int(i);
-  detail::fail(ErrorCode::internal, "workload: pointer outside its buffers");
+  const int i = buffers_.index_of(host);
+  if (i < 0) detail::fail(ErrorCode::internal, "workload: pointer outside its buffers");
+  return i;
 }
 
 void Workload::add_output(const void* host, int kind, bool poison) {
@@ -41,16 +37,6 @@ void Workload::add_output(const void* host, int kind, bool poison) {
   for (const Output& o : outputs_)
     if (o.buffer == b) return;  // packed q/k/v: one buffer, listed once
   outputs_.push_back({b, kind, poison});
-}
-
-Workload::~Workload() {
-  std::string why;
-  const detail::Driver* d = detail::try_driver(&why);
-  for (Buffer* b : buffers_) {
-    if (b->device && d) d->MemFree(b->device);
-    if (b->initial && d) d->MemFree(b->initial);
-    delete b;
-  }
 }
 
 Workload::Workload(const Spec& spec, const Sizes& sizes)
@@ -288,14 +274,11 @@ void Workload::add_tables(int64_t max_pos) {
 
 void Workload::upload() {
   const detail::Driver& d = detail::driver();
-  for (Buffer* b : buffers_) {
-    if (!b->device) detail::check(d.MemAlloc(&b->device, b->host.size()), "cuMemAlloc");
-    detail::check(d.MemcpyHtoD(b->device, b->host.data(), b->host.size()), "cuMemcpyHtoD");
-  }
+  buffers_.upload();
   // Out-of-place outputs hold the expected bytes on the host; their device copies start
   // poisoned. (Counters start as their host bytes: zero, then the guard.)
   for (const Output& o : outputs_) {
-    const Buffer& b = *buffers_[size_t(o.buffer)];
+    const Buffer& b = buffers_[size_t(o.buffer)];
     if (o.poison) detail::check(d.MemsetD8(b.device, kPoison, b.host.size()), "cuMemsetD8");
   }
   // A copy from pageable memory may return before its last bytes land, and the memset runs
@@ -306,47 +289,22 @@ void Workload::upload() {
 
 void Workload::reset() {
   const detail::Driver& d = detail::driver();
-  const bool have = !buffers_.empty() && buffers_.front()->initial != 0;
-  if (!have) {
+  if (!buffers_.has_initial()) {
     upload();
     if (initial_failed_) return;
-    for (Buffer* b : buffers_) {
-      if (d.MemAlloc(&b->initial, b->host.size()) != CUDA_SUCCESS) {
-        b->initial = 0;
-        initial_failed_ = true;
-        break;
-      }
-      detail::check(d.MemcpyDtoDAsync(b->initial, b->device, b->host.size(), nullptr),
-                    "cuMemcpyDtoDAsync");
-    }
-    if (initial_failed_) drop_reset_copy();  // no room for a second copy: each reset uploads
+    // No room for a second copy: each reset uploads.
+    initial_failed_ = !buffers_.keep_initial();
   } else {
-    for (Buffer* b : buffers_)
-      detail::check(d.MemcpyDtoDAsync(b->device, b->initial, b->host.size(), nullptr),
-                    "cuMemcpyDtoDAsync");
+    buffers_.restore_initial();
   }
   // The copies run on the legacy stream: done before a launch on the tuner's own stream.
   detail::check(d.CtxSynchronize(), "resetting the workload (cuCtxSynchronize)");
 }
 
-void Workload::drop_reset_copy() {
-  const detail::Driver& d = detail::driver();
-  for (Buffer* b : buffers_)
-    if (b->initial) {
-      d.MemFree(b->initial);
-      b->initial = 0;
-    }
-}
+void Workload::drop_reset_copy() { buffers_.drop_initial(); }
 
 Args Workload::args(void* stream) const {
-  auto device = [&](const void* host) -> void* {
-    if (!host) return nullptr;
-    const uint8_t* p = static_cast<const uint8_t*>(host);
-    for (const Buffer* b : buffers_)
-      if (p >= b->host.data() && p < b->host.data() + b->host.size())
-        return reinterpret_cast<void*>(b->device + CUdeviceptr(p - b->host.data()));
-    detail::fail(ErrorCode::internal, "workload: pointer outside its buffers");
-  };
+  auto device = [&](const void* host) { return buffers_.device_address(host); };
   Args a = host_args_;
   a.q.data = device(a.q.data);
   a.k.data = device(a.k.data);
@@ -382,7 +340,7 @@ const std::vector<std::vector<uint8_t>>& Workload::download() {
   detail::check(d.CtxSynchronize(), "kernel execution (cuCtxSynchronize)");
   downloaded_.resize(outputs_.size());
   for (size_t slot = 0; slot < outputs_.size(); ++slot) {
-    const Buffer& b = *buffers_[size_t(outputs_[slot].buffer)];
+    const Buffer& b = buffers_[size_t(outputs_[slot].buffer)];
     downloaded_[slot].resize(b.host.size());
     detail::check(d.MemcpyDtoH(downloaded_[slot].data(), b.device, b.host.size()), "cuMemcpyDtoH");
   }
@@ -413,7 +371,7 @@ CheckReport Workload::check() {
   for (size_t slot = 0; slot < outputs_.size(); ++slot) {
     const Output& o = outputs_[slot];
     const int64_t e = kind_bytes(o.kind);
-    const Buffer& b = *buffers_[size_t(o.buffer)];
+    const Buffer& b = buffers_[size_t(o.buffer)];
     const std::vector<uint8_t>& got = downloaded_[slot];
     for (size_t i = 0; i < got.size() / size_t(e); ++i) {
       const double tol = tol_[slot][i];

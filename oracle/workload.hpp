@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "oracle/device_buffers.hpp"
 #include "ropejit/ropejit.hpp"
 
 namespace ropejit::oracle {
@@ -90,7 +91,6 @@ class Workload {
  public:
   // Generates host data only; needs no GPU.
   Workload(const Spec& spec, const Sizes& sizes);
-  ~Workload();
   Workload(const Workload&) = delete;
   Workload& operator=(const Workload&) = delete;
 
@@ -121,11 +121,7 @@ class Workload {
   int64_t bytes_moved() const;
 
  private:
-  struct Buffer {
-    std::vector<uint8_t> host;
-    unsigned long long device = 0;   // CUdeviceptr
-    unsigned long long initial = 0;  // reset()'s copy of the device bytes upload() leaves
-  };
+  using Buffer = DeviceBuffers::Buffer;
   // What check() compares: a buffer, its element kind (a DType value, kE4m3 or kI32), and
   // whether its device copy starts poisoned (outputs) or as the host bytes (in-place inputs,
   // caches, counters).
@@ -164,7 +160,7 @@ class Workload {
   Sizes sizes_;
   std::mt19937_64 rng_;
   int64_t tokens_ = 0;
-  std::vector<Buffer*> buffers_;
+  DeviceBuffers buffers_;
   Args host_args_;  // pointers into host copies
   std::vector<Output> outputs_;
   // Per output: expected double value and tolerance (< 0: byte-exact against the host copy;

@@ -149,6 +149,31 @@ bool worth_searching(const ProjTuneReport& r) {
   return r.unfused_us == 0 || r.fused_us <= kSearchWithin * r.unfused_us;
 }
 
+// The two paths raced at the heuristic's variant, then, where the fused kernel is worth it,
+// its other variants: what the projection's and the FFN's tuners share. `fused` launches the
+// fused kernel at a variant, `unfused` the other path (empty: the call has none).
+template <class Problem, class Spec>
+ProjTuneReport race_and_search(Problem& problem, bool checked, CUstream stream, const Spec& c,
+                               int64_t bucket, int64_t hidden, int64_t columns,
+                               const detail::ProjVariant& variant, bool fp8,
+                               const detail::DeviceInfo& device,
+                               const std::function<void(const detail::ProjVariant*)>& fused,
+                               const std::function<void()>& unfused) {
+  ProjTuneReport report = race(
+      problem, checked, stream, c.key(), bucket, hidden, columns, [&] { fused(&variant); },
+      unfused);
+  report.variant = variant;
+  if (worth_searching(report)) {
+    const std::string target = detail::target_for(device.cc);
+    detail::DecodeEngine& engine = detail::DecodeEngine::instance();
+    search_variants(
+        problem, checked, stream, c.key(), bucket, proj_fused_candidates(variant, fp8, device),
+        [&](const detail::ProjVariant& v) { return engine.image_async(c, v, target); },
+        [&](const detail::ProjVariant& v) { fused(&v); }, &report);
+  }
+  return report;
+}
+
 }  // namespace
 
 // The fused kernel's candidates at a bucket: the heuristic's variant first, then its token tiles
@@ -228,21 +253,11 @@ ProjTuneReport tune_proj(const QkvProjSpec& spec, int64_t bucket, int64_t hidden
   // kernel's variants alone.
   const bool two_paths = detail::proj_split_problem(c, unfused, shape, true).empty();
   const detail::ProjVariant variant = proj_heuristic(c, shape, device);
-  ProjTuneReport report = race(
-      problem, z.reference, stream.get(), c.key(), bucket, hidden, columns,
-      [&] { engine.launch_proj(c, fused, shape, &variant); },
+  return race_and_search(
+      problem, z.reference, stream.get(), c, bucket, hidden, columns, variant, fp8, device,
+      [&](const detail::ProjVariant* v) { engine.launch_proj(c, fused, shape, v); },
       two_paths ? std::function<void()>([&] { engine.launch_proj_unfused(c, unfused, shape); })
                 : std::function<void()>());
-  report.variant = variant;
-  if (worth_searching(report)) {
-    const std::string target = detail::target_for(device.cc);
-    search_variants(
-        problem, z.reference, stream.get(), c.key(), bucket,
-        proj_fused_candidates(variant, fp8, device),
-        [&](const detail::ProjVariant& v) { return engine.image_async(c, v, target); },
-        [&](const detail::ProjVariant& v) { engine.launch_proj(c, fused, shape, &v); }, &report);
-  }
-  return report;
 }
 
 ProjTuneReport tune_ffn(const FfnSpec& spec, int64_t bucket, int64_t hidden, int64_t intermediate) {
@@ -265,22 +280,12 @@ ProjTuneReport tune_ffn(const FfnSpec& spec, int64_t bucket, int64_t hidden, int
   unfused.path = ProjPath::unfused;
   const detail::FfnShape shape = detail::check_ffn_call(c, fused);
   const detail::ProjVariant variant = ffn_heuristic(c, shape.proj(), device);
-  ProjTuneReport report = race(
-      problem, z.reference, stream.get(), c.key(), bucket, hidden, 2 * intermediate,
-      [&] { engine.launch_ffn(c, fused, shape, &variant); },
+  return race_and_search(
+      problem, z.reference, stream.get(), c, bucket, hidden, 2 * intermediate, variant, fp8, device,
+      [&](const detail::ProjVariant* v) { engine.launch_ffn(c, fused, shape, v); },
       detail::ffn_split_problem(c, unfused, shape, true).empty()
           ? std::function<void()>([&] { engine.launch_ffn_unfused(c, unfused, shape); })
           : std::function<void()>());
-  report.variant = variant;
-  if (worth_searching(report)) {
-    const std::string target = detail::target_for(device.cc);
-    search_variants(
-        problem, z.reference, stream.get(), c.key(), bucket,
-        proj_fused_candidates(variant, fp8, device),
-        [&](const detail::ProjVariant& v) { return engine.image_async(c, v, target); },
-        [&](const detail::ProjVariant& v) { engine.launch_ffn(c, fused, shape, &v); }, &report);
-  }
-  return report;
 }
 
 }  // namespace ropejit::autotune

@@ -48,9 +48,7 @@ double act_of(Activation a, double g) {
 }  // namespace
 
 FfnProblem::Buffer& FfnProblem::add(std::vector<uint8_t> host) {
-  host.resize(host.size() + kGuardBytes, kPoison);
-  buffers_.push_back(new Buffer{std::move(host), 0});
-  return *buffers_.back();
+  return buffers_.add(std::move(host), kGuardBytes, kPoison);
 }
 
 FfnProblem::FfnProblem(const FfnSpec& spec, const FfnSizes& sizes)
@@ -117,16 +115,6 @@ FfnProblem::FfnProblem(const FfnSpec& spec, const FfnSizes& sizes)
   if (!z.reference) return;
   if (z.path != ProjPath::unfused) build_reference(false, &fused_);
   if (z.path != ProjPath::fused) build_reference(true, &unfused_);
-}
-
-FfnProblem::~FfnProblem() {
-  for (Buffer* b : buffers_) {
-    if (b->device) {
-      std::string why;
-      if (const detail::Driver* d = detail::try_driver(&why)) d->MemFree(b->device);
-    }
-    delete b;
-  }
 }
 
 void FfnProblem::build_reference(bool unfused, Expected* out) {
@@ -242,39 +230,33 @@ void FfnProblem::build_reference(bool unfused, Expected* out) {
   });
 }
 
-void FfnProblem::upload() {
-  const detail::Driver& d = detail::driver();
-  for (Buffer* b : buffers_) {
-    if (!b->device) detail::check(d.MemAlloc(&b->device, b->host.size()), "cuMemAlloc");
-    detail::check(d.MemcpyHtoD(b->device, b->host.data(), b->host.size()), "cuMemcpyHtoD");
-  }
-}
+void FfnProblem::upload() { buffers_.upload(); }
 
 FfnArgs FfnProblem::args(void* stream) const {
   const FfnSizes& z = sizes_;
   const int64_t e = detail::element_bytes(spec_.dtype);
-  auto ptr = [](const Buffer* b) { return reinterpret_cast<void*>(b ? b->device : 0); };
   FfnArgs a;
   a.tokens = z.tokens;
   a.hidden = z.hidden;
   a.intermediate = z.intermediate;
-  a.x = ptr(x_);
+  a.x = device_pointer(x_);
   a.x_stride = x_stride_;
-  a.norm_weight = ptr(norm_);
+  a.norm_weight = device_pointer(norm_);
   a.norm_eps = z.norm_eps;
-  a.gate_weight = ptr(gate_);
+  a.gate_weight = device_pointer(gate_);
   const int64_t we = spec_.weights == Weights::e4m3 ? 1 : e;
-  a.up_weight =
-      z.packed ? static_cast<char*>(ptr(gate_)) + z.intermediate * w_stride_ * we : ptr(up_);
+  a.up_weight = z.packed
+                    ? static_cast<char*>(device_pointer(gate_)) + z.intermediate * w_stride_ * we
+                    : device_pointer(up_);
   a.weight_stride = w_stride_;
   if (scale_) {
-    a.gate_scale = static_cast<const float*>(ptr(scale_));
+    a.gate_scale = static_cast<const float*>(device_pointer(scale_));
     a.up_scale = a.gate_scale + z.intermediate;
   }
-  a.out = ptr(out_);
+  a.out = device_pointer(out_);
   a.out_stride = out_stride_;
   a.path = z.path;
-  a.workspace = ptr(workspace_);
+  a.workspace = device_pointer(workspace_);
   a.workspace_bytes = workspace_bytes_;
   a.stream = stream;
   return a;
@@ -299,8 +281,7 @@ CheckReport FfnProblem::check() {
   detail::check(d.CtxSynchronize(), "kernel");
   if (!sizes_.reference)
     detail::invalid("FfnProblem::check: the problem was made without a reference");
-  std::vector<uint8_t> got(out_->host.size());
-  detail::check(d.MemcpyDtoH(got.data(), out_->device, got.size()), "cuMemcpyDtoH");
+  const std::vector<uint8_t> got = DeviceBuffers::download(*out_);
   CheckReport r;
   if (sizes_.path != ProjPath::unfused) {
     r = compare(fused_, got);

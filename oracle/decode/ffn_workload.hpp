@@ -7,6 +7,7 @@
 #include <random>
 #include <vector>
 
+#include "oracle/device_buffers.hpp"
 #include "oracle/workload.hpp"
 #include "ropejit/ropejit.hpp"
 
@@ -30,7 +31,6 @@ struct FfnSizes {
 class FfnProblem {
  public:
   FfnProblem(const FfnSpec& spec, const FfnSizes& sizes);
-  ~FfnProblem();
   FfnProblem(const FfnProblem&) = delete;
   FfnProblem& operator=(const FfnProblem&) = delete;
 
@@ -54,10 +54,7 @@ class FfnProblem {
   }
 
  private:
-  struct Buffer {
-    std::vector<uint8_t> host;
-    unsigned long long device = 0;
-  };
+  using Buffer = DeviceBuffers::Buffer;
   Buffer& add(std::vector<uint8_t> host);
   void build_reference(bool unfused, Expected* out);
   CheckReport compare(const Expected& want, const std::vector<uint8_t>& got) const;
@@ -66,7 +63,7 @@ class FfnProblem {
   FfnSizes sizes_;
   std::mt19937_64 rng_;
   int64_t x_stride_ = 0, w_stride_ = 0, out_stride_ = 0;
-  std::vector<Buffer*> buffers_;
+  DeviceBuffers buffers_;
   Buffer* x_ = nullptr;
   Buffer* gate_ = nullptr;   // packed: both halves
   Buffer* up_ = nullptr;     // separate up weight (packed: null)

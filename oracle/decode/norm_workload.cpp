@@ -27,9 +27,7 @@ double round_to(DType t, double v) {
 }  // namespace
 
 NormProblem::Buffer& NormProblem::add(std::vector<uint8_t> host) {
-  host.resize(host.size() + kGuardBytes, kPoison);
-  buffers_.push_back(new Buffer{std::move(host), 0});
-  return *buffers_.back();
+  return buffers_.add(std::move(host), kGuardBytes, kPoison);
 }
 
 NormProblem::NormProblem(const RmsNormSpec& spec, const NormSizes& sizes)
@@ -92,23 +90,7 @@ NormProblem::NormProblem(const RmsNormSpec& spec, const NormSizes& sizes)
   }
 }
 
-NormProblem::~NormProblem() {
-  for (Buffer* b : buffers_) {
-    if (b->device) {
-      std::string why;
-      if (const detail::Driver* d = detail::try_driver(&why)) d->MemFree(b->device);
-    }
-    delete b;
-  }
-}
-
-void NormProblem::upload() {
-  const detail::Driver& d = detail::driver();
-  for (Buffer* b : buffers_) {
-    if (!b->device) detail::check(d.MemAlloc(&b->device, b->host.size()), "cuMemAlloc");
-    detail::check(d.MemcpyHtoD(b->device, b->host.data(), b->host.size()), "cuMemcpyHtoD");
-  }
-}
+void NormProblem::upload() { buffers_.upload(); }
 
 RmsNormArgs NormProblem::args(void* stream) const {
   RmsNormArgs a;
@@ -137,8 +119,7 @@ CheckReport NormProblem::check() {
   const DType t = spec_.dtype;
   const int64_t e = detail::element_bytes(t), K = sizes_.hidden;
   CheckReport r;
-  std::vector<uint8_t> got(out_->host.size());
-  detail::check(d.MemcpyDtoH(got.data(), out_->device, got.size()), "cuMemcpyDtoH");
+  const std::vector<uint8_t> got = DeviceBuffers::download(*out_);
   double err2 = 0, ref2 = 0;
   for (size_t i = 0; i < got.size(); i += size_t(e)) {
     const int64_t el = int64_t(i) / e, row = el / stride_, k = el % stride_;
@@ -168,8 +149,7 @@ CheckReport NormProblem::check() {
     }
   }
   if (residual_) {
-    std::vector<uint8_t> res(residual_->host.size());
-    detail::check(d.MemcpyDtoH(res.data(), residual_->device, res.size()), "cuMemcpyDtoH");
+    const std::vector<uint8_t> res = DeviceBuffers::download(*residual_);
     for (size_t b = 0; b < res.size(); ++b)
       if (res[b] != want_residual_[b]) {
         ++r.mismatches;

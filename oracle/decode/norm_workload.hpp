@@ -6,6 +6,7 @@
 #include <random>
 #include <vector>
 
+#include "oracle/device_buffers.hpp"
 #include "oracle/workload.hpp"
 #include "ropejit/ropejit.hpp"
 
@@ -24,7 +25,6 @@ struct NormSizes {
 class NormProblem {
  public:
   NormProblem(const RmsNormSpec& spec, const NormSizes& sizes);
-  ~NormProblem();
   NormProblem(const NormProblem&) = delete;
   NormProblem& operator=(const NormProblem&) = delete;
 
@@ -35,16 +35,13 @@ class NormProblem {
   int64_t bytes_moved() const;
 
  private:
-  struct Buffer {
-    std::vector<uint8_t> host;
-    unsigned long long device = 0;
-  };
+  using Buffer = DeviceBuffers::Buffer;
   Buffer& add(std::vector<uint8_t> host);
 
   RmsNormSpec spec_;
   NormSizes sizes_;
   int64_t stride_ = 0;
-  std::vector<Buffer*> buffers_;
+  DeviceBuffers buffers_;
   Buffer* x_ = nullptr;
   Buffer* residual_ = nullptr;
   Buffer* w_ = nullptr;

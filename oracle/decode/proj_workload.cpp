@@ -46,9 +46,7 @@ double abs_floor(DType t) { return t == DType::f16 ? std::ldexp(1.0, -25) : 1e-3
 }  // namespace
 
 ProjProblem::Buffer& ProjProblem::add(std::vector<uint8_t> host) {
-  host.resize(host.size() + kGuardBytes, kPoison);
-  buffers_.push_back(new Buffer{std::move(host), 0});
-  return *buffers_.back();
+  return buffers_.add(std::move(host), kGuardBytes, kPoison);
 }
 
 namespace {
@@ -382,16 +380,6 @@ void ProjProblem::place_contiguous(const std::vector<bool>& bad, const std::vect
   lens_ = &add(bytes_of(lens));
 }
 
-ProjProblem::~ProjProblem() {
-  for (Buffer* b : buffers_) {
-    if (b->device) {
-      std::string why;
-      if (const detail::Driver* d = detail::try_driver(&why)) d->MemFree(b->device);
-    }
-    delete b;
-  }
-}
-
 ProjProblem::Rotated ProjProblem::rotate(int64_t pos, int64_t n, const std::vector<double>& y,
                                          const std::vector<double>& e) const {
   const QkvProjSpec& c = spec_;
@@ -602,32 +590,25 @@ void ProjProblem::build_unfused_reference() {
   }
 }
 
-void ProjProblem::upload() {
-  const detail::Driver& d = detail::driver();
-  for (Buffer* b : buffers_) {
-    if (!b->device) detail::check(d.MemAlloc(&b->device, b->host.size()), "cuMemAlloc");
-    detail::check(d.MemcpyHtoD(b->device, b->host.data(), b->host.size()), "cuMemcpyHtoD");
-  }
-}
+void ProjProblem::upload() { buffers_.upload(); }
 
 QkvProjArgs ProjProblem::args(void* stream) const {
   const ProjSizes& z = sizes_;
   const int64_t D = spec_.head_dim;
   const int64_t e = detail::element_bytes(spec_.dtype);
-  auto ptr = [](const Buffer* b) { return reinterpret_cast<void*>(b ? b->device : 0); };
   QkvProjArgs a;
   a.tokens = z.tokens;
   a.hidden = z.hidden;
   a.q_heads = z.q_heads;
   a.kv_heads = z.kv_heads;
-  a.x = ptr(x_);
+  a.x = device_pointer(x_);
   a.x_stride = x_stride_;
-  a.norm_weight = ptr(norm_);
-  a.bias = ptr(bias_);
+  a.norm_weight = device_pointer(norm_);
+  a.bias = device_pointer(bias_);
   a.norm_eps = z.norm_eps;
-  a.weight = ptr(w_);
+  a.weight = device_pointer(w_);
   a.weight_stride = w_stride_;
-  a.weight_scale = static_cast<const float*>(ptr(scale_));
+  a.weight_scale = static_cast<const float*>(device_pointer(scale_));
   const int64_t hs = D + z.out_head_gap;
   const int32_t heads[3] = {z.q_heads, z.kv_heads, z.kv_heads};
   Tensor* outs[3] = {&a.q, &a.k, &a.v};
@@ -637,54 +618,56 @@ QkvProjArgs ProjProblem::args(void* stream) const {
     t.heads = heads[i];
     t.stride_head = hs;
     if (z.packed_out) {
-      t.data = static_cast<char*>(ptr(outs_[0])) + first_head * hs * e;
+      t.data = static_cast<char*>(device_pointer(outs_[0])) + first_head * hs * e;
       t.stride_seq = int64_t(z.q_heads + 2 * z.kv_heads) * hs;
     } else {
-      t.data = ptr(outs_[size_t(i)]);
+      t.data = device_pointer(outs_[size_t(i)]);
       t.stride_seq = heads[i] * hs;
     }
     first_head += heads[i];
   }
   a.position_offset = z.position_offset;
-  a.position_ids = ptr(ids_);
-  a.cos = ptr(cos_);
-  a.sin = ptr(sin_);
+  a.position_ids = device_pointer(ids_);
+  a.cos = device_pointer(cos_);
+  a.sin = device_pointer(sin_);
   a.table_rows = table_rows_;
   a.base = z.base;
   a.path = z.path;
-  a.workspace = ptr(workspace_);
+  a.workspace = device_pointer(workspace_);
   a.workspace_bytes = workspace_bytes_;
   a.stream = stream;
   if (cache_k_) {
     KvCacheArgs& kc = a.cache;
-    kc.k = ptr(cache_k_);
-    kc.v = ptr(cache_v_);
+    kc.k = device_pointer(cache_k_);
+    kc.v = device_pointer(cache_v_);
     kc.pages = cache_pages_;
     kc.page_size = z.cache_page_size;
     kc.stride_page = page_stride_;
     kc.stride_slot = slot_stride_;
     kc.stride_head = D;
-    kc.slot_mapping = static_cast<const int64_t*>(ptr(slots_));
-    kc.indptr = static_cast<const int32_t*>(ptr(indptr_));
-    kc.indices = static_cast<const int32_t*>(ptr(indices_));
+    kc.slot_mapping = static_cast<const int64_t*>(device_pointer(slots_));
+    kc.indptr = static_cast<const int32_t*>(device_pointer(indptr_));
+    kc.indices = static_cast<const int32_t*>(device_pointer(indices_));
     kc.num_indices = num_indices_;
-    kc.last_page_len =
-        spec_.cache == KvCache::paged ? static_cast<const int32_t*>(ptr(lens_)) : nullptr;
-    kc.seq_lens =
-        spec_.cache == KvCache::contiguous ? static_cast<const int32_t*>(ptr(lens_)) : nullptr;
-    kc.skipped = static_cast<int32_t*>(ptr(skipped_));
+    kc.last_page_len = spec_.cache == KvCache::paged
+                           ? static_cast<const int32_t*>(device_pointer(lens_))
+                           : nullptr;
+    kc.seq_lens = spec_.cache == KvCache::contiguous
+                      ? static_cast<const int32_t*>(device_pointer(lens_))
+                      : nullptr;
+    kc.skipped = static_cast<int32_t*>(device_pointer(skipped_));
     kc.k_quant_scale = is_fp8(spec_.cache_store) ? 4.0f : 1.0f;
     kc.v_quant_scale = is_fp8(spec_.cache_store) ? 16.0f : 1.0f;
     if (scales_k_) {
-      kc.k_scales = static_cast<float*>(ptr(scales_k_));
-      kc.v_scales = static_cast<float*>(ptr(scales_v_));
+      kc.k_scales = static_cast<float*>(device_pointer(scales_k_));
+      kc.v_scales = static_cast<float*>(device_pointer(scales_v_));
       kc.scale_stride_page = scale_stride_page_;
       kc.scale_stride_slot = z.kv_heads;
       kc.scale_stride_head = 1;
     }
     if (z.cache_only) a.k.data = a.v.data = nullptr;
     if (cu_) {
-      a.cu_seqlens = static_cast<const int32_t*>(ptr(cu_));
+      a.cu_seqlens = static_cast<const int32_t*>(device_pointer(cu_));
       a.batch = sizes_.cache_sequences;
     }
   }
@@ -713,10 +696,7 @@ CheckReport ProjProblem::check() {
   if (!sizes_.reference)
     detail::invalid("ProjProblem::check: the problem was made without a reference");
   std::vector<std::vector<uint8_t>> got;
-  for (Buffer* out : outs_) {
-    got.emplace_back(out->host.size());
-    detail::check(d.MemcpyDtoH(got.back().data(), out->device, got.back().size()), "cuMemcpyDtoH");
-  }
+  for (const Buffer* out : outs_) got.push_back(DeviceBuffers::download(*out));
   CheckReport r;
   const bool unfused = sizes_.path == ProjPath::unfused || unfused_only_;
   if (!unfused) {
@@ -823,16 +803,14 @@ void ProjProblem::compare_cache(CheckReport& r, const Expected& expected) const 
   for (int which = 0; which < 2; ++which) {
     const Buffer& b = *(which == 0 ? cache_k_ : cache_v_);
     const char* name = which == 0 ? "k cache" : "v cache";
-    std::vector<uint8_t> got(b.host.size());
-    detail::check(d.MemcpyDtoH(got.data(), b.device, got.size()), "cuMemcpyDtoH");
+    const std::vector<uint8_t> got = DeviceBuffers::download(b);
     std::vector<bool> addressed(got.size() / size_t(ce), false);
     // Dynamic scales: a float per written row and head, every other byte of them poisoned.
     std::vector<uint8_t> scales_got;
     std::vector<bool> scale_addressed;
     if (dynamic) {
       const Buffer& sb = *(which == 0 ? scales_k_ : scales_v_);
-      scales_got.resize(sb.host.size());
-      detail::check(d.MemcpyDtoH(scales_got.data(), sb.device, scales_got.size()), "cuMemcpyDtoH");
+      scales_got = DeviceBuffers::download(sb);
       scale_addressed.assign(scales_got.size() / 4, false);
     }
     for (int64_t m = 0; m < z.tokens; ++m) {

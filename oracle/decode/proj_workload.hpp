@@ -7,6 +7,7 @@
 #include <random>
 #include <vector>
 
+#include "oracle/device_buffers.hpp"
 #include "oracle/workload.hpp"
 #include "ropejit/ropejit.hpp"
 
@@ -57,7 +58,6 @@ class ProjProblem {
  public:
   // Generates host data and the reference; needs no GPU.
   ProjProblem(const QkvProjSpec& spec, const ProjSizes& sizes);
-  ~ProjProblem();
   ProjProblem(const ProjProblem&) = delete;
   ProjProblem& operator=(const ProjProblem&) = delete;
 
@@ -94,10 +94,7 @@ class ProjProblem {
   CheckReport check_as(ProjPath path);
 
  private:
-  struct Buffer {
-    std::vector<uint8_t> host;
-    unsigned long long device = 0;
-  };
+  using Buffer = DeviceBuffers::Buffer;
   Buffer& add(std::vector<uint8_t> host);
   // The constructor's steps, in the order they draw from rng_.
   void add_inputs();
@@ -129,7 +126,7 @@ class ProjProblem {
   ProjSizes sizes_;
   std::mt19937_64 rng_;
   int64_t columns_ = 0, x_stride_ = 0, w_stride_ = 0, table_rows_ = 0, table_width_ = 0;
-  std::vector<Buffer*> buffers_;
+  DeviceBuffers buffers_;
   Buffer* x_ = nullptr;
   Buffer* w_ = nullptr;
   Buffer* scale_ = nullptr;  // e4m3 weights: a float per row

@@ -34,9 +34,7 @@ double rounded(DType t, bool fp8, double v) {
 }  // namespace
 
 MlaProblem::Buffer& MlaProblem::add(std::vector<uint8_t> host) {
-  host.resize(host.size() + kGuardBytes, kPoison);
-  buffers_.push_back(new Buffer{std::move(host), 0});
-  return *buffers_.back();
+  return buffers_.add(std::move(host), kGuardBytes, kPoison);
 }
 
 MlaProblem::MlaProblem(const MlaSpec& spec, const MlaSizes& sizes)
@@ -335,91 +333,74 @@ void MlaProblem::add_page_table(const std::vector<int64_t>& slots) {
   page_positions_ = &add(bytes(position));
 }
 
-MlaProblem::~MlaProblem() {
-  for (Buffer* b : buffers_) {
-    if (b->device) {
-      std::string why;
-      if (const detail::Driver* d = detail::try_driver(&why)) d->MemFree(b->device);
-    }
-    delete b;
-  }
-}
-
-void MlaProblem::upload() {
-  const detail::Driver& d = detail::driver();
-  for (Buffer* b : buffers_) {
-    if (!b->device) detail::check(d.MemAlloc(&b->device, b->host.size()), "cuMemAlloc");
-    detail::check(d.MemcpyHtoD(b->device, b->host.data(), b->host.size()), "cuMemcpyHtoD");
-  }
-}
+void MlaProblem::upload() { buffers_.upload(); }
 
 MlaArgs MlaProblem::args(void* stream) const {
   const int64_t R = spec_.kv_rank, P = spec_.rope_dim;
-  auto dev = [](const Buffer* b) {
-    return b ? reinterpret_cast<void*>(b->device) : static_cast<void*>(nullptr);
-  };
   MlaArgs a;
   a.tokens = sizes_.tokens;
   a.heads = sizes_.heads;
-  a.kv_c = dev(kv_c_);
+  a.kv_c = device_pointer(kv_c_);
   a.kv_c_stride = round_up(R + sizes_.row_gap, 8);
-  a.k_pe = dev(k_pe_);
+  a.k_pe = device_pointer(k_pe_);
   a.k_pe_stride = P + sizes_.row_gap;
-  a.norm_weight = spec_.norm == Norm::rms ? dev(w_) : nullptr;
+  a.norm_weight = spec_.norm == Norm::rms ? device_pointer(w_) : nullptr;
   a.norm_eps = sizes_.eps;
   if (sizes_.with_cache) {
-    a.cache = dev(cache_);
+    a.cache = device_pointer(cache_);
     a.cache_slots = sizes_.cache_slots;
     a.cache_stride = cache_stride_;
     switch (sizes_.addressing) {
       case MlaSizes::Addressing::slots:
-        a.slots = static_cast<const int64_t*>(dev(slots_));
+        a.slots = static_cast<const int64_t*>(device_pointer(slots_));
         break;
       case MlaSizes::Addressing::rows_by_token:
         a.rows_by_token = true;
         break;
       case MlaSizes::Addressing::page_table:
-        a.kv_indices = static_cast<const int32_t*>(dev(kv_indices_));
-        a.kv_indptr = static_cast<const int32_t*>(dev(kv_indptr_));
-        a.batch_indices = static_cast<const int32_t*>(dev(batch_indices_));
-        a.page_positions = static_cast<const int32_t*>(dev(page_positions_));
+        a.kv_indices = static_cast<const int32_t*>(device_pointer(kv_indices_));
+        a.kv_indptr = static_cast<const int32_t*>(device_pointer(kv_indptr_));
+        a.batch_indices = static_cast<const int32_t*>(device_pointer(batch_indices_));
+        a.page_positions = static_cast<const int32_t*>(device_pointer(page_positions_));
         a.batch = 2;
         a.num_indices = num_indices_;
         a.page_size = sizes_.page_size;
         break;
     }
     if (cache_pe_) {
-      a.cache_pe = dev(cache_pe_);
+      a.cache_pe = device_pointer(cache_pe_);
       a.cache_pe_stride = cache_pe_stride_;
     }
     if (k_pe_out_) {
-      a.k_pe_out = dev(k_pe_out_);
+      a.k_pe_out = device_pointer(k_pe_out_);
       a.k_pe_out_stride = kout_stride_;
     }
-    a.cache_scale =
-        spec_.cache_store == Store::e4m3 ? static_cast<const float*>(dev(cache_scale_)) : nullptr;
-    a.skipped = static_cast<int32_t*>(dev(skipped_));
+    a.cache_scale = spec_.cache_store == Store::e4m3
+                        ? static_cast<const float*>(device_pointer(cache_scale_))
+                        : nullptr;
+    a.skipped = static_cast<int32_t*>(device_pointer(skipped_));
   }
-  a.q_pe = dev(q_pe_);
+  a.q_pe = device_pointer(q_pe_);
   a.q_pe_head_stride = P + sizes_.head_gap;
   a.q_pe_token_stride = sizes_.heads * a.q_pe_head_stride;
   if (spec_.query == MlaQuery::assemble) {
-    a.q_nope = dev(q_nope_);
+    a.q_nope = device_pointer(q_nope_);
     a.q_nope_head_stride = round_up(R + sizes_.head_gap, 8);
     a.q_nope_token_stride = sizes_.heads * a.q_nope_head_stride;
-    a.q_out = dev(q_out_);
+    a.q_out = device_pointer(q_out_);
     a.q_out_head_stride = out_hs_;
     a.q_out_token_stride = sizes_.heads * a.q_out_head_stride;
     if (q_out_pe_) {
-      a.q_out_pe = dev(q_out_pe_);
+      a.q_out_pe = device_pointer(q_out_pe_);
       a.q_out_pe_head_stride = out_pe_hs_;
       a.q_out_pe_token_stride = sizes_.heads * out_pe_hs_;
     }
-    a.q_scale = spec_.q_store == Store::e4m3 ? static_cast<const float*>(dev(q_scale_)) : nullptr;
+    a.q_scale = spec_.q_store == Store::e4m3 ? static_cast<const float*>(device_pointer(q_scale_))
+                                             : nullptr;
   }
-  a.position_ids = dev(ids_);
-  a.cos = dev(cos_);
-  a.sin = dev(sin_);
+  a.position_ids = device_pointer(ids_);
+  a.cos = device_pointer(cos_);
+  a.sin = device_pointer(sin_);
   a.table_rows = sizes_.table_rows;
   a.table_stride = spec_.rope_dim / 2 + sizes_.table_gap;
   a.stream = stream;
@@ -429,9 +410,7 @@ MlaArgs MlaProblem::args(void* stream) const {
 void MlaProblem::check_buffer(const char* name, const Buffer& b,
                               const std::vector<uint8_t>& untouched,
                               const std::vector<Expect>& expect, CheckReport* r) const {
-  const detail::Driver& d = detail::driver();
-  std::vector<uint8_t> got(b.host.size());
-  detail::check(d.MemcpyDtoH(got.data(), b.device, got.size()), "cuMemcpyDtoH");
+  const std::vector<uint8_t> got = DeviceBuffers::download(b);
   const DType t = spec_.dtype;
   const size_t e = size_t(detail::element_bytes(t));
   std::vector<bool> written(got.size(), false);

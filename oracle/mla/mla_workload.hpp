@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "oracle/device_buffers.hpp"
 #include "oracle/workload.hpp"
 #include "ropejit/ropejit.hpp"
 
@@ -42,7 +43,6 @@ struct MlaSizes {
 class MlaProblem {
  public:
   MlaProblem(const MlaSpec& spec, const MlaSizes& sizes);
-  ~MlaProblem();
   MlaProblem(const MlaProblem&) = delete;
   MlaProblem& operator=(const MlaProblem&) = delete;
 
@@ -53,10 +53,7 @@ class MlaProblem {
   CheckReport check();
 
  private:
-  struct Buffer {
-    std::vector<uint8_t> host;
-    unsigned long long device = 0;
-  };
+  using Buffer = DeviceBuffers::Buffer;
   // An element the kernel writes: its byte offset, store, the float64 value, and the bound of
   // the fp32 arithmetic's error before the final rounding (NaN expected when want is NaN).
   struct Expect {
@@ -76,7 +73,7 @@ class MlaProblem {
 
   MlaSpec spec_;
   MlaSizes sizes_;
-  std::vector<Buffer*> buffers_;
+  DeviceBuffers buffers_;
   Buffer *kv_c_ = nullptr, *k_pe_ = nullptr, *w_ = nullptr, *cache_ = nullptr, *slots_ = nullptr,
          *cache_scale_ = nullptr, *skipped_ = nullptr, *q_pe_ = nullptr, *q_nope_ = nullptr,
          *q_out_ = nullptr, *q_scale_ = nullptr, *ids_ = nullptr, *cos_ = nullptr, *sin_ = nullptr,
