@@ -740,6 +740,9 @@ ropejit::MlaArgs to_mla_args(const ropejit_mla_args* p) {
   o.q_out_pe = a.q_out_pe;
   o.q_out_pe_token_stride = a.q_out_pe_token_stride;
   o.q_out_pe_head_stride = a.q_out_pe_head_stride;
+  o.cache_block_size = a.cache_block_size;
+  o.cache_block_stride = a.cache_block_stride;
+  o.cache_pe_block_stride = a.cache_pe_block_stride;
   return o;
 }
 

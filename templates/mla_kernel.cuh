@@ -121,6 +121,13 @@ struct MlaKernel {
     return slot >= 0 && slot < p.cache_slots ? slot : -2;
   }
 
+  // Elements from a cache's start to slot's row: blocks of rows, or rows one stride apart.
+  static __device__ __forceinline__ long long row_at(const MlaParams& p, long long slot,
+                                                     long long stride, long long block_stride) {
+    if (p.cache_block_size == 0) return slot * stride;
+    return slot / p.cache_block_size * block_stride + slot % p.cache_block_size * stride;
+  }
+
   // The latent cache rows, a warp per token: [ RMSNorm(kv_c) · w ‖ rope(k_pe) ] at the token's
   // row (the rope part in cache_pe when it is set), and rope(k_pe) into k_pe_out for every
   // token. Every read that does not depend on the position or the row is issued first.
@@ -156,7 +163,9 @@ struct MlaKernel {
     }
     const float cscale = Cfg::kCacheE4m3 ? *p.cache_scale : 1.0f;
     const long long celem = Cfg::kCacheE4m3 ? 1LL : (long long)sizeof(Raw);
-    char* row = row_written ? static_cast<char*>(p.cache) + slot * p.cache_stride * celem : nullptr;
+    char* row = row_written ? static_cast<char*>(p.cache) +
+                                  row_at(p, slot, p.cache_stride, p.cache_block_stride) * celem
+                            : nullptr;
     if (row_written) {
       float rstd = 1.0f;
       if (Cfg::kNorm) {
@@ -193,8 +202,10 @@ struct MlaKernel {
     }
     // rope(k_pe): after kv_c in the row, or in cache_pe's row; rope_dim / 2 beyond a warp loops.
     char* pe_row = !row_written ? nullptr
-                   : p.cache_pe ? static_cast<char*>(p.cache_pe) + slot * p.cache_pe_stride * celem
-                                : row + Cfg::kRank * celem;
+                   : p.cache_pe
+                       ? static_cast<char*>(p.cache_pe) +
+                             row_at(p, slot, p.cache_pe_stride, p.cache_pe_block_stride) * celem
+                       : row + Cfg::kRank * celem;
     void* kout =
         p.k_pe_out ? static_cast<char*>(p.k_pe_out) + t * p.k_pe_out_stride * (long long)sizeof(Raw)
                    : nullptr;

@@ -61,6 +61,11 @@ struct MlaParams {
   void* q_out_pe;
   long long q_out_pe_token_stride;
   long long q_out_pe_head_stride;
+  // Blocks of cache rows (0: rows one stride apart): a slot's row is at block * block stride +
+  // row in block * row stride.
+  long long cache_block_size;
+  long long cache_block_stride;
+  long long cache_pe_block_stride;
 };
 
 // MlaParams::addressing

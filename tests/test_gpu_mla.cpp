@@ -66,7 +66,8 @@ TEST_SUITE("gpu") {
         }
   }
 
-  TEST_CASE("MLA: scales that multiply, k_pe rotated out or in place, the rope part's own cache") {
+  TEST_CASE(
+      "MLA: scales that multiply, k_pe out or in place, the rope parts' own outputs, blocks") {
     testing::use_primary_context();
     // FlashInfer's and vLLM's interfaces: e4m3 codes of value × scale, rope(k_pe) for every
     // token (padding and skipped slots too), kpe's own cache, rows by token and a page table.
@@ -100,6 +101,9 @@ TEST_SUITE("gpu") {
           z.q_out_pe = cache_pe;  // FlashInfer's outputs: both parts in tensors of their own
           z.addressing = addr;
           z.page_size = n % 2 ? 1 : 4;
+          // vLLM's blocks a stride of their own apart (a per-layer view of one cache).
+          z.block_size = n % 3 == 0 ? 4 : 0;
+          z.block_gap = 24;
           z.cache_scale = 20.0f;  // FlashInfer's scales are reciprocals: × 20 fits e4m3
           z.q_scale = 30.0f;
           if (!s.scale_multiplies) z.cache_scale = z.q_scale = 0.05f;

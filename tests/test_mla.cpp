@@ -217,6 +217,20 @@ TEST_CASE("MLA calls: each bad argument is named before anything runs") {
                    f.args.page_positions = static_cast<const int32_t*>(f.args.cache);
                  }),
                  "overlap in memory"));
+  // Blocks of cache rows a stride of their own apart.
+  CHECK(err([](Fake& f) {
+          f.args.cache_block_size = 16;
+          f.args.cache_block_stride = 16 * 576 + 64;
+        }).empty());
+  CHECK(contains(err([](Fake& f) { f.args.cache_block_size = 5; }),
+                 "args.cache_block_size (5) must be 0 or divide args.cache_slots (64)"));
+  CHECK(contains(err([](Fake& f) { f.args.cache_block_stride = 9280; }),
+                 "args.cache_block_stride (9280) or cache_pe_block_stride (0) is set but"));
+  CHECK(contains(err([](Fake& f) {  // blocks over each other
+                   f.args.cache_block_size = 16;
+                   f.args.cache_block_stride = 8 * 576;
+                 }),
+                 "cache_block_stride"));
   // One tensor's columns: kv_c and k_pe split from one projection, k_pe rotated in place.
   CHECK(err([](Fake& f) {
           f.args.kv_c_stride = 576;

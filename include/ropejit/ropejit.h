@@ -473,6 +473,8 @@ typedef struct {
   int32_t rows_by_token; /* 1: token t writes cache row t */
   void* q_out_pe;        /* assemble: the query's rope part in a tensor of its own */
   int64_t q_out_pe_token_stride, q_out_pe_head_stride;
+  int64_t cache_block_size; /* 0: cache rows one stride apart; else blocks of this many rows */
+  int64_t cache_block_stride, cache_pe_block_stride;
 } ropejit_mla_args;
 
 /* Fill with the C++ defaults (bf16, kv_rank 512, rope_dim 64, gptj, i64 ids, f32 table, rms,

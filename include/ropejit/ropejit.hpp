@@ -667,6 +667,12 @@ struct MlaArgs {
   // rope_dim, rope_dim.
   void* q_out_pe = nullptr;
   int64_t q_out_pe_token_stride = 0, q_out_pe_head_stride = 0;
+  // Blocks whose rows are not one stride apart throughout (vLLM's per-layer view of a cache
+  // allocated for all layers): slot s is row s % cache_block_size of block s /
+  // cache_block_size, blocks cache_block_stride elements apart (cache_pe's:
+  // cache_pe_block_stride), rows cache_stride apart within one. 0: rows one stride apart.
+  int64_t cache_block_size = 0;
+  int64_t cache_block_stride = 0, cache_pe_block_stride = 0;
 };
 
 void mla_prepare(const MlaSpec& spec, const MlaArgs& args);

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 
 #include "jit/call.hpp"
 #include "jit/embedded.hpp"
@@ -105,16 +106,33 @@ void check_cache(const MlaSpec& c, const MlaArgs& a, Operand* ops, size_t* n) {
             a.cache_pe ? " elements: kv_rank, the rope part in args.cache_pe)"
                        : " elements: kv_rank + rope_dim)");
   const Dim none{0, 1, "-"};
-  ops[(*n)++] = check_operand("args.cache", a.cache, Dim{cstride, a.cache_slots, "cache_stride"},
-                              none, row, celem, fp8 ? 8 : 16, true);
+  // Blocks of rows, or one run of rows: the outer and inner axes of the checked operand.
+  const int64_t bs = a.cache_block_size;
+  if (bs < 0 || bs > a.cache_slots || (bs > 0 && a.cache_slots % bs != 0))
+    invalid("args.cache_block_size (", bs, ") must be 0 or divide args.cache_slots (",
+            a.cache_slots, ")");
+  if (bs == 0 && (a.cache_block_stride || a.cache_pe_block_stride))
+    invalid("args.cache_block_stride (", a.cache_block_stride, ") or cache_pe_block_stride (",
+            a.cache_pe_block_stride, ") is set but args.cache_block_size is 0");
+  const auto axes = [&](int64_t stride, int64_t block_stride, const char* stride_name,
+                        const char* block_name) {
+    if (bs == 0) return std::make_pair(Dim{stride, a.cache_slots, stride_name}, none);
+    return std::make_pair(Dim{block_stride, a.cache_slots / bs, block_name},
+                          Dim{stride, bs, stride_name});
+  };
+  const auto [c_outer, c_inner] =
+      axes(cstride, a.cache_block_stride, "cache_stride", "cache_block_stride");
+  ops[(*n)++] =
+      check_operand("args.cache", a.cache, c_outer, c_inner, row, celem, fp8 ? 8 : 16, true);
   if (a.cache_pe) {
     const int64_t pstride = or_default(a.cache_pe_stride, c.rope_dim);
     if (pstride < c.rope_dim)
       invalid("args.cache_pe_stride (", a.cache_pe_stride, ") is smaller than a row (", c.rope_dim,
               " elements: rope_dim)");
-    ops[(*n)++] =
-        check_operand("args.cache_pe", a.cache_pe, Dim{pstride, a.cache_slots, "cache_pe_stride"},
-                      none, c.rope_dim, celem, celem, true);
+    const auto [p_outer, p_inner] =
+        axes(pstride, a.cache_pe_block_stride, "cache_pe_stride", "cache_pe_block_stride");
+    ops[(*n)++] = check_operand("args.cache_pe", a.cache_pe, p_outer, p_inner, c.rope_dim, celem,
+                                celem, true);
   }
   const int64_t kvs = or_default(a.kv_c_stride, c.kv_rank);
   ops[(*n)++] = check_operand("args.kv_c", a.kv_c, Dim{kvs, a.tokens, "kv_c_stride"}, none,
@@ -237,6 +255,9 @@ ropejit_dev::MlaParams make_mla_params(const MlaSpec& c, const MlaArgs& a, int s
   p.k_pe_stride = or_default(a.k_pe_stride, c.rope_dim);
   p.cache_stride = or_default(a.cache_stride, a.cache_pe ? int64_t(c.kv_rank) : row);
   p.cache_slots = a.cache_slots;
+  p.cache_block_size = a.cache_block_size;
+  p.cache_block_stride = a.cache_block_stride;
+  p.cache_pe_block_stride = a.cache_pe_block_stride;
   p.q_pe_head_stride = or_default(a.q_pe_head_stride, c.rope_dim);
   p.q_pe_token_stride = or_default(a.q_pe_token_stride, a.heads * p.q_pe_head_stride);
   p.q_nope_head_stride = or_default(a.q_nope_head_stride, c.kv_rank);

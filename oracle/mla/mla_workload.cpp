@@ -44,6 +44,7 @@ MlaProblem::MlaProblem(const MlaSpec& spec, const MlaSizes& sizes)
     if (sizes_.page_size < 1) detail::invalid("MlaSizes: page_size must be >= 1");
     sizes_.cache_slots = round_up(sizes_.cache_slots, sizes_.page_size);
   }
+  if (sizes_.block_size > 0) sizes_.cache_slots = round_up(sizes_.cache_slots, sizes_.block_size);
   const MlaSizes& z = sizes_;
   const DType t = spec_.dtype;
   const int64_t e = detail::element_bytes(t), R = spec_.kv_rank, P = spec_.rope_dim, half = P / 2,
@@ -93,10 +94,12 @@ MlaProblem::MlaProblem(const MlaSpec& spec, const MlaSizes& sizes)
     q_out_pe_ = &add(std::vector<uint8_t>(
         size_t(std::max<int64_t>(T * H, 1) * out_pe_hs * (q_fp8 ? 1 : e)), kPoison));
   const int64_t celem = cache_fp8 ? 1 : e;
-  cache_ = &add(std::vector<uint8_t>(size_t(z.cache_slots * cache_stride * celem), kPoison));
+  cache_stride_ = cache_stride;
+  cache_pe_stride_ = P + z.row_gap;
+  cache_ = &add(std::vector<uint8_t>(size_t(row_at(z.cache_slots, cache_stride) * celem), kPoison));
   if (z.cache_pe)
-    cache_pe_ =
-        &add(std::vector<uint8_t>(size_t(z.cache_slots * (P + z.row_gap) * celem), kPoison));
+    cache_pe_ = &add(
+        std::vector<uint8_t>(size_t(row_at(z.cache_slots, cache_pe_stride_) * celem), kPoison));
   if (z.k_pe_out == MlaSizes::KpeOut::own)
     k_pe_out_ =
         &add(std::vector<uint8_t>(size_t(std::max<int64_t>(T, 1) * (P + z.row_gap) * e), kPoison));
@@ -232,13 +235,13 @@ void MlaProblem::build_reference(const std::vector<int64_t>& slots,
       }
       rotate(k_pe_->host.data() + i * pe_stride * e, pos[size_t(i)], &rot, &rot_err);
       if (z.cache_pe) {
-        expect_row(&cache_pe_expect_, size_t(slot * cache_pe_stride_ * celem), rot, rot_err,
+        expect_row(&cache_pe_expect_, size_t(row_at(slot, cache_pe_stride_) * celem), rot, rot_err,
                    cache_fp8, z.cache_scale);
       } else {
         want.insert(want.end(), rot.begin(), rot.end());
         err.insert(err.end(), rot_err.begin(), rot_err.end());
       }
-      expect_row(&cache_expect_, size_t(slot * cache_stride * celem), want, err, cache_fp8,
+      expect_row(&cache_expect_, size_t(row_at(slot, cache_stride) * celem), want, err, cache_fp8,
                  z.cache_scale);
     }
     for (int64_t h = 0; h < H; ++h) {
@@ -279,6 +282,16 @@ void MlaProblem::expect_row(std::vector<Expect>* out, size_t at, const std::vect
       out->push_back({at + k * step, false, want[k], err[k]});
     }
   }
+}
+
+int64_t MlaProblem::block_stride(int64_t stride) const {
+  return sizes_.block_size * stride + sizes_.block_gap;
+}
+
+int64_t MlaProblem::row_at(int64_t slot, int64_t stride) const {
+  const int64_t bs = sizes_.block_size;
+  if (bs == 0) return slot * stride;
+  return slot / bs * block_stride(stride) + slot % bs * stride;
 }
 
 void MlaProblem::add_page_table(const std::vector<int64_t>& slots) {
@@ -370,6 +383,11 @@ MlaArgs MlaProblem::args(void* stream) const {
     if (cache_pe_) {
       a.cache_pe = device_pointer(cache_pe_);
       a.cache_pe_stride = cache_pe_stride_;
+    }
+    if (sizes_.block_size > 0) {
+      a.cache_block_size = sizes_.block_size;
+      a.cache_block_stride = block_stride(cache_stride_);
+      a.cache_pe_block_stride = cache_pe_ ? block_stride(cache_pe_stride_) : 0;
     }
     if (k_pe_out_) {
       a.k_pe_out = device_pointer(k_pe_out_);

@@ -37,6 +37,10 @@ struct MlaSizes {
   // batch, bad slots as pages past a request's own, negative positions and pages past the cache.
   enum class Addressing { slots, rows_by_token, page_table } addressing = Addressing::slots;
   int64_t page_size = 4;
+  // The cache (and cache_pe) as blocks of block_size rows with block_gap elements after each
+  // block (vLLM's per-layer view of a cache for all layers); 0: rows one stride apart.
+  // cache_slots is rounded up to whole blocks.
+  int64_t block_size = 0, block_gap = 0;
   uint64_t seed = 1;
 };
 
@@ -80,6 +84,9 @@ class MlaProblem {
          *k_pe_out_ = nullptr, *cache_pe_ = nullptr, *kv_indices_ = nullptr, *kv_indptr_ = nullptr,
          *batch_indices_ = nullptr, *page_positions_ = nullptr, *q_out_pe_ = nullptr;
   int64_t num_indices_ = 0;
+  // Elements from a cache's start to slot's row (rows `stride` apart, in blocks or not).
+  int64_t row_at(int64_t slot, int64_t stride) const;
+  int64_t block_stride(int64_t stride) const;
   // Element strides of the rows and heads (the gaps the sizes ask for) and of the tables.
   int64_t kv_stride_ = 0, pe_stride_ = 0, cache_stride_ = 0, qpe_hs_ = 0, nope_hs_ = 0, out_hs_ = 0,
           table_stride_ = 0, kout_stride_ = 0, cache_pe_stride_ = 0, out_pe_hs_ = 0;

@@ -166,6 +166,8 @@ class ropejit_mla_args(ctypes.Structure):
         ("batch_indices", _ptr), ("page_positions", _ptr), ("batch", _i64),
         ("num_indices", _i64), ("page_size", _i64), ("rows_by_token", _i32),
         ("q_out_pe", _ptr), ("q_out_pe_token_stride", _i64), ("q_out_pe_head_stride", _i64),
+        ("cache_block_size", _i64), ("cache_block_stride", _i64),
+        ("cache_pe_block_stride", _i64),
     ]
 
 

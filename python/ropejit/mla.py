@@ -74,13 +74,22 @@ def _store(name, t, dtype, scale, scale_name):
     _fail(f"{name}.dtype ({t.dtype}) must be {dtype} or float8_e4m3fn")
 
 
-def _row_view(name, cache):
-    """The cache as [slots, row] rows one stride apart (vLLM's [blocks, block_size, row])."""
+def _cache_layout(name, cache):
+    """(slots, row stride, block size, block stride) of a cache: rows one stride apart ([slots,
+    row] or vLLM's [blocks, block_size, row] with contiguous blocks: block size 0), or a 3-d
+    [blocks, block_size, row] whose blocks are a stride of their own apart (a per-layer view of
+    a cache allocated for all layers)."""
     try:
-        return cache.view(-1, cache.shape[-1])
+        rows = cache.view(-1, cache.shape[-1])
+        return rows.shape[0], rows.stride(0) if rows.shape[0] > 1 else rows.shape[1], 0, 0
     except RuntimeError:
-        _fail(f"{name} of shape {tuple(cache.shape)} and strides {cache.stride()} is not rows "
-              f"one stride apart: make it contiguous, or a 2-d [slots, row] view")
+        pass
+    if cache.dim() == 3 and cache.stride(2) == 1:
+        return (cache.shape[0] * cache.shape[1],
+                cache.stride(1) if cache.shape[1] > 1 else cache.shape[2], cache.shape[1],
+                cache.stride(0))
+    _fail(f"{name} of shape {tuple(cache.shape)} and strides {cache.stride()} is neither rows "
+          f"one stride apart nor [blocks, block_size, row] blocks of such rows")
 
 
 def tables(model, rows: Optional[int] = None, *, device=None, dtype=torch.float32):
@@ -221,12 +230,12 @@ def prepare(positions: Tensor, cos: Tensor, sin: Tensor, *, kv_c: Optional[Tenso
             _fail(f"cache must be [..., {what} = {row}] on {device}, got shape "
                   f"{tuple(cache.shape)} on {cache.device}")
         store = _store("cache", cache, dtype, cache_scale, "cache_scale")
-        rows = _row_view("cache", cache)
+        slots_n, stride, block, block_stride = _cache_layout("cache", cache)
         fill(spec, cache_store=_capi.STORES[store])
         fill(a, kv_c=ptr(kv_c), kv_c_stride=kv_c.stride(0) if tokens > 1 else kv_rank,
              k_pe=ptr(k_pe), k_pe_stride=k_pe.stride(0) if tokens > 1 else rope_dim,
-             cache=ptr(rows), cache_slots=rows.shape[0],
-             cache_stride=rows.stride(0) if rows.shape[0] > 1 else rows.shape[1],
+             cache=ptr(cache), cache_slots=slots_n, cache_stride=stride,
+             cache_block_size=block, cache_block_stride=block_stride,
              cache_scale=ptr(cache_scale) if store == "e4m3" else None)
         _cache_rows(a, ptr, tokens, device, slots, rows_by_token,
                     (kv_indices, kv_indptr, batch_indices, page_positions), page_size)
@@ -236,11 +245,17 @@ def prepare(positions: Tensor, cos: Tensor, sin: Tensor, *, kv_c: Optional[Tenso
                 _fail(f"cache_pe must be [..., rope_dim = {rope_dim}] of cache's dtype "
                       f"({cache.dtype}) on {device}, got shape {tuple(cache_pe.shape)}, "
                       f"{cache_pe.dtype} on {cache_pe.device}")
-            pe_rows = _row_view("cache_pe", cache_pe)
-            if pe_rows.shape[0] != rows.shape[0]:
-                _fail(f"cache_pe has {pe_rows.shape[0]} rows, cache {rows.shape[0]}")
-            fill(a, cache_pe=ptr(pe_rows),
-                 cache_pe_stride=pe_rows.stride(0) if pe_rows.shape[0] > 1 else rope_dim)
+            pe_n, pe_stride, pe_block, pe_block_stride = _cache_layout("cache_pe", cache_pe)
+            if pe_n != slots_n or (pe_block and block and pe_block != block):
+                _fail(f"cache_pe {tuple(cache_pe.shape)} and cache {tuple(cache.shape)} must "
+                      f"have the same rows in blocks of the same size")
+            # One block size for both: rows one stride apart make blocks as well.
+            if block and not pe_block:
+                pe_block_stride = block * pe_stride
+            elif pe_block and not block:
+                fill(a, cache_block_size=pe_block, cache_block_stride=pe_block * stride)
+            fill(a, cache_pe=ptr(cache_pe), cache_pe_stride=pe_stride,
+                 cache_pe_block_stride=pe_block_stride)
         if k_pe_out is not None:
             _tensor("k_pe_out", k_pe_out, 2, (dtype,), device)
             if tuple(k_pe_out.shape) != tuple(k_pe.shape):

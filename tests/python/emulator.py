@@ -259,10 +259,16 @@ def emulate_mla(spec, args):
                     w = _read(args.norm_weight, spec.dtype, R)
                     x = x / np.sqrt(np.mean(x * x) + np.float32(args.norm_eps)) * w
                 ce = 1 if fp8 else e
-                row = args.cache + slot * args.cache_stride * ce
+                bs = args.cache_block_size
+
+                def row_at(stride, block_stride):
+                    return (slot // bs * block_stride + slot % bs * stride) if bs else \
+                        slot * stride
+                row = args.cache + row_at(args.cache_stride, args.cache_block_stride) * ce
                 if args.cache_pe:
                     store(row, x, fp8, scale)
-                    store(args.cache_pe + slot * args.cache_pe_stride * ce, k, fp8, scale)
+                    store(args.cache_pe + row_at(args.cache_pe_stride,
+                                                 args.cache_pe_block_stride) * ce, k, fp8, scale)
                 else:
                     store(row, np.concatenate([x, k]), fp8, scale)
             if args.k_pe_out:

@@ -463,3 +463,26 @@ def test_flashinfer_append_paged_mla_cache(device, page_size):
         _assert_codes(kpe_rows[slot].view(torch.float8_e4m3fn), want_k[t], skv)
     others = sorted(set(range(pages * page_size)) - written)
     assert (ckv_rows[others] == 0x5a).all() and (kpe_rows[others] == 0x5a).all()
+
+
+def test_vllm_cache_write_into_one_layer_of_a_cache_for_all_layers(device):
+    """vLLM's cache for all layers, [blocks, layers, block_size, row], viewed per layer: blocks
+    a stride of their own apart. Each slot's row lands in its block of this layer; the other
+    layer and every other row untouched."""
+    from ropejit.dropin import vllm
+    torch.manual_seed(23)
+    L, P, T = 64, 16, 5
+    kv_c = torch.randn(T, L).to(torch.bfloat16).to(device)
+    k_pe = torch.randn(T, P).to(torch.bfloat16).to(device)
+    slot_mapping = torch.tensor([6, -1, 0, 11, 3], dtype=torch.int64, device=device)
+    every = torch.full((3, 2, 4, L + P), -5.0, dtype=torch.bfloat16, device=device)
+    before = every.clone().cpu()
+    layer = every[:, 1]  # [blocks, block_size, row], blocks 2 * 4 rows apart
+    vllm.concat_and_cache_mla(kv_c, k_pe, layer, slot_mapping, "auto", None)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    want = before.clone()
+    for t, slot in enumerate(slot_mapping.tolist()):
+        if slot >= 0:
+            want[slot // 4, 1, slot % 4] = torch.cat((kv_c[t], k_pe[t])).cpu()
+    assert torch.equal(every.cpu(), want)
