@@ -90,7 +90,7 @@ TEST_SUITE("gpu") {
           oracle::MlaSizes z;
           z.tokens = 3 + (n * 5) % 19;
           z.heads = 1 + n % 16;
-          z.cache_slots = addr == Addr::rows_by_token ? z.tokens - 2 : z.tokens + 6;
+          z.cache_slots = z.tokens + 6;
           z.table_rows = 50;
           z.row_gap = n % 3 == 2 ? 8 : 0;
           z.padded = addr == Addr::rows_by_token ? 0 : 1 + n % 2;

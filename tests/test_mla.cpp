@@ -186,6 +186,12 @@ TEST_CASE("MLA calls: each bad argument is named before anything runs") {
           f.args.slots = nullptr;
           f.args.rows_by_token = true;
         }).empty());
+  CHECK(contains(err([](Fake& f) {
+                   f.args.slots = nullptr;
+                   f.args.rows_by_token = true;
+                   f.args.cache_slots = 3;
+                 }),
+                 "args.cache_slots (3) is less than args.tokens (4)"));
   auto paged = [](Fake& f) {
     f.args.slots = nullptr;
     f.args.kv_indices = reinterpret_cast<const int32_t*>(0xe00000);
@@ -222,6 +228,7 @@ TEST_CASE("MLA calls: each bad argument is named before anything runs") {
           f.args.cache_block_size = 16;
           f.args.cache_block_stride = 16 * 576 + 64;
         }).empty());
+  CHECK(err([](Fake& f) { f.args.cache_block_size = 16; }).empty());  // 0: the block's rows
   CHECK(contains(err([](Fake& f) { f.args.cache_block_size = 5; }),
                  "args.cache_block_size (5) must be 0 or divide args.cache_slots (64)"));
   CHECK(contains(err([](Fake& f) { f.args.cache_block_stride = 9280; }),

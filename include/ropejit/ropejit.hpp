@@ -651,11 +651,11 @@ struct MlaArgs {
   void* cache_pe = nullptr;
   int64_t cache_pe_stride = 0;  // 0: rope_dim
   // Cache addressing, one of three: `slots`; token t's row is t (rows_by_token: outputs that
-  // are one row a token, FlashInfer's mla_rope_quantize_fp8); or a page table (FlashInfer's
-  // append): slot = kv_indices[kv_indptr[b] + p / page_size] * page_size + p % page_size for
-  // b = batch_indices[t], p = page_positions[t]. A batch index outside [0, batch) is padding;
-  // a page past the request's own entries (kv_indptr[b + 1]) or a slot outside the cache is
-  // skipped and counted.
+  // are one row a token, FlashInfer's mla_rope_quantize_fp8; cache_slots >= tokens); or a page
+  // table (FlashInfer's append): slot = kv_indices[kv_indptr[b] + p / page_size] * page_size + p %
+  // page_size for b = batch_indices[t], p = page_positions[t]. A batch index outside [0, batch) is
+  // padding; a page past the request's own entries (kv_indptr[b + 1]) or a slot outside the cache
+  // is skipped and counted.
   bool rows_by_token = false;
   const int32_t* kv_indices = nullptr;      // [num_indices]
   const int32_t* kv_indptr = nullptr;       // [batch + 1]
@@ -670,7 +670,8 @@ struct MlaArgs {
   // Blocks whose rows are not one stride apart throughout (vLLM's per-layer view of a cache
   // allocated for all layers): slot s is row s % cache_block_size of block s /
   // cache_block_size, blocks cache_block_stride elements apart (cache_pe's:
-  // cache_pe_block_stride), rows cache_stride apart within one. 0: rows one stride apart.
+  // cache_pe_block_stride; 0: the block's rows), rows cache_stride apart within one.
+  // cache_block_size 0: rows one stride apart.
   int64_t cache_block_size = 0;
   int64_t cache_block_stride = 0, cache_pe_block_stride = 0;
 };

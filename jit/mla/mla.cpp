@@ -92,6 +92,9 @@ void check_cache(const MlaSpec& c, const MlaArgs& a, Operand* ops, size_t* n) {
   const int64_t elem = element_bytes(c.dtype);
   if (a.cache_slots < 1) invalid("args.cache_slots (", a.cache_slots, ") must be >= 1");
   const int how = addressing(a);
+  if (how == ropejit_dev::kMlaRowsByToken && a.cache_slots < a.tokens)
+    invalid("args.cache_slots (", a.cache_slots, ") is less than args.tokens (", a.tokens,
+            "): with args.rows_by_token, token t writes row t");
   if (how == ropejit_dev::kMlaSlots && reinterpret_cast<uintptr_t>(a.slots) % 8 != 0)
     invalid("args.slots (", static_cast<const void*>(a.slots), ") is not 8-byte aligned");
   const bool fp8 = c.cache_store == Store::e4m3;
@@ -120,8 +123,8 @@ void check_cache(const MlaSpec& c, const MlaArgs& a, Operand* ops, size_t* n) {
     return std::make_pair(Dim{block_stride, a.cache_slots / bs, block_name},
                           Dim{stride, bs, stride_name});
   };
-  const auto [c_outer, c_inner] =
-      axes(cstride, a.cache_block_stride, "cache_stride", "cache_block_stride");
+  const auto [c_outer, c_inner] = axes(cstride, or_default(a.cache_block_stride, bs * cstride),
+                                       "cache_stride", "cache_block_stride");
   ops[(*n)++] =
       check_operand("args.cache", a.cache, c_outer, c_inner, row, celem, fp8 ? 8 : 16, true);
   if (a.cache_pe) {
@@ -129,8 +132,8 @@ void check_cache(const MlaSpec& c, const MlaArgs& a, Operand* ops, size_t* n) {
     if (pstride < c.rope_dim)
       invalid("args.cache_pe_stride (", a.cache_pe_stride, ") is smaller than a row (", c.rope_dim,
               " elements: rope_dim)");
-    const auto [p_outer, p_inner] =
-        axes(pstride, a.cache_pe_block_stride, "cache_pe_stride", "cache_pe_block_stride");
+    const auto [p_outer, p_inner] = axes(pstride, or_default(a.cache_pe_block_stride, bs * pstride),
+                                         "cache_pe_stride", "cache_pe_block_stride");
     ops[(*n)++] = check_operand("args.cache_pe", a.cache_pe, p_outer, p_inner, c.rope_dim, celem,
                                 celem, true);
   }
@@ -255,9 +258,6 @@ ropejit_dev::MlaParams make_mla_params(const MlaSpec& c, const MlaArgs& a, int s
   p.k_pe_stride = or_default(a.k_pe_stride, c.rope_dim);
   p.cache_stride = or_default(a.cache_stride, a.cache_pe ? int64_t(c.kv_rank) : row);
   p.cache_slots = a.cache_slots;
-  p.cache_block_size = a.cache_block_size;
-  p.cache_block_stride = a.cache_block_stride;
-  p.cache_pe_block_stride = a.cache_pe_block_stride;
   p.q_pe_head_stride = or_default(a.q_pe_head_stride, c.rope_dim);
   p.q_pe_token_stride = or_default(a.q_pe_token_stride, a.heads * p.q_pe_head_stride);
   p.q_nope_head_stride = or_default(a.q_nope_head_stride, c.kv_rank);
@@ -276,6 +276,10 @@ ropejit_dev::MlaParams make_mla_params(const MlaSpec& c, const MlaArgs& a, int s
   p.k_pe_out_stride = or_default(a.k_pe_out_stride, c.rope_dim);
   p.cache_pe = a.cache_pe;
   p.cache_pe_stride = or_default(a.cache_pe_stride, c.rope_dim);
+  p.cache_block_size = a.cache_block_size;
+  p.cache_block_stride = or_default(a.cache_block_stride, a.cache_block_size * p.cache_stride);
+  p.cache_pe_block_stride =
+      or_default(a.cache_pe_block_stride, a.cache_block_size * p.cache_pe_stride);
   p.addressing = a.slots           ? ropejit_dev::kMlaSlots
                  : a.rows_by_token ? ropejit_dev::kMlaRowsByToken
                                    : ropejit_dev::kMlaPageTable;

@@ -58,10 +58,8 @@ MlaProblem::MlaProblem(const MlaSpec& spec, const MlaSizes& sizes)
     detail::invalid(
         "MlaSizes: more padded, bad or off-table tokens than tokens, or more cached "
         "tokens than cache slots");
-  if (by_token && (z.padded || z.bad_slots))
-    detail::invalid(
-        "MlaSizes: rows by token have no padding or bad slots (tokens past the cache "
-        "are the skipped ones)");
+  if (by_token && (z.padded || z.bad_slots || z.cache_slots < T))
+    detail::invalid("MlaSizes: rows by token have no padding or bad slots, and a row a token");
   if (z.k_pe_out != MlaSizes::KpeOut::none && !z.with_cache)
     detail::invalid("MlaSizes: k_pe_out needs the cache");
   std::mt19937_64 rng(z.seed);

@@ -31,8 +31,8 @@ struct MlaSizes {
   enum class KpeOut { none, own, in_place } k_pe_out = KpeOut::none;
   bool cache_pe = false;  // the rows' rope part in a cache of its own
   bool q_out_pe = false;  // assemble: the query's rope part in a tensor of its own
-  // How tokens find their rows: slots; their own index (padded and bad_slots must be 0: the
-  // tokens past cache_slots are the skipped ones); or a page table of page_size rows a page
+  // How tokens find their rows: slots; their own index (padded and bad_slots must be 0, and
+  // cache_slots at least the tokens); or a page table of page_size rows a page
   // (cache_slots rounded up to whole pages), two requests, padding as batch indices past the
   // batch, bad slots as pages past a request's own, negative positions and pages past the cache.
   enum class Addressing { slots, rows_by_token, page_table } addressing = Addressing::slots;

@@ -79,6 +79,8 @@ def _cache_layout(name, cache):
     row] or vLLM's [blocks, block_size, row] with contiguous blocks: block size 0), or a 3-d
     [blocks, block_size, row] whose blocks are a stride of their own apart (a per-layer view of
     a cache allocated for all layers)."""
+    if cache.numel() and cache.stride(-1) != 1:
+        _fail(f"{name} must have a contiguous last dimension, got strides {cache.stride()}")
     try:
         rows = cache.view(-1, cache.shape[-1])
         return rows.shape[0], rows.stride(0) if rows.shape[0] > 1 else rows.shape[1], 0, 0

@@ -417,6 +417,12 @@ def test_flashinfer_mla_rope_quantize_fp8(device, is_neox, outputs):
                                      *inputs[4:])
     with pytest.raises(ropejit.InvalidArgument, match="quantize_dtype"):
         flashinfer.mla_rope_quantize_fp8(*inputs, quantize_dtype=torch.float8_e5m2)
+    half = torch.zeros(T // 2, R, device=device).to(torch.float8_e4m3fn)
+    with pytest.raises(ropejit.InvalidArgument, match=r"k_nope_out has shape \(2, 64\)"):
+        flashinfer.mla_rope_quantize_fp8(*inputs, k_nope_out=half)
+    strided = torch.zeros(T, 2 * R, device=device).to(torch.float8_e4m3fn)[:, ::2]
+    with pytest.raises(ropejit.InvalidArgument, match="contiguous last dimension"):
+        flashinfer.mla_rope_quantize_fp8(*inputs, k_nope_out=strided)
 
 
 @pytest.mark.parametrize("page_size", [1, 4])

@@ -55,6 +55,13 @@ def _scale(name, value, device):
     return made
 
 
+def _same_shapes(pairs):
+    """Each given output has its input's shape (a row a token, a head a head)."""
+    for name, out, like in pairs:
+        if tuple(out.shape) != tuple(like.shape):
+            _fail(f"{name} has shape {tuple(out.shape)}, its input {tuple(like.shape)}")
+
+
 def _mla_inputs(q_rope, k_rope, q_nope, k_nope, cos_sin_cache, quantize_dtype, outputs):
     """Checks the MLA form's inputs; returns (cos, sin, style-free dtype of the outputs)."""
     if k_rope.dim() != 2:
@@ -97,6 +104,8 @@ def mla_rope_quantize_fp8(q_rope, k_rope, q_nope, k_nope, cos_sin_cache, pos_ids
     k_rope_out = torch.empty_like(k_rope, dtype=qdt) if k_rope_out is None else k_rope_out
     q_nope_out = torch.empty_like(q_nope, dtype=qdt) if q_nope_out is None else q_nope_out
     k_nope_out = torch.empty_like(k_nope, dtype=qdt) if k_nope_out is None else k_nope_out
+    _same_shapes((("q_rope_out", q_rope_out, q_rope), ("k_rope_out", k_rope_out, k_rope),
+                  ("q_nope_out", q_nope_out, q_nope), ("k_nope_out", k_nope_out, k_nope)))
     device = q_rope.device
     mla.prepare(pos_ids, cos, sin, kv_c=k_nope, k_pe=k_rope, cache=k_nope_out,
                 cache_pe=k_rope_out, rows_by_token=True,
@@ -147,6 +156,7 @@ def rope_quantize_fp8_append_paged_kv_cache(q_rope, k_rope, q_nope, k_nope, v, c
         q_rope_out = torch.empty_like(q_rope, dtype=qdt)
     if q_nope_out is None:
         q_nope_out = torch.empty_like(q_nope, dtype=qdt)
+    _same_shapes((("q_rope_out", q_rope_out, q_rope), ("q_nope_out", q_nope_out, q_nope)))
     device = q_rope.device
     table = [t if t.dtype == torch.int32 else t.int()
              for t in (kv_indices, kv_indptr, batch_indices, positions)]
