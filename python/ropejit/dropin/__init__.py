@@ -7,6 +7,11 @@ torch.compile and capturable in CUDA graphs):
     ropejit.dropin.vllm.rotary_embedding              vllm._custom_ops
     ropejit.dropin.transformer_engine.apply_rotary_pos_emb   transformer_engine.pytorch
     ropejit.dropin.liger.liger_rotary_pos_emb         liger_kernel.transformers.rope
+
+The MLA ones run ropejit.mla.prepare (one launch each, capturable in CUDA graphs; a compiled
+graph calls them with a graph break):
+
+    ropejit.dropin.vllm.concat_and_cache_mla, concat_and_cache_mla_rope_fused
     ropejit.dropin.flashinfer.mla_rope_quantize_fp8   flashinfer.rope (MLA, FP8; with
         rope_quantize_fp8 and rope_quantize_fp8_append_paged_kv_cache in their MLA form)
 
