@@ -63,7 +63,7 @@ def _same_shapes(pairs):
 
 
 def _mla_inputs(q_rope, k_rope, q_nope, k_nope, cos_sin_cache, quantize_dtype, outputs):
-    """Checks the MLA form's inputs; returns (cos, sin, style-free dtype of the outputs)."""
+    """Checks the MLA form's inputs; returns (cos, sin, the outputs' dtype: e4m3)."""
     if k_rope.dim() != 2:
         _fail(f"k_rope has shape {tuple(k_rope.shape)}: ropejit's FlashInfer drop-in takes the "
               f"MLA form (k_rope [nnz, rope_dim]); for GQA/MHA use ropejit.fused")
